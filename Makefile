@@ -1,0 +1,38 @@
+# fairseq_localness: set-up, demo and tests.
+#   make demo    install into .venv/ and run the demo on the embedded corpus
+#   make test    install into .venv/ and run the test suite
+# Both are safe to rerun: the install step is skipped while its inputs are unchanged.
+
+PYTHON     ?= python3
+VENV       ?= .venv
+# A torch already importable in the venv (e.g. a CUDA build, via
+# VENV_FLAGS=--system-site-packages) is left alone; otherwise this one is installed.
+TORCH_SPEC ?= torch==2.13.0
+VENV_FLAGS ?=
+PY         := $(VENV)/bin/python
+STAMP      := $(VENV)/.fairseq_localness-installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench clean-venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+
+$(STAMP): setup.py requirements/fairseq.txt | $(PY)
+	@$(PY) -c "import torch" 2>/dev/null \
+		&& echo "torch already present: $$($(PY) -c 'import torch; print(torch.__version__)')" \
+		|| $(PY) -m pip install "$(TORCH_SPEC)"
+	$(PY) -m pip install --no-deps -r requirements/fairseq.txt
+	$(PY) -m pip install -e ".[test]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+test: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS) tests
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,14 @@
+"""fairseq_localness: locality-aware self-attention as fairseq models.
+
+Load it with ``--user-dir fairseq_localness`` (any fairseq CLI) or ``import
+fairseq_localness``. Importing the package registers the models and their named
+architectures and fixes checkpoint loading on torch >= 2.6 (see
+:mod:`fairseq_localness.compat`).
+"""
+from fairseq_localness.compat import patch_checkpoint_loading
+
+patch_checkpoint_loading()
+
+from fairseq_localness import models  # noqa: E402,F401  (registers the models)
+
+__version__ = "0.1.0"
