@@ -1,0 +1,259 @@
+"""Shared model machinery: fairseq's transformer whose attention sublayers follow a
+per-layer plan.
+
+Each model of this package is fairseq's ``transformer`` (same embeddings, layers,
+feed-forward blocks, parameter names) in which a validated *plan* says, layer by
+layer and side by side, which attention replaces fairseq's ``MultiheadAttention``.
+Layers the plan leaves alone are built by fairseq itself, so with every option off
+a model computes exactly what ``transformer`` computes.
+
+A model class provides
+
+* ``options_class``: a dataclass of its options, fields prefixed with the model's
+  name (``localness_*``, ...) so fairseq's ``encoder_*``/``decoder_*`` routing never
+  touches them; it is surfaced to argparse from that one source;
+* ``layer_specs(options, cfg, side)``: one :class:`LayerSpec` per layer of a side.
+
+Options are validated when the model is built, before any training starts; errors
+name the option and the allowed values (:class:`OptionError`).
+"""
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence
+
+from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.distributed import fsdp_wrap
+from fairseq.models.transformer import (
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+from torch import nn
+
+from fairseq_localness.modules.observe import Observable
+
+
+class OptionError(ValueError):
+    """An invalid model option; the message names the option and what is allowed."""
+
+
+def option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_layers(spec: Optional[str], num_layers: int, option: str) -> List[int]:
+    """Parse a 1-based layer list such as ``"1-3"``, ``"1,3,5"``, ``"all"`` or ``""``.
+
+    Returns sorted 0-based indices. ``""`` and ``"none"`` select no layer.
+    Raises :class:`OptionError` naming ``option`` for anything else.
+    """
+    flag = option_flag(option)
+    if spec is None:
+        return []
+    spec = str(spec).strip().lower()
+    if spec in ("", "none"):
+        return []
+    if spec == "all":
+        return list(range(num_layers))
+    chosen = set()
+    for part in spec.split(","):
+        part = part.strip()
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise OptionError(
+                f"{flag} {spec!r}: cannot parse {part!r}; expected 1-based layer numbers and "
+                f"ranges such as '1-3' or '1,3,5', or 'all' / 'none'"
+            )
+        first = int(match.group(1))
+        last = int(match.group(2) or first)
+        if first > last:
+            raise OptionError(f"{flag} {spec!r}: empty range {part!r} (start > end)")
+        for layer in (first, last):
+            if not 1 <= layer <= num_layers:
+                raise OptionError(
+                    f"{flag} {spec!r}: layer {layer} is out of range; this side has "
+                    f"{num_layers} layers (allowed: 1..{num_layers})"
+                )
+        chosen.update(range(first - 1, last))
+    return sorted(chosen)
+
+
+@dataclass
+class LocalityOptions(FairseqDataclass):
+    """Base of every model's options dataclass."""
+
+    @classmethod
+    def from_args(cls, args) -> "LocalityOptions":
+        values = {}
+        for fld in dataclasses.fields(cls):
+            if fld.name.startswith("_"):
+                continue
+            value = getattr(args, fld.name, None)
+            if value is None:
+                value = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()
+            if hasattr(value, "value") and not isinstance(value, (int, float, str)):
+                value = value.value  # an Enum from a ChoiceEnum field
+            values[fld.name] = value
+        return cls(**values)
+
+    def validate(self, cfg) -> None:
+        """Raise :class:`OptionError` for invalid options (cfg: fairseq's config)."""
+
+
+SubmoduleBuilder = Callable[[int, object], nn.Module]  # (embed_dim, cfg) -> module
+
+
+@dataclass
+class LayerSpec:
+    """What the plan puts into one layer; None keeps fairseq's module."""
+
+    side: str  # "encoder" or "decoder"
+    index: int  # 0-based
+    self_attention: Optional[SubmoduleBuilder] = None
+    encoder_attention: Optional[SubmoduleBuilder] = None
+    # Builds the whole layer, for variants that replace more than an attention
+    # (called as layer_class(cfg, spec, ...) like the classes below).
+    layer_class: Optional[type] = None
+
+    @property
+    def label(self) -> str:
+        return f"{'enc' if self.side == 'encoder' else 'dec'}{self.index + 1}"
+
+
+def _label_observables(module: Optional[nn.Module], prefix: str):
+    if module is None:
+        return
+    for sub in module.modules():
+        if isinstance(sub, Observable):
+            sub.metric_prefix = prefix
+
+
+class LocalityEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's encoder layer with the self-attention chosen by a :class:`LayerSpec`."""
+
+    def __init__(self, cfg, spec: LayerSpec, return_fc: bool = False):
+        # build_self_attention is called from the base __init__ and needs the spec.
+        self.__dict__["spec"] = spec
+        super().__init__(cfg, return_fc=return_fc)
+        _label_observables(self.self_attn, spec.label)
+
+    def build_self_attention(self, embed_dim, cfg):
+        if self.spec.self_attention is not None:
+            return self.spec.self_attention(embed_dim, cfg)
+        return super().build_self_attention(embed_dim, cfg)
+
+
+class LocalityDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer with self- and encoder-decoder attention chosen by a
+    :class:`LayerSpec`."""
+
+    def __init__(self, cfg, spec: LayerSpec, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        self.__dict__["spec"] = spec
+        super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
+        _label_observables(self.self_attn, spec.label + "_self")
+        _label_observables(self.encoder_attn, spec.label + "_cross")
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if self.spec.self_attention is not None:
+            return self.spec.self_attention(embed_dim, cfg)
+        return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        if self.spec.encoder_attention is not None:
+            return self.spec.encoder_attention(embed_dim, cfg)
+        return super().build_encoder_attention(embed_dim, cfg)
+
+
+def _wrap_like_fairseq(layer: nn.Module, cfg) -> nn.Module:
+    """Activation checkpointing and FSDP wrapping, as fairseq's build_*_layer do."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+class LocalityTransformerEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, specs: Sequence[LayerSpec], return_fc=False):
+        # fairseq's TransformerEncoderBase.__init__ calls build_encoder_layer(cfg) once
+        # per layer, in order, without the layer index. This is the one place that
+        # works around it: the specs are consumed in that order.
+        self.__dict__["_pending_specs"] = list(specs)
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        assert not self._pending_specs, "one LayerSpec per encoder layer"
+
+    def build_encoder_layer(self, cfg):
+        spec = self._pending_specs.pop(0)
+        layer_class = spec.layer_class or LocalityEncoderLayer
+        return _wrap_like_fairseq(layer_class(cfg, spec, return_fc=self.return_fc), cfg)
+
+
+class LocalityTransformerDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, specs: Sequence[LayerSpec], no_encoder_attn=False):
+        # Same ordering workaround as LocalityTransformerEncoder.
+        self.__dict__["_pending_specs"] = list(specs)
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        assert not self._pending_specs, "one LayerSpec per decoder layer"
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        spec = self._pending_specs.pop(0)
+        layer_class = spec.layer_class or LocalityDecoderLayer
+        return _wrap_like_fairseq(layer_class(cfg, spec, no_encoder_attn), cfg)
+
+
+class LocalityTransformerModel(TransformerModel):
+    """Base class of the registered models (see the module docstring)."""
+
+    options_class = LocalityOptions
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        gen_parser_from_dataclass(parser, cls.options_class())
+
+    @classmethod
+    def build_model(cls, args, task):
+        base_architecture(args)
+        if getattr(args, "cross_self_attention", False):
+            raise OptionError("--cross-self-attention is not supported by the locality models")
+        cls.options_class.from_args(args).validate(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def layer_specs(cls, options, cfg, side: str) -> List[LayerSpec]:
+        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
+        return [LayerSpec(side, i) for i in range(num_layers)]
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        options = cls.options_class.from_args(cfg)
+        specs = cls.layer_specs(options, cfg, "encoder")
+        return LocalityTransformerEncoder(cfg, src_dict, embed_tokens, specs)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        options = cls.options_class.from_args(cfg)
+        specs = cls.layer_specs(options, cfg, "decoder")
+        return LocalityTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, specs, no_encoder_attn=cfg.no_cross_attention
+        )
+
+
+def register_presets(model_name: str, presets: dict):
+    """Register ``<model_name>_<suffix>`` architectures from fairseq's presets.
+
+    ``presets`` maps a suffix ("" for the model's base) to a function that fills the
+    transformer sizes into ``args`` (fairseq's own architecture functions).
+    """
+    from fairseq.models import register_model_architecture
+
+    for suffix, fill in presets.items():
+        arch = model_name + ("_" + suffix if suffix else "")
+        register_model_architecture(model_name, arch)(fill)

@@ -1,0 +1,514 @@
+"""The attention core every model of this package is built on.
+
+Shape notation (as in fairseq's ``examples/adaptive_span``):
+    B = batch size, H = attention heads, Tq = query length, Tk = key length,
+    C = model dimension (``embed_dim``), Dh = C / H (head dimension),
+    L = number of branches (distributions over the same energies).
+
+Inputs and outputs follow fairseq's :class:`~fairseq.modules.MultiheadAttention`
+(``Tq x B x C`` tensors, ``key_padding_mask`` of shape ``B x Tk`` with True at padding,
+``incremental_state``, ``static_kv``, ``reorder_incremental_state``), so the core is a
+drop-in replacement inside fairseq's transformer layers, and its parameters carry
+fairseq's names (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``).
+
+What it adds (DESIGN.md, tiers 1 and 3):
+
+* The energies ``e = (Q W_q / sqrt(Dh)) (K W_k)^T`` are computed once and feed one or
+  several *branches*. A branch is one softmax over those energies with its own boolean
+  mask and/or additive bias (Gaussian localness, a band, a direction, ...):
+  ``P_b = softmax(e + bias_b, masked by mask_b)`` (Yang et al. 2018, eq. 4; Xu et al. 2019,
+  eq. 1-3; Song et al. 2019, eq. 8-12).
+* A *fusion* module combines the branch outputs ``P_b V`` (sum, scalar gate, squeeze
+  gate, concatenation), before the output projection.
+* Optional Shaw et al. (2018) relative position representations on keys and values,
+  memory-linear in the sequence length (see :mod:`.relative_position`).
+
+Positions are the *real* token positions: computed from ``key_padding_mask`` (so a
+left-padded source sentence sees positions 0..I-1 whatever its padding), and
+bottom-right aligned for queries (``query i`` of ``Tq`` sits at key index
+``Tk - Tq + i``), so an incremental decoding step sees the same positions as the full
+teacher-forced pass.
+
+Numerics: masks are boolean and combined with ``|`` (no ``-inf`` planes are ever
+summed); softmax runs in float32 whatever the input dtype; a query row that its masks
+leave without any key (e.g. a padding query in a forward-only branch) gets an all-zero
+distribution instead of NaN, in the forward and the backward pass.
+
+Two paths compute the same thing and are tested against each other:
+``eager`` (readable, float32 softmax, returns weights) and ``sdpa``
+(``torch.nn.functional.scaled_dot_product_attention``), used for one branch without
+relative-position values, in float32, when no weights are requested.
+"""
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules.fairseq_dropout import FairseqDropout
+from torch import Tensor, nn
+
+from fairseq_localness.modules.observe import Observable
+
+# A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
+# boolean attn_mask into -1e8 in fp32 and -1e4 in fp16; its decoder uses -inf).
+_BLOCKING_BIAS = -1e4
+
+
+@dataclass
+class AttentionContext:
+    """Everything a branch or a fusion may need to know about one attention call.
+
+    Attributes:
+        query_input: the layer input the queries come from, ``Tq x B x C``.
+        q: projected queries before scaling, ``B x H x Tq x Dh``.
+        k: projected keys (cached ones included), ``B x H x Tk x Dh``.
+        key_padding_mask: ``B x Tk``, True at padding, or None.
+        q_pos: real position of each query, ``B' x Tq`` (B' is B or 1), long.
+        k_pos: real position of each key, ``B' x Tk``, long.
+        lengths: ``I`` of Yang et al. (2018): how many real keys query i can see,
+            ``B' x Tq`` float (the real sentence length, or i + 1 when causal).
+        causal: True in decoder self-attention.
+        self_attention: True when queries and keys are the same sequence.
+    """
+
+    query_input: Tensor
+    q: Tensor
+    k: Tensor
+    key_padding_mask: Optional[Tensor]
+    q_pos: Tensor
+    k_pos: Tensor
+    lengths: Tensor
+    causal: bool
+    self_attention: bool
+    cache: Dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def bsz(self) -> int:
+        return self.q.size(0)
+
+    @property
+    def num_heads(self) -> int:
+        return self.q.size(1)
+
+    @property
+    def tgt_len(self) -> int:
+        return self.q.size(2)
+
+    @property
+    def src_len(self) -> int:
+        return self.k.size(2)
+
+    def relative_distance(self) -> Tensor:
+        """``j - i`` in real positions, ``B' x 1 x Tq x Tk`` (long)."""
+        return (self.k_pos.unsqueeze(1) - self.q_pos.unsqueeze(2)).unsqueeze(1)
+
+
+class AttentionBranch(nn.Module, Observable):
+    """One distribution over the shared energies: an optional mask and bias.
+
+    Subclasses override :meth:`mask` (boolean, True = blocked) and/or :meth:`bias`
+    (additive float32); both must broadcast to ``B x H x Tq x Tk``.
+    """
+
+    name = "global"
+
+    def mask(self, ctx: AttentionContext) -> Optional[Tensor]:
+        return None
+
+    def bias(self, ctx: AttentionContext) -> Optional[Tensor]:
+        return None
+
+
+class SingleBranch(nn.Module, Observable):
+    """The fusion of a one-branch attention: merges heads, nothing else."""
+
+    def output_dim(self, embed_dim: int) -> int:
+        return embed_dim
+
+    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
+        assert len(outputs) == 1
+        return merge_heads(outputs[0])
+
+
+class SumFusion(SingleBranch):
+    """Sum of the branch outputs (Song et al. 2019, eq. 13, "sum")."""
+
+    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
+        return merge_heads(torch.stack(outputs, 0).sum(0))
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """``B x H x T x Dh`` -> ``T x B x (H*Dh)``."""
+    bsz, heads, tlen, dh = x.shape
+    return x.permute(2, 0, 1, 3).reshape(tlen, bsz, heads * dh)
+
+
+def causal_mask(tgt_len: int, src_len: int, device) -> Tensor:
+    """Bottom-right aligned causal mask, ``Tq x Tk``, True where key j is in the future.
+
+    Query i sits at key index ``Tk - Tq + i``; e.g. Tq = 2, Tk = 4::
+
+        [[0, 0, 0, 1],
+         [0, 0, 0, 0]]
+    """
+    q_idx = torch.arange(src_len - tgt_len, src_len, device=device).unsqueeze(1)
+    k_idx = torch.arange(src_len, device=device).unsqueeze(0)
+    return k_idx > q_idx
+
+
+def real_positions(key_padding_mask: Optional[Tensor], src_len: int, device) -> Tensor:
+    """Position of each key among the real (non-padding) tokens, ``B' x Tk`` long.
+
+    With left padding ``[pad, pad, a, b]`` gives ``[0, 0, 0, 1]`` (padding slots get 0;
+    they are masked anyway).
+    """
+    if key_padding_mask is None:
+        return torch.arange(src_len, device=device).unsqueeze(0)
+    real = (~key_padding_mask).long()
+    return (real.cumsum(-1) - 1).clamp_(min=0)
+
+
+def safe_masked_softmax(scores: Tensor, blocked: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+    """float32 softmax over the last dim with blocked keys removed.
+
+    Rows in which every key is blocked get an all-zero distribution: they are unblocked
+    before the softmax (so no NaN appears, not even in the backward pass) and the
+    caller zeroes their output with the returned ``row_empty`` (``... x Tq x 1``).
+    """
+    scores = scores.float()
+    if blocked is None:
+        return torch.softmax(scores, dim=-1), None
+    row_empty = blocked.all(dim=-1, keepdim=True)
+    blocked = blocked & ~row_empty
+    probs = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
+    return probs, row_empty
+
+
+def _combine(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a | b
+
+
+@with_incremental_state
+class AttentionCore(nn.Module, Observable):
+    """Multi-head attention with branches, additive biases and relative positions.
+
+    Args:
+        embed_dim: C.
+        num_heads: H.
+        kdim, vdim: key/value input dimensions (encoder-decoder attention).
+        dropout: attention dropout, applied to every branch's distribution.
+        bias: biases on the projections, as in fairseq.
+        self_attention, encoder_decoder_attention: as in fairseq.
+        causal: decoder self-attention (the core applies the bottom-right causal mask
+            itself, so several target steps fed at once stay causal).
+        branches: the distributions over the shared energies (default: one, global).
+        fusion: combines the branch outputs (default: :class:`SingleBranch`, or
+            :class:`SumFusion` for several branches).
+        relative_positions: a :class:`~.relative_position.RelativePositions`, or None.
+        output_projection: False for the Dual Contextual module's FI units, which have
+            no output projection of their own.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        self_attention: bool = False,
+        encoder_decoder_attention: bool = False,
+        causal: bool = False,
+        branches: Optional[Sequence[AttentionBranch]] = None,
+        fusion: Optional[nn.Module] = None,
+        relative_positions: Optional[nn.Module] = None,
+        output_projection: bool = True,
+    ):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by the number of attention heads ({num_heads})"
+            )
+        if self_attention and encoder_decoder_attention:
+            raise ValueError("an attention is either self-attention or encoder-decoder attention")
+        if relative_positions is not None and not self_attention:
+            raise ValueError("relative position representations apply to self-attention only")
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self.qkv_same_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim**-0.5
+        self.self_attention = self_attention
+        self.encoder_decoder_attention = encoder_decoder_attention
+        self.causal = causal
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+
+        self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+        self.branches = nn.ModuleList(branches if branches else [AttentionBranch()])
+        if fusion is None:
+            fusion = SingleBranch() if len(self.branches) == 1 else SumFusion()
+        self.fusion = fusion
+        self.relative_positions = relative_positions
+        self.out_proj = (
+            nn.Linear(fusion.output_dim(embed_dim), embed_dim, bias=bias)
+            if output_projection
+            else None
+        )
+        # "auto" picks sdpa when it applies; "eager" forces the reference path.
+        self.attention_impl = "auto"
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # fairseq's initialisation (MultiheadAttention.reset_parameters).
+        gain = 1 / math.sqrt(2) if self.qkv_same_dim else 1.0
+        for proj in (self.k_proj, self.v_proj, self.q_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=gain)
+        if self.out_proj is not None:
+            nn.init.xavier_uniform_(self.out_proj.weight)
+            if self.out_proj.bias is not None:
+                nn.init.constant_(self.out_proj.bias, 0.0)
+
+    # ------------------------------------------------------------------ caching
+    def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
+        result = self.get_incremental_state(incremental_state, "attn_state")
+        return result if result is not None else {}
+
+    def _set_input_buffer(self, incremental_state, buffer: Dict[str, Optional[Tensor]]):
+        return self.set_incremental_state(incremental_state, "attn_state", buffer)
+
+    @torch.jit.export
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Reorder every cached tensor (keys, values, padding, ...) for beam search."""
+        buffer = self._get_input_buffer(incremental_state)
+        if buffer:
+            for key, value in buffer.items():
+                if value is not None:
+                    buffer[key] = value.index_select(0, new_order)
+            incremental_state = self._set_input_buffer(incremental_state, buffer)
+        return incremental_state
+
+    # ------------------------------------------------------------------ forward
+    def _project(self, query, key, value, key_padding_mask, incremental_state, static_kv):
+        """Project and cache: returns q (unscaled), k, v as ``B x H x T x Dh`` and the
+        key padding mask for all keys (cached included)."""
+        tgt_len, bsz, _ = query.shape
+        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        if saved is not None and static_kv and "prev_key" in saved:
+            key = value = None  # encoder states are already projected and cached
+
+        def heads(x: Tensor) -> Tensor:  # T x B x C -> B x H x T x Dh
+            return x.view(x.size(0), bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+        q = heads(self.q_proj(query))
+        if self.self_attention:
+            k, v = heads(self.k_proj(query)), heads(self.v_proj(query))
+        elif key is None:
+            k = v = None
+        else:
+            k, v = heads(self.k_proj(key)), heads(self.v_proj(value))
+
+        if saved is not None:
+            prev_key, prev_value = saved.get("prev_key"), saved.get("prev_value")
+            prev_kpm = saved.get("prev_key_padding_mask")
+            if prev_key is not None:
+                if static_kv:
+                    k, v = prev_key, prev_value
+                    key_padding_mask = prev_kpm if key_padding_mask is None else key_padding_mask
+                else:
+                    if prev_kpm is not None or key_padding_mask is not None:
+                        prev_kpm = (
+                            prev_kpm
+                            if prev_kpm is not None
+                            else prev_key.new_zeros(bsz, prev_key.size(2), dtype=torch.bool)
+                        )
+                        new_kpm = (
+                            key_padding_mask.bool()
+                            if key_padding_mask is not None
+                            else prev_key.new_zeros(bsz, k.size(2), dtype=torch.bool)
+                        )
+                        key_padding_mask = torch.cat([prev_kpm.bool(), new_kpm], dim=1)
+                    k = torch.cat([prev_key, k], dim=2)
+                    v = torch.cat([prev_value, v], dim=2)
+            saved["prev_key"], saved["prev_value"] = k, v
+            saved["prev_key_padding_mask"] = key_padding_mask
+            self._set_input_buffer(incremental_state, saved)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.bool()
+            if not key_padding_mask.any():
+                key_padding_mask = None
+        return q, k, v, key_padding_mask
+
+    def _context(self, query, q, k, key_padding_mask) -> AttentionContext:
+        tgt_len, src_len = q.size(2), k.size(2)
+        k_pos = real_positions(key_padding_mask, src_len, q.device)
+        if self.self_attention:
+            q_pos = k_pos[:, src_len - tgt_len :]
+        else:
+            # Encoder-decoder attention: query positions are not source positions;
+            # nothing in this package uses them there.
+            q_pos = torch.arange(tgt_len, device=q.device).unsqueeze(0)
+        if self.causal:
+            lengths = (q_pos + 1).float()
+        elif key_padding_mask is None:
+            lengths = torch.full((1, tgt_len), float(src_len), device=q.device)
+        else:
+            lengths = (~key_padding_mask).sum(-1, keepdim=True).float().expand(-1, tgt_len)
+        return AttentionContext(
+            query_input=query,
+            q=q,
+            k=k,
+            key_padding_mask=key_padding_mask,
+            q_pos=q_pos,
+            k_pos=k_pos,
+            lengths=lengths,
+            causal=self.causal,
+            self_attention=self.self_attention,
+        )
+
+    def _base_mask(self, ctx: AttentionContext, attn_mask: Optional[Tensor]):
+        """Padding and causality as one boolean ``B' x 1 x Tq x Tk`` mask, plus the soft
+        (finite) part of a float ``attn_mask`` as a bias."""
+        blocked = None
+        soft = None
+        if ctx.key_padding_mask is not None:
+            blocked = ctx.key_padding_mask[:, None, None, :]
+        if self.causal:
+            if ctx.tgt_len > 1:
+                blocked = _combine(blocked, causal_mask(ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None])
+        elif attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                blocked = _combine(blocked, attn_mask[None, None])
+            else:
+                hard = attn_mask <= _BLOCKING_BIAS
+                blocked = _combine(blocked, hard[None, None])
+                soft = attn_mask.float().masked_fill(hard, 0.0)[None, None]
+        return blocked, soft
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Same contract as fairseq's ``MultiheadAttention.forward``.
+
+        Returns ``(output Tq x B x C, weights)``; weights are averaged over heads
+        (``B x Tq x Tk``) or per head (``H x B x Tq x Tk``) with ``need_head_weights``,
+        and only for a one-branch attention (several branches have no single
+        distribution; their weights are available through the recorder).
+        """
+        if before_softmax:
+            raise NotImplementedError("before_softmax is not supported by AttentionCore")
+        if need_head_weights:
+            need_weights = True
+        tgt_len, bsz, embed_dim = query.shape
+        assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+
+        q, k, v, key_padding_mask = self._project(
+            query, key, value, key_padding_mask, incremental_state, static_kv
+        )
+        ctx = self._context(query, q, k, key_padding_mask)
+        base_blocked, soft_bias = self._base_mask(ctx, attn_mask)
+
+        weights = None
+        if self._use_sdpa(query, need_weights):
+            outputs = [self._sdpa(ctx, v, self.branches[0], base_blocked, soft_bias)]
+        else:
+            energies = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # B x H x Tq x Tk
+            if self.relative_positions is not None:
+                energies = energies + self.relative_positions.key_scores(q * self.scaling, ctx)
+            energies = energies.float()
+            if soft_bias is not None:
+                energies = energies + soft_bias
+            outputs = []
+            for branch in self.branches:
+                out, probs = self._eager_branch(ctx, energies, v, branch, base_blocked)
+                outputs.append(out)
+                if need_weights and len(self.branches) == 1:
+                    weights = probs
+                self.record(f"probs_{branch.name}", probs)
+
+        x = self.fusion(outputs, ctx)  # Tq x B x C'
+        if self.out_proj is not None:
+            x = self.out_proj(x)
+        if weights is not None:
+            weights = weights.to(query.dtype).transpose(0, 1)  # H x B x Tq x Tk
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return x, weights
+
+    def _use_sdpa(self, query: Tensor, need_weights: bool) -> bool:
+        if self.attention_impl == "eager":
+            return False
+        return (
+            len(self.branches) == 1
+            and self.relative_positions is None
+            and not need_weights
+            and query.dtype == torch.float32
+            and not self.recording
+        )
+
+    def _branch_mask_and_bias(self, ctx, branch, base_blocked):
+        blocked = _combine(base_blocked, branch.mask(ctx))
+        return blocked, branch.bias(ctx)
+
+    def _eager_branch(self, ctx, energies, v, branch, base_blocked):
+        """Reference path: returns the branch output ``B x H x Tq x Dh`` and its
+        distribution ``B x H x Tq x Tk`` (float32)."""
+        blocked, bias = self._branch_mask_and_bias(ctx, branch, base_blocked)
+        scores = energies if bias is None else energies + bias
+        probs, row_empty = safe_masked_softmax(scores, blocked)
+        dropped = self.dropout_module(probs)
+        out = torch.matmul(dropped.to(v.dtype), v)
+        if self.relative_positions is not None:
+            out = out + self.relative_positions.value_output(dropped, ctx).to(v.dtype)
+        if row_empty is not None:
+            out = out.masked_fill(row_empty, 0.0)
+            probs = probs.masked_fill(row_empty, 0.0)
+        return out, probs
+
+    def _sdpa(self, ctx, v, branch, base_blocked, soft_bias):
+        """Fast path: the same computation through ``F.scaled_dot_product_attention``."""
+        blocked, bias = self._branch_mask_and_bias(ctx, branch, base_blocked)
+        if soft_bias is not None:
+            bias = soft_bias if bias is None else bias + soft_bias
+        row_empty = None
+        mask = None
+        if blocked is not None:
+            row_empty = blocked.all(dim=-1, keepdim=True)
+            blocked = blocked & ~row_empty
+        if bias is not None:
+            mask = bias.to(ctx.q.dtype)
+            if blocked is not None:
+                mask = mask.masked_fill(blocked, float("-inf"))
+        elif blocked is not None:
+            mask = ~blocked
+        out = F.scaled_dot_product_attention(
+            ctx.q,
+            ctx.k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout_module.p if self.dropout_module.apply_during_inference or self.training else 0.0,
+        )
+        if row_empty is not None:
+            out = out.masked_fill(row_empty, 0.0)
+        return out

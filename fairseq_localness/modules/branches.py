@@ -1,0 +1,95 @@
+"""Masked branches: windows and directions over real token positions (DESIGN.md tier 2).
+
+Shape notation as in :mod:`.attention`. Every mask is a function of the real query
+and key positions (never of indices into a padded batch), returns a boolean tensor
+with True where the key is *blocked*, and can :meth:`~WindowBranch.materialize` a
+small matrix for tests and documentation.
+
+The one class :class:`WindowBranch` keeps the keys with ``-left <= j - i <= right``;
+``None`` means unbounded. It covers
+
+===================  ==============  ===============================================
+branch               (left, right)   source
+===================  ==============  ===============================================
+global               (None, None)    Vaswani et al. 2017
+local, band m        (m, m)          Xu et al. 2019, eq. 3: ``|i - j| <= m``
+forward              (None, 0)       Song et al. 2019, eq. 9: ``j <= i``
+backward             (0, None)       Song et al. 2019, eq. 10: ``j >= i``
+local k              (k, k)          Song et al. 2019, eq. 11 (encoder)
+causal local k       (k, 0)          Song et al. 2019, eq. 11 ``M_d``: ``i-k <= j <= i``
+===================  ==============  ===============================================
+
+In decoder self-attention the core adds the causal mask on top, so (m, m) there
+means ``i - m <= j <= i``.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from fairseq_localness.modules.attention import AttentionBranch, AttentionContext
+
+
+class WindowBranch(AttentionBranch):
+    """Keep keys with ``-left <= j - i <= right`` (real positions).
+
+    Example, ``WindowBranch(1, 1, "local").materialize(4, 4)`` (1 = blocked)::
+
+        [[0, 0, 1, 1],
+         [0, 0, 0, 1],
+         [1, 0, 0, 0],
+         [1, 1, 0, 0]]
+    """
+
+    def __init__(self, left: Optional[int], right: Optional[int], name: str):
+        super().__init__()
+        for side, value in (("left", left), ("right", right)):
+            if value is not None and value < 0:
+                raise ValueError(f"window {side} extent must be >= 0 (got {value})")
+        self.left = left
+        self.right = right
+        self.name = name
+
+    def extra_repr(self) -> str:
+        return f"name={self.name}, left={self.left}, right={self.right}"
+
+    def blocked_by_distance(self, distance: Tensor) -> Optional[Tensor]:
+        """``distance`` = j - i (any shape) -> True where blocked, or None if nothing is."""
+        blocked = None
+        if self.left is not None:
+            blocked = distance < -self.left
+        if self.right is not None:
+            too_far = distance > self.right
+            blocked = too_far if blocked is None else blocked | too_far
+        return blocked
+
+    def mask(self, ctx: AttentionContext) -> Optional[Tensor]:
+        if self.left is None and self.right is None:
+            return None
+        return self.blocked_by_distance(ctx.relative_distance())
+
+    @torch.no_grad()
+    def materialize(self, tgt_len: int, src_len: Optional[int] = None) -> Tensor:
+        """The mask for an unpadded sequence, ``Tq x Tk`` (bottom-right aligned queries)."""
+        src_len = tgt_len if src_len is None else src_len
+        q_pos = torch.arange(src_len - tgt_len, src_len).unsqueeze(1)
+        k_pos = torch.arange(src_len).unsqueeze(0)
+        blocked = self.blocked_by_distance(k_pos - q_pos)
+        return torch.zeros(tgt_len, src_len, dtype=torch.bool) if blocked is None else blocked
+
+
+def global_branch() -> WindowBranch:
+    return WindowBranch(None, None, "global")
+
+
+def local_branch(width: int, name: Optional[str] = None) -> WindowBranch:
+    """``|i - j| <= width`` (made causal by the core in decoder self-attention)."""
+    return WindowBranch(width, width, name or f"local{width}")
+
+
+def forward_branch() -> WindowBranch:
+    return WindowBranch(None, 0, "forward")
+
+
+def backward_branch() -> WindowBranch:
+    return WindowBranch(0, None, "backward")

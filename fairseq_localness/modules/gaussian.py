@@ -1,0 +1,165 @@
+"""Learned Gaussian localness bias (Yang et al., 2018, "Modeling Localness for
+Self-Attention Networks"), as a branch of :class:`~.attention.AttentionCore`.
+
+Shape notation as in :mod:`.attention`. Per head m and query i (eq. 4-11)::
+
+    ATT(Q, K) = softmax(energy + G)                                   (4)
+    G_ij      = -(j - P_i)^2 / (2 sigma_i^2),   sigma_i = D_i / 2      (5)
+    [P_i; D_i] = I * sigmoid([p_i; z_i])                              (6, 10: per head)
+    p_i       = U_p^T tanh(W_p Q_i)                                   (7)
+
+and the window D comes from one of four strategies (section 3.3 and 5.1):
+
+* ``fixed``: D = ``fixed_window`` (10, following Luong et al. 2015);
+* ``layer``: z = U_d^T tanh(W_d mean(K)) over the real keys of the sentence (8);
+* ``query``: z_i = U_d^T tanh(W_p Q_i), sharing W_p with eq. 7 (9), the default;
+* ``head``: D^m = N * sigmoid(z^m), one learned scalar per head, N = 50 (11).
+
+The centre is either predicted (eq. 6-7, ``centre="predicted"``) or the query's own
+position (``centre="self"``: the NEIGHBOR baseline of Xu et al. 2019 after Sperber et
+al. 2018, which the hybrid model reuses).
+
+Reading of the paper, settled in SPEC.md 1.1:
+
+* ``Q_i`` is the projected query before the ``1/sqrt(Dh)`` scaling, all heads
+  concatenated (``C``-dimensional); ``W_p`` is C x C and ``U_p``, ``U_d`` have one
+  column per head (eq. 10).
+* ``I`` is the real length of the key sequence: the unpadded sentence length, or in
+  causal decoder self-attention the number of keys query i can see (i + 1), which is
+  what makes incremental decoding equal the full pass. Likewise the layer-specific
+  mean of the keys is taken over the keys each query can see.
+* ``j`` are real 0-based key positions, so ``P_i`` in (0, I) spans them.
+
+Deviation: D is floored at ``min_window`` (default 0.1) so sigma never reaches 0 and
+G never divides by zero (``sigmoid`` can underflow to 0 in float32 and half
+precision). The paper does not need this because it does not discuss the limit.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from fairseq_localness.modules.attention import AttentionBranch, AttentionContext
+from fairseq_localness.modules.observe import masked_mean
+
+WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
+CENTRE_MODES = ("predicted", "self")
+
+
+class GaussianLocalness(AttentionBranch):
+    """The Gaussian bias G of eq. 5 as an attention branch.
+
+    Args:
+        embed_dim: C.
+        num_heads: H (one centre and window per head, eq. 10).
+        window: one of :data:`WINDOW_STRATEGIES`.
+        centre: one of :data:`CENTRE_MODES`.
+        fixed_window: D of the ``fixed`` strategy.
+        head_window_max: N of the ``head`` strategy (eq. 11).
+        min_window: floor on D.
+    """
+
+    name = "gaussian"
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        window: str = "query",
+        centre: str = "predicted",
+        fixed_window: float = 10.0,
+        head_window_max: float = 50.0,
+        min_window: float = 0.1,
+    ):
+        super().__init__()
+        if window not in WINDOW_STRATEGIES:
+            raise ValueError(f"unknown window strategy {window!r}; allowed: {', '.join(WINDOW_STRATEGIES)}")
+        if centre not in CENTRE_MODES:
+            raise ValueError(f"unknown centre mode {centre!r}; allowed: {', '.join(CENTRE_MODES)}")
+        if fixed_window <= 0 or head_window_max <= 0 or min_window <= 0:
+            raise ValueError("fixed_window, head_window_max and min_window must be > 0")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.window, self.centre = window, centre
+        self.fixed_window, self.head_window_max, self.min_window = fixed_window, head_window_max, min_window
+
+        needs_w_p = centre == "predicted" or window == "query"
+        self.w_p = nn.Linear(embed_dim, embed_dim, bias=False) if needs_w_p else None
+        self.u_p = nn.Linear(embed_dim, num_heads, bias=False) if centre == "predicted" else None
+        self.w_d = nn.Linear(embed_dim, embed_dim, bias=False) if window == "layer" else None
+        self.u_d = nn.Linear(embed_dim, num_heads, bias=False) if window in ("layer", "query") else None
+        self.z_head = nn.Parameter(torch.zeros(num_heads)) if window == "head" else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for lin in (self.w_p, self.u_p, self.w_d, self.u_d):
+            if lin is not None:
+                nn.init.xavier_uniform_(lin.weight)
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}, centre={self.centre}, min_window={self.min_window}"
+
+    # -------------------------------------------------------------- eq. 6-11
+    def centre_and_window(self, ctx: AttentionContext):
+        """P and D of eq. 6/10/11, each ``B x H x Tq`` float32."""
+        bsz, heads, tgt_len, head_dim = ctx.q.shape
+        q_full = ctx.q.permute(0, 2, 1, 3).reshape(bsz, tgt_len, heads * head_dim)  # B x Tq x C
+        lengths = ctx.lengths.unsqueeze(1).float()  # B' x 1 x Tq
+        hidden = torch.tanh(self.w_p(q_full)) if self.w_p is not None else None  # B x Tq x C
+
+        if self.centre == "predicted":
+            p = self.u_p(hidden).transpose(1, 2).float()  # B x H x Tq
+            centre = lengths * torch.sigmoid(p)
+        else:
+            centre = ctx.q_pos.unsqueeze(1).float().expand(bsz, heads, tgt_len)
+
+        if self.window == "fixed":
+            window = torch.full_like(centre, self.fixed_window)
+        elif self.window == "query":
+            window = lengths * torch.sigmoid(self.u_d(hidden).transpose(1, 2).float())
+        elif self.window == "layer":
+            key_mean = self._key_mean(ctx)  # B x Tq x C
+            z = self.u_d(torch.tanh(self.w_d(key_mean))).transpose(1, 2).float()  # B x H x Tq
+            window = lengths * torch.sigmoid(z)
+        else:  # head
+            window = (self.head_window_max * torch.sigmoid(self.z_head.float()))[None, :, None]
+            window = window.expand(bsz, heads, tgt_len)
+        window = window.clamp(min=self.min_window)
+        return centre, window
+
+    def _key_mean(self, ctx: AttentionContext) -> Tensor:
+        """Mean of the keys each query sees (eq. 8's mean(K)), ``B x Tq x C``."""
+        bsz, heads, src_len, head_dim = ctx.k.shape
+        keys = ctx.k.permute(0, 2, 1, 3).reshape(bsz, src_len, heads * head_dim).float()
+        if ctx.key_padding_mask is not None:
+            keys = keys.masked_fill(ctx.key_padding_mask.unsqueeze(-1), 0.0)
+        if ctx.causal:
+            # query i sees keys 0..(Tk - Tq + i): a running mean
+            running = keys.cumsum(1)[:, src_len - ctx.tgt_len :]
+            counts = ctx.lengths.unsqueeze(-1).float().clamp(min=1.0)
+            return (running / counts).to(ctx.k.dtype)
+        counts = ctx.lengths[:, :1].unsqueeze(-1).float().clamp(min=1.0)  # B' x 1 x 1
+        mean = keys.sum(1, keepdim=True) / counts
+        return mean.expand(bsz, ctx.tgt_len, heads * head_dim).to(ctx.k.dtype)
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """G of eq. 5, ``B x H x Tq x Tk`` float32."""
+        centre, window = self.centre_and_window(ctx)
+        sigma = window / 2.0
+        k_pos = ctx.k_pos.float()[:, None, None, :]  # B' x 1 x 1 x Tk
+        gaussian = -((k_pos - centre.unsqueeze(-1)) ** 2) / (2.0 * sigma.unsqueeze(-1) ** 2)
+        self._observe(ctx, centre, window)
+        return gaussian
+
+    def _observe(self, ctx: AttentionContext, centre: Tensor, window: Tensor):
+        if self.recording:
+            self.record("P", centre)
+            self.record("D", window)
+            self.record("q_pos", ctx.q_pos.expand(ctx.bsz, -1))
+            self.record("I", ctx.lengths.expand(ctx.bsz, -1))
+        if self.training and self.metric_prefix is not None:
+            keep = None
+            if ctx.self_attention and ctx.key_padding_mask is not None:
+                keep = ~ctx.key_padding_mask[:, None, ctx.src_len - ctx.tgt_len :]  # B x 1 x Tq
+            offset = centre - ctx.q_pos.unsqueeze(1).float() if ctx.self_attention else centre
+            self.log_metric("centre_offset" if ctx.self_attention else "centre", masked_mean(offset, keep))
+            self.log_metric("window", masked_mean(window, keep))

@@ -1,0 +1,66 @@
+"""Relative position representations (Shaw, Uszkoreit and Vaswani, 2018).
+
+Shape notation as in :mod:`.attention`; K = clipping distance, R = 2K + 1.
+
+Shaw et al. (2018), eq. 3-4 (with their eq. 2 for the values)::
+
+    e_ij = q_i (k_j + a^K_ij)^T / sqrt(Dh)          a^K_ij = w^K_clip(j - i, K)
+    z_i  = sum_j alpha_ij (v_j + a^V_ij)            a^V_ij = w^V_clip(j - i, K)
+
+with ``clip(x, K) = max(-K, min(K, x))`` and 2K + 1 learned vectors per layer for keys
+and for values, shared across heads (Shaw et al., section 3.3).
+
+Memory stays linear in the sequence length times the number of distances: nothing of
+shape ``Tq x Tk x Dh`` is built. The key term is ``q W^K^T`` (``B x H x Tq x R``)
+gathered at each pair's distance; the value term scatters the attention weights into
+their R distance buckets (``B x H x Tq x R``) and multiplies by ``W^V``.
+
+Distances are in real positions (see :class:`~.attention.AttentionContext`), so
+left padding and incremental decoding see the same distances as an unpadded full
+pass.
+"""
+import torch
+from torch import Tensor, nn
+
+from fairseq_localness.modules.attention import AttentionContext
+
+
+class RelativePositions(nn.Module):
+    def __init__(self, head_dim: int, max_distance: int = 16, values: bool = True):
+        super().__init__()
+        if max_distance < 1:
+            raise ValueError(f"relative position clipping distance must be >= 1 (got {max_distance})")
+        self.max_distance = max_distance
+        self.key_embeddings = nn.Parameter(torch.empty(2 * max_distance + 1, head_dim))
+        self.value_embeddings = (
+            nn.Parameter(torch.empty(2 * max_distance + 1, head_dim)) if values else None
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.xavier_uniform_(self.key_embeddings)
+        if self.value_embeddings is not None:
+            nn.init.xavier_uniform_(self.value_embeddings)
+
+    def extra_repr(self) -> str:
+        return f"max_distance={self.max_distance}, values={self.value_embeddings is not None}"
+
+    def bucket(self, ctx: AttentionContext) -> Tensor:
+        """``clip(j - i, K) + K``, ``B' x 1 x Tq x Tk`` long."""
+        k = self.max_distance
+        return ctx.relative_distance().clamp(-k, k) + k
+
+    def key_scores(self, q_scaled: Tensor, ctx: AttentionContext) -> Tensor:
+        """``q_i a^K_ij / sqrt(Dh)`` for every pair: ``B x H x Tq x Tk``."""
+        per_distance = torch.matmul(q_scaled, self.key_embeddings.to(q_scaled.dtype).t())  # B x H x Tq x R
+        index = self.bucket(ctx).expand(ctx.bsz, ctx.num_heads, -1, -1)
+        return torch.gather(per_distance, -1, index)
+
+    def value_output(self, probs: Tensor, ctx: AttentionContext) -> Tensor:
+        """``sum_j alpha_ij a^V_ij``: ``B x H x Tq x Dh``."""
+        if self.value_embeddings is None:
+            return probs.new_zeros(())  # broadcasts as 0
+        index = self.bucket(ctx).expand(probs.shape)
+        per_distance = probs.new_zeros(probs.shape[:-1] + (self.value_embeddings.size(0),))
+        per_distance.scatter_add_(-1, index, probs)  # B x H x Tq x R
+        return torch.matmul(per_distance, self.value_embeddings.to(probs.dtype))
