@@ -109,7 +109,7 @@ class AttentionBranch(nn.Module, Observable):
     """One distribution over the shared energies: an optional mask and bias.
 
     Subclasses override :meth:`mask` (boolean, True = blocked) and/or :meth:`bias`
-    (additive float32); both must broadcast to ``B x H x Tq x Tk``.
+    (additive, float32 or wider); both must broadcast to ``B x H x Tq x Tk``.
     """
 
     name = "global"
@@ -170,14 +170,19 @@ def real_positions(key_padding_mask: Optional[Tensor], src_len: int, device) -> 
     return (real.cumsum(-1) - 1).clamp_(min=0)
 
 
+def at_least_float32(x: Tensor) -> Tensor:
+    """Half precision goes up to float32; float32 and float64 stay as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def safe_masked_softmax(scores: Tensor, blocked: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
-    """float32 softmax over the last dim with blocked keys removed.
+    """Softmax (at least float32) over the last dim with blocked keys removed.
 
     Rows in which every key is blocked get an all-zero distribution: they are unblocked
     before the softmax (so no NaN appears, not even in the backward pass) and the
     caller zeroes their output with the returned ``row_empty`` (``... x Tq x 1``).
     """
-    scores = scores.float()
+    scores = at_least_float32(scores)
     if blocked is None:
         return torch.softmax(scores, dim=-1), None
     row_empty = blocked.all(dim=-1, keepdim=True)
@@ -393,7 +398,7 @@ class AttentionCore(nn.Module, Observable):
             else:
                 hard = attn_mask <= _BLOCKING_BIAS
                 blocked = _combine(blocked, hard[None, None])
-                soft = attn_mask.float().masked_fill(hard, 0.0)[None, None]
+                soft = at_least_float32(attn_mask).masked_fill(hard, 0.0)[None, None]
         return blocked, soft
 
     def forward(
@@ -436,7 +441,7 @@ class AttentionCore(nn.Module, Observable):
             energies = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # B x H x Tq x Tk
             if self.relative_positions is not None:
                 energies = energies + self.relative_positions.key_scores(q * self.scaling, ctx)
-            energies = energies.float()
+            energies = at_least_float32(energies)
             if soft_bias is not None:
                 energies = energies + soft_bias
             outputs = []

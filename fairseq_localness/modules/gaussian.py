@@ -46,6 +46,11 @@ WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
 CENTRE_MODES = ("predicted", "self")
 
 
+def compute_dtype(ctx: AttentionContext) -> torch.dtype:
+    """The bias is computed in float32 (float64 for float64 models), never in half."""
+    return torch.float64 if ctx.q.dtype == torch.float64 else torch.float32
+
+
 class GaussianLocalness(AttentionBranch):
     """The Gaussian bias G of eq. 5 as an attention branch.
 
@@ -100,52 +105,55 @@ class GaussianLocalness(AttentionBranch):
 
     # -------------------------------------------------------------- eq. 6-11
     def centre_and_window(self, ctx: AttentionContext):
-        """P and D of eq. 6/10/11, each ``B x H x Tq`` float32."""
+        """P and D of eq. 6/10/11, each ``B x H x Tq`` (float32, or float64)."""
+        dt = compute_dtype(ctx)
         bsz, heads, tgt_len, head_dim = ctx.q.shape
         q_full = ctx.q.permute(0, 2, 1, 3).reshape(bsz, tgt_len, heads * head_dim)  # B x Tq x C
-        lengths = ctx.lengths.unsqueeze(1).float()  # B' x 1 x Tq
+        lengths = ctx.lengths.unsqueeze(1).to(dt)  # B' x 1 x Tq
         hidden = torch.tanh(self.w_p(q_full)) if self.w_p is not None else None  # B x Tq x C
 
         if self.centre == "predicted":
-            p = self.u_p(hidden).transpose(1, 2).float()  # B x H x Tq
+            p = self.u_p(hidden).transpose(1, 2).to(dt)  # B x H x Tq
             centre = lengths * torch.sigmoid(p)
         else:
-            centre = ctx.q_pos.unsqueeze(1).float().expand(bsz, heads, tgt_len)
+            centre = ctx.q_pos.unsqueeze(1).to(dt).expand(bsz, heads, tgt_len)
 
         if self.window == "fixed":
             window = torch.full_like(centre, self.fixed_window)
         elif self.window == "query":
-            window = lengths * torch.sigmoid(self.u_d(hidden).transpose(1, 2).float())
+            window = lengths * torch.sigmoid(self.u_d(hidden).transpose(1, 2).to(dt))
         elif self.window == "layer":
             key_mean = self._key_mean(ctx)  # B x Tq x C
-            z = self.u_d(torch.tanh(self.w_d(key_mean))).transpose(1, 2).float()  # B x H x Tq
+            z = self.u_d(torch.tanh(self.w_d(key_mean))).transpose(1, 2).to(dt)  # B x H x Tq
             window = lengths * torch.sigmoid(z)
         else:  # head
-            window = (self.head_window_max * torch.sigmoid(self.z_head.float()))[None, :, None]
+            window = (self.head_window_max * torch.sigmoid(self.z_head.to(dt)))[None, :, None]
             window = window.expand(bsz, heads, tgt_len)
         window = window.clamp(min=self.min_window)
         return centre, window
 
     def _key_mean(self, ctx: AttentionContext) -> Tensor:
         """Mean of the keys each query sees (eq. 8's mean(K)), ``B x Tq x C``."""
+        dt = compute_dtype(ctx)
         bsz, heads, src_len, head_dim = ctx.k.shape
-        keys = ctx.k.permute(0, 2, 1, 3).reshape(bsz, src_len, heads * head_dim).float()
+        keys = ctx.k.permute(0, 2, 1, 3).reshape(bsz, src_len, heads * head_dim).to(dt)
         if ctx.key_padding_mask is not None:
             keys = keys.masked_fill(ctx.key_padding_mask.unsqueeze(-1), 0.0)
         if ctx.causal:
             # query i sees keys 0..(Tk - Tq + i): a running mean
             running = keys.cumsum(1)[:, src_len - ctx.tgt_len :]
-            counts = ctx.lengths.unsqueeze(-1).float().clamp(min=1.0)
+            counts = ctx.lengths.unsqueeze(-1).to(dt).clamp(min=1.0)
             return (running / counts).to(ctx.k.dtype)
-        counts = ctx.lengths[:, :1].unsqueeze(-1).float().clamp(min=1.0)  # B' x 1 x 1
+        counts = ctx.lengths[:, :1].unsqueeze(-1).to(dt).clamp(min=1.0)  # B' x 1 x 1
         mean = keys.sum(1, keepdim=True) / counts
         return mean.expand(bsz, ctx.tgt_len, heads * head_dim).to(ctx.k.dtype)
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """G of eq. 5, ``B x H x Tq x Tk`` float32."""
+        """G of eq. 5, ``B x H x Tq x Tk`` (float32, or float64)."""
+        dt = compute_dtype(ctx)
         centre, window = self.centre_and_window(ctx)
         sigma = window / 2.0
-        k_pos = ctx.k_pos.float()[:, None, None, :]  # B' x 1 x 1 x Tk
+        k_pos = ctx.k_pos.to(dt)[:, None, None, :]  # B' x 1 x 1 x Tk
         gaussian = -((k_pos - centre.unsqueeze(-1)) ** 2) / (2.0 * sigma.unsqueeze(-1) ** 2)
         self._observe(ctx, centre, window)
         return gaussian
@@ -157,9 +165,10 @@ class GaussianLocalness(AttentionBranch):
             self.record("q_pos", ctx.q_pos.expand(ctx.bsz, -1))
             self.record("I", ctx.lengths.expand(ctx.bsz, -1))
         if self.training and self.metric_prefix is not None:
+            dt = compute_dtype(ctx)
             keep = None
             if ctx.self_attention and ctx.key_padding_mask is not None:
                 keep = ~ctx.key_padding_mask[:, None, ctx.src_len - ctx.tgt_len :]  # B x 1 x Tq
-            offset = centre - ctx.q_pos.unsqueeze(1).float() if ctx.self_attention else centre
+            offset = centre - ctx.q_pos.unsqueeze(1).to(dt) if ctx.self_attention else centre
             self.log_metric("centre_offset" if ctx.self_attention else "centre", masked_mean(offset, keep))
             self.log_metric("window", masked_mean(window, keep))

@@ -1,0 +1,258 @@
+"""localness_transformer (Yang et al. 2018): equations, parity, incremental decoding,
+batch invariance, parameter fingerprints, option validation, observability."""
+import math
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_localness.models._locality import OptionError
+from fairseq_localness.modules.attention import AttentionBranch, AttentionCore
+from fairseq_localness.modules.gaussian import GaussianLocalness
+from fairseq_localness.modules.observe import AttentionRecorder
+from model_utils import TINY, build_model, copy_shared_weights, count_parameters, random_batch
+
+ARCH = "localness_transformer"
+
+
+# ---------------------------------------------------------------- equations
+def _gaussian_reference(module: GaussianLocalness, q, k, kpm, causal):
+    """Yang et al. (2018) eq. 5-11 computed element by element in float64."""
+    q, k = q.double(), k.double()
+    bsz, heads, tq, dh = q.shape
+    tk = k.size(2)
+    W = {n: getattr(module, n).weight.double() if getattr(module, n) is not None else None
+         for n in ("w_p", "u_p", "w_d", "u_d")}
+    G = torch.zeros(bsz, heads, tq, tk, dtype=torch.float64)
+    for b in range(bsz):
+        real = [j for j in range(tk) if kpm is None or not kpm[b, j]]
+        pos = {j: n for n, j in enumerate(real)}  # real 0-based positions
+        for i in range(tq):
+            qi = q[b, :, i].reshape(-1)  # C: all heads
+            q_index = tk - tq + i
+            visible = [j for j in real if not causal or j <= q_index]
+            I = len(visible)
+            hidden = torch.tanh(W["w_p"] @ qi) if W["w_p"] is not None else None
+            for m in range(heads):
+                if module.centre == "predicted":
+                    P = I * torch.sigmoid(W["u_p"][m] @ hidden)  # eq. 6-7, 10
+                else:
+                    P = torch.tensor(float(pos.get(q_index, 0)), dtype=torch.float64)
+                if module.window == "fixed":
+                    D = torch.tensor(module.fixed_window, dtype=torch.float64)
+                elif module.window == "query":
+                    D = I * torch.sigmoid(W["u_d"][m] @ hidden)  # eq. 9
+                elif module.window == "layer":
+                    kbar = torch.stack([k[b, :, j].reshape(-1) for j in visible]).mean(0)
+                    D = I * torch.sigmoid(W["u_d"][m] @ torch.tanh(W["w_d"] @ kbar))  # eq. 8
+                else:
+                    D = module.head_window_max * torch.sigmoid(module.z_head[m].double())  # eq. 11
+                D = max(D, torch.tensor(module.min_window, dtype=torch.float64))
+                sigma = D / 2
+                for j in real:
+                    G[b, m, i, j] = -((pos[j] - P) ** 2) / (2 * sigma**2)  # eq. 5
+    return G
+
+
+@pytest.mark.parametrize("window", ["fixed", "layer", "query", "head"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bias_equals_paper_equations_float64(window, causal):
+    torch.manual_seed(0)
+    C, H = 16, 4
+    branch = GaussianLocalness(C, H, window=window, min_window=0.5)
+    if branch.z_head is not None:
+        torch.nn.init.normal_(branch.z_head)
+    core = AttentionCore(C, H, self_attention=True, causal=causal, branches=[branch]).double()
+    x = torch.randn(5, 3, C, dtype=torch.float64)
+    kpm = None if causal else torch.tensor([[False] * 5, [True, True] + [False] * 3, [True] + [False] * 4])
+    q, k, v, kpm2 = core._project(x, x, x, kpm, None, False)
+    ctx = core._context(x, q, k, kpm2)
+    G = branch.bias(ctx).expand(3, H, 5, 5)
+    ref = _gaussian_reference(branch, q, k, kpm, causal)
+    keep = torch.ones_like(G, dtype=torch.bool) if kpm is None else ~kpm[:, None, None, :].expand_as(G)
+    torch.testing.assert_close(G[keep], ref[keep], atol=1e-10, rtol=1e-9)
+
+
+def test_neighbor_centre_is_the_query_position():
+    torch.manual_seed(0)
+    branch = GaussianLocalness(8, 2, window="head", centre="self")
+    core = AttentionCore(8, 2, self_attention=True, branches=[branch])
+    x = torch.randn(4, 1, 8)
+    kpm = torch.tensor([[True, False, False, False]])
+    q, k, _, kpm2 = core._project(x, x, x, kpm, None, False)
+    P, D = branch.centre_and_window(core._context(x, q, k, kpm2))
+    assert P[0, 0].tolist() == [0.0, 0.0, 1.0, 2.0]
+    torch.testing.assert_close(D, torch.full_like(D, 25.0))  # 50 * sigmoid(0)
+
+
+def test_window_floor_keeps_bias_finite():
+    branch = GaussianLocalness(8, 2, window="query", min_window=1.0)
+    with torch.no_grad():
+        branch.u_d.weight.fill_(-1e4)  # sigmoid(z) underflows to 0
+    core = AttentionCore(8, 2, self_attention=True, branches=[branch])
+    x = torch.randn(6, 2, 8)
+    out, w = core(x, x, x, need_weights=True)
+    assert torch.isfinite(out).all() and torch.isfinite(w).all()
+
+
+# ---------------------------------------------------------------- parity
+def test_all_options_off_equals_fairseq_transformer():
+    off = ["--localness-encoder-layers", "none"]
+    ours, task = build_model(ARCH, TINY + off)
+    ref, _ = build_model("transformer", TINY)
+    assert count_parameters(ours) == count_parameters(ref)
+    ours.load_state_dict(ref.state_dict())
+    src, lens, prev, _ = random_batch(task, [7, 4, 5])
+    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=1e-6, rtol=1e-5)
+
+
+def _strip_gaussians(model):
+    """Replace every Gaussian branch by a plain (global) branch."""
+    for module in model.modules():
+        if isinstance(module, AttentionCore):
+            module.branches = torch.nn.ModuleList([AttentionBranch()])
+
+
+def test_attention_core_in_every_sublayer_equals_fairseq_transformer():
+    everywhere = ["--localness-encoder-layers", "all", "--localness-decoder-layers", "all",
+                  "--localness-enc-dec-layers", "all"]
+    ours, task = build_model(ARCH, TINY + everywhere)
+    _strip_gaussians(ours)
+    ref, _ = build_model("transformer", TINY)
+    copy_shared_weights(ref, ours)
+    src, lens, prev, _ = random_batch(task, [7, 4, 5])
+    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- decoding
+PLACEMENTS = {
+    "encoder": [],
+    "decoder_self": ["--localness-decoder-layers", "1-2"],
+    "enc_dec": ["--localness-enc-dec-layers", "2-3"],
+    "all_layer_window": ["--localness-decoder-layers", "all", "--localness-enc-dec-layers", "all",
+                         "--localness-window", "layer"],
+    "rel_pos": ["--localness-decoder-layers", "1", "--localness-rel-pos", "--localness-rel-pos-k", "2"],
+}
+
+
+def check_incremental_equals_full(model, task, beam=2):
+    """Step-by-step decoding == one teacher-forced pass, with a beam-search reorder
+    mid-sequence. Beam search only moves hypotheses within a sentence (fairseq's own
+    encoder-decoder attention relies on that), so the batch is sentences x beam and
+    the new order maps each row to a beam of the same sentence."""
+    src, lens, prev, _ = random_batch(task, [6, 3, 5], seed=1)
+    src, lens = src.repeat_interleave(beam, 0), lens.repeat_interleave(beam, 0)
+    prev = torch.cat([prev[:, :1].repeat_interleave(beam, 0),
+                      torch.randint(4, len(task.target_dictionary), (prev.size(0) * beam, prev.size(1) - 1))], 1)
+    order = torch.tensor([1, 1, 3, 2, 4, 4])
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lens)
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            steps.append(out)
+            if t == 2:
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+                prev, full = prev[order], full[order]
+                steps = [s[order] for s in steps]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_incremental_decoding_equals_full_forward_with_beam_reordering(placement):
+    model, task = build_model(ARCH, TINY + PLACEMENTS[placement])
+    check_incremental_equals_full(model, task)
+
+
+@pytest.mark.parametrize("placement", ["encoder", "all_layer_window", "rel_pos"])
+def test_sentence_does_not_change_when_batched_with_longer_ones(placement):
+    model, task = build_model(ARCH, TINY + PLACEMENTS[placement])
+    src, lens, prev, _ = random_batch(task, [4, 9, 7], seed=2)
+    alone_src = src[:1, -4:]
+    with torch.no_grad():
+        enc_batch = model.encoder(src, src_lengths=lens)["encoder_out"][0]
+        enc_alone = model.encoder(alone_src, src_lengths=lens[:1])["encoder_out"][0]
+        torch.testing.assert_close(enc_batch[-4:, :1], enc_alone, atol=1e-5, rtol=1e-4)
+
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=8)
+        hyp_batch = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lens}})[0][0]
+        hyp_alone = gen.generate([model], {"net_input": {"src_tokens": alone_src, "src_lengths": lens[:1]}})[0][0]
+    assert hyp_batch["tokens"].tolist() == hyp_alone["tokens"].tolist()
+    assert math.isclose(hyp_batch["score"].item(), hyp_alone["score"].item(), rel_tol=1e-4, abs_tol=1e-5)
+
+
+# ---------------------------------------------------------------- fingerprints
+@pytest.mark.parametrize(
+    "preset,dim,expected_m",
+    [("wmt_en_de", 512, 0.8), ("vaswani_wmt_en_de_big", 1024, 3.2)],
+)
+def test_parameter_fingerprint_query_specific_three_layers(preset, dim, expected_m):
+    with torch.device("meta"):
+        ours, _ = build_model(f"{ARCH}_{preset}")
+        ref, _ = build_model(f"transformer_{preset}")
+    delta = count_parameters(ours) - count_parameters(ref)
+    heads = 8 if dim == 512 else 16
+    assert delta == 3 * (dim * dim + 2 * dim * heads)  # W_p, U_p, U_d in layers 1-3
+    assert abs(delta / 1e6 - expected_m) < 0.06  # the paper's Table 4: +0.8M base, +3.2M big
+    assert abs(delta / (3 * dim * dim) - 1) < 0.05  # ~3 d^2
+
+
+def test_relative_positions_add_two_tables_per_self_attention():
+    ours, _ = build_model(ARCH, TINY + ["--localness-encoder-layers", "none", "--localness-rel-pos",
+                                        "--localness-rel-pos-k", "16"])
+    ref, _ = build_model("transformer", TINY)
+    # 3 encoder + 3 decoder self-attentions, (2k+1) x Dh for keys and for values
+    assert count_parameters(ours) - count_parameters(ref) == 6 * 2 * 33 * 8
+
+
+# ---------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--localness-encoder-layers", "2-7"], "--localness-encoder-layers '2-7': layer 7 is out of range"),
+        (["--localness-encoder-layers", "3-1"], "empty range"),
+        (["--localness-decoder-layers", "x"], "--localness-decoder-layers 'x': cannot parse"),
+        (["--localness-enc-dec-layers", "0"], "--localness-enc-dec-layers '0': layer 0 is out of range"),
+        (["--localness-rel-pos-k", "-1"], "--localness-rel-pos-k must be >= 1"),
+        (["--localness-min-window", "0"], "--localness-min-window must be > 0"),
+    ],
+)
+def test_invalid_options_fail_at_build_time_naming_the_option(args, message):
+    with pytest.raises(OptionError) as err:
+        build_model(ARCH, TINY + args)
+    assert message in str(err.value)
+
+
+def test_unknown_window_strategy_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        build_model(ARCH, TINY + ["--localness-window", "banana"])
+    assert "--localness-window" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- observability
+def test_centre_and_window_are_recorded_per_token_head_and_layer():
+    model, task = build_model(ARCH, TINY)
+    src, lens, prev, _ = random_batch(task, [6, 3], seed=3)
+    with AttentionRecorder(model) as rec, torch.no_grad():
+        model(src, lens, prev)
+    names = sorted(n for n in rec.records if n.endswith("branches.0"))
+    assert names == [f"encoder.layers.{i}.self_attn.branches.0" for i in range(3)]
+    first = rec.records[names[0]][0]
+    assert first["P"].shape == (2, 4, 6) and first["D"].shape == (2, 4, 6)
+    assert (first["P"] >= 0).all() and (first["P"] <= first["I"][:, None, :]).all()
+
+
+def test_centre_offset_and_window_are_logged_as_training_metrics():
+    from fairseq.logging import metrics
+
+    model, task = build_model(ARCH, TINY)
+    model.train()
+    src, lens, prev, _ = random_batch(task, [6, 3], seed=3)
+    with metrics.aggregate(new_root=True) as agg:
+        model(src, lens, prev)
+    values = agg.get_smoothed_values()
+    for layer in (1, 2, 3):
+        assert f"enc{layer}_centre_offset" in values
+        assert 1.0 <= values[f"enc{layer}_window"] <= 6.0  # I * sigmoid(z), floored at 1
