@@ -52,6 +52,7 @@ setup(
         "console_scripts": [
             "fairseq-localness-average=fairseq_localness.cli.average_checkpoints:cli_main",
             "fairseq-localness-corpus=fairseq_localness.corpus:cli_main",
+            "fairseq-localness-dump=fairseq_localness.cli.dump_stats:cli_main",
         ]
     },
 )
