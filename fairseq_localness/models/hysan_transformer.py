@@ -1,0 +1,211 @@
+"""``hysan_transformer``: the Hybrid Self-Attention Network (Song et al. 2019).
+
+Every chosen self-attention sublayer becomes a HySAN sublayer
+(:mod:`fairseq_localness.modules.hysan`): one ``q k^T`` shared by several masked
+branches (global, forward, backward, local k; eq. 8-12), fused by sum, concatenation
+or the squeeze-gated sum (eq. 13-14). Encoder-decoder attention stays fairseq's.
+
+Options (all prefixed ``--hysan-``):
+
+* ``--hysan-encoder-branches`` (default ``global,forward,backward,local1``) and
+  ``--hysan-decoder-branches`` (default ``forward,local1``): comma-separated branch
+  names, any subset of Table 1's columns; ``local<k>`` for any k >= 1, several widths
+  at once allowed (``local1,local2,local5``). The decoder takes only causal branches
+  (``forward``, ``local<k>``).
+* ``--hysan-fusion`` ``sum|concat|gated`` (default ``gated``; Table 2).
+* ``--hysan-gate-reduction`` r (default 16), must divide the model dimension.
+* ``--hysan-gate-bias``: biases in the squeeze gate (off, as the paper's counts imply).
+* ``--hysan-encoder-layers`` / ``--hysan-decoder-layers`` (default ``all``): 1-based
+  layer lists or ranges, ``all`` or ``none``; the other layers keep fairseq's
+  attention.
+
+The defaults are the paper's "e1" setting with gated sum, in every layer (SPEC.md
+1.3). "NoPos" is fairseq's ``--no-token-positional-embeddings``.
+
+With ``--hysan-encoder-branches global --hysan-decoder-branches forward
+--hysan-fusion sum`` (or both layer lists ``none``) the model computes exactly what
+fairseq's ``transformer`` computes, with the same parameters.
+
+Presets: ``hysan_transformer`` (base), ``hysan_transformer_tiny`` (tests and demo),
+``hysan_transformer_iwslt_de_en``, ``hysan_transformer_wmt_en_de``,
+``hysan_transformer_vaswani_wmt_en_de_big`` and ``hysan_transformer_iwslt_small``
+(the paper's IWSLT14 setting: 2 + 2 layers, d = 256, 4 heads, FFN 1024).
+"""
+from dataclasses import dataclass, field
+from functools import partial
+from typing import List
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import register_model
+from fairseq.models.transformer import transformer_legacy as tl
+
+from fairseq_localness.models._locality import (
+    LayerSpec,
+    LocalityOptions,
+    LocalityTransformerModel,
+    OptionError,
+    option_flag,
+    parse_layers,
+    register_presets,
+)
+from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.hysan import (
+    FUSIONS,
+    _FIXED_BRANCHES,
+    branch_names,
+    build_fusion,
+    local_width,
+    make_branch,
+)
+
+# Why the decoder refuses the encoder-only branches.
+_DECODER_REFUSALS = {
+    "backward": "it attends to future target tokens; the paper applies the directional "
+    "branches to the encoder only",
+    "global": "decoder self-attention is causal, so 'global' would be the same distribution "
+    "as 'forward' (the vanilla decoder self-attention); use 'forward'",
+}
+
+
+@dataclass
+class HysanOptions(LocalityOptions):
+    hysan_encoder_branches: str = field(
+        default="global,forward,backward,local1",
+        metadata={"help": "branches of the encoder self-attention, comma-separated: global, "
+                  "forward, backward, local<k> (k >= 1, several allowed)"},
+    )
+    hysan_decoder_branches: str = field(
+        default="forward,local1",
+        metadata={"help": "branches of the decoder self-attention (causal only): forward, local<k>"},
+    )
+    hysan_fusion: ChoiceEnum(FUSIONS) = field(
+        default="gated", metadata={"help": "fusion of the branch outputs (eq. 13): sum, concat, gated"}
+    )
+    hysan_gate_reduction: int = field(
+        default=16, metadata={"help": "reduction r of the squeeze gate (C -> C/r -> C); must divide C"}
+    )
+    hysan_gate_bias: bool = field(
+        default=False, metadata={"help": "give the squeeze gate's linear maps biases"}
+    )
+    hysan_encoder_layers: str = field(
+        default="all",
+        metadata={"help": "encoder layers with HySAN self-attention: 1-based list or ranges "
+                  "('1-3', '1,2'), 'all' or 'none'"},
+    )
+    hysan_decoder_layers: str = field(
+        default="all", metadata={"help": "decoder layers with HySAN self-attention"}
+    )
+
+    def branches(self, side: str) -> List[str]:
+        """The validated branch names of ``side``."""
+        option = f"hysan_{side}_branches"
+        spec = getattr(self, option)
+        flag = option_flag(option)
+        names = [part.strip().lower() for part in str(spec or "").split(",") if part.strip()]
+        allowed = ", ".join(branch_names(side))
+        if not names:
+            raise OptionError(
+                f"{flag} {spec!r}: give at least one branch (allowed: {allowed}); to keep "
+                f"fairseq's attention on this side use {option_flag(f'hysan_{side}_layers')} none"
+            )
+        for name in names:
+            width = local_width(name)
+            if side == "decoder" and name in _DECODER_REFUSALS:
+                raise OptionError(
+                    f"{flag}: {name!r} is not allowed in the decoder: {_DECODER_REFUSALS[name]} "
+                    f"(allowed: {allowed})"
+                )
+            if name not in _FIXED_BRANCHES[side] and width is None:
+                raise OptionError(f"{flag}: unknown branch {name!r} (allowed: {allowed})")
+            if width is not None and width < 1:
+                raise OptionError(
+                    f"{flag}: {name!r}: the local width k must be an integer >= 1 (e.g. local1, local2, local5)"
+                )
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise OptionError(f"{flag} {spec!r}: branch listed more than once: {', '.join(duplicates)}")
+        return names
+
+    def validate(self, cfg):
+        for side in ("encoder", "decoder"):
+            self.branches(side)
+            parse_layers(getattr(self, f"hysan_{side}_layers"), getattr(cfg, f"{side}_layers"),
+                         f"hysan_{side}_layers")
+        if self.hysan_fusion not in FUSIONS:
+            raise OptionError(
+                f"{option_flag('hysan_fusion')} {self.hysan_fusion!r}: unknown fusion; allowed: {', '.join(FUSIONS)}"
+            )
+        r = self.hysan_gate_reduction
+        if self.hysan_fusion == "gated":
+            for side in ("encoder", "decoder"):
+                dim = getattr(cfg, f"{side}_embed_dim")
+                if r < 1 or dim % r != 0:
+                    divisors = [x for x in (1, 2, 4, 8, 16, 32, 64) if dim % x == 0]
+                    raise OptionError(
+                        f"{option_flag('hysan_gate_reduction')} {r}: must be a positive divisor of "
+                        f"--{side}-embed-dim {dim} (e.g. {', '.join(map(str, divisors))})"
+                    )
+
+
+def build_hysan_attention(embed_dim, cfg, *, options: HysanOptions, side: str) -> AttentionCore:
+    """One HySAN self-attention sublayer of ``side`` ("encoder" or "decoder")."""
+    names = options.branches(side)
+    heads = cfg.encoder.attention_heads if side == "encoder" else cfg.decoder.attention_heads
+    fusion = build_fusion(
+        options.hysan_fusion,
+        embed_dim,
+        names,
+        reduction=options.hysan_gate_reduction,
+        gate_bias=options.hysan_gate_bias,
+    )
+    return AttentionCore(
+        embed_dim,
+        heads,
+        dropout=cfg.attention_dropout,
+        self_attention=True,
+        causal=side == "decoder",
+        branches=[make_branch(name, side) for name in names],
+        fusion=fusion,
+    )
+
+
+@register_model("hysan_transformer")
+class HysanTransformerModel(LocalityTransformerModel):
+    """fairseq's transformer with Hybrid Self-Attention Network sublayers (Song et al. 2019)."""
+
+    options_class = HysanOptions
+
+    @classmethod
+    def layer_specs(cls, options: HysanOptions, cfg, side: str):
+        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
+        chosen = parse_layers(getattr(options, f"hysan_{side}_layers"), num_layers, f"hysan_{side}_layers")
+        build = partial(build_hysan_attention, options=options, side=side)
+        return [LayerSpec(side, i, self_attention=build if i in chosen else None) for i in range(num_layers)]
+
+
+def hysan_iwslt_small(args):
+    """The paper's IWSLT14 De-En setting (tensor2tensor's ``transformer_small``):
+    2 + 2 layers, d = 256, 4 heads, FFN 1024. With a 32K joint vocabulary and
+    ``--share-all-embeddings`` the vanilla model has the paper's 11.9M parameters."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    tl.base_architecture(args)
+
+
+register_presets(
+    "hysan_transformer",
+    {
+        "": tl.base_architecture,
+        "tiny": tl.tiny_architecture,
+        "iwslt_de_en": tl.transformer_iwslt_de_en,
+        "wmt_en_de": tl.transformer_wmt_en_de,
+        "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
+        "iwslt_small": hysan_iwslt_small,
+    },
+)

@@ -1,0 +1,261 @@
+"""Hybrid Self-Attention Network (HySAN; Song et al. 2019): the branches and the
+fusions, on top of :class:`~fairseq_localness.modules.attention.AttentionCore`.
+
+Shape notation as in :mod:`.attention`: B = batch size, H = heads, Tq / Tk = query /
+key length, C = model dimension (d in the paper), Dh = C / H, L = number of branches
+(l in the paper), R = C / r (the squeeze gate's bottleneck).
+
+One attention sublayer computes the energies ``e = q k^T / sqrt(Dh)`` once (eq. 6) and
+feeds L masked softmaxes over them (eq. 8-12)::
+
+    out(q, k, v) = f([softmax(e + M_b) v]_{b=1..L})                    (12)
+
+with the masks of eq. 9 and 11 (``j`` key position, ``i`` query position, real
+token positions, see :mod:`.branches`):
+
+=============  ================  ========================  ============================
+branch name    paper             encoder keeps             decoder keeps
+=============  ================  ========================  ============================
+``global``     global SAN        every j                   (not allowed, see below)
+``forward``    M_fw (eq. 9)      ``j <= i``                ``j <= i``
+``backward``   M_bw (eq. 9)      ``j >= i``                (not allowed)
+``local<k>``   M_e / M_d (11)    ``|i - j| <= k``          ``i - k <= j <= i``
+=============  ================  ========================  ============================
+
+and one of three fusions ``f`` (eq. 13), applied to each branch's output with its
+heads merged (``Tq x B x C``), before the layer's output projection ``W_o`` (eq. 6):
+
+* ``sum``: ``sum_b x_b`` (:class:`~.attention.SumFusion`), no parameters;
+* ``concat``: ``H([x_1; ...; x_L])``: the concatenation (``Tq x B x L*C``) goes into
+  the output projection, which becomes ``L*C -> C`` (:class:`ConcatFusion`);
+* ``gated``: ``sum_b x_b * SG(x_b)`` with the squeeze gate of eq. 14,
+  ``SG(x) = sigmoid(f2(ReLU(f1(x))))``, ``f1: C -> C/r``, ``f2: C/r -> C``, one gate per
+  sublayer shared by its branches (:class:`SqueezeGate`, :class:`GatedSumFusion`).
+
+Reading of the paper (SPEC.md 1.3), with the reasons:
+
+* The fusion sits *before* ``W_o``, which all branches share: Table 2 gives ``sum``
+  no extra parameters, so the branches cannot have an output projection each.
+* ``concat``'s ``H`` replaces ``W_o`` instead of being stacked on it: two linear maps
+  in a row are one linear map, and Table 2's counts (+524K, +6.29M, +25.1M) are
+  exactly ``(L - 1) C^2`` per sublayer summed over the "e1" plan (encoder L = 4,
+  decoder L = 2): ``8 C^2`` at IWSLT small, ``24 C^2`` at base and big.
+* The squeeze gate acts on the C channels of a branch output (Fig. 3: "V means the
+  dimension of the Value"), not per head: ``2 C^2 / r`` per sublayer summed over
+  every encoder and decoder layer gives 32,768 / 393,216 / 1,572,864 parameters at
+  IWSLT small / base / big against the paper's +32K / +383K / +1.57M (+2.4%, +2.7%,
+  +0.2%).
+* The gate's linear maps have **no biases** by default. With biases (``C/r + C``
+  more per sublayer) IWSLT small would come to 33,856 (+5.8%), outside the paper's
+  count, while base (+4.4%) and big (+1.0%) would still fit; so the counts say the
+  gate is bias-free. ``gate_bias=True`` (``--hysan-gate-bias``) adds them.
+* The squeeze gate's "squeeze" is the bottleneck ``C -> C/r -> C`` of Fig. 3, applied
+  per token; there is no pooling over positions (that would look at future target
+  tokens in the decoder and at padding in a batch).
+* Decoder: "DiSAN can only be applied for encoder structure" and the decoder is
+  "restricted to view only forward direction", so the decoder's branches are
+  ``forward`` (the vanilla decoder self-attention) and causal ``local<k>``. ``M_d``
+  of eq. 11 reads ``i - j <= k``; together with the causal mask this is
+  ``i - k <= j <= i`` (the decoder branches here carry the causal bound themselves,
+  and the core applies its causal mask too). ``global`` in the decoder would be the
+  same distribution as ``forward`` and ``backward`` would look into the future; both
+  are refused (by the model's option validation).
+* Every branch has its own float32 softmax (its own row maximum), a row left empty by
+  its mask gives zeros instead of NaN, and attention dropout is drawn independently
+  for every branch's distribution (the paper does not say; this is what a
+  per-branch ``tf.nn.dropout`` in tensor2tensor would do).
+* Equation 8 writes ``softmax(q k^T + M)``; the ``1/sqrt(Dh)`` scaling of eq. 6 is kept
+  (the branches share the energies of the ordinary multi-head attention).
+"""
+import re
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from fairseq_localness.modules.attention import (
+    AttentionBranch,
+    AttentionContext,
+    SingleBranch,
+    SumFusion,
+    merge_heads,
+)
+from fairseq_localness.modules.branches import (
+    WindowBranch,
+    backward_branch,
+    forward_branch,
+    global_branch,
+)
+from fairseq_localness.modules.observe import AttentionRecorder, masked_mean
+
+SIDES = ("encoder", "decoder")
+FUSIONS = ("sum", "concat", "gated")
+
+# Fixed branch names per side; ``local<k>`` (k >= 1) is allowed on both sides.
+_FIXED_BRANCHES: Dict[str, Dict[str, Callable[[], WindowBranch]]] = {
+    "encoder": {"global": global_branch, "forward": forward_branch, "backward": backward_branch},
+    "decoder": {"forward": forward_branch},
+}
+_LOCAL = re.compile(r"local(-?\d+)")
+
+
+def branch_names(side: str) -> Tuple[str, ...]:
+    """The branch names a side accepts (``local<k>`` stands for any width k >= 1)."""
+    return tuple(_FIXED_BRANCHES[side]) + ("local<k>",)
+
+
+def local_width(name: str) -> Optional[int]:
+    """k of a ``local<k>`` name (may be < 1: the caller validates), else None."""
+    match = _LOCAL.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def make_branch(name: str, side: str) -> WindowBranch:
+    """The branch called ``name`` in ``side``'s self-attention (eq. 9 and 11).
+
+    Encoder ``local<k>`` keeps ``|i - j| <= k`` (``M_e``), decoder ``local<k>`` keeps
+    ``i - k <= j <= i`` (``M_d`` with the causal bound).
+    """
+    if side not in SIDES:
+        raise ValueError(f"unknown side {side!r}; allowed: {', '.join(SIDES)}")
+    fixed = _FIXED_BRANCHES[side]
+    if name in fixed:
+        return fixed[name]()
+    width = local_width(name)
+    if width is None:
+        raise ValueError(f"unknown {side} branch {name!r}; allowed: {', '.join(branch_names(side))}")
+    if width < 1:
+        raise ValueError(f"local width must be >= 1 (got {name!r})")
+    return WindowBranch(width, width if side == "encoder" else 0, name)
+
+
+class ConcatFusion(SingleBranch):
+    """``[x_1; ...; x_L]`` (eq. 13, "Concat"); the core's output projection, built as
+    ``Linear(L*C, C)`` from :meth:`output_dim`, is the paper's ``H``."""
+
+    def __init__(self, num_branches: int):
+        super().__init__()
+        self.num_branches = num_branches
+
+    def output_dim(self, embed_dim: int) -> int:
+        return self.num_branches * embed_dim
+
+    def extra_repr(self) -> str:
+        return f"num_branches={self.num_branches}"
+
+    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
+        assert len(outputs) == self.num_branches
+        return torch.cat([merge_heads(x) for x in outputs], dim=-1)  # Tq x B x L*C
+
+
+class SqueezeGate(nn.Module):
+    """``SG(x) = sigmoid(f2(ReLU(f1(x))))`` (eq. 14, Fig. 3), per token.
+
+    ``f1: C -> C/r`` squeezes, ``f2: C/r -> C`` expands; ``x`` is ``... x C``.
+    """
+
+    def __init__(self, embed_dim: int, reduction: int = 16, bias: bool = False):
+        super().__init__()
+        if reduction < 1 or embed_dim % reduction != 0:
+            raise ValueError(
+                f"the squeeze gate's reduction r must divide the model dimension "
+                f"(C = {embed_dim}, r = {reduction})"
+            )
+        self.embed_dim, self.reduction = embed_dim, reduction
+        self.f1 = nn.Linear(embed_dim, embed_dim // reduction, bias=bias)
+        self.f2 = nn.Linear(embed_dim // reduction, embed_dim, bias=bias)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # Glorot uniform, tensor2tensor's default for dense layers; zero biases.
+        for lin in (self.f1, self.f2):
+            nn.init.xavier_uniform_(lin.weight)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sigmoid(self.f2(torch.relu(self.f1(x))))
+
+
+class GatedSumFusion(SingleBranch):
+    """``sum_b x_b * SG(x_b)`` (eq. 13, "Gated Sum") with one :class:`SqueezeGate`
+    shared by the L branches of the sublayer.
+
+    Observability: in training, the mean gate value of each branch over the real
+    (non-padding) query tokens and the C channels is logged as
+    ``<prefix>_gate_<branch>`` (e.g. ``enc1_gate_backward``, ``dec2_self_gate_local1``);
+    under an :class:`~.observe.AttentionRecorder` the per-token channel mean is kept as
+    ``gate_<branch>`` (``B x Tq``).
+    """
+
+    def __init__(self, embed_dim: int, names: Sequence[str], reduction: int = 16, bias: bool = False):
+        super().__init__()
+        self.names = list(names)
+        self.gate = SqueezeGate(embed_dim, reduction, bias)
+
+    def extra_repr(self) -> str:
+        return f"branches={','.join(self.names)}"
+
+    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
+        assert len(outputs) == len(self.names)
+        fused = None
+        keep = None
+        log = self.training and self.metric_prefix is not None
+        if log and ctx.self_attention and ctx.key_padding_mask is not None:
+            keep = (~ctx.key_padding_mask[:, ctx.src_len - ctx.tgt_len :]).t().unsqueeze(-1)  # Tq x B x 1
+        for name, out in zip(self.names, outputs):
+            x = merge_heads(out)  # Tq x B x C
+            g = self.gate(x)  # Tq x B x C
+            fused = x * g if fused is None else fused + x * g
+            if log:
+                self.log_metric(f"gate_{name}", masked_mean(g, keep))
+            if self.recording:
+                self.record(f"gate_{name}", g.float().mean(-1).t())  # B x Tq
+        return fused
+
+
+def build_fusion(kind: str, embed_dim: int, names: Sequence[str], reduction: int = 16, gate_bias: bool = False):
+    """The fusion module ``f`` of eq. 13 for the branches ``names``."""
+    builders = {
+        "sum": lambda: SumFusion(),
+        "concat": lambda: ConcatFusion(len(names)),
+        "gated": lambda: GatedSumFusion(embed_dim, names, reduction, gate_bias),
+    }
+    if kind not in builders:
+        raise ValueError(f"unknown fusion {kind!r}; allowed: {', '.join(FUSIONS)}")
+    return builders[kind]()
+
+
+def fusion_extra_parameters(
+    kind: str, embed_dim: int, num_branches: int, reduction: int = 16, gate_bias: bool = False
+) -> int:
+    """Parameters one HySAN sublayer adds to a vanilla attention sublayer (closed form,
+    for documentation and tests): 0, ``(L-1) C^2`` or ``2 C^2/r`` (+ ``C/r + C`` with
+    gate biases)."""
+    if kind == "sum":
+        return 0
+    if kind == "concat":
+        return (num_branches - 1) * embed_dim * embed_dim
+    squeezed = embed_dim // reduction
+    return 2 * embed_dim * squeezed + ((squeezed + embed_dim) if gate_bias else 0)
+
+
+@torch.no_grad()
+def branch_attention(model: nn.Module, **net_input) -> Dict[str, Dict[str, Tensor]]:
+    """Run ``model(**net_input)`` and return every branch distribution of every HySAN
+    sublayer, for the paper's Fig. 5 heatmaps.
+
+    Returns ``{module name: {"probs_<branch>": B x H x Tq x Tk, "gate_<branch>": B x Tq}}``
+    (float32, CPU) from the (one) forward call, e.g.
+    ``out["encoder.layers.0.self_attn"]["probs_backward"]``.
+    """
+    with AttentionRecorder(model) as rec:
+        model(**net_input)
+    result: Dict[str, Dict[str, Tensor]] = {}
+    for name, calls in rec.records.items():
+        merged: Dict[str, Tensor] = {}
+        for call in calls:
+            merged.update(call)
+        module_name = name[: -len(".fusion")] if name.endswith(".fusion") else name
+        result.setdefault(module_name, {}).update(merged)
+    return result

@@ -1,0 +1,492 @@
+"""hysan_transformer (Song et al. 2019): masks by hand, fusions rebuilt in float64,
+parity with fairseq's transformer, incremental decoding, batch invariance, empty
+rows, Table 2 parameter fingerprints, option validation, observability, CLI."""
+import math
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_localness.models._locality import OptionError
+from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.hysan import (
+    ConcatFusion,
+    GatedSumFusion,
+    branch_attention,
+    build_fusion,
+    fusion_extra_parameters,
+    make_branch,
+)
+from fairseq_localness.modules.observe import AttentionRecorder
+from model_utils import TINY, ToyTask, build_model, copy_shared_weights, count_parameters, random_batch
+
+ARCH = "hysan_transformer"
+C, H = 16, 4
+X = 1  # blocked
+
+
+def _left_padding(lengths, total):
+    return torch.stack([torch.arange(total) < total - n for n in lengths])
+
+
+def _core(side, names, fusion="gated", reduction=4, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    core = AttentionCore(
+        C, H, self_attention=True, causal=side == "decoder",
+        branches=[make_branch(n, side) for n in names],
+        fusion=build_fusion(fusion, C, names, reduction=reduction),
+    ).to(dtype).eval()
+    with torch.no_grad():  # make the gate's pre-activations non-trivial
+        for p in core.fusion.parameters():
+            p.normal_(0, 0.5)
+    return core
+
+
+def _record(core, x, kpm=None):
+    with AttentionRecorder(core) as rec, torch.no_grad():
+        out, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+    return out, rec.records[""][0]
+
+
+# ---------------------------------------------------------------- masks by hand
+ENCODER_MASKS = {  # 4 tokens, rows = queries i, columns = keys j, 1 = blocked (eq. 9, 11 M_e)
+    "global": [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]],
+    "forward": [[0, X, X, X], [0, 0, X, X], [0, 0, 0, X], [0, 0, 0, 0]],
+    "backward": [[0, 0, 0, 0], [X, 0, 0, 0], [X, X, 0, 0], [X, X, X, 0]],
+    "local1": [[0, 0, X, X], [0, 0, 0, X], [X, 0, 0, 0], [X, X, 0, 0]],
+    "local2": [[0, 0, 0, X], [0, 0, 0, 0], [0, 0, 0, 0], [X, 0, 0, 0]],
+}
+DECODER_MASKS = {  # M_d of eq. 11 with the causal bound: i - k <= j <= i
+    "forward": [[0, X, X, X], [0, 0, X, X], [0, 0, 0, X], [0, 0, 0, 0]],
+    "local1": [[0, X, X, X], [0, 0, X, X], [X, 0, 0, X], [X, X, 0, 0]],
+    "local2": [[0, X, X, X], [0, 0, X, X], [0, 0, 0, X], [X, 0, 0, 0]],
+}
+
+
+@pytest.mark.parametrize("name", list(ENCODER_MASKS))
+def test_encoder_masks_by_hand(name):
+    assert make_branch(name, "encoder").materialize(4).int().tolist() == ENCODER_MASKS[name]
+
+
+@pytest.mark.parametrize("name", list(DECODER_MASKS))
+def test_decoder_masks_by_hand(name):
+    assert make_branch(name, "decoder").materialize(4).int().tolist() == DECODER_MASKS[name]
+    # a decoder step: the last query alone against the 4 cached keys
+    assert make_branch(name, "decoder").materialize(1, 4).int().tolist() == DECODER_MASKS[name][-1:]
+
+
+def test_local5_by_hand():
+    mask = make_branch("local5", "encoder").materialize(8).int()
+    expected = torch.tensor([[int(abs(i - j) > 5) for j in range(8)] for i in range(8)])
+    assert mask.tolist() == expected.tolist()
+    assert mask[0].tolist() == [0, 0, 0, 0, 0, 0, X, X]
+
+
+def test_encoder_branches_under_left_padding():
+    """The distributions the core computes: nonzero exactly where the hand-written
+    mask keeps a key, in real positions, whatever the left padding."""
+    names = list(ENCODER_MASKS)
+    core = _core("encoder", names)
+    x = torch.randn(6, 2, C)
+    kpm = _left_padding([6, 4], 6)  # sentence 1: [pad, pad, a, b, c, d]
+    _, rec = _record(core, x, kpm)
+    for name in names:
+        kept = (rec[f"probs_{name}"] > 0).all(dim=1)  # B x Tq x Tk, same for every head
+        expected = torch.ones(6, 6, dtype=torch.bool)
+        expected[2:, :2] = False  # padding keys
+        expected[2:, 2:] = torch.tensor(ENCODER_MASKS[name]) == 0
+        assert kept[1, 2:].tolist() == expected[2:].tolist(), name
+        torch.testing.assert_close(rec[f"probs_{name}"].sum(-1), torch.ones(2, H, 6))
+
+
+def test_decoder_steps_see_the_hand_written_rows():
+    """Incremental decoder self-attention: step t's distribution is row t of M_d."""
+    names = ["forward", "local1", "local2"]
+    core = _core("decoder", names)
+    x = torch.randn(4, 1, C)
+    state = {}
+    rows = {n: [] for n in names}
+    with AttentionRecorder(core) as rec, torch.no_grad():
+        for t in range(4):
+            core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+    steps = rec.records[""]
+    for t, step in enumerate(steps):
+        for n in names:
+            probs = step[f"probs_{n}"][0, :, 0]  # H x (t+1)
+            rows[n].append([int(v) for v in (probs == 0).all(0).tolist()] + [X] * (3 - t))
+    for n in names:
+        assert rows[n] == DECODER_MASKS[n], n
+
+
+def test_decoder_left_padded_target_empties_the_first_row():
+    """A left-padded target: the padding query at slot 0 sees only itself (padding),
+    so every branch's row is empty; zeros, no NaN."""
+    core = _core("decoder", ["forward", "local1"])
+    x = torch.randn(4, 2, C)
+    kpm = _left_padding([4, 2], 4)
+    out, rec = _record(core, x, kpm)
+    assert torch.isfinite(out).all()
+    for n in ("forward", "local1"):
+        assert (rec[f"probs_{n}"][1, :, 0] == 0).all()
+        assert (rec[f"probs_{n}"][1, :, 2:, :2] == 0).all()  # real queries never see padding
+        # the real tokens: rows 2, 3 are rows 0, 1 of the hand-written matrix
+        kept = (rec[f"probs_{n}"][1, :, 2:, 2:] > 0).all(0).int()
+        assert (1 - kept).tolist() == [row[:2] for row in DECODER_MASKS[n][:2]]
+
+
+# ---------------------------------------------------------------- fusions in float64
+def _reference(core, x, kpm, side, names, fusion):
+    """Song et al. (2019) eq. 6 and 8-14 written out in float64 with hand masks."""
+    T, B, _ = x.shape
+    dh = C // H
+    out = torch.zeros(T, B, C, dtype=torch.float64)
+    for b in range(B):
+        real = [t for t in range(T) if kpm is None or not kpm[b, t]]
+        xb = x[real, b]  # n x C
+        n = len(real)
+        q = core.q_proj(xb).view(n, H, dh).transpose(0, 1)  # H x n x Dh
+        k = core.k_proj(xb).view(n, H, dh).transpose(0, 1)
+        v = core.v_proj(xb).view(n, H, dh).transpose(0, 1)
+        e = q @ k.transpose(1, 2) / math.sqrt(dh)  # eq. 6: one q k^T for all branches
+        xs = []
+        for name in names:
+            M = torch.zeros(n, n, dtype=torch.float64)
+            for i in range(n):
+                for j in range(n):
+                    if name == "forward":
+                        ok = j <= i
+                    elif name == "backward":
+                        ok = j >= i
+                    elif name == "global":
+                        ok = True
+                    else:
+                        w = int(name[len("local"):])
+                        ok = abs(i - j) <= w if side == "encoder" else 0 <= i - j <= w
+                    if side == "decoder":
+                        ok = ok and j <= i
+                    M[i, j] = 0.0 if ok else -math.inf
+            heads = torch.softmax(e + M, -1) @ v  # eq. 8, 10: H x n x Dh
+            xs.append(heads.transpose(0, 1).reshape(n, C))  # eq. 6: heads concatenated
+        if fusion == "sum":
+            fused = sum(xs)
+        elif fusion == "concat":
+            fused = torch.cat(xs, -1)
+        else:
+            f1, f2 = core.fusion.gate.f1.weight, core.fusion.gate.f2.weight
+            fused = sum(xi * torch.sigmoid(torch.relu(xi @ f1.t()) @ f2.t()) for xi in xs)  # eq. 13-14
+        out[real, b] = core.out_proj(fused)
+    return out
+
+
+@pytest.mark.parametrize("fusion", ["sum", "concat", "gated"])
+@pytest.mark.parametrize(
+    "side,names",
+    [("encoder", ["global", "forward", "backward", "local1"]), ("encoder", ["local1", "local2", "local5"]),
+     ("decoder", ["forward", "local1"])],
+)
+def test_fusions_equal_paper_equations_float64(side, names, fusion):
+    core = _core(side, names, fusion).double()
+    x = torch.randn(7, 3, C, dtype=torch.float64)
+    kpm = None if side == "decoder" else _left_padding([7, 5, 2], 7)
+    out, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+    ref = _reference(core, x, kpm, side, names, fusion)
+    keep = torch.ones(7, 3, dtype=torch.bool) if kpm is None else ~kpm.t()
+    torch.testing.assert_close(out[keep], ref[keep], atol=1e-10, rtol=1e-8)
+
+
+def test_fusion_shapes_and_parameters():
+    assert isinstance(build_fusion("concat", C, ["a", "b", "c"]), ConcatFusion)
+    core = _core("encoder", ["global", "forward", "local1"], "concat")
+    assert core.out_proj.weight.shape == (C, 3 * C)  # H of eq. 13 is the output projection
+    gate = build_fusion("gated", 64, ["a", "b"], reduction=16)
+    assert isinstance(gate, GatedSumFusion)
+    assert gate.gate.f1.weight.shape == (4, 64) and gate.gate.f2.weight.shape == (64, 4)
+    assert gate.gate.f1.bias is None and gate.gate.f2.bias is None
+    assert sum(p.numel() for p in gate.parameters()) == fusion_extra_parameters("gated", 64, 2, 16)
+    biased = build_fusion("gated", 64, ["a", "b"], reduction=16, gate_bias=True)
+    assert sum(p.numel() for p in biased.parameters()) == fusion_extra_parameters("gated", 64, 2, 16, True) == 580
+    with pytest.raises(ValueError, match="unknown fusion"):
+        build_fusion("max", C, ["a"])
+    with pytest.raises(ValueError, match="must divide"):
+        build_fusion("gated", 30, ["a"], reduction=16)
+
+
+# ---------------------------------------------------------------- no NaN
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fusion", ["concat", "gated"])
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_empty_rows_give_finite_outputs_and_gradients(side, fusion, dtype):
+    names = ["global", "forward", "backward", "local1"] if side == "encoder" else ["forward", "local1"]
+    core = _core(side, names, fusion, dtype=dtype).train()
+    core.dropout_module.p = 0.1
+    x = torch.randn(5, 3, C, dtype=dtype, requires_grad=True)
+    kpm = _left_padding([5, 2, 0], 5)  # sentence 2 is all padding: every row empty
+    out, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    out.float().sum().backward()
+    assert torch.isfinite(x.grad.float()).all()
+    assert all(torch.isfinite(p.grad.float()).all() for p in core.parameters() if p.grad is not None)
+    # the empty sentence gets only the output projection's bias
+    torch.testing.assert_close(out[:, 2].float(), core.out_proj.bias.float().expand(5, C))
+
+
+def test_bf16_model_forward_is_finite():
+    model, task = build_model(f"{ARCH}_tiny", ["--hysan-encoder-branches", "global,forward,backward,local1,local2"])
+    model = model.to(torch.bfloat16)
+    src, lens, prev, _ = random_batch(task, [7, 2, 4])
+    with torch.no_grad():
+        out = model(src, lens, prev)[0]
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+# ---------------------------------------------------------------- parity
+def test_global_branch_with_sum_fusion_equals_fairseq_transformer():
+    only_global = ["--hysan-encoder-branches", "global", "--hysan-decoder-branches", "forward",
+                   "--hysan-fusion", "sum"]
+    ours, task = build_model(ARCH, TINY + only_global)
+    assert all(isinstance(layer.self_attn, AttentionCore) for layer in ours.encoder.layers)
+    assert all(isinstance(layer.self_attn, AttentionCore) for layer in ours.decoder.layers)
+    ref, _ = build_model("transformer", TINY)
+    assert count_parameters(ours) == count_parameters(ref)
+    assert set(ours.state_dict()) == set(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    src, lens, prev, _ = random_batch(task, [7, 4, 5])
+    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=1e-5, rtol=1e-4)
+
+
+def test_no_hysan_layers_is_fairseq_transformer():
+    off = ["--hysan-encoder-layers", "none", "--hysan-decoder-layers", "none"]
+    ours, task = build_model(ARCH, TINY + off)
+    ref, _ = build_model("transformer", TINY)
+    ours.load_state_dict(ref.state_dict())
+    src, lens, prev, _ = random_batch(task, [7, 4, 5])
+    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=1e-6, rtol=1e-5)
+
+
+def test_layer_selection_and_defaults():
+    model, _ = build_model(ARCH, TINY + ["--hysan-encoder-layers", "1,3", "--hysan-decoder-layers", "2"])
+    enc = [isinstance(layer.self_attn, AttentionCore) for layer in model.encoder.layers]
+    dec = [isinstance(layer.self_attn, AttentionCore) for layer in model.decoder.layers]
+    assert enc == [True, False, True] and dec == [False, True, False]
+    # the default: e1, gated, every layer
+    model, _ = build_model(ARCH, TINY)
+    for layer in model.encoder.layers:
+        assert [b.name for b in layer.self_attn.branches] == ["global", "forward", "backward", "local1"]
+        assert isinstance(layer.self_attn.fusion, GatedSumFusion)
+    for layer in model.decoder.layers:
+        assert [b.name for b in layer.self_attn.branches] == ["forward", "local1"]
+        assert layer.self_attn.causal and not isinstance(layer.encoder_attn, AttentionCore)
+
+
+# ---------------------------------------------------------------- decoding
+CONFIGS = {
+    "e1_gated": [],
+    "e2_concat": ["--hysan-encoder-branches", "global,forward,backward,local1,local2,local5",
+                  "--hysan-decoder-branches", "forward,local1,local2,local5", "--hysan-fusion", "concat"],
+    "d4_sum": ["--hysan-encoder-branches", "global", "--hysan-decoder-branches", "forward,local1,local2,local5",
+               "--hysan-fusion", "sum"],
+}
+
+
+def check_incremental_equals_full(model, task, beam=2):
+    """Step-by-step decoding == one teacher-forced pass, with a beam reorder at step 3."""
+    src, lens, prev, _ = random_batch(task, [6, 3, 5], seed=1)
+    src, lens = src.repeat_interleave(beam, 0), lens.repeat_interleave(beam, 0)
+    prev = torch.cat([prev[:, :1].repeat_interleave(beam, 0),
+                      torch.randint(4, len(task.target_dictionary), (prev.size(0) * beam, prev.size(1) - 1))], 1)
+    order = torch.tensor([1, 1, 3, 2, 4, 4])
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lens)
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            steps.append(out)
+            if t == 2:
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+                prev, full = prev[order], full[order]
+                steps = [s[order] for s in steps]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_incremental_decoding_equals_full_forward_with_beam_reordering(config):
+    model, task = build_model(ARCH, TINY + CONFIGS[config])
+    check_incremental_equals_full(model, task)
+
+
+@pytest.mark.parametrize("config", ["e1_gated", "e2_concat"])
+def test_sentence_does_not_change_when_batched_with_longer_ones(config):
+    model, task = build_model(ARCH, TINY + CONFIGS[config])
+    src, lens, prev, _ = random_batch(task, [4, 9, 7], seed=2)
+    alone_src = src[:1, -4:]
+    with torch.no_grad():
+        enc_batch = model.encoder(src, src_lengths=lens)["encoder_out"][0]
+        enc_alone = model.encoder(alone_src, src_lengths=lens[:1])["encoder_out"][0]
+        torch.testing.assert_close(enc_batch[-4:, :1], enc_alone, atol=1e-5, rtol=1e-4)
+
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=8)
+        hyp_batch = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lens}})[0][0]
+        hyp_alone = gen.generate([model], {"net_input": {"src_tokens": alone_src, "src_lengths": lens[:1]}})[0][0]
+    assert hyp_batch["tokens"].tolist() == hyp_alone["tokens"].tolist()
+    assert math.isclose(hyp_batch["score"].item(), hyp_alone["score"].item(), rel_tol=1e-4, abs_tol=1e-5)
+
+
+# ---------------------------------------------------------------- fingerprints (Table 2)
+IWSLT_SMALL_BASELINE = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "256",
+                        "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
+                        "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
+                        "--decoder-attention-heads", "4"]
+SIZES = {  # preset: (the vanilla transformer it extends, d, layers per side)
+    "iwslt_small": (("transformer", IWSLT_SMALL_BASELINE), 256, 2),
+    "wmt_en_de": (("transformer_wmt_en_de", []), 512, 6),
+    "vaswani_wmt_en_de_big": (("transformer_vaswani_wmt_en_de_big", []), 1024, 6),
+}
+PAPER = {  # Table 2: extra parameters over the baseline
+    ("iwslt_small", "gated"): 32e3, ("wmt_en_de", "gated"): 383e3, ("vaswani_wmt_en_de_big", "gated"): 1.57e6,
+    ("iwslt_small", "concat"): 524e3, ("wmt_en_de", "concat"): 6.29e6, ("vaswani_wmt_en_de_big", "concat"): 25.1e6,
+    ("iwslt_small", "sum"): 0, ("wmt_en_de", "sum"): 0, ("vaswani_wmt_en_de_big", "sum"): 0,
+}
+
+
+@pytest.mark.parametrize("size,fusion", list(PAPER))
+def test_parameter_fingerprints_match_table_2(size, fusion):
+    (base_arch, base_args), d, layers = SIZES[size]
+    with torch.device("meta"):
+        ours, _ = build_model(f"{ARCH}_{size}", ["--hysan-fusion", fusion])
+        ref, _ = build_model(base_arch, base_args)
+    delta = count_parameters(ours) - count_parameters(ref)
+    # closed form: e1 has 4 encoder branches and 2 decoder branches per layer
+    assert delta == layers * (fusion_extra_parameters(fusion, d, 4) + fusion_extra_parameters(fusion, d, 2))
+    paper = PAPER[(size, fusion)]
+    if paper == 0:
+        assert delta == 0
+    else:
+        assert abs(delta / paper - 1) < 0.05, (delta, paper)
+
+
+def test_gate_biases_would_break_the_iwslt_small_count():
+    """Why the squeeze gate is bias-free by default: with biases IWSLT small is off by 5.8%."""
+    with torch.device("meta"):
+        ours, _ = build_model(f"{ARCH}_iwslt_small", ["--hysan-gate-bias"])
+        ref, _ = build_model("transformer", IWSLT_SMALL_BASELINE)
+    delta = count_parameters(ours) - count_parameters(ref)
+    assert delta == 33856 and delta / 32e3 - 1 > 0.05
+
+
+def test_iwslt_small_baseline_has_the_papers_size():
+    """Table 2a's baseline: 11.9M with a 32K joint vocabulary and shared embeddings."""
+    with torch.device("meta"):
+        model, _ = build_model(f"{ARCH}_iwslt_small", ["--hysan-encoder-layers", "none",
+                                                       "--hysan-decoder-layers", "none",
+                                                       "--share-all-embeddings"], task=ToyTask(32000 - 4))
+    assert abs(count_parameters(model) / 11.9e6 - 1) < 0.01
+
+
+# ---------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--hysan-encoder-branches", "global,sideways"], "--hysan-encoder-branches: unknown branch 'sideways'"),
+        (["--hysan-encoder-branches", "global,local0"], "local width k must be an integer >= 1"),
+        (["--hysan-decoder-branches", "forward,local-2"], "local width k must be an integer >= 1"),
+        (["--hysan-decoder-branches", "forward,backward"], "'backward' is not allowed in the decoder"),
+        (["--hysan-decoder-branches", "global,local1"], "'global' is not allowed in the decoder"),
+        (["--hysan-encoder-branches", "global,local1,local1"], "listed more than once: local1"),
+        (["--hysan-encoder-branches", ""], "give at least one branch"),
+        (["--hysan-gate-reduction", "24"], "--hysan-gate-reduction 24: must be a positive divisor of"),
+        (["--hysan-gate-reduction", "0"], "--hysan-gate-reduction 0: must be a positive divisor of"),
+        (["--hysan-encoder-layers", "4"], "--hysan-encoder-layers '4': layer 4 is out of range"),
+        (["--hysan-decoder-layers", "x"], "--hysan-decoder-layers 'x': cannot parse"),
+    ],
+)
+def test_invalid_options_fail_at_build_time_naming_the_option(args, message):
+    with pytest.raises(OptionError) as err:
+        build_model(ARCH, TINY + args)
+    assert message in str(err.value)
+
+
+def test_messages_list_the_allowed_values():
+    with pytest.raises(OptionError) as err:
+        build_model(ARCH, TINY + ["--hysan-decoder-branches", "backward"])
+    assert "allowed: forward, local<k>" in str(err.value)
+    with pytest.raises(OptionError) as err:
+        build_model(ARCH, TINY + ["--hysan-encoder-branches", "bw"])
+    assert "allowed: global, forward, backward, local<k>" in str(err.value)
+
+
+def test_unknown_fusion_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        build_model(ARCH, TINY + ["--hysan-fusion", "max"])
+    assert "--hysan-fusion" in capsys.readouterr().err
+
+
+def test_reduction_is_only_checked_for_the_gated_fusion():
+    model, _ = build_model(ARCH, TINY + ["--hysan-fusion", "sum", "--hysan-gate-reduction", "24"])
+    assert isinstance(model.encoder.layers[0].self_attn, AttentionCore)
+
+
+# ---------------------------------------------------------------- observability
+def test_gate_means_are_logged_per_branch_and_layer():
+    from fairseq.logging import metrics
+
+    model, task = build_model(ARCH, TINY)
+    model.train()
+    src, lens, prev, _ = random_batch(task, [6, 3], seed=3)
+    with metrics.aggregate(new_root=True) as agg:
+        model(src, lens, prev)
+    values = agg.get_smoothed_values()
+    expected = [f"enc{i}_gate_{b}" for i in (1, 2, 3) for b in ("global", "forward", "backward", "local1")]
+    expected += [f"dec{i}_self_gate_{b}" for i in (1, 2, 3) for b in ("forward", "local1")]
+    assert sorted(k for k in values if "_gate_" in k) == sorted(expected)
+    assert all(0.0 < values[k] < 1.0 for k in expected)
+
+
+def test_gate_mean_ignores_padding_queries():
+    from fairseq.logging import metrics
+
+    core = _core("encoder", ["global", "local1"]).train()
+    core.fusion.metric_prefix = "enc1"
+    x = torch.randn(5, 2, C)
+    kpm = _left_padding([5, 2], 5)
+    x[:3, 1] = 100.0  # padding queries: gates far from the real ones
+    with metrics.aggregate(new_root=True) as agg:
+        core(x, x, x, key_padding_mask=kpm, need_weights=False)
+    with AttentionRecorder(core) as rec:
+        core(x, x, x, key_padding_mask=kpm, need_weights=False)
+    gate = rec.records["fusion"][0]["gate_local1"]  # B x Tq (channel mean)
+    expected = torch.cat([gate[0], gate[1, 3:]]).mean()
+    assert math.isclose(agg.get_smoothed_values()["enc1_gate_local1"], expected.item(), rel_tol=1e-3)
+
+
+def test_branch_attention_for_figure_5():
+    model, task = build_model(ARCH, TINY)
+    src, lens, prev, _ = random_batch(task, [6, 3], seed=4)
+    weights = branch_attention(model, src_tokens=src, src_lengths=lens, prev_output_tokens=prev)
+    enc = weights["encoder.layers.0.self_attn"]
+    for b in ("global", "forward", "backward", "local1"):
+        assert enc[f"probs_{b}"].shape == (2, 4, 6, 6)
+        assert enc[f"gate_{b}"].shape == (2, 6)
+    # sentence 1 (3 real tokens, left padded): backward is upper triangular over them
+    bw = enc["probs_backward"][1, :, 3:, 3:]
+    assert (bw.tril(-1) == 0).all() and (bw.diagonal(dim1=-2, dim2=-1) > 0).all()
+    dec = weights["decoder.layers.2.self_attn"]
+    assert sorted(dec) == ["gate_forward", "gate_local1", "probs_forward", "probs_local1"]
+    assert (dec["probs_local1"][0, :, 3, :2] == 0).all()  # i - k <= j only
+
+
+# ---------------------------------------------------------------- CLI
+CLI_RUNS = {
+    "sum": ["--hysan-fusion", "sum"],
+    "concat": ["--hysan-fusion", "concat", "--hysan-encoder-branches", "global,forward,backward,local1,local2"],
+    "gated_nopos": ["--no-token-positional-embeddings"],
+}
+
+
+@pytest.mark.parametrize("run", list(CLI_RUNS))
+def test_train_and_generate_through_the_cli(run, tmp_path, tiny_data_bin):
+    from conftest import train_and_generate
+
+    result = train_and_generate(f"{ARCH}_tiny", CLI_RUNS[run], tmp_path)
+    assert result is not None
