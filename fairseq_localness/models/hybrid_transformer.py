@@ -1,0 +1,174 @@
+"""``hybrid_transformer``: local and global patterns fused by a gate (Xu et al. 2019),
+with the locality baselines of the paper's Table 1 as selectable variants.
+
+In the self-attention of the chosen layers (``--hybrid-encoder-layers``, default
+``1-2``: "the lowest two layers of the encoder", section 4; ``--hybrid-decoder-layers``,
+default none) the attention becomes the ``--hybrid-variant`` (see
+:mod:`fairseq_localness.modules.hybrid` for the equations):
+
+================  =====================  ==============================================
+variant           Table 1 row            attention of a chosen layer
+================  =====================  ==============================================
+``gate``          HYBRID (Gate)          ``(1-g_i) global_i + g_i local_i`` (eq. 1-5)
+``concat``        HYBRID (Concate)       ``[global_i; local_i]`` projected to d
+``local_pattern`` LOCAL_PATTERN          the band ``|i-j| <= m`` alone (eq. 1, 3)
+``neighbor``      NEIGHBOR               Gaussian bias centred on i, learned window
+``local_h``       LOCAL_H                Gaussian bias, predicted centre, D = 10
+``local_s``       LOCAL_S                Gaussian bias of Yang et al. 2018 (eq. 9)
+================  =====================  ==============================================
+
+``--hybrid-window-m`` is m (default 1, "window size 3"); ``--hybrid-gate head`` gives
+one gate per head instead of one per token. The three baselines are used alone in the
+chosen layers, replacing the attention (the reading is explained in
+:mod:`fairseq_localness.modules.hybrid`); they apply to the same layers as the hybrid,
+so every row of Table 1 differs from the others in the attention only.
+
+With ``--hybrid-encoder-layers none`` (and no decoder layers) the model is fairseq's
+``transformer``: the same modules, parameters and outputs.
+
+Presets: ``hybrid_transformer`` (base), ``hybrid_transformer_iwslt_de_en``,
+``hybrid_transformer_wmt_en_de``, ``hybrid_transformer_vaswani_wmt_en_de_big`` and
+``hybrid_transformer_tiny`` (for tests and the demo).
+"""
+from dataclasses import dataclass, field
+from functools import partial
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import register_model
+from fairseq.models.transformer import transformer_legacy as tl
+
+from fairseq_localness.models._locality import (
+    LayerSpec,
+    LocalityOptions,
+    LocalityTransformerModel,
+    OptionError,
+    option_flag,
+    parse_layers,
+    register_presets,
+)
+from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.hybrid import (
+    GATE_TYPES,
+    NEIGHBOR_WINDOWS,
+    VARIANTS,
+    HybridSettings,
+    hybrid_attention,
+)
+
+
+@dataclass
+class HybridOptions(LocalityOptions):
+    hybrid_variant: ChoiceEnum(tuple(VARIANTS)) = field(
+        default="gate",
+        metadata={"help": "the attention of the chosen layers (Xu et al. 2019, Table 1): gate (HYBRID "
+                  "(Gate), eq. 4-5), concat (HYBRID (Concate)), local_pattern (LOCAL_PATTERN), "
+                  "neighbor (NEIGHBOR), local_h (LOCAL_H), local_s (LOCAL_S)"},
+    )
+    hybrid_encoder_layers: str = field(
+        default="1-2",
+        metadata={"help": "encoder layers whose self-attention becomes the variant: 1-based list or "
+                  "ranges ('1-2', '1,3'), 'all' or 'none'"},
+    )
+    hybrid_decoder_layers: str = field(
+        default="none", metadata={"help": "decoder layers whose self-attention becomes the variant"}
+    )
+    hybrid_window_m: int = field(
+        default=1,
+        metadata={"help": "m of eq. 3: the local band keeps |i - j| <= m (window size 2m+1; causal "
+                  "i-m <= j <= i in the decoder); gate, concat and local_pattern"},
+    )
+    hybrid_gate: ChoiceEnum(GATE_TYPES) = field(
+        default="token",
+        metadata={"help": "gate of the gate variant: token (one scalar per token, eq. 5) or head "
+                  "(one scalar per token and head)"},
+    )
+    hybrid_fixed_window: float = field(
+        default=10.0, metadata={"help": "Gaussian window D of local_h (Luong et al. 2015: 10)"}
+    )
+    hybrid_neighbor_window: ChoiceEnum(NEIGHBOR_WINDOWS) = field(
+        default="query",
+        metadata={"help": "how neighbor learns its window: query (predicted per query, Yang et al. "
+                  "eq. 9), layer (eq. 8) or head (one learned scalar per head, eq. 11)"},
+    )
+    hybrid_head_window_max: float = field(
+        default=50.0, metadata={"help": "N of the head window strategy (Yang et al. eq. 11)"}
+    )
+    hybrid_min_window: float = field(
+        default=1.0, metadata={"help": "floor on the Gaussian window D of the baselines"}
+    )
+
+    def settings(self) -> HybridSettings:
+        return HybridSettings(
+            window_m=self.hybrid_window_m,
+            gate=self.hybrid_gate,
+            fixed_window=self.hybrid_fixed_window,
+            neighbor_window=self.hybrid_neighbor_window,
+            head_window_max=self.hybrid_head_window_max,
+            min_window=self.hybrid_min_window,
+        )
+
+    def validate(self, cfg):
+        parse_layers(self.hybrid_encoder_layers, cfg.encoder_layers, "hybrid_encoder_layers")
+        parse_layers(self.hybrid_decoder_layers, cfg.decoder_layers, "hybrid_decoder_layers")
+        for name, allowed in (
+            ("hybrid_variant", tuple(VARIANTS)),
+            ("hybrid_gate", GATE_TYPES),
+            ("hybrid_neighbor_window", NEIGHBOR_WINDOWS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise OptionError(
+                    f"{option_flag(name)} {getattr(self, name)!r}: unknown value; allowed: {', '.join(allowed)}"
+                )
+        if not isinstance(self.hybrid_window_m, int) or self.hybrid_window_m < 0:
+            raise OptionError(
+                f"{option_flag('hybrid_window_m')} must be an integer >= 0 (got {self.hybrid_window_m!r})"
+            )
+        if self.hybrid_gate != "token" and self.hybrid_variant != "gate":
+            raise OptionError(
+                f"{option_flag('hybrid_gate')} {self.hybrid_gate} applies to {option_flag('hybrid_variant')} "
+                f"gate only (got {option_flag('hybrid_variant')} {self.hybrid_variant})"
+            )
+        for name in ("hybrid_fixed_window", "hybrid_head_window_max", "hybrid_min_window"):
+            if not getattr(self, name) > 0:
+                raise OptionError(f"{option_flag(name)} must be > 0 (got {getattr(self, name)})")
+
+
+def build_hybrid_attention(embed_dim, cfg, *, options: HybridOptions, side: str) -> AttentionCore:
+    """The self-attention of one chosen layer of ``side`` ('encoder' or 'decoder')."""
+    heads = cfg.encoder.attention_heads if side == "encoder" else cfg.decoder.attention_heads
+    return hybrid_attention(
+        options.hybrid_variant,
+        embed_dim,
+        heads,
+        options.settings(),
+        dropout=cfg.attention_dropout,
+        self_attention=True,
+        causal=side == "decoder",
+    )
+
+
+@register_model("hybrid_transformer")
+class HybridTransformerModel(LocalityTransformerModel):
+    """fairseq's transformer with hybrid local/global self-attention (Xu et al. 2019)."""
+
+    options_class = HybridOptions
+
+    @classmethod
+    def layer_specs(cls, options: HybridOptions, cfg, side: str):
+        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
+        option = f"hybrid_{side}_layers"
+        chosen = parse_layers(getattr(options, option), num_layers, option)
+        build = partial(build_hybrid_attention, options=options, side=side)
+        return [LayerSpec(side, i, self_attention=build if i in chosen else None) for i in range(num_layers)]
+
+
+register_presets(
+    "hybrid_transformer",
+    {
+        "": tl.base_architecture,
+        "tiny": tl.tiny_architecture,
+        "iwslt_de_en": tl.transformer_iwslt_de_en,
+        "wmt_en_de": tl.transformer_wmt_en_de,
+        "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
+    },
+)
