@@ -1,0 +1,154 @@
+"""``dc_transformer``: the Dual Contextual module (dual-contextual-module.txt) in place
+of the self-attention sublayer of chosen encoder and/or decoder layers.
+
+:class:`~fairseq_localness.modules.dual_context.DualContextModule` (eq. 6-9: a Local
+Context Unit, two FI attention units without output projection, an aggregation
+``[h_l; h_g] W_z + b_z``) is built as the layer's ``self_attn``; fairseq's layer supplies
+the dropout, residual and LayerNorm of eq. 9 around it (see that module's docstring for
+why this is exactly eq. 9 and how pre-norm reads).
+
+* ``--dc-mode``: ``enc`` (Enc-DC, the default and the paper's recommendation),
+  ``dec`` (Dec-DC), ``full`` (Full-DC), ``none`` (fairseq's transformer).
+* ``--dc-encoder-layers`` / ``--dc-decoder-layers``: 1-based layers of the sides the
+  mode selects (default: all of them), e.g. ``--dc-encoder-layers 1-2`` for Table 5
+  row 3. Giving a range for a side the mode leaves alone is an error.
+* ``--dc-kernel-size``: f of the convolution (default 2, Sect. 5.2).
+* ``--dc-log-divergence``: log the per-layer JS divergence between the two FI units
+  (eq. 10-11) as ``enc<l>_js`` / ``dec<l>_self_js`` during validation.
+
+Presets: ``dc_transformer`` (base), ``dc_transformer_tiny``,
+``dc_transformer_iwslt_de_en``, ``dc_transformer_wmt_en_de``,
+``dc_transformer_vaswani_wmt_en_de_big`` and ``dc_transformer_iwslt_small`` (the paper's
+IWSLT setting, Sect. 5.2: 4+4 layers, d = 256, 4 heads; the paper does not give the
+feed-forward size, we use 1024 = 4d, the Transformer's ratio).
+"""
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Optional
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import register_model
+from fairseq.models.transformer import transformer_legacy as tl
+
+from fairseq_localness.models._locality import (
+    LayerSpec,
+    LocalityOptions,
+    LocalityTransformerModel,
+    OptionError,
+    option_flag,
+    parse_layers,
+    register_presets,
+)
+from fairseq_localness.modules.dual_context import DualContextModule
+
+DC_MODES = ("enc", "dec", "full", "none")
+_SIDES_OF_MODE = {"enc": ("encoder",), "dec": ("decoder",), "full": ("encoder", "decoder"), "none": ()}
+
+
+@dataclass
+class DCOptions(LocalityOptions):
+    dc_mode: ChoiceEnum(DC_MODES) = field(
+        default="enc",
+        metadata={"help": "where the Dual Contextual module replaces self-attention: enc (Enc-DC), "
+                  "dec (Dec-DC), full (Full-DC) or none (plain transformer)"},
+    )
+    dc_encoder_layers: Optional[str] = field(
+        default=None,
+        metadata={"help": "encoder layers with the DC module when --dc-mode is enc or full: 1-based "
+                  "list or ranges ('1-2', '1,3'), 'all' or 'none' (default: all)"},
+    )
+    dc_decoder_layers: Optional[str] = field(
+        default=None,
+        metadata={"help": "decoder layers with the DC module when --dc-mode is dec or full "
+                  "(default: all)"},
+    )
+    dc_kernel_size: int = field(
+        default=2, metadata={"help": "kernel size f of the Local Context Unit's convolution (eq. 6)"}
+    )
+    dc_log_divergence: bool = field(
+        default=False,
+        metadata={"help": "log the Jensen-Shannon divergence between the two FI units of every DC "
+                  "layer (eq. 10-11) as a validation metric <layer>_js"},
+    )
+
+    def layers(self, cfg, side: str):
+        """0-based DC layers of ``side`` ('encoder' or 'decoder'); validates."""
+        option = f"dc_{side}_layers"
+        spec = getattr(self, option)
+        num_layers = cfg.encoder_layers if side == "encoder" else cfg.decoder_layers
+        if side not in _SIDES_OF_MODE[self.dc_mode]:
+            if spec is not None:
+                raise OptionError(
+                    f"{option_flag(option)} {spec!r} is given but {option_flag('dc_mode')} "
+                    f"{self.dc_mode} leaves the {side} alone; use --dc-mode "
+                    f"{'enc' if side == 'encoder' else 'dec'} or full"
+                )
+            return []
+        return parse_layers("all" if spec is None else spec, num_layers, option)
+
+    def validate(self, cfg):
+        if self.dc_mode not in DC_MODES:
+            raise OptionError(
+                f"{option_flag('dc_mode')} {self.dc_mode!r}: unknown mode; allowed: {', '.join(DC_MODES)}"
+            )
+        if int(self.dc_kernel_size) != self.dc_kernel_size or self.dc_kernel_size < 1:
+            raise OptionError(
+                f"{option_flag('dc_kernel_size')} must be an integer >= 1 (got {self.dc_kernel_size})"
+            )
+        for side in ("encoder", "decoder"):
+            self.layers(cfg, side)
+
+
+def build_dc_module(embed_dim, cfg, *, options: DCOptions, side: str) -> DualContextModule:
+    """The DC module of one layer (a :data:`SubmoduleBuilder` for ``self_attention``)."""
+    heads = cfg.encoder.attention_heads if side == "encoder" else cfg.decoder.attention_heads
+    return DualContextModule(
+        embed_dim,
+        heads,
+        kernel_size=options.dc_kernel_size,
+        causal=side == "decoder",
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        log_divergence=options.dc_log_divergence,
+    )
+
+
+@register_model("dc_transformer")
+class DCTransformerModel(LocalityTransformerModel):
+    """fairseq's transformer with the Dual Contextual module (Enc-DC, Dec-DC, Full-DC)."""
+
+    options_class = DCOptions
+
+    @classmethod
+    def layer_specs(cls, options: DCOptions, cfg, side: str):
+        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
+        chosen = options.layers(cfg, side)
+        build = partial(build_dc_module, options=options, side=side)
+        return [LayerSpec(side, i, self_attention=build if i in chosen else None) for i in range(num_layers)]
+
+
+def dc_transformer_iwslt_small(args):
+    """The paper's IWSLT setting (Sect. 5.2): 4+4 layers, d = 256, 4 heads (FFN 1024,
+    not stated in the paper)."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 4)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 4)
+    tl.base_architecture(args)
+
+
+register_presets(
+    "dc_transformer",
+    {
+        "": tl.base_architecture,
+        "tiny": tl.tiny_architecture,
+        "iwslt_de_en": tl.transformer_iwslt_de_en,
+        "wmt_en_de": tl.transformer_wmt_en_de,
+        "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
+        "iwslt_small": dc_transformer_iwslt_small,
+    },
+)

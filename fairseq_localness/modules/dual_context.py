@@ -1,0 +1,428 @@
+"""The Dual Contextual (DC) module (dual-contextual-module.txt, Sect. 4, eq. 6-9, Fig. 1-2)
+and the Jensen-Shannon divergence between its two attention units (Sect. 7.2, eq. 10-13).
+
+Shape notation (as in :mod:`.attention`):
+    B = batch size, H = attention heads, T = sequence length (Tq queries, Tk keys),
+    C = model dimension d, Dh = C / H, f = convolution kernel size.
+    Sequence tensors are ``T x B x C`` like everywhere in fairseq; the convolution
+    works on ``B x C x T``.
+
+What it computes, for the input ``r`` of one encoder or decoder layer (the output of
+the layer below):
+
+* **Local Context Unit** (eq. 6)::
+
+      r_hat_t = GLU([r_{t-a}, ..., r_{t+b}] W_r + b_r)      W_r: f*C x 2C, a + b = f - 1
+      lc      = LayerNorm(r_hat + r)
+
+  a 1-D convolution of kernel f over the C-dimensional tokens with a gated linear
+  unit (Dauphin et al. 2017).
+* **Context Interaction Unit** (eq. 7-9)::
+
+      h_l   = FI(r, lc)       queries from r, keys and values from lc
+      h_g   = FI(r, r)        plain self-attention
+      z_hat = [h_l; h_g] W_z + b_z                           W_z: 2C x C
+      z_f   = LayerNorm(z_hat + r)
+
+  where ``FI(A, B) = concat(M_1, ..., M_H)``, ``M_i = ATT(A W^q_i, B W^k_i, B W^v_i)``:
+  multi-head attention *without* an output projection (:class:`AttentionCore` with
+  ``output_projection=False``); W_z is the only output projection. Per layer this
+  adds ``(2f + 4) C^2 + 7C`` parameters to the self-attention sublayer it replaces
+  (8 C^2 at f = 2: the paper's +12.66M for Enc-DC at base size, Table 1).
+
+How it sits in a fairseq layer. :class:`DualContextModule` has the call signature of
+fairseq's ``MultiheadAttention`` and returns ``z_hat``; it is built as the layer's
+``self_attn``. fairseq's layer then applies exactly eq. 9 around it: dropout on the
+sublayer output, the residual ``+ r`` and the layer norm (``self_attn_layer_norm`` is
+the LayerNorm of eq. 9). With the default post-norm layers (the paper's reading, eq. 6
+and 9 are ``LayerNorm(x + r)``) the layer computes ``z_f`` of eq. 9 verbatim; with
+``--encoder-normalize-before``/``--decoder-normalize-before`` fairseq normalizes the
+input first and leaves the residual stream un-normalized, giving the usual pre-norm
+variant ``z_f = r + z_hat(LayerNorm(r))`` (the paper does not cover pre-norm). So the DC
+module replaces the whole self-attention sublayer including its residual and norm,
+without a copy of fairseq's layer ``forward``.
+
+Padding, positions and causality:
+
+* Padding positions are zeroed before every convolution, so a token next to padding
+  sees zeros exactly as at the edge of an unpadded sentence: a left-padded sentence in
+  a batch gives the same ``lc`` as alone.
+* Even kernels need an explicit split of the f - 1 neighbours. Eq. 6 writes the window
+  as ``[r_{t-f/2}, ..., r_{t+f/2}]``, which has f + 1 entries for even f; we keep its
+  start ``t - floor(f/2)`` and take f tokens, i.e. ``a = floor(f/2)`` tokens to the
+  left and ``b = f - 1 - a`` to the right: f = 2 -> ``[r_{t-1}, r_t]``, f = 3 ->
+  ``[r_{t-1}, r_t, r_{t+1}]``, f = 4 -> ``[r_{t-2}, ..., r_{t+1}]``. (PyTorch's
+  ``padding="same"`` would put the extra token on the right instead.)
+* In the decoder the convolution is causal, ``a = f - 1, b = 0``: ``[r_{t-f+1}, ...,
+  r_t]``; the causal mask of the core applies to both FI units, also to FI(r, lc),
+  whose keys are the same positions as its queries. For incremental decoding the
+  Local Context Unit caches its last f - 1 (padding-zeroed) inputs in
+  ``incremental_state`` (reordered for beam search by
+  :meth:`LocalContextUnit.reorder_incremental_state`), so feeding one or several
+  target steps at a time gives exactly the full teacher-forced result.
+* FI(r, lc) is not self-attention in the core's sense (keys come from another tensor)
+  but its queries and keys are the same token positions. :class:`LocalFeatureInteraction`
+  is the core with separate key/value inputs whose context reports the positions of
+  self-attention (bottom-right aligned real positions), so every branch, mask and
+  recorded distribution sees true positions.
+
+Deviations from the paper (not specified there; our choices):
+
+* Dropout (``--dropout``) is applied to ``r_hat`` before the residual of eq. 6, as on
+  every residual branch of the Transformer; the attention dropout of the FI units is
+  ``--attention-dropout``; fairseq's residual dropout acts on ``z_hat`` (eq. 9).
+* Initialisation: the convolution ``W_r`` (seen as f*C x 2C) and ``W_z`` are Xavier
+  uniform with zero biases; the FI projections use fairseq's attention initialisation.
+
+Observability: every FI unit records its distribution as ``probs_global`` under the
+:class:`~.observe.AttentionRecorder`; the module records ``query_padding_mask``.
+:func:`dc_divergence` turns these into the per-layer Jensen-Shannon divergence of
+Sect. 7.2 (eq. 10-13) over a set of batches; with ``log_divergence=True`` the module
+also logs it as the metric ``<prefix>_js`` (e.g. ``enc1_js``) on every validation
+forward pass.
+"""
+import math
+from collections import defaultdict
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import LayerNorm
+from fairseq.modules.fairseq_dropout import FairseqDropout
+from torch import Tensor, nn
+
+from fairseq_localness.modules.attention import AttentionContext, AttentionCore
+from fairseq_localness.modules.observe import AttentionRecorder, Observable
+
+HEAD_REDUCTIONS = ("max", "mean", "per_head")
+
+
+def kernel_split(kernel_size: int, causal: bool) -> Tuple[int, int]:
+    """Neighbours ``(a, b)`` to the left and right of token t in a window of f tokens.
+
+    Encoder: ``a = floor(f/2), b = f - 1 - a`` (eq. 6's window start ``t - f/2``);
+    decoder (causal): ``a = f - 1, b = 0``.
+    """
+    if kernel_size < 1:
+        raise ValueError(f"kernel size must be >= 1 (got {kernel_size})")
+    if causal:
+        return kernel_size - 1, 0
+    left = kernel_size // 2
+    return left, kernel_size - 1 - left
+
+
+@with_incremental_state
+class LocalContextUnit(nn.Module):
+    """The Local Context Unit (eq. 6): ``lc = LayerNorm(GLU(Conv1d_f(r)) + r)``.
+
+    Args:
+        embed_dim: C.
+        kernel_size: f (>= 1); the window split is :func:`kernel_split`.
+        causal: decoder (window ``[t-f+1, t]``), with an incremental cache.
+        dropout: dropout on ``r_hat`` before the residual.
+    """
+
+    def __init__(self, embed_dim: int, kernel_size: int = 2, causal: bool = False, dropout: float = 0.0):
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.kernel_size = kernel_size
+        self.causal = causal
+        self.left, self.right = kernel_split(kernel_size, causal)
+        # W_r (f*C x 2C) and b_r of eq. 6; weight stored as 2C x C x f by nn.Conv1d.
+        self.conv = nn.Conv1d(embed_dim, 2 * embed_dim, kernel_size)
+        self.layer_norm = LayerNorm(embed_dim)
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # Xavier uniform on W_r seen as an f*C x 2C matrix (fan_in f*C, fan_out 2C).
+        fan_in, fan_out = self.kernel_size * self.embed_dim, 2 * self.embed_dim
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+        nn.init.uniform_(self.conv.weight, -bound, bound)
+        nn.init.zeros_(self.conv.bias)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, causal={self.causal}, window=[t-{self.left}, t+{self.right}]"
+
+    # ------------------------------------------------------------------ caching
+    def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
+        result = self.get_incremental_state(incremental_state, "conv_state")
+        return result if result is not None else {}
+
+    def _set_input_buffer(self, incremental_state, buffer: Dict[str, Optional[Tensor]]):
+        return self.set_incremental_state(incremental_state, "conv_state", buffer)
+
+    @torch.jit.export
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Reorder the cached window (``B x C x (f-1)``) for beam search."""
+        buffer = self._get_input_buffer(incremental_state)
+        if buffer.get("prev_input") is not None:
+            buffer["prev_input"] = buffer["prev_input"].index_select(0, new_order)
+            incremental_state = self._set_input_buffer(incremental_state, buffer)
+        return incremental_state
+
+    # ------------------------------------------------------------------ forward
+    def convolve(
+        self,
+        r: Tensor,
+        padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+    ) -> Tensor:
+        """``r_hat`` of eq. 6 (before dropout and residual): ``T x B x C`` -> ``T x B x C``.
+
+        Args:
+            r: ``T x B x C``.
+            padding_mask: ``B x T``, True at padding (zeroed before the convolution).
+            incremental_state: decoder only; the new T steps continue the cached ones.
+        """
+        if padding_mask is not None and padding_mask.any():
+            r = r.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), 0.0)
+        x = r.permute(1, 2, 0)  # T x B x C -> B x C x T
+        if incremental_state is not None:
+            if not self.causal:
+                raise RuntimeError("incremental_state is only supported by the causal (decoder) unit")
+            buffer = self._get_input_buffer(incremental_state)
+            prev = buffer.get("prev_input")  # B x C x (f-1)
+            if prev is None:
+                prev = x.new_zeros(x.size(0), x.size(1), self.left)
+            x = torch.cat([prev, x], dim=2)  # B x C x (f-1+T)
+            if self.left > 0:
+                buffer["prev_input"] = x[:, :, x.size(2) - self.left :]
+                self._set_input_buffer(incremental_state, buffer)
+        else:
+            x = F.pad(x, (self.left, self.right))  # B x C x (a+T+b)
+        x = F.glu(self.conv(x), dim=1)  # B x 2C x T -> B x C x T
+        return x.permute(2, 0, 1)  # B x C x T -> T x B x C
+
+    def forward(self, r: Tensor, padding_mask: Optional[Tensor] = None, incremental_state=None) -> Tensor:
+        """``lc = LayerNorm(r_hat + r)`` (eq. 6), ``T x B x C``."""
+        r_hat = self.dropout_module(self.convolve(r, padding_mask, incremental_state))
+        return self.layer_norm(r_hat + r)
+
+
+class LocalFeatureInteraction(AttentionCore):
+    """FI(r, lc) (eq. 7): multi-head attention, queries from r, keys and values from lc,
+    no output projection.
+
+    The core's ``self_attention=True`` path projects keys from the query input, so this
+    unit uses its general path (keys from ``key``, cached and concatenated step by step
+    in incremental decoding) and only overrides :meth:`_context`: queries and keys are
+    the same token positions, so query positions are bottom-right aligned real
+    positions as in self-attention (and ``lengths`` counts the visible keys when
+    causal). The causal mask itself is applied by the core whenever ``causal=True``.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, causal: bool = False):
+        super().__init__(
+            embed_dim, num_heads, dropout=dropout, self_attention=False, causal=causal, output_projection=False
+        )
+
+    def _context(self, query, q, k, key_padding_mask) -> AttentionContext:
+        ctx = super()._context(query, q, k, key_padding_mask)
+        ctx.q_pos = ctx.k_pos[:, ctx.src_len - ctx.tgt_len :]
+        if self.causal:
+            ctx.lengths = (ctx.q_pos + 1).float()
+        ctx.self_attention = True
+        return ctx
+
+
+class DualContextModule(nn.Module, Observable):
+    """The DC module (Fig. 1, eq. 6-8): returns ``z_hat``; the enclosing fairseq layer
+    adds dropout, the residual and the LayerNorm of eq. 9 (see the module docstring).
+
+    Drop-in for fairseq's ``MultiheadAttention`` as a layer's ``self_attn``: same call
+    signature; ``key`` and ``value`` must be the query (self-attention); returns
+    ``(z_hat T x B x C, None)``.
+
+    Args:
+        embed_dim: C.
+        num_heads: H of both FI units.
+        kernel_size: f of the Local Context Unit.
+        causal: decoder self-attention.
+        dropout: dropout on ``r_hat`` (eq. 6).
+        attention_dropout: dropout on the FI distributions.
+        log_divergence: log the Jensen-Shannon divergence between the FI units
+            (eq. 10-11, heads reduced by max) as ``<prefix>_js`` in eval mode.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        kernel_size: int = 2,
+        causal: bool = False,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        log_divergence: bool = False,
+    ):
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.causal = causal
+        self.log_divergence = log_divergence
+        self.local_context = LocalContextUnit(embed_dim, kernel_size, causal=causal, dropout=dropout)
+        self.fi_local = LocalFeatureInteraction(embed_dim, num_heads, dropout=attention_dropout, causal=causal)
+        self.fi_global = AttentionCore(
+            embed_dim,
+            num_heads,
+            dropout=attention_dropout,
+            self_attention=True,
+            causal=causal,
+            output_projection=False,
+        )
+        # W_z (2C x C) and b_z of eq. 8.
+        self.aggregate = nn.Linear(2 * embed_dim, embed_dim)
+        nn.init.xavier_uniform_(self.aggregate.weight)
+        nn.init.zeros_(self.aggregate.bias)
+
+    # fairseq's decoder layer inspects its self_attn's buffer (cross_self_attention and
+    # ONNX paths); the global FI unit holds the self-attention keys and values.
+    def _get_input_buffer(self, incremental_state):
+        return self.fi_global._get_input_buffer(incremental_state)
+
+    def _set_input_buffer(self, incremental_state, buffer):
+        return self.fi_global._set_input_buffer(incremental_state, buffer)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = False,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """``query`` = r, ``T x B x C``; ``key_padding_mask`` ``B x T`` (cached steps not
+        included in incremental decoding, as in fairseq). Returns ``(z_hat, None)``."""
+        if static_kv or before_softmax:
+            raise NotImplementedError("the DC module is a self-attention sublayer")
+        r = query
+        tgt_len = r.size(0)
+        new_padding = None
+        if key_padding_mask is not None:
+            new_padding = key_padding_mask[:, key_padding_mask.size(1) - tgt_len :].bool()
+        lc = self.local_context(r, new_padding, incremental_state)  # eq. 6
+        want_probs = self.log_divergence and not self.training and self.metric_prefix is not None
+        h_l, p_l = self.fi_local(  # eq. 7, h_l = FI(r, lc): T x B x C
+            r, lc, lc, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
+            need_weights=want_probs, need_head_weights=want_probs, attn_mask=attn_mask,
+        )
+        h_g, p_g = self.fi_global(  # eq. 7, h_g = FI(r, r): T x B x C
+            r, r, r, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
+            need_weights=want_probs, need_head_weights=want_probs, attn_mask=attn_mask,
+        )
+        z_hat = self.aggregate(torch.cat([h_l, h_g], dim=-1))  # eq. 8: T x B x 2C -> T x B x C
+        if self.recording or want_probs:
+            query_padding = (
+                new_padding if new_padding is not None else r.new_zeros(r.size(1), tgt_len, dtype=torch.bool)
+            )
+            self.record("query_padding_mask", query_padding)
+            if want_probs:
+                # H x B x Tq x Tk -> B x H x Tq x Tk
+                js = reduced_js(p_l.float().transpose(0, 1), p_g.float().transpose(0, 1), "max")  # B x Tq
+                keep = ~query_padding
+                self.log_metric("js", (js * keep).sum() / keep.sum().clamp(min=1), weight=float(keep.sum()))
+        return z_hat, None
+
+
+# ---------------------------------------------------------------------- divergence
+def js_divergence(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:
+    """Jensen-Shannon divergence between distributions along ``dim`` (eq. 11-12),
+    natural log (bounded by ln 2)::
+
+        JS(P || Q) = 1/2 KL(P || M) + 1/2 KL(Q || M),   M = (P + Q) / 2
+        KL(P || Q) = sum_x P(x) log P(x) - sum_x P(x) log Q(x)
+
+    ``0 log 0 = 0`` (``torch.xlogy``), so zero probabilities need no epsilon.
+    """
+    m = 0.5 * (p + q)
+    kl_pm = (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(dim)
+    kl_qm = (torch.xlogy(q, q) - torch.xlogy(q, m)).sum(dim)
+    return 0.5 * kl_pm + 0.5 * kl_qm
+
+
+def reduce_heads(probs: Tensor, how: str = "max") -> Tensor:
+    """Eq. 10: one distribution per query from the H heads, ``B x H x Tq x Tk`` ->
+    ``B x Tq x Tk``.
+
+    ``max`` (the paper's ``alpha = max([alpha^1, ..., alpha^H])``, read as the
+    element-wise maximum over heads, renormalised over the keys so that eq. 11 compares
+    distributions); ``mean`` (average over heads). Rows that are all zero (queries with
+    no visible key) stay zero.
+    """
+    if how == "max":
+        reduced = probs.max(dim=1).values
+        total = reduced.sum(-1, keepdim=True)
+        return reduced / total.clamp(min=torch.finfo(reduced.dtype).tiny)
+    if how == "mean":
+        return probs.mean(dim=1)
+    raise ValueError(f"head reduction {how!r}: allowed: max, mean")
+
+
+def reduced_js(p_local: Tensor, p_global: Tensor, head_reduce: str = "max") -> Tensor:
+    """``dv`` per query (eq. 10-11): ``B x H x Tq x Tk`` twice -> ``B x Tq``.
+
+    ``head_reduce``: ``max``/``mean`` (:func:`reduce_heads`), or ``per_head`` (the mean
+    over heads of the per-head divergences).
+    """
+    if head_reduce == "per_head":
+        return js_divergence(p_local, p_global).mean(dim=1)
+    if head_reduce not in HEAD_REDUCTIONS:
+        raise ValueError(f"head reduction {head_reduce!r}: allowed: {', '.join(HEAD_REDUCTIONS)}")
+    return js_divergence(reduce_heads(p_local, head_reduce), reduce_heads(p_global, head_reduce))
+
+
+@torch.no_grad()
+def dc_divergence(model: nn.Module, batches: Iterable, head_reduce: str = "max") -> Dict[str, float]:
+    """Per-layer Jensen-Shannon divergence between the two FI units of every DC layer
+    over a set of batches (Sect. 7.2, eq. 10-13).
+
+    Args:
+        model: a model containing :class:`DualContextModule` layers (run in eval mode,
+            teacher forcing).
+        batches: fairseq samples (dicts with ``net_input``) or ``net_input`` dicts.
+        head_reduce: eq. 10's reduction over heads (see :func:`reduced_js`).
+
+    Returns:
+        ``{label: dv_l}`` with labels such as ``enc1``, ``dec2_self`` (the layers'
+        metric prefixes), each the mean over every real (non-padding) query token of
+        the per-query divergence; plus ``E_d_encoder`` / ``E_d_decoder`` (eq. 13, the
+        mean over that side's DC layers) when the side has DC layers.
+    """
+    if head_reduce not in HEAD_REDUCTIONS:
+        raise ValueError(f"head reduction {head_reduce!r}: allowed: {', '.join(HEAD_REDUCTIONS)}")
+    modules = [(name, m) for name, m in model.named_modules() if isinstance(m, DualContextModule)]
+    if not modules:
+        raise ValueError("the model has no Dual Contextual layer")
+    was_training = model.training
+    model.eval()
+    sums: Dict[str, float] = defaultdict(float)
+    counts: Dict[str, float] = defaultdict(float)
+    try:
+        for sample in batches:
+            net_input = sample["net_input"] if "net_input" in sample else sample
+            with AttentionRecorder(model) as rec:
+                model(**net_input)
+            for name, module in modules:
+                label = module.metric_prefix or name
+                p_l = rec.records[module.fi_local._record_name][-1]["probs_global"]  # B x H x Tq x Tk
+                p_g = rec.records[module.fi_global._record_name][-1]["probs_global"]
+                padding = rec.records[module._record_name][-1]["query_padding_mask"].bool()  # B x Tq
+                js = reduced_js(p_l.double(), p_g.double(), head_reduce)  # B x Tq
+                keep = ~padding & (p_g.sum(-1).amax(1) > 0)  # real queries with visible keys
+                sums[label] += float(js[keep].sum())
+                counts[label] += float(keep.sum())
+    finally:
+        model.train(was_training)
+    result = {label: sums[label] / max(counts[label], 1.0) for label in sums}
+    for side, prefix in (("encoder", "enc"), ("decoder", "dec")):
+        values = [v for k, v in result.items() if k.startswith(prefix)]
+        if values:
+            result[f"E_d_{side}"] = sum(values) / len(values)  # eq. 13
+    return result

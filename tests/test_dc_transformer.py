@@ -1,0 +1,481 @@
+"""dc_transformer (the Dual Contextual module): the convolution by hand and rebuilt in
+float64, eq. 6-9 rebuilt in float64, causality, incremental decoding (one and several
+steps at a time) with beam reordering, batch invariance, parity with fairseq's
+transformer, empty rows, parameter fingerprints, option validation, the
+Jensen-Shannon divergence (eq. 10-13), CLI."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_localness.models._locality import OptionError
+from fairseq_localness.models.dc_transformer import DCOptions
+from fairseq_localness.modules.dual_context import (
+    DualContextModule,
+    LocalContextUnit,
+    dc_divergence,
+    js_divergence,
+    kernel_split,
+    reduce_heads,
+    reduced_js,
+)
+from model_utils import TINY, build_model, copy_shared_weights, count_parameters, random_batch
+
+ARCH = "dc_transformer"
+C, H = 8, 2
+MODES = {"enc": ["--dc-mode", "enc"], "dec": ["--dc-mode", "dec"], "full": ["--dc-mode", "full"]}
+
+
+def _left_padding(lengths, total):
+    return torch.stack([torch.arange(total) < total - n for n in lengths])
+
+
+# ---------------------------------------------------------------- Local Context Unit
+def test_kernel_splits():
+    # encoder: floor(f/2) tokens on the left (eq. 6's window start t - f/2)
+    assert [kernel_split(f, causal=False) for f in (1, 2, 3, 4, 5)] == [(0, 0), (1, 0), (1, 1), (2, 1), (2, 2)]
+    # decoder: causal
+    assert [kernel_split(f, causal=True) for f in (1, 2, 3, 4)] == [(0, 0), (1, 0), (2, 0), (3, 0)]
+
+
+def _unit_with_hand_weights(kernel_size, causal, value_taps):
+    """C = 1: value channel = sum_k value_taps[k] * x_(window k); gate pre-activation 0,
+    so GLU = 0.5 * value."""
+    unit = LocalContextUnit(1, kernel_size, causal=causal).double()
+    with torch.no_grad():
+        unit.conv.weight.zero_()
+        unit.conv.bias.zero_()
+        unit.conv.weight[0, 0] = torch.tensor(value_taps, dtype=torch.float64)
+    return unit
+
+
+@pytest.mark.parametrize(
+    "kernel_size,causal,taps,expected",
+    [
+        # r = [1, 2, 3] (after two padding slots holding 100, which must be zeroed)
+        (2, False, [1.0, 10.0], [0.5 * (0 + 10), 0.5 * (1 + 20), 0.5 * (2 + 30)]),  # [t-1, t]
+        (3, False, [1.0, 10.0, 100.0], [0.5 * (0 + 10 + 200), 0.5 * (1 + 20 + 300), 0.5 * (2 + 30 + 0)]),
+        (4, False, [1.0, 10.0, 100.0, 1000.0],  # [t-2, t-1, t, t+1]
+         [0.5 * (0 + 0 + 100 + 2000), 0.5 * (0 + 10 + 200 + 3000), 0.5 * (1 + 20 + 300 + 0)]),
+        (3, True, [1.0, 10.0, 100.0], [0.5 * (0 + 0 + 100), 0.5 * (0 + 10 + 200), 0.5 * (1 + 20 + 300)]),
+        (1, False, [10.0], [5.0, 10.0, 15.0]),
+    ],
+)
+def test_convolution_by_hand_with_left_padding(kernel_size, causal, taps, expected):
+    unit = _unit_with_hand_weights(kernel_size, causal, taps)
+    r = torch.tensor([100.0, 100.0, 1.0, 2.0, 3.0], dtype=torch.float64).view(5, 1, 1)  # T x B x C
+    pad = torch.tensor([[True, True, False, False, False]])
+    out = unit.convolve(r, pad)
+    assert out[2:, 0, 0].tolist() == pytest.approx(expected, abs=1e-12)
+
+
+def _conv_reference(unit: LocalContextUnit, r, pad):
+    """Eq. 6's r_hat token by token in float64: the window of each real token, zeros
+    outside the sentence, [r_(t-a), ..., r_(t+b)] W_r + b_r, then GLU."""
+    T, B, Cd = r.shape
+    W = unit.conv.weight.double()  # 2C x C x f
+    out = torch.zeros(T, B, Cd, dtype=torch.float64)
+    for b in range(B):
+        real = [t for t in range(T) if pad is None or not pad[b, t]]
+        for n, t in enumerate(real):
+            pre = unit.conv.bias.double().clone()
+            for k in range(unit.kernel_size):
+                m = n - unit.left + k  # index among the real tokens
+                if 0 <= m < len(real):
+                    pre = pre + W[:, :, k] @ r[real[m], b].double()
+            out[t, b] = pre[:Cd] * torch.sigmoid(pre[Cd:])
+    return out
+
+
+@pytest.mark.parametrize("kernel_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_convolution_equals_float64_reference_on_a_left_padded_batch(kernel_size, causal):
+    torch.manual_seed(kernel_size)
+    unit = LocalContextUnit(C, kernel_size, causal=causal).double()
+    torch.nn.init.normal_(unit.conv.bias)
+    r = torch.randn(6, 3, C, dtype=torch.float64)
+    pad = _left_padding([6, 2, 4], 6)
+    ref = _conv_reference(unit, r, pad)
+    out = unit.convolve(r, pad)
+    keep = ~pad.t()
+    torch.testing.assert_close(out[keep], ref[keep], atol=1e-12, rtol=1e-10)
+    # lc = LayerNorm(r_hat + r) (eq. 6)
+    lc = unit(r, pad)
+    torch.testing.assert_close(lc[keep], F.layer_norm(ref + r, (C,), unit.layer_norm.weight.double(),
+                                                      unit.layer_norm.bias.double())[keep])
+
+
+def test_causal_convolution_never_sees_the_future():
+    torch.manual_seed(0)
+    unit = LocalContextUnit(C, 3, causal=True)
+    r = torch.randn(7, 2, C)
+    changed = r.clone()
+    changed[4:] = torch.randn(3, 2, C) * 10
+    torch.testing.assert_close(unit(changed)[:4], unit(r)[:4], rtol=0, atol=0)
+    assert not torch.allclose(unit(changed)[4:], unit(r)[4:])
+
+
+def _reorder(module, state, order):
+    for sub in module.modules():
+        if hasattr(sub, "reorder_incremental_state"):
+            sub.reorder_incremental_state(state, order)
+
+
+@pytest.mark.parametrize("kernel_size", [1, 2, 4])
+def test_convolution_cache_several_steps_at_once_and_reordered(kernel_size):
+    torch.manual_seed(0)
+    unit = LocalContextUnit(C, kernel_size, causal=True)
+    r = torch.randn(8, 3, C)
+    order = torch.tensor([2, 0, 0])
+    full = unit(r)
+    state, outs = {}, []
+    for start, end in [(0, 1), (1, 4), (4, 5), (5, 8)]:
+        outs.append(unit(r[start:end], incremental_state=state))
+        if end == 4:
+            _reorder(unit, state, order)
+            r, full, outs = r[:, order], full[:, order], [o[:, order] for o in outs]
+    torch.testing.assert_close(torch.cat(outs), full, atol=1e-6, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- eq. 6-9 in float64
+def _attention_reference(q_in, kv_in, core, pad, causal):
+    """Multi-head attention without output projection (eq. 7), float64, by hand."""
+    T, B, Cd = q_in.shape
+    dh = Cd // core.num_heads
+    q = q_in @ core.q_proj.weight.double().t() + core.q_proj.bias.double()
+    k = kv_in @ core.k_proj.weight.double().t() + core.k_proj.bias.double()
+    v = kv_in @ core.v_proj.weight.double().t() + core.v_proj.bias.double()
+    out = torch.zeros(T, B, Cd, dtype=torch.float64)
+    for b in range(B):
+        for i in range(T):
+            keys = [j for j in range(T) if not pad[b, j] and (not causal or j <= i)]
+            if not keys:
+                continue
+            for h in range(core.num_heads):
+                sl = slice(h * dh, (h + 1) * dh)
+                e = torch.stack([q[i, b, sl] @ k[j, b, sl] for j in keys]) / math.sqrt(dh)
+                a = torch.softmax(e, 0)
+                out[i, b, sl] = sum(a[n] * v[j, b, sl] for n, j in enumerate(keys))
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dc_module_equals_paper_equations_float64(causal):
+    torch.manual_seed(1)
+    dc = DualContextModule(C, H, kernel_size=3, causal=causal).double().eval()
+    r = torch.randn(5, 3, C, dtype=torch.float64)
+    pad = _left_padding([5, 3, 4], 5)
+    z_hat, _ = dc(r, r, r, key_padding_mask=pad)
+
+    lc = F.layer_norm(_conv_reference(dc.local_context, r, pad) + r, (C,),
+                      dc.local_context.layer_norm.weight.double(), dc.local_context.layer_norm.bias.double())
+    h_l = _attention_reference(r, lc, dc.fi_local, pad, causal)  # FI(r, lc)
+    h_g = _attention_reference(r, r, dc.fi_global, pad, causal)  # FI(r, r)
+    ref = torch.cat([h_l, h_g], -1) @ dc.aggregate.weight.double().t() + dc.aggregate.bias.double()  # eq. 8
+    keep = ~pad.t()
+    torch.testing.assert_close(z_hat[keep], ref[keep], atol=1e-10, rtol=1e-9)
+
+
+def test_layer_applies_eq9_around_the_module():
+    """z_f = LayerNorm(z_hat + r): the layer's self_attn_layer_norm gets exactly z_hat + r."""
+    model, task = build_model(ARCH, TINY + MODES["enc"])
+    layer = model.encoder.layers[1]
+    seen = {}
+    layer.self_attn.register_forward_hook(lambda m, args, kwargs, out: seen.update(r=kwargs["query"], z=out[0]),
+                                          with_kwargs=True)
+    layer.self_attn_layer_norm.register_forward_hook(lambda m, args, out: seen.update(ln_in=args[0], ln_out=out))
+    src, lens, prev, _ = random_batch(task, [6, 4])
+    with torch.no_grad():
+        model(src, lens, prev)
+    torch.testing.assert_close(seen["ln_in"], seen["z"] + seen["r"], rtol=0, atol=0)
+    torch.testing.assert_close(seen["ln_out"], layer.self_attn_layer_norm(seen["z"] + seen["r"]))
+
+
+def test_sdpa_and_eager_paths_agree():
+    torch.manual_seed(0)
+    dc = DualContextModule(C, H, kernel_size=2, causal=True).eval()
+    r = torch.randn(6, 2, C)
+    pad = _left_padding([6, 3], 6)
+    fast, _ = dc(r, r, r, key_padding_mask=pad)
+    dc.fi_local.attention_impl = dc.fi_global.attention_impl = "eager"
+    slow, _ = dc(r, r, r, key_padding_mask=pad)
+    keep = ~pad.t()
+    torch.testing.assert_close(fast[keep], slow[keep], atol=1e-6, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- parity
+@pytest.mark.parametrize("off", [["--dc-mode", "none"], ["--dc-mode", "full", "--dc-encoder-layers", "none",
+                                                          "--dc-decoder-layers", "none"]])
+def test_all_options_off_equals_fairseq_transformer(off):
+    ours, task = build_model(ARCH, TINY + off)
+    ref, _ = build_model("transformer", TINY)
+    assert count_parameters(ours) == count_parameters(ref)
+    ours.load_state_dict(ref.state_dict())
+    src, lens, prev, _ = random_batch(task, [7, 4, 5])
+    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=1e-6, rtol=1e-5)
+
+
+def test_layers_outside_the_range_are_fairseq_layers():
+    ours, task = build_model(ARCH, TINY + ["--dc-mode", "full", "--dc-encoder-layers", "2",
+                                           "--dc-decoder-layers", "1,3"])
+    kinds = [type(layer.self_attn).__name__ for layer in list(ours.encoder.layers) + list(ours.decoder.layers)]
+    assert kinds == ["MultiheadAttention", "DualContextModule", "MultiheadAttention",
+                     "DualContextModule", "MultiheadAttention", "DualContextModule"]
+
+
+# ---------------------------------------------------------------- decoding
+def check_incremental_equals_full(model, task, beam=2):
+    """Step-by-step decoding through the fairseq decoder == one teacher-forced pass,
+    with a beam-search reorder (within each sentence's beam) mid-sequence."""
+    src, lens, prev, _ = random_batch(task, [6, 3, 5], seed=1)
+    src, lens = src.repeat_interleave(beam, 0), lens.repeat_interleave(beam, 0)
+    g = torch.Generator().manual_seed(5)
+    prev = torch.cat([prev[:, :1].repeat_interleave(beam, 0),
+                      torch.randint(4, len(task.target_dictionary), (prev.size(0) * beam, prev.size(1) - 1),
+                                    generator=g)], 1)
+    order = torch.tensor([1, 1, 3, 2, 4, 4])
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lens)
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            steps.append(out)
+            if t == 2:
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+                prev, full = prev[order], full[order]
+                steps = [s[order] for s in steps]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["dec", "full"])
+@pytest.mark.parametrize("kernel_size", [2, 3])
+def test_incremental_decoding_equals_full_forward_with_beam_reordering(mode, kernel_size):
+    model, task = build_model(ARCH, TINY + MODES[mode] + ["--dc-kernel-size", str(kernel_size)])
+    check_incremental_equals_full(model, task)
+
+
+@pytest.mark.parametrize("kernel_size", [1, 2, 4])
+def test_decoder_layer_fed_several_steps_at_once_with_reordering(kernel_size):
+    """fairseq's decoder feeds one step at a time; the layer also accepts chunks."""
+    model, _ = build_model(ARCH, TINY + MODES["dec"] + ["--dc-kernel-size", str(kernel_size)])
+    layer = model.decoder.layers[0]
+    torch.manual_seed(0)
+    # two sentences x beam 2: fairseq's encoder-decoder attention keeps its cache when a
+    # reorder stays within each sentence's beam (as beam search does)
+    x = torch.randn(9, 4, 32)
+    enc = torch.randn(5, 2, 32).repeat_interleave(2, 1)
+    enc_pad = _left_padding([5, 5, 3, 3], 5)
+    future = torch.triu(torch.full((9, 9), float("-inf")), 1)
+    order = torch.tensor([1, 1, 3, 2])
+    with torch.no_grad():
+        full, _, _ = layer(x, enc, enc_pad, self_attn_mask=future)
+        state, outs = {}, []
+        for start, end in [(0, 3), (3, 4), (4, 8), (8, 9)]:
+            out, _, _ = layer(x[start:end], enc, enc_pad, state)
+            outs.append(out)
+            if end == 4:
+                _reorder(layer, state, order)
+                x, enc, enc_pad, full = x[:, order], enc[:, order], enc_pad[order], full[:, order]
+                outs = [o[:, order] for o in outs]
+    torch.testing.assert_close(torch.cat(outs), full, atol=1e-5, rtol=1e-4)
+
+
+def test_decoder_never_sees_future_tokens():
+    model, task = build_model(ARCH, TINY + MODES["full"])
+    src, lens, prev, _ = random_batch(task, [6, 4], seed=3)
+    changed = prev.clone()
+    changed[:, 4:] = 7
+    with torch.no_grad():
+        a = model(src, lens, prev)[0]
+        b = model(src, lens, changed)[0]
+    torch.testing.assert_close(a[:, :4], b[:, :4], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["enc", "full"])
+def test_sentence_does_not_change_when_batched_with_longer_ones(mode):
+    model, task = build_model(ARCH, TINY + MODES[mode])
+    src, lens, prev, _ = random_batch(task, [4, 9, 7], seed=2)
+    alone_src = src[:1, -4:]
+    with torch.no_grad():
+        enc_batch = model.encoder(src, src_lengths=lens)["encoder_out"][0]
+        enc_alone = model.encoder(alone_src, src_lengths=lens[:1])["encoder_out"][0]
+        torch.testing.assert_close(enc_batch[-4:, :1], enc_alone, atol=1e-5, rtol=1e-4)
+
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=8)
+        hyp_batch = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lens}})[0][0]
+        hyp_alone = gen.generate([model], {"net_input": {"src_tokens": alone_src, "src_lengths": lens[:1]}})[0][0]
+    assert hyp_batch["tokens"].tolist() == hyp_alone["tokens"].tolist()
+    assert math.isclose(hyp_batch["score"].item(), hyp_alone["score"].item(), rel_tol=1e-4, abs_tol=1e-5)
+
+
+def test_teacher_forced_target_is_invariant_to_right_padding():
+    model, task = build_model(ARCH, TINY + MODES["full"])
+    pad = task.target_dictionary.pad()
+    src, lens, prev, _ = random_batch(task, [4, 7], seed=4)
+    short_prev = prev[:1, :3]
+    padded = prev.clone()
+    padded[0, 3:] = pad  # sentence 0's target is 3 tokens long, right-padded in the batch
+    with torch.no_grad():
+        batch = model(src, lens, padded)[0]
+        alone = model(src[:1, -4:], lens[:1], short_prev)[0]
+    torch.testing.assert_close(batch[:1, :3], alone, atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- empty rows
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rows_left_empty_give_no_nan(dtype):
+    """Decoder with left-padded input: the padding queries see no key at all."""
+    torch.manual_seed(0)
+    dc = DualContextModule(C, H, kernel_size=2, causal=True).to(dtype)
+    r = torch.randn(5, 2, C, dtype=dtype, requires_grad=dtype == torch.float32)
+    pad = _left_padding([5, 2], 5)
+    out, _ = dc(r, r, r, key_padding_mask=pad)
+    assert torch.isfinite(out).all()
+    if dtype == torch.float32:
+        out.sum().backward()
+        assert torch.isfinite(r.grad).all()
+        assert all(torch.isfinite(p.grad).all() for p in dc.parameters() if p.grad is not None)
+
+
+# ---------------------------------------------------------------- fingerprints
+@pytest.mark.parametrize("mode,expected_m", [("enc", 12.66), ("dec", 12.66), ("full", 25.3)])
+def test_parameter_fingerprint_base(mode, expected_m):
+    """Table 1: Transformer 61.2M, Enc-DC / Dec-DC 73.86M, Full-DC 86.5M."""
+    with torch.device("meta"):
+        ours, _ = build_model(ARCH, ["--dc-mode", mode])
+        ref, _ = build_model("transformer")
+    delta = count_parameters(ours) - count_parameters(ref)
+    layers = 12 if mode == "full" else 6
+    assert delta == layers * (8 * 512 * 512 + 7 * 512)  # 8 d^2 per layer at f = 2
+    assert abs(delta / 1e6 / expected_m - 1) < 0.03
+
+
+@pytest.mark.parametrize("kernel_size", [1, 2, 3, 5])
+def test_parameters_per_layer_follow_the_kernel_size(kernel_size):
+    ours, _ = build_model(ARCH, TINY + ["--dc-mode", "enc", "--dc-encoder-layers", "1-2",
+                                        "--dc-kernel-size", str(kernel_size)])
+    ref, _ = build_model("transformer", TINY)
+    d = 32
+    # conv 2f d^2 + 2d, LN 2d, two FI units 6 d^2 + 6d, W_z 2 d^2 + d, minus the MHA's 4 d^2 + 4d
+    assert count_parameters(ours) - count_parameters(ref) == 2 * ((2 * kernel_size + 4) * d * d + 7 * d)
+
+
+# ---------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--dc-kernel-size", "0"], "--dc-kernel-size must be an integer >= 1 (got 0)"),
+        (["--dc-encoder-layers", "1-7"], "--dc-encoder-layers '1-7': layer 7 is out of range"),
+        (["--dc-mode", "full", "--dc-decoder-layers", "3-1"], "empty range"),
+        (["--dc-mode", "dec", "--dc-decoder-layers", "x"], "--dc-decoder-layers 'x': cannot parse"),
+        (["--dc-decoder-layers", "1"], "--dc-decoder-layers '1' is given but --dc-mode enc leaves the decoder"),
+        (["--dc-mode", "dec", "--dc-encoder-layers", "1"], "leaves the encoder alone"),
+    ],
+)
+def test_invalid_options_fail_at_build_time_naming_the_option(args, message):
+    with pytest.raises(OptionError) as err:
+        build_model(ARCH, TINY + args)
+    assert message in str(err.value)
+
+
+def test_unknown_mode_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        build_model(ARCH, TINY + ["--dc-mode", "both"])
+    assert "--dc-mode" in capsys.readouterr().err
+    with pytest.raises(OptionError, match="--dc-mode 'both': unknown mode; allowed: enc, dec, full, none"):
+        DCOptions(dc_mode="both").validate(None)
+
+
+def test_presets():
+    from model_utils import parse_model_args
+
+    small = parse_model_args("dc_transformer_iwslt_small")
+    assert (small.encoder_layers, small.decoder_layers, small.encoder_embed_dim, small.encoder_attention_heads,
+            small.encoder_ffn_embed_dim) == (4, 4, 256, 4, 1024)
+    for preset, dim in [("iwslt_de_en", 512), ("wmt_en_de", 512), ("vaswani_wmt_en_de_big", 1024), ("tiny", 64)]:
+        args = parse_model_args(f"{ARCH}_{preset}")
+        assert args.encoder_embed_dim == dim and args.dc_mode == "enc" and args.dc_kernel_size == 2
+
+
+# ---------------------------------------------------------------- divergence
+def test_js_divergence_by_hand():
+    p = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.3, 0.7]], dtype=torch.float64)
+    q = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.3, 0.7]], dtype=torch.float64)
+    expected = [math.log(2), 0.75 * math.log(4 / 3), 0.0]
+    assert js_divergence(p, q).tolist() == pytest.approx(expected, abs=1e-12)
+    assert js_divergence(q, p).tolist() == pytest.approx(expected, abs=1e-12)  # symmetric
+
+
+def test_head_reduction_by_hand():
+    probs = torch.tensor([[[[0.7, 0.3]], [[0.2, 0.8]]]])  # B=1 x H=2 x Tq=1 x Tk=2
+    assert reduce_heads(probs, "max")[0, 0].tolist() == pytest.approx([0.7 / 1.5, 0.8 / 1.5])
+    assert reduce_heads(probs, "mean")[0, 0].tolist() == pytest.approx([0.45, 0.55])
+    other = torch.tensor([[[[0.7, 0.3]], [[0.7, 0.3]]]])
+    per_head = reduced_js(probs, other, "per_head")[0, 0].item()
+    assert per_head == pytest.approx(0.5 * js_divergence(torch.tensor([0.2, 0.8]), torch.tensor([0.7, 0.3])).item())
+
+
+def _divergence_by_hand(model, batches, layer):
+    """dv of one encoder layer, from its FI units called directly (eq. 10-11), averaged
+    over all real query tokens of all batches."""
+    dc = model.encoder.layers[layer].self_attn
+    total, count = 0.0, 0
+    for net_input in batches:
+        seen = {}
+        handle = dc.register_forward_hook(
+            lambda m, args, kwargs, out: seen.update(r=kwargs["query"], pad=kwargs["key_padding_mask"]),
+            with_kwargs=True)
+        model(**net_input)
+        handle.remove()
+        r, pad = seen["r"], seen["pad"]
+        lc = dc.local_context(r, pad)
+        _, p_l = dc.fi_local(r, lc, lc, key_padding_mask=pad, need_head_weights=True)  # H x B x T x T
+        _, p_g = dc.fi_global(r, r, r, key_padding_mask=pad, need_head_weights=True)
+        for b in range(r.size(1)):
+            for i in range(r.size(0)):
+                if pad is not None and pad[b, i]:
+                    continue
+                a_l = p_l[:, b, i].double().max(0).values
+                a_g = p_g[:, b, i].double().max(0).values
+                a_l, a_g = a_l / a_l.sum(), a_g / a_g.sum()
+                m = (a_l + a_g) / 2
+                kl = lambda p, q: sum(float(x * math.log(x / y)) for x, y in zip(p, q) if x > 0)  # noqa: E731
+                total += 0.5 * kl(a_l, m) + 0.5 * kl(a_g, m)
+                count += 1
+    return total / count
+
+
+def test_dc_divergence_per_layer_over_batches():
+    model, task = build_model(ARCH, TINY + MODES["full"])
+    batches = []
+    for seed, lengths in [(0, [6, 3, 5]), (1, [4, 4])]:
+        src, lens, prev, _ = random_batch(task, lengths, seed=seed)
+        batches.append({"src_tokens": src, "src_lengths": lens, "prev_output_tokens": prev})
+    with torch.no_grad():
+        result = dc_divergence(model, [{"net_input": b} for b in batches])
+        assert sorted(result) == sorted(["enc1", "enc2", "enc3", "dec1_self", "dec2_self", "dec3_self",
+                                         "E_d_encoder", "E_d_decoder"])
+        assert all(0 < v < math.log(2) for v in result.values())
+        assert result["E_d_encoder"] == pytest.approx((result["enc1"] + result["enc2"] + result["enc3"]) / 3)
+        assert result["enc2"] == pytest.approx(_divergence_by_hand(model, batches, 1), rel=1e-5)
+
+
+def test_divergence_is_logged_as_a_validation_metric():
+    from fairseq.logging import metrics
+
+    model, task = build_model(ARCH, TINY + MODES["enc"] + ["--dc-log-divergence"])
+    src, lens, prev, _ = random_batch(task, [6, 3], seed=3)
+    with metrics.aggregate(new_root=True) as agg, torch.no_grad():
+        model(src, lens, prev)
+    values = agg.get_smoothed_values()
+    expected = dc_divergence(model, [{"src_tokens": src, "src_lengths": lens, "prev_output_tokens": prev}])
+    for layer in (1, 2, 3):
+        assert values[f"enc{layer}_js"] == pytest.approx(expected[f"enc{layer}"], abs=2e-3)  # logged rounded
+    model.train()
+    with metrics.aggregate(new_root=True) as agg:
+        model(src, lens, prev)
+    assert "enc1_js" not in agg.get_smoothed_values()  # validation only
