@@ -1,6 +1,8 @@
 # fairseq_localness: set-up, demo and tests.
 #   make demo    install into .venv/ and run the demo on the embedded corpus
 #   make test    install into .venv/ and run the test suite
+#   make bench   speed, memory and size of every model against the transformer
+#                (BENCH_ARGS="" for the full run; --quick by default)
 # Both are safe to rerun: the install step is skipped while its inputs are unchanged.
 
 PYTHON     ?= python3
@@ -12,6 +14,7 @@ VENV_FLAGS ?=
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.fairseq_localness-installed
 PYTEST_ARGS ?=
+BENCH_ARGS  ?= --quick
 
 .PHONY: install demo test bench clean-venv
 
@@ -33,6 +36,9 @@ demo: install
 
 test: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS) tests
+
+bench: install
+	$(PY) -m fairseq_localness.benchmark $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
