@@ -1,0 +1,44 @@
+# Configuration of `make demo` (scripts/demo.sh). Sourced by bash.
+#
+# The systems compared, in table order: one entry per system,
+#     "<name>|<arch>|<extra fairseq-train args for this system only>"
+# Every system is trained with the same data, model size (DEMO_MODEL_ARGS), recipe
+# (DEMO_TRAIN_ARGS) and number of updates (DEMO_MAX_UPDATE); the extra args hold only
+# what makes the system what it is (e.g. a locality option), so the table compares
+# attention variants and nothing else. Select a subset with DEMO_ONLY="name1 name2".
+DEMO_SYSTEMS=(
+    "transformer|transformer|"
+    "enc-dc|dc_transformer|--dc-mode enc"
+    "dec-dc|dc_transformer|--dc-mode dec"
+    "full-dc|dc_transformer|--dc-mode full"
+)
+
+# Model size shared by all systems: 2+2 layers, d=64, 4 heads, FFN 256, one embedding
+# matrix for source, target and output (~0.25M parameters with the transformer).
+DEMO_MODEL_ARGS=(
+    --encoder-layers 2 --decoder-layers 2
+    --encoder-embed-dim 64 --decoder-embed-dim 64
+    --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256
+    --encoder-attention-heads 4 --decoder-attention-heads 4
+    --share-all-embeddings
+)
+
+# Training recipe (overrides scripts/train.sh's Transformer-base defaults).
+DEMO_TRAIN_ARGS=(
+    --lr 2e-3 --warmup-updates 100 --dropout 0.1 --max-tokens 2048
+    --save-interval-updates 25 --keep-interval-updates 5 --no-epoch-checkpoints
+    --log-interval 50 --num-workers 0
+)
+DEMO_MAX_UPDATE="${DEMO_MAX_UPDATE:-300}"
+DEMO_SEED="${DEMO_SEED:-1}"
+DEMO_AVERAGE_LAST=5        # average the last 5 update checkpoints (every 25 updates)
+
+# Data: the embedded corpus (fairseq-localness-corpus) and its segmentation.
+DEMO_SRC=src
+DEMO_TGT=tgt
+DEMO_CORPUS_ARGS=(--seed 1 --train-size 8000 --valid-size 400 --test-size 500)
+DEMO_BPE_ARGS=(--method sentencepiece --vocab-size 1000)
+
+# Decoding.
+DEMO_BEAM=4
+DEMO_LENPEN=1.0

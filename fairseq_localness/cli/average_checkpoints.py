@@ -1,0 +1,241 @@
+"""Average the parameters of several fairseq checkpoints into a new checkpoint.
+
+``fairseq-localness-average`` has the options and semantics of fairseq's
+``scripts/average_checkpoints.py``, which the fairseq wheels do not ship:
+
+- ``--inputs A.pt B.pt ...`` averages those files; ``--inputs DIR`` with
+  ``--num-epoch-checkpoints N`` (files ``checkpoint<epoch>.pt``) or
+  ``--num-update-checkpoints N`` (files ``checkpoint_<epoch>_<update>.pt``) averages
+  the last N of them, optionally only those numbered ``<= --checkpoint-upper-bound``;
+- everything except the parameters (``args``/``cfg``, optimizer history, ...) is
+  copied from the first input (the newest one when a directory is given);
+- floating-point parameters are averaged; integer buffers get the floor of their mean.
+
+It differs where fairseq's script is unsafe or unclear:
+
+- checkpoints are loaded with ``torch.load(..., weights_only=False)`` explicitly:
+  torch >= 2.6 defaults to ``weights_only=True``, which cannot read fairseq
+  checkpoints (``Unsupported global: argparse.Namespace``). Only average checkpoints
+  you trust: unpickling them can run code;
+- sums are accumulated in float64 and cast back to each parameter's own dtype (fp16
+  and bf16 checkpoints stay fp16/bf16 and lose no precision in the sum);
+- every check happens before anything is written: missing files, too few
+  checkpoints, mismatched parameter names or shapes, an output that is one of the
+  inputs, or a missing output directory stop it with a message saying which;
+- the result is written to a temporary file in the output's directory, flushed to
+  disk, then renamed over ``--output`` in one step: an interrupted run leaves any
+  previous ``--output`` intact and never a truncated file.
+"""
+import argparse
+import collections
+import os
+import re
+import sys
+import tempfile
+from typing import Dict, List, Optional
+
+import torch
+
+
+class AverageError(Exception):
+    """A problem with the inputs or output; the message says which."""
+
+
+def last_n_checkpoints(
+    directory: str, n: int, update_based: bool, upper_bound: Optional[int] = None
+) -> List[str]:
+    """The last ``n`` checkpoints of ``directory``, newest first (fairseq's order)."""
+    if not os.path.isdir(directory):
+        raise AverageError(f"--inputs: expected a directory of checkpoints, '{directory}' is not one")
+    if update_based:
+        pattern, form = re.compile(r"checkpoint_\d+_(\d+)\.pt"), "checkpoint_<epoch>_<update>.pt"
+    else:
+        pattern, form = re.compile(r"checkpoint(\d+)\.pt"), "checkpoint<epoch>.pt"
+    entries = []
+    for name in os.listdir(directory):
+        m = pattern.fullmatch(name)
+        if m is not None:
+            key = int(m.group(1))
+            if upper_bound is None or key <= upper_bound:
+                entries.append((key, name))
+    if len(entries) < n:
+        bound = f" numbered <= {upper_bound}" if upper_bound is not None else ""
+        raise AverageError(
+            f"found {len(entries)} checkpoint(s) named {form}{bound} in '{directory}', need {n}"
+        )
+    return [os.path.join(directory, name) for _, name in sorted(entries, reverse=True)[:n]]
+
+
+def load_checkpoint(path: str) -> dict:
+    """Load a fairseq checkpoint on CPU (trusted file: full unpickling)."""
+    try:
+        with open(path, "rb") as f:
+            state = torch.load(f, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: say which one
+        raise AverageError(f"cannot load checkpoint '{path}': {type(e).__name__}: {e}") from e
+    if not isinstance(state, dict) or "model" not in state:
+        raise AverageError(f"'{path}' is not a fairseq checkpoint (no 'model' entry)")
+    return state
+
+
+def _describe_key_mismatch(path: str, expected: List[str], found: List[str], first: str) -> str:
+    missing = [k for k in expected if k not in set(found)]
+    extra = [k for k in found if k not in set(expected)]
+    parts = []
+    if missing:
+        parts.append(f"missing {len(missing)}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    if extra:
+        parts.append(f"unexpected {len(extra)}: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+    if not parts:
+        parts.append("same names in a different order")
+    return (
+        f"'{path}' does not have the parameters of '{first}' ({'; '.join(parts)}); "
+        "only checkpoints of the same model can be averaged"
+    )
+
+
+def average_checkpoints(inputs: List[str]) -> dict:
+    """Load ``inputs`` and return the first one's state with averaged parameters."""
+    if not inputs:
+        raise AverageError("--inputs: expected at least one checkpoint")
+    sums: Dict[str, torch.Tensor] = collections.OrderedDict()
+    dtypes: Dict[str, torch.dtype] = {}
+    keys: Optional[List[str]] = None
+    new_state = None
+    for path in inputs:
+        state = load_checkpoint(path)
+        params = state["model"]
+        if keys is None:
+            keys = list(params.keys())
+            new_state = state
+        elif list(params.keys()) != keys:
+            raise AverageError(_describe_key_mismatch(path, keys, list(params.keys()), inputs[0]))
+        for k in keys:
+            p = params[k]
+            if k not in sums:
+                dtypes[k] = p.dtype
+                # clone: a shared (tied) parameter must not be accumulated twice
+                sums[k] = p.detach().to(torch.float64 if p.is_floating_point() else torch.int64).clone()
+                continue
+            if p.shape != sums[k].shape:
+                raise AverageError(
+                    f"parameter '{k}' has shape {tuple(p.shape)} in '{path}' but "
+                    f"{tuple(sums[k].shape)} in '{inputs[0]}'"
+                )
+            sums[k] += p.detach().to(sums[k].dtype)
+        del state, params
+    n = len(inputs)
+    averaged = collections.OrderedDict()
+    for k, total in sums.items():
+        if total.is_floating_point():
+            averaged[k] = (total / n).to(dtypes[k])
+        else:
+            averaged[k] = torch.div(total, n, rounding_mode="floor").to(dtypes[k])
+    new_state["model"] = averaged
+    return new_state
+
+
+def save_atomic(state: dict, output: str):
+    """``torch.save`` to a temporary file next to ``output``, then rename it."""
+    directory = os.path.dirname(os.path.abspath(output))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(output) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, output)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def resolve_inputs(args) -> List[str]:
+    """Check the options and return the checkpoint files to average."""
+    for name in ("num_update_checkpoints", "num_epoch_checkpoints"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise AverageError(f"--{name.replace('_', '-')}: expected a number >= 1, got {value}")
+    num = args.num_update_checkpoints if args.num_update_checkpoints is not None else args.num_epoch_checkpoints
+    if args.checkpoint_upper_bound is not None and num is None:
+        raise AverageError(
+            "--checkpoint-upper-bound requires --num-epoch-checkpoints or --num-update-checkpoints"
+        )
+    if num is not None:
+        if len(args.inputs) != 1:
+            raise AverageError(
+                "with --num-epoch-checkpoints/--num-update-checkpoints, --inputs must be one "
+                f"directory, got {len(args.inputs)} paths"
+            )
+        inputs = last_n_checkpoints(
+            args.inputs[0], num, args.num_update_checkpoints is not None, args.checkpoint_upper_bound
+        )
+    else:
+        inputs = list(args.inputs)
+        for path in inputs:
+            if os.path.isdir(path):
+                raise AverageError(
+                    f"--inputs: '{path}' is a directory; give checkpoint files, or the directory "
+                    "with --num-epoch-checkpoints N or --num-update-checkpoints N"
+                )
+            if not os.path.isfile(path):
+                raise AverageError(f"--inputs: checkpoint '{path}' does not exist")
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        raise AverageError(f"--output: directory '{out_dir}' does not exist")
+    if os.path.isdir(args.output):
+        raise AverageError(f"--output: '{args.output}' is a directory; expected a file name")
+    for path in inputs:
+        if _same_file(path, args.output):
+            raise AverageError(
+                f"--output '{args.output}' is one of the inputs; refusing to overwrite it "
+                "(write the average to a new file)"
+            )
+    return inputs
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fairseq-localness-average",
+        description="Average the parameters of fairseq checkpoints into a new checkpoint "
+        "(fairseq's scripts/average_checkpoints.py, loading trusted files on torch >= 2.6).",
+    )
+    p.add_argument("--inputs", required=True, nargs="+", metavar="PATH",
+                   help="checkpoint files, or one directory with --num-*-checkpoints")
+    p.add_argument("--output", required=True, metavar="FILE",
+                   help="write the averaged checkpoint here (never one of the inputs)")
+    num = p.add_mutually_exclusive_group()
+    num.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+                     help="average the last N checkpoint<epoch>.pt files of the --inputs directory")
+    num.add_argument("--num-update-checkpoints", type=int, metavar="N",
+                     help="average the last N checkpoint_<epoch>_<update>.pt files of the --inputs directory")
+    p.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
+                   help="with --num-*-checkpoints: only use checkpoints numbered <= K "
+                   "(epochs or updates), e.g. N=10, K=50 averages epochs 41-50")
+    return p
+
+
+def cli_main(argv=None) -> int:
+    args = get_parser().parse_args(argv)
+    try:
+        inputs = resolve_inputs(args)
+        print(f"averaging {len(inputs)} checkpoint(s): {' '.join(inputs)}", flush=True)
+        state = average_checkpoints(inputs)
+        save_atomic(state, args.output)
+    except AverageError as e:
+        print(f"fairseq-localness-average: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote the averaged checkpoint to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

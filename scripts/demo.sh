@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The demo (`make demo`): train every system of configs/demo.sh on the embedded
+# corpus with the same model size and update budget, average its last checkpoints,
+# translate the test set, and print a Markdown table (system, parameters, BLEU,
+# training time), also written to DEMO_DIR/results.md.
+#
+# Usage: demo.sh            (settings in configs/demo.sh; environment overrides:)
+#   DEMO_DIR=runs/demo      where everything goes (git-ignored)
+#   DEMO_ONLY="a b"         run only these systems (names from configs/demo.sh)
+#   DEMO_MAX_UPDATE=N       updates per system (default in configs/demo.sh)
+#   DEMO_CONFIG=FILE        another configuration file
+#
+# Rerunnable: each run builds everything in DEMO_DIR.partial/ and replaces DEMO_DIR
+# only when all systems are done, so an interrupted run leaves the previous results
+# as they were (and DEMO_DIR.partial/ to look at).
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+case "${1:-}" in
+    -h|--help) usage; exit 0 ;;
+    "") ;;
+    *) die "unexpected argument '$1' (settings come from configs/demo.sh and DEMO_* variables)" ;;
+esac
+
+DEMO_CONFIG="${DEMO_CONFIG:-$REPO_DIR/configs/demo.sh}"
+require_file "$DEMO_CONFIG" DEMO_CONFIG
+# shellcheck source=../configs/demo.sh
+. "$DEMO_CONFIG"
+DEMO_DIR="${DEMO_DIR:-$REPO_DIR/runs/demo}"
+DEMO_DIR="${DEMO_DIR%/}"
+
+# ---- validate the configuration (all systems) before doing anything
+require_int DEMO_MAX_UPDATE "$DEMO_MAX_UPDATE" 1
+require_int DEMO_AVERAGE_LAST "$DEMO_AVERAGE_LAST" 1
+NAMES=() ARCHS=() EXTRAS=()
+for entry in "${DEMO_SYSTEMS[@]}"; do
+    IFS='|' read -r name arch extra <<< "$entry"
+    [[ "$name" =~ ^[A-Za-z0-9_.+-]+$ ]] || die "$DEMO_CONFIG: system name '$name' (in '$entry'): expected letters, digits, _ . + -"
+    [[ -n "$arch" ]] || die "$DEMO_CONFIG: system '$name' has no architecture; expected '<name>|<arch>|<extra args>'"
+    if [[ -n "${DEMO_ONLY:-}" && " $DEMO_ONLY " != *" $name "* ]]; then
+        continue
+    fi
+    NAMES+=("$name") ARCHS+=("$arch") EXTRAS+=("$extra")
+done
+if [[ -n "${DEMO_ONLY:-}" ]]; then
+    for want in $DEMO_ONLY; do
+        [[ " ${NAMES[*]} " == *" $want "* ]] || die "DEMO_ONLY: no system '$want' in $DEMO_CONFIG; expected some of: \
+$(for e in "${DEMO_SYSTEMS[@]}"; do printf '%s ' "${e%%|*}"; done)"
+    done
+fi
+(( ${#NAMES[@]} )) || die "no systems to run (DEMO_SYSTEMS in $DEMO_CONFIG is empty)"
+for arch in $(printf '%s\n' "${ARCHS[@]}" | sort -u); do
+    check_arch "$arch"
+done
+
+WORK="$DEMO_DIR.partial"
+echo "${PROG}: systems: ${NAMES[*]}; ${DEMO_MAX_UPDATE} updates each; building in $WORK" >&2
+run rm -rf "$WORK"
+mkdir -p "$WORK"
+T_START=$(date +%s)
+
+# ---- data: corpus -> subwords -> binarized
+run fairseq-localness-corpus --out "$WORK/data/raw" --src "$DEMO_SRC" --tgt "$DEMO_TGT" "${DEMO_CORPUS_ARGS[@]}"
+run bash "$SCRIPTS_DIR/prepare_bpe.sh" --raw "$WORK/data/raw" --out "$WORK/data/bpe" \
+    --src "$DEMO_SRC" --tgt "$DEMO_TGT" "${DEMO_BPE_ARGS[@]}"
+run bash "$SCRIPTS_DIR/preprocess.sh" --data "$WORK/data/bpe" --dest "$WORK/data/bin" \
+    --src "$DEMO_SRC" --tgt "$DEMO_TGT"
+
+# ---- systems
+printf 'system\tarch\tparams\tbleu\ttrain_seconds\tupdates\n' > "$WORK/results.tsv"
+for i in "${!NAMES[@]}"; do
+    name="${NAMES[$i]}" arch="${ARCHS[$i]}"
+    read -r -a extra <<< "${EXTRAS[$i]}"
+    dir="$WORK/systems/$name"
+    mkdir -p "$dir"
+    echo "${PROG}: === $name ($arch) ===" >&2
+    run bash "$SCRIPTS_DIR/train.sh" --arch "$arch" --data-bin "$WORK/data/bin" --save-dir "$dir" \
+        --max-update "$DEMO_MAX_UPDATE" --src "$DEMO_SRC" --tgt "$DEMO_TGT" --seed "$DEMO_SEED" \
+        -- "${DEMO_MODEL_ARGS[@]}" "${DEMO_TRAIN_ARGS[@]}" "${extra[@]}" 2>&1 \
+        | tee "$dir/train.log" | grep -E '\| (train|valid) \||done training|^\+ ' >&2
+    run bash "$SCRIPTS_DIR/average.sh" --save-dir "$dir" --last "$DEMO_AVERAGE_LAST" --by update \
+        --output "$dir/checkpoint_avg.pt"
+    run bash "$SCRIPTS_DIR/evaluate.sh" --data-bin "$WORK/data/bin" --checkpoint "$dir/checkpoint_avg.pt" \
+        --src "$DEMO_SRC" --tgt "$DEMO_TGT" --ref "$WORK/data/raw/test.$DEMO_TGT" \
+        --beam "$DEMO_BEAM" --lenpen "$DEMO_LENPEN" --out "$dir/eval" 2> "$dir/eval.log"
+    params=$(sed -n 's/.*num\. shared model params: \([0-9,]*\).*/\1/p' "$dir/train.log" | head -1 | tr -d ,)
+    seconds=$(sed -n 's/.*done training in \([0-9.]*\) seconds.*/\1/p' "$dir/train.log" | tail -1)
+    updates=$(sed -n 's/.*num_updates \([0-9]*\).*/\1/p' "$dir/train.log" | tail -1)
+    bleu=$("$PY" -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["score"])' "$dir/eval/bleu.json")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$arch" "${params:-?}" "$bleu" "${seconds:-?}" "${updates:-?}" >> "$WORK/results.tsv"
+done
+
+# ---- table
+"$PY" - "$WORK/results.tsv" "$WORK/results.md" "$DEMO_MAX_UPDATE" <<'EOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+lines = [
+    "| system | arch | params | BLEU | train time (s) |",
+    "|---|---|---:|---:|---:|",
+]
+for r in rows:
+    params = "{:,}".format(int(r["params"])) if r["params"].isdigit() else r["params"]
+    lines.append("| %s | %s | %s | %s | %s |" % (r["system"], r["arch"], params, r["bleu"], r["train_seconds"]))
+lines.append("")
+lines.append("Test set of the embedded corpus (500 sentences), sacrebleu; %s updates per system, "
+             "average of the last checkpoints." % sys.argv[3])
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")
+EOF
+
+run rm -rf "$DEMO_DIR.old"
+if [[ -e "$DEMO_DIR" ]]; then
+    mv "$DEMO_DIR" "$DEMO_DIR.old"
+fi
+mv "$WORK" "$DEMO_DIR"
+rm -rf "$DEMO_DIR.old"
+echo
+echo "Demo finished in $(( $(date +%s) - T_START )) s. Results ($DEMO_DIR/results.md):"
+echo
+cat "$DEMO_DIR/results.md"

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Translate a binarized test set and score it with sacrebleu (signature printed):
+# fairseq-generate -> hypotheses in input order -> subword marks removed ->
+# detokenized (sacremoses) -> sacrebleu against the raw reference.
+#
+# Usage: evaluate.sh --data-bin DIR --checkpoint FILE --src LANG --tgt LANG --ref FILE \
+#                    [options] [-- EXTRA fairseq-generate args...]
+#
+#   --data-bin DIR      preprocess.sh output (with the SUBSET data for SRC-TGT)
+#   --checkpoint FILE   model to translate with (e.g. the average.sh output)
+#   --src, --tgt        language pair
+#   --ref FILE          raw (untokenized, unsegmented) reference for SUBSET
+#   --subset NAME       test (default), valid, ...
+#   --beam N            beam size (default 5)
+#   --lenpen X          length penalty (default 1.0)
+#   --batch-size N      sentences per batch (default 128)
+#   --segmentation S    sentencepiece, subword-nmt or none; default: the method
+#                       recorded in DIR/SEGMENTATION by prepare_bpe.sh/preprocess.sh
+#   --detok D           moses or none; default: DIR/TOKENIZATION, else none
+#   --out DIR           outputs (default: next to the checkpoint, eval_<SUBSET>_<name>/):
+#                       generate.out, hyp.seg, hyp.tok, hyp.detok, bleu.json
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DATA_BIN="" CKPT="" SRC="" TGT="" REF="" SUBSET=test BEAM=5 LENPEN=1.0 BATCH=128
+SEG=auto DETOK=auto OUT=""
+EXTRA=()
+while (( $# )); do
+    case "$1" in
+        --data-bin) need_value "$1" $#; DATA_BIN="$2"; shift 2 ;;
+        --checkpoint) need_value "$1" $#; CKPT="$2"; shift 2 ;;
+        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
+        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
+        --ref) need_value "$1" $#; REF="$2"; shift 2 ;;
+        --subset) need_value "$1" $#; SUBSET="$2"; shift 2 ;;
+        --beam) need_value "$1" $#; BEAM="$2"; shift 2 ;;
+        --lenpen) need_value "$1" $#; LENPEN="$2"; shift 2 ;;
+        --batch-size) need_value "$1" $#; BATCH="$2"; shift 2 ;;
+        --segmentation) need_value "$1" $#; SEG="$2"; shift 2 ;;
+        --detok) need_value "$1" $#; DETOK="$2"; shift 2 ;;
+        --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
+        --) shift; EXTRA=("$@"); break ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown option '$1' (see '${PROG} --help'; fairseq-generate options go after --)" ;;
+    esac
+done
+
+# ---- validate
+require_value --data-bin "$DATA_BIN"
+require_value --checkpoint "$CKPT"
+require_value --src "$SRC"
+require_value --tgt "$TGT"
+require_value --ref "$REF"
+require_lang --src "$SRC"
+require_lang --tgt "$TGT"
+[[ "$SUBSET" =~ ^[A-Za-z0-9_]+$ ]] || die "--subset: expected a split name such as test or valid, got '$SUBSET'"
+require_int --beam "$BEAM" 1
+require_float --lenpen "$LENPEN"
+require_int --batch-size "$BATCH" 1
+require_pair "$DATA_BIN" "$SRC" "$TGT" "$SUBSET"
+require_file "$CKPT" --checkpoint
+require_file "$REF" --ref
+if [[ "$SEG" == auto ]]; then
+    [[ -f "$DATA_BIN/SEGMENTATION" ]] || die "--segmentation: '$DATA_BIN' has no SEGMENTATION file \
+(it was not made by preprocess.sh); expected --segmentation sentencepiece, subword-nmt or none"
+    SEG="$(cat "$DATA_BIN/SEGMENTATION")"
+fi
+require_choice --segmentation "$SEG" sentencepiece subword-nmt none
+if [[ "$DETOK" == auto ]]; then
+    DETOK=none
+    [[ -f "$DATA_BIN/TOKENIZATION" ]] && DETOK="$(cat "$DATA_BIN/TOKENIZATION")"
+fi
+require_choice --detok "$DETOK" moses none
+# The reference must have one line per sentence of the binarized subset (read from
+# the index header of fairseq's mmap format, without loading fairseq).
+n_data="$("$PY" -c '
+import struct, sys
+with open(sys.argv[1], "rb") as f:
+    magic = f.read(9)
+    if magic != b"MMIDIDX\x00\x00":
+        sys.exit(0)  # another dataset format: not checked here
+    f.read(8 + 1)  # version, dtype
+    print(struct.unpack("<Q", f.read(8))[0])
+' "$DATA_BIN/$SUBSET.$SRC-$TGT.$SRC.idx")"
+n_ref=$(wc -l < "$REF")
+if [[ -n "$n_data" ]] && (( n_data != n_ref )); then
+    die "--ref: '$REF' has $n_ref lines but the '$SUBSET' set of '$DATA_BIN' has $n_data sentences; \
+expected the reference of that set"
+fi
+USER_DIR="$(user_dir)"
+if [[ -z "$OUT" ]]; then
+    name="$(basename "$CKPT")"
+    OUT="$(dirname "$CKPT")/eval_${SUBSET}_${name%.pt}"
+fi
+[[ ! -e "$OUT" || -d "$OUT" ]] || die "--out: '$OUT' exists and is not a directory"
+
+# ---- work
+mkdir -p "$OUT"
+run fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" \
+    --task translation --source-lang "$SRC" --target-lang "$TGT" \
+    --path "$CKPT" --gen-subset "$SUBSET" --beam "$BEAM" --lenpen "$LENPEN" \
+    --batch-size "$BATCH" --required-batch-size-multiple 1 "${EXTRA[@]}" > "$OUT/generate.out"
+
+# hypotheses back in input order (fairseq prints them in batch order)
+grep '^H-' "$OUT/generate.out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$OUT/hyp.seg"
+n_hyp=$(wc -l < "$OUT/hyp.seg")
+(( n_hyp == n_ref )) || die "fairseq-generate produced $n_hyp hypotheses for $n_ref reference lines (see $OUT/generate.out)"
+
+case "$SEG" in
+    sentencepiece) run env LC_ALL=C sed -e 's/ //g' -e 's/\xe2\x96\x81/ /g' -e 's/^ *//' -e 's/ *$//' "$OUT/hyp.seg" > "$OUT/hyp.tok" ;;
+    subword-nmt) run sed -E 's/(@@ )|(@@ ?$)//g' "$OUT/hyp.seg" > "$OUT/hyp.tok" ;;
+    none) run cp "$OUT/hyp.seg" "$OUT/hyp.tok" ;;
+esac
+if [[ "$DETOK" == moses ]]; then
+    run sacremoses -q -l "$TGT" -j 1 detokenize -x < "$OUT/hyp.tok" > "$OUT/hyp.detok"
+else
+    run cp "$OUT/hyp.tok" "$OUT/hyp.detok"
+fi
+run sacrebleu "$REF" -i "$OUT/hyp.detok" -m bleu > "$OUT/bleu.json"
+cat "$OUT/bleu.json"
+"$PY" -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("BLEU = %.2f  %s  (sacrebleu %s)" % (r["score"], r["verbose_score"], r["signature"]))
+' "$OUT/bleu.json"

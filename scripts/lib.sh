@@ -1,0 +1,160 @@
+# Shared helpers for the pipeline scripts. Source it, do not run it:
+#   . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#
+# Conventions of every script in scripts/:
+#   - `set -euo pipefail`: the first failing command stops the script;
+#   - every command that does work is run through `run`, which prints it first
+#     (as "+ cmd ...", on stderr, quoted so it can be copied and rerun);
+#   - all arguments and inputs are checked before the first command runs, and a
+#     bad one stops the script with exit status 2 and a message saying what was
+#     expected (die / require_*), so nothing is written for a command that cannot
+#     succeed.
+set -euo pipefail
+
+SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(dirname "$SCRIPTS_DIR")"
+PROG="$(basename "$0")"
+
+# Print a command, then run it.
+run() {
+    local quoted
+    printf -v quoted ' %q' "$@"
+    echo "+${quoted}" >&2
+    "$@"
+}
+
+# Stop with a message (exit status 2: a usage or input error, nothing was done).
+die() {
+    echo "${PROG}: error: $*" >&2
+    exit 2
+}
+
+# require_file FILE WHAT: FILE must exist (WHAT says which option/input it is).
+require_file() {
+    [[ -f "$1" ]] || die "$2: expected a file at '$1', which does not exist"
+}
+
+# require_dir DIR WHAT
+require_dir() {
+    [[ -d "$1" ]] || die "$2: expected a directory at '$1', which does not exist"
+}
+
+# require_value OPTION VALUE: the option was given (non-empty).
+require_value() {
+    [[ -n "$2" ]] || die "missing required option $1 (see '${PROG} --help')"
+}
+
+# require_int OPTION VALUE [MIN]: a whole number >= MIN (default 1).
+require_int() {
+    local min="${3:-1}"
+    [[ "$2" =~ ^[0-9]+$ ]] && (( 10#$2 >= min )) \
+        || die "$1: expected a whole number >= ${min}, got '$2'"
+}
+
+# require_float OPTION VALUE
+require_float() {
+    [[ "$2" =~ ^-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]] \
+        || die "$1: expected a number, got '$2'"
+}
+
+# require_choice OPTION VALUE CHOICE...
+require_choice() {
+    local opt="$1" val="$2"
+    shift 2
+    local c
+    for c in "$@"; do
+        [[ "$val" == "$c" ]] && return 0
+    done
+    die "$opt: expected one of: $*; got '$val'"
+}
+
+# require_lang OPTION CODE: a language code usable in fairseq file names.
+require_lang() {
+    [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] \
+        || die "$1: expected a language code (letters, digits, '_'), got '$2'"
+}
+
+# need_value OPTION "$#": for option parsers, the option has an argument.
+need_value() {
+    (( $2 >= 2 )) || die "option $1 needs a value"
+}
+
+# The Python interpreter that has fairseq and fairseq_localness: $PYTHON if set,
+# else the one next to fairseq-train on PATH, else the repository's .venv.
+find_python() {
+    if [[ -n "${PYTHON:-}" ]]; then
+        echo "$PYTHON"
+        return
+    fi
+    local ft
+    if ft="$(command -v fairseq-train 2>/dev/null)" && [[ -x "$(dirname "$ft")/python" ]]; then
+        echo "$(dirname "$ft")/python"
+        return
+    fi
+    if [[ -x "$REPO_DIR/.venv/bin/python" ]]; then
+        echo "$REPO_DIR/.venv/bin/python"
+        return
+    fi
+    die "no Python with fairseq found: run 'make install' (it installs into .venv/) or set PYTHON"
+}
+PY="$(find_python)"
+BIN_DIR="$(dirname "$PY")"
+# The fairseq CLIs and helper tools installed next to that Python come first on PATH.
+export PATH="$BIN_DIR:$PATH"
+
+# The --user-dir for every fairseq command: the directory of the installed
+# fairseq_localness package (found without importing it, which would load fairseq).
+user_dir() {
+    "$PY" -c 'import importlib.util as u, sys
+spec = u.find_spec("fairseq_localness")
+if spec is None:
+    sys.exit("fairseq_localness is not installed for " + sys.executable + ": run make install")
+print(list(spec.submodule_search_locations)[0])'
+}
+
+# check_arch ARCH: ARCH must be registered with fairseq once fairseq_localness is
+# imported (fairseq's own architectures and ours). Takes a few seconds (imports fairseq).
+check_arch() {
+    local msg
+    msg="$("$PY" -c '
+import sys
+import fairseq_localness  # noqa: F401  (registers our models)
+from fairseq.models import ARCH_MODEL_REGISTRY
+if sys.argv[1] not in ARCH_MODEL_REGISTRY:
+    names = sorted(ARCH_MODEL_REGISTRY)
+    ours = [a for a in names if ARCH_MODEL_REGISTRY[a].__module__.startswith("fairseq_localness")]
+    from fairseq.models import FairseqEncoderDecoderModel as ED
+    tr = [a for a in names if a.startswith("transformer") and issubclass(ARCH_MODEL_REGISTRY[a], ED)]
+    print("fairseq_localness architectures: %s; fairseq encoder-decoder transformer architectures: %s "
+          "(%d registered in all)" % (", ".join(ours) or "(none)", ", ".join(tr), len(names)))
+    sys.exit(1)
+' "$1" 2>/dev/null)" || die "--arch: '$1' is not a registered architecture. Expected one of the \
+${msg:-registered architectures (importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why)}"
+}
+
+# require_pair DATA_BIN SRC TGT SUBSET...: a fairseq-preprocess output directory
+# with the dictionaries of both languages and the given subsets for SRC-TGT.
+require_pair() {
+    local bin="$1" src="$2" tgt="$3"
+    shift 3
+    require_dir "$bin" "--data-bin"
+    local pairs
+    pairs="$(cd "$bin" && ls 2>/dev/null | sed -n 's/^[a-z]*[0-9]*\.\([^.]*-[^.]*\)\.[^.]*\.idx$/\1/p' | sort -u | tr '\n' ' ')"
+    local lang
+    for lang in "$src" "$tgt"; do
+        [[ -f "$bin/dict.$lang.txt" ]] || die "--data-bin '$bin' has no dictionary for language '$lang' \
+(expected $bin/dict.$lang.txt; language pairs found there: ${pairs:-none}). Check --src/--tgt."
+    done
+    local subset
+    for subset in "$@"; do
+        [[ -f "$bin/$subset.$src-$tgt.$src.idx" && -f "$bin/$subset.$src-$tgt.$tgt.idx" ]] \
+            || die "--data-bin '$bin' has no '$subset' data for $src-$tgt (expected \
+$bin/$subset.$src-$tgt.{$src,$tgt}.{bin,idx}; language pairs found there: ${pairs:-none}). Check --src/--tgt."
+    done
+}
+
+# Print a script's usage: the comment block at its top (lines 2.. up to the first
+# non-comment line), without the leading '# '.
+usage() {
+    sed -n '2,/^[^#]/{/^#/!q;s/^# \{0,1\}//;p}' "$0"
+}

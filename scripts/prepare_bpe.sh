@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Tokenize (optional) and segment a raw parallel corpus into subwords with one joint
+# model learned on the training data of both languages.
+#
+# Usage: prepare_bpe.sh --raw DIR --out DIR --src LANG --tgt LANG [options]
+#
+#   --raw DIR         raw text: DIR/{train,valid,test}.{SRC,TGT}, one sentence a line
+#   --out DIR         where the segmented files go (same names), plus the model:
+#                     sentencepiece.bpe.model or code, and SEGMENTATION (the method)
+#   --src, --tgt      language codes (file suffixes)
+#   --method M        sentencepiece (default) or subword-nmt
+#   --vocab-size N    sentencepiece vocabulary size (default 8000; capped on small data)
+#   --merges N        subword-nmt merge operations (default 32000)
+#   --tokenize T      moses (sacremoses, language-specific rules) or none (default;
+#                     right for sentencepiece, which needs no pre-tokenization)
+#   --splits LIST     comma-separated splits to segment (default train,valid,test;
+#                     the model is always learned on train)
+#   --force           replace an existing --out directory
+#
+# The output is built in a temporary directory next to --out and renamed at the end,
+# so --out is either complete or absent.
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+RAW="" OUT="" SRC="" TGT="" METHOD=sentencepiece VOCAB=8000 MERGES=32000 TOKENIZE=none
+SPLITS=train,valid,test FORCE=0
+while (( $# )); do
+    case "$1" in
+        --raw) need_value "$1" $#; RAW="$2"; shift 2 ;;
+        --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
+        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
+        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
+        --method) need_value "$1" $#; METHOD="$2"; shift 2 ;;
+        --vocab-size) need_value "$1" $#; VOCAB="$2"; shift 2 ;;
+        --merges) need_value "$1" $#; MERGES="$2"; shift 2 ;;
+        --tokenize) need_value "$1" $#; TOKENIZE="$2"; shift 2 ;;
+        --splits) need_value "$1" $#; SPLITS="$2"; shift 2 ;;
+        --force) FORCE=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown option '$1' (see '${PROG} --help')" ;;
+    esac
+done
+
+# ---- validate everything before doing anything
+require_value --raw "$RAW"
+require_value --out "$OUT"
+require_value --src "$SRC"
+require_value --tgt "$TGT"
+require_lang --src "$SRC"
+require_lang --tgt "$TGT"
+[[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ, both are '$SRC'"
+require_choice --method "$METHOD" sentencepiece subword-nmt
+require_choice --tokenize "$TOKENIZE" moses none
+require_int --vocab-size "$VOCAB" 16
+require_int --merges "$MERGES" 1
+require_dir "$RAW" --raw
+IFS=, read -r -a SPLIT_LIST <<< "$SPLITS"
+(( ${#SPLIT_LIST[@]} )) || die "--splits: expected a comma-separated list of splits, got '$SPLITS'"
+[[ ",$SPLITS," == *,train,* ]] || die "--splits: must include train (the model is learned on it), got '$SPLITS'"
+for split in "${SPLIT_LIST[@]}"; do
+    [[ "$split" =~ ^[A-Za-z0-9_]+$ ]] || die "--splits: '$split' is not a valid split name"
+    for lang in "$SRC" "$TGT"; do
+        require_file "$RAW/$split.$lang" "--raw/--src/--tgt ($split data for $SRC-$TGT)"
+    done
+    n_src=$(wc -l < "$RAW/$split.$SRC")
+    n_tgt=$(wc -l < "$RAW/$split.$TGT")
+    (( n_src == n_tgt )) || die "--raw: $RAW/$split.$SRC has $n_src lines but $RAW/$split.$TGT has $n_tgt; expected parallel files"
+done
+if [[ -e "$OUT" && $FORCE -eq 0 ]]; then
+    die "--out: '$OUT' already exists; expected a new directory (or pass --force to replace it)"
+fi
+if [[ "$METHOD" == subword-nmt ]]; then
+    command -v subword-nmt >/dev/null || die "--method subword-nmt: the subword-nmt command is not installed (make install)"
+fi
+if [[ "$TOKENIZE" == moses ]]; then
+    command -v sacremoses >/dev/null || die "--tokenize moses: the sacremoses command is not installed (make install)"
+fi
+
+# ---- work
+mkdir -p "$(dirname "$OUT")"
+TMP="$(mktemp -d "${OUT%/}.tmp.XXXXXX")"
+chmod 755 "$TMP"
+trap 'rm -rf "$TMP"' EXIT
+
+# 1. tokenization (or a plain copy), per split and language
+for split in "${SPLIT_LIST[@]}"; do
+    for lang in "$SRC" "$TGT"; do
+        if [[ "$TOKENIZE" == moses ]]; then
+            run sacremoses -q -l "$lang" -j 1 tokenize -a -x < "$RAW/$split.$lang" > "$TMP/$split.tok.$lang"
+        else
+            run cp "$RAW/$split.$lang" "$TMP/$split.tok.$lang"
+        fi
+    done
+done
+
+# 2. learn one joint model on train (both languages), 3. apply it to every split
+if [[ "$METHOD" == sentencepiece ]]; then
+    run "$PY" "$SCRIPTS_DIR/spm.py" train --input "$TMP/train.tok.$SRC" "$TMP/train.tok.$TGT" \
+        --model-prefix "$TMP/sentencepiece.bpe" --vocab-size "$VOCAB"
+    for split in "${SPLIT_LIST[@]}"; do
+        for lang in "$SRC" "$TGT"; do
+            run "$PY" "$SCRIPTS_DIR/spm.py" encode --model "$TMP/sentencepiece.bpe.model" \
+                < "$TMP/$split.tok.$lang" > "$TMP/$split.$lang"
+        done
+    done
+else
+    cat "$TMP/train.tok.$SRC" "$TMP/train.tok.$TGT" > "$TMP/train.tok.joint"
+    run subword-nmt learn-bpe -s "$MERGES" --input "$TMP/train.tok.joint" --output "$TMP/code"
+    rm "$TMP/train.tok.joint"
+    for split in "${SPLIT_LIST[@]}"; do
+        for lang in "$SRC" "$TGT"; do
+            run subword-nmt apply-bpe -c "$TMP/code" --input "$TMP/$split.tok.$lang" --output "$TMP/$split.$lang"
+        done
+    done
+fi
+rm -f "$TMP"/*.tok.*
+printf '%s\n' "$METHOD" > "$TMP/SEGMENTATION"
+printf '%s\n' "$TOKENIZE" > "$TMP/TOKENIZATION"
+
+rm -rf "$OUT"
+mv "$TMP" "$OUT"
+trap - EXIT
+echo "${PROG}: wrote $OUT ($METHOD, tokenize=$TOKENIZE)" >&2

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Binarize a segmented parallel corpus for fairseq with one joined dictionary.
+#
+# Usage: preprocess.sh --data DIR --dest DIR --src LANG --tgt LANG [options] [-- EXTRA...]
+#
+#   --data DIR        segmented text (prepare_bpe.sh --out): DIR/{train,valid,test}.{SRC,TGT}
+#   --dest DIR        the fairseq data directory to create (the "data-bin")
+#   --src, --tgt      language codes
+#   --splits LIST     train,valid,test (default); valid and test are optional names
+#                     of fairseq-preprocess's --validpref/--testpref, train is required
+#   --workers N       fairseq-preprocess workers (default 2)
+#   --force           replace an existing --dest directory
+#   -- EXTRA...       passed to fairseq-preprocess as they are
+#
+# The segmentation model and its SEGMENTATION/TOKENIZATION markers in --data
+# (sentencepiece.bpe.model or code) are copied into --dest: evaluate.sh reads them,
+# and fairseq's hub interface (from_pretrained) finds the model there.
+# --dest is built under a temporary name and renamed at the end (complete or absent).
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DATA="" DEST="" SRC="" TGT="" SPLITS=train,valid,test WORKERS=2 FORCE=0
+EXTRA=()
+while (( $# )); do
+    case "$1" in
+        --data) need_value "$1" $#; DATA="$2"; shift 2 ;;
+        --dest) need_value "$1" $#; DEST="$2"; shift 2 ;;
+        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
+        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
+        --splits) need_value "$1" $#; SPLITS="$2"; shift 2 ;;
+        --workers) need_value "$1" $#; WORKERS="$2"; shift 2 ;;
+        --force) FORCE=1; shift ;;
+        --) shift; EXTRA=("$@"); break ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown option '$1' (see '${PROG} --help'; fairseq-preprocess options go after --)" ;;
+    esac
+done
+
+# ---- validate
+require_value --data "$DATA"
+require_value --dest "$DEST"
+require_value --src "$SRC"
+require_value --tgt "$TGT"
+require_lang --src "$SRC"
+require_lang --tgt "$TGT"
+[[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ, both are '$SRC'"
+require_int --workers "$WORKERS" 1
+require_dir "$DATA" --data
+IFS=, read -r -a SPLIT_LIST <<< "$SPLITS"
+PREFS=()
+for split in "${SPLIT_LIST[@]}"; do
+    case "$split" in
+        train) PREFS+=(--trainpref "$DATA/train") ;;
+        valid) PREFS+=(--validpref "$DATA/valid") ;;
+        test) PREFS+=(--testpref "$DATA/test") ;;
+        *) die "--splits: expected a comma-separated subset of train,valid,test; got '$split'" ;;
+    esac
+    for lang in "$SRC" "$TGT"; do
+        require_file "$DATA/$split.$lang" "--data/--src/--tgt ($split data for $SRC-$TGT)"
+    done
+done
+[[ ",$SPLITS," == *,train,* ]] || die "--splits: must include train (the dictionary is built from it), got '$SPLITS'"
+if [[ -e "$DEST" && $FORCE -eq 0 ]]; then
+    die "--dest: '$DEST' already exists; expected a new directory (or pass --force to replace it)"
+fi
+
+# ---- work
+mkdir -p "$(dirname "$DEST")"
+TMP="$(mktemp -d "${DEST%/}.tmp.XXXXXX")"
+chmod 755 "$TMP"
+trap 'rm -rf "$TMP"' EXIT
+
+run fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" "${PREFS[@]}" \
+    --destdir "$TMP" --joined-dictionary --workers "$WORKERS" "${EXTRA[@]}"
+for f in sentencepiece.bpe.model code SEGMENTATION TOKENIZATION; do
+    if [[ -f "$DATA/$f" ]]; then
+        run cp "$DATA/$f" "$TMP/$f"
+    fi
+done
+
+rm -rf "$DEST"
+mv "$TMP" "$DEST"
+trap - EXIT
+echo "${PROG}: wrote $DEST" >&2
