@@ -302,13 +302,18 @@ class DualContextModule(nn.Module, Observable):
         included in incremental decoding, as in fairseq). Returns ``(z_hat, None)``."""
         if static_kv or before_softmax:
             raise NotImplementedError("the DC module is a self-attention sublayer")
+        if (key is not None and key is not query) or (value is not None and value is not query):
+            raise ValueError("the DC module is a self-attention sublayer: key and value must be the query")
         r = query
         tgt_len = r.size(0)
         new_padding = None
         if key_padding_mask is not None:
             new_padding = key_padding_mask[:, key_padding_mask.size(1) - tgt_len :].bool()
         lc = self.local_context(r, new_padding, incremental_state)  # eq. 6
-        want_probs = self.log_divergence and not self.training and self.metric_prefix is not None
+        want_probs = (  # validation forward passes only (not training, not decoding steps)
+            self.log_divergence and not self.training and incremental_state is None
+            and self.metric_prefix is not None
+        )
         h_l, p_l = self.fi_local(  # eq. 7, h_l = FI(r, lc): T x B x C
             r, lc, lc, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
             need_weights=want_probs, need_head_weights=want_probs, attn_mask=attn_mask,
