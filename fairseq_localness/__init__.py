@@ -2,12 +2,13 @@
 
 Load it with ``--user-dir fairseq_localness`` (any fairseq CLI) or ``import
 fairseq_localness``. Importing the package registers the models and their named
-architectures and fixes checkpoint loading on torch >= 2.6 (see
-:mod:`fairseq_localness.compat`).
+architectures, fixes checkpoint loading on torch >= 2.6 and stops fairseq from
+dropping the sentences of a last, smaller batch (see :mod:`fairseq_localness.compat`).
 """
-from fairseq_localness.compat import patch_checkpoint_loading
+from fairseq_localness.compat import patch_batch_by_size, patch_checkpoint_loading
 
 patch_checkpoint_loading()
+patch_batch_by_size()
 
 from fairseq_localness import models  # noqa: E402,F401  (registers the models)
 

@@ -17,8 +17,19 @@ one module a ``torch`` whose ``load`` defaults to ``weights_only=False`` (an exp
 
 This restores the behaviour fairseq was written for: a checkpoint is trusted code,
 exactly as with torch < 2.6. Load only checkpoints you trust.
+
+Sentences dropped from the last batch
+-------------------------------------
+``fairseq.data.data_utils.batch_by_size`` (0.12.2 and later) drops the last batch
+when its size is not a multiple of ``--required-batch-size-multiple`` (default 8):
+``fairseq-generate`` then silently translates, and scores, fewer sentences than the
+test set has (fairseq issues #5036, #5351), validation skips a few sentences, and
+``fairseq-interactive`` loses inputs. :func:`patch_batch_by_size` keeps that last,
+smaller batch, as fairseq did before.
 """
 import types
+
+import numpy as np
 
 import torch
 
@@ -57,3 +68,35 @@ def patch_checkpoint_loading():
     if getattr(checkpoint_utils.torch, _MARK, False):
         return
     checkpoint_utils.torch = _TorchWithTrustedLoad()
+
+
+_BATCH_MARK = "_fairseq_localness_keeps_last_batch"
+
+
+def patch_batch_by_size():
+    """Make ``fairseq.data.data_utils.batch_by_size`` keep every index. Idempotent.
+
+    The batches it builds are consecutive slices of ``indices``; whatever the
+    original function dropped at the end becomes one more (smaller) batch.
+    """
+    from fairseq.data import data_utils
+
+    original = data_utils.batch_by_size
+    if getattr(original, _BATCH_MARK, False):
+        return
+
+    def batch_by_size(indices, *args, **kwargs):
+        batches = original(indices, *args, **kwargs)
+        covered = sum(len(b) for b in batches)
+        if covered < len(indices):
+            rest = np.asarray(indices[covered:], dtype=np.int64)
+            if not np.array_equal(np.concatenate([np.asarray(b, dtype=np.int64) for b in batches] + [rest]),
+                                  np.asarray(indices, dtype=np.int64)):
+                return batches  # not the consecutive-slices layout we know how to complete
+            batches = list(batches) + [rest]
+        return batches
+
+    batch_by_size.__doc__ = original.__doc__
+    batch_by_size.__wrapped__ = original
+    setattr(batch_by_size, _BATCH_MARK, True)
+    data_utils.batch_by_size = batch_by_size
