@@ -11,6 +11,9 @@ DEMO_SYSTEMS=(
     "enc-dc|dc_transformer|--dc-mode enc"
     "dec-dc|dc_transformer|--dc-mode dec"
     "full-dc|dc_transformer|--dc-mode full"
+    "hysan|hysan_transformer|"
+    "transformer-nopos|transformer|--no-token-positional-embeddings"
+    "hysan-nopos|hysan_transformer|--no-token-positional-embeddings"
 )
 
 # Model size shared by all systems: 2+2 layers, d=64, 4 heads, FFN 256, one embedding
