@@ -14,6 +14,8 @@ DEMO_SYSTEMS=(
     "hysan|hysan_transformer|"
     "transformer-nopos|transformer|--no-token-positional-embeddings"
     "hysan-nopos|hysan_transformer|--no-token-positional-embeddings"
+    "hybrid-gate|hybrid_transformer|--hybrid-variant gate"
+    "local-pattern|hybrid_transformer|--hybrid-variant local_pattern"
 )
 
 # Model size shared by all systems: 2+2 layers, d=64, 4 heads, FFN 256, one embedding
