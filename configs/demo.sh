@@ -8,6 +8,8 @@
 # attention variants and nothing else. Select a subset with DEMO_ONLY="name1 name2".
 DEMO_SYSTEMS=(
     "transformer|transformer|"
+    "localness|localness_transformer|"
+    "localness-relpos|localness_transformer|--localness-rel-pos"
     "enc-dc|dc_transformer|--dc-mode enc"
     "dec-dc|dc_transformer|--dc-mode dec"
     "full-dc|dc_transformer|--dc-mode full"
