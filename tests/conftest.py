@@ -1,0 +1,259 @@
+"""Shared fixtures and helpers for running fairseq through its real command lines.
+
+- ``tiny_data_bin`` (session fixture): a small corpus from the embedded generator,
+  segmented with sentencepiece and binarized with fairseq's preprocessing, built once
+  per test session (~6 s). Returns a :class:`TinyData`.
+- :func:`run_fairseq`: run a fairseq (or fairseq-localness) command line installed
+  next to this Python, with the output captured; raises with the tail of stderr
+  if the command fails.
+- :func:`train_and_generate`: train any registered architecture for a couple of
+  updates with tiny dimensions, then translate the tiny test set with
+  ``fairseq-generate`` (beam 2), checking that every sentence was translated.
+
+Each fairseq process costs ~4-5 s of start-up (importing fairseq), so a test that
+goes through the CLI should start as few of them as it can.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "scripts")
+BIN_DIR = os.path.dirname(sys.executable)
+
+
+def _find_user_dir() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("fairseq_localness")
+    assert spec is not None, "fairseq_localness is not installed in this Python (run make install)"
+    return list(spec.submodule_search_locations)[0]
+
+
+USER_DIR = _find_user_dir()
+"""The --user-dir for every fairseq command: the installed fairseq_localness package."""
+
+TINY_MODEL_ARGS = [
+    "--encoder-layers", "3", "--decoder-layers", "3",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+]
+"""Model size used by :func:`train_and_generate` unless told otherwise."""
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a long test (still part of `make test`)")
+
+
+# --------------------------------------------------------------------------- commands
+def tool_path(tool: str) -> str:
+    """The console script ``tool`` installed next to this Python (else from PATH)."""
+    path = os.path.join(BIN_DIR, tool)
+    if os.path.exists(path):
+        return path
+    found = shutil.which(tool)
+    assert found, f"{tool} is not installed next to {sys.executable} nor on PATH"
+    return found
+
+
+def tool_env(extra: Optional[dict] = None) -> dict:
+    """Environment for subprocesses: this Python's bin directory first on PATH, one
+    thread per process (tiny models; keeps parallel test runs from fighting)."""
+    env = dict(os.environ)
+    env["PATH"] = BIN_DIR + os.pathsep + env.get("PATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _failure(cmd, proc) -> str:
+    return (
+        f"command failed with exit status {proc.returncode}:\n  {' '.join(map(str, cmd))}\n"
+        f"--- stdout (end) ---\n{proc.stdout[-3000:]}\n--- stderr (end) ---\n{proc.stderr[-3000:]}"
+    )
+
+
+def run_fairseq(
+    tool: str,
+    args: Sequence,
+    cwd: Optional[str] = None,
+    check: bool = True,
+    input: Optional[str] = None,
+    env: Optional[dict] = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
+    """Run ``tool`` (e.g. ``fairseq-train``) with ``args``; output captured as text.
+
+    With ``check`` (default) a non-zero exit fails the test with the command and the
+    end of its stdout/stderr.
+    """
+    cmd = [tool_path(tool)] + [str(a) for a in args]
+    proc = subprocess.run(
+        cmd, cwd=cwd, input=input, capture_output=True, text=True, env=tool_env(env), timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        pytest.fail(_failure(cmd, proc), pytrace=False)
+    return proc
+
+
+def run_script(script: str, args: Sequence, cwd: Optional[str] = None, check: bool = True,
+               env: Optional[dict] = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``scripts/<script>`` with bash; like :func:`run_fairseq`."""
+    cmd = ["bash", os.path.join(SCRIPTS, script)] + [str(a) for a in args]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=tool_env(env), timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(_failure(cmd, proc), pytrace=False)
+    return proc
+
+
+# --------------------------------------------------------------------------- tiny data
+@dataclass
+class TinyData:
+    data_bin: str  # fairseq-preprocess output (joined dictionary, sentencepiece model copied in)
+    raw_dir: str  # the generated corpus: {train,valid,test}.{src,tgt}, *.phenomena.jsonl
+    bpe_dir: str  # segmented text
+    src: str = "src"
+    tgt: str = "tgt"
+
+    @property
+    def spm_model(self) -> str:
+        return os.path.join(self.data_bin, "sentencepiece.bpe.model")
+
+    def lines(self, split: str, lang: str, segmented: bool = False) -> List[str]:
+        d = self.bpe_dir if segmented else self.raw_dir
+        with open(os.path.join(d, f"{split}.{lang}"), encoding="utf-8") as f:
+            return f.read().splitlines()
+
+
+TINY_SIZES = dict(train_size=200, valid_size=16, test_size=12)  # test size: not a multiple of 8
+
+
+def build_tiny_data(base_dir: str) -> TinyData:
+    """Generate, segment (sentencepiece, joint) and binarize a tiny corpus in base_dir."""
+    import sentencepiece as spm
+
+    from fairseq_localness.corpus import CorpusConfig, write_corpus
+
+    raw = os.path.join(base_dir, "raw")
+    bpe = os.path.join(base_dir, "bpe")
+    data_bin = os.path.join(base_dir, "data-bin")
+    write_corpus(raw, CorpusConfig(seed=7, **TINY_SIZES))
+    os.makedirs(bpe)
+    prefix = os.path.join(bpe, "sentencepiece.bpe")
+    spm.SentencePieceTrainer.train(
+        input=",".join(os.path.join(raw, f"train.{x}") for x in ("src", "tgt")),
+        model_prefix=prefix, vocab_size=120, model_type="bpe", character_coverage=1.0,
+        hard_vocab_limit=False, bos_id=-1, eos_id=-1, minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
+    for split in ("train", "valid", "test"):
+        for lang in ("src", "tgt"):
+            with open(os.path.join(raw, f"{split}.{lang}"), encoding="utf-8") as f:
+                lines = f.read().splitlines()
+            with open(os.path.join(bpe, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+                f.writelines(" ".join(sp.encode(line, out_type=str)) + "\n" for line in lines)
+    run_fairseq("fairseq-preprocess", [
+        "--source-lang", "src", "--target-lang", "tgt",
+        "--trainpref", os.path.join(bpe, "train"), "--validpref", os.path.join(bpe, "valid"),
+        "--testpref", os.path.join(bpe, "test"), "--destdir", data_bin,
+        "--joined-dictionary", "--workers", "1",
+    ])
+    shutil.copy(prefix + ".model", os.path.join(data_bin, "sentencepiece.bpe.model"))
+    for name, value in (("SEGMENTATION", "sentencepiece"), ("TOKENIZATION", "none")):
+        for d in (bpe, data_bin):
+            with open(os.path.join(d, name), "w") as f:
+                f.write(value + "\n")
+    return TinyData(data_bin=data_bin, raw_dir=raw, bpe_dir=bpe)
+
+
+_TINY: Optional[TinyData] = None
+
+
+def get_tiny_data(base_dir: Optional[str] = None) -> TinyData:
+    """The session's tiny data, built on first use (in base_dir, else a temp dir)."""
+    global _TINY
+    if _TINY is None:
+        if base_dir is None:
+            base_dir = tempfile.mkdtemp(prefix="fairseq_localness_tiny_")
+            import atexit
+
+            atexit.register(shutil.rmtree, base_dir, True)
+        _TINY = build_tiny_data(base_dir)
+    return _TINY
+
+
+@pytest.fixture(scope="session")
+def tiny_data_bin(tmp_path_factory) -> TinyData:
+    """Tiny binarized corpus (``.data_bin``) and its raw text (``.raw_dir``)."""
+    return get_tiny_data(str(tmp_path_factory.mktemp("tiny_data")))
+
+
+# --------------------------------------------------------------------------- train + generate
+def train_command(arch: str, data: TinyData, save_dir: str, extra_args: Sequence = (),
+                  model_args: Sequence = TINY_MODEL_ARGS, max_update: int = 2) -> List[str]:
+    """fairseq-train arguments for a few updates on the tiny data."""
+    return [
+        data.data_bin, "--user-dir", USER_DIR, "--task", "translation",
+        "--source-lang", data.src, "--target-lang", data.tgt, "--arch", arch,
+        "--optimizer", "adam", "--lr", "1e-3", "--criterion", "label_smoothed_cross_entropy",
+        "--label-smoothing", "0.1", "--max-tokens", "1024", "--max-update", str(max_update),
+        "--save-dir", save_dir, "--seed", "1", "--num-workers", "0",
+        "--log-format", "simple", "--log-interval", "1", "--no-progress-bar",
+        *model_args, *extra_args,
+    ]
+
+
+@dataclass
+class CliRun:
+    checkpoint: str  # the trained checkpoint (checkpoint_last.pt)
+    train_log: str  # fairseq-train's stdout + stderr
+    generate_output: str  # fairseq-generate's stdout (S-/T-/H-/D-/P- lines)
+    hypotheses: List[str]  # H- lines' text (segmented), in test-set order
+
+
+def parse_hypotheses(generate_output: str) -> List[str]:
+    """Hypotheses of fairseq-generate/-interactive output, ordered by sentence id."""
+    hyps = {}
+    for line in generate_output.splitlines():
+        if line.startswith("H-"):
+            ident, _score, text = (line[2:].split("\t") + ["", ""])[:3]
+            hyps[int(ident)] = text
+    return [hyps[i] for i in sorted(hyps)]
+
+
+def train_and_generate(arch: str, extra_args: Sequence = (), tmp_path=None, *,
+                       model_args: Sequence = TINY_MODEL_ARGS, max_update: int = 2, beam: int = 2,
+                       data: Optional[TinyData] = None) -> CliRun:
+    """Train ``arch`` for ``max_update`` updates and translate the tiny test set.
+
+    ``extra_args`` go to fairseq-train after the tiny model size (so they can change
+    it); pass ``model_args=[]`` to keep a preset's own dimensions. Fails the test if
+    either command fails or a test sentence is left untranslated.
+    """
+    data = data or get_tiny_data()
+    base = str(tmp_path) if tmp_path is not None else tempfile.mkdtemp(prefix="train_and_generate_")
+    save_dir = os.path.join(base, "checkpoints")
+    train = run_fairseq("fairseq-train", train_command(arch, data, save_dir, extra_args, model_args, max_update))
+    checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
+    assert os.path.isfile(checkpoint), f"fairseq-train wrote no {checkpoint}:\n{train.stderr[-2000:]}"
+    gen = run_fairseq("fairseq-generate", [
+        data.data_bin, "--user-dir", USER_DIR, "--task", "translation",
+        "--source-lang", data.src, "--target-lang", data.tgt, "--path", checkpoint,
+        "--gen-subset", "test", "--beam", str(beam), "--batch-size", "5",
+        "--max-len-a", "1.5", "--max-len-b", "5",
+    ])
+    hyps = parse_hypotheses(gen.stdout)
+    n_test = len(data.lines("test", data.src))
+    assert len(hyps) == n_test, f"translated {len(hyps)} of {n_test} test sentences:\n{gen.stdout[-2000:]}"
+    return CliRun(checkpoint=checkpoint, train_log=train.stdout + train.stderr,
+                  generate_output=gen.stdout, hypotheses=hyps)
