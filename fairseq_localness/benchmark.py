@@ -45,12 +45,17 @@ SYSTEMS: Dict[str, tuple] = {
     "transformer": ("transformer", []),
     "localness (query, enc 1-3)": ("localness_transformer", []),
     "localness + rel_pos": ("localness_transformer", ["--localness-rel-pos"]),
+    "hysan e1 (gated)": ("hysan_transformer", []),
+    "hysan e1 (sum)": ("hysan_transformer", ["--hysan-fusion", "sum"]),
+    "enc-dc (f=2)": ("dc_transformer", ["--dc-mode", "enc"]),
+    "dec-dc (f=2)": ("dc_transformer", ["--dc-mode", "dec"]),
+    "full-dc (f=2)": ("dc_transformer", ["--dc-mode", "full"]),
 }
 BASELINE = "transformer"
 
 
 def register_system(name: str, model: str, options: List[str]):
-    """Add a system to the benchmark (models call this at import time)."""
+    """Add a system to the benchmark (a model module may register its variants)."""
     SYSTEMS[name] = (model, list(options))
 
 
@@ -314,7 +319,7 @@ def get_parser():
 
 def main(argv=None):
     args = get_parser().parse_args(argv)
-    import fairseq_localness  # noqa: F401  (registers models and their benchmark systems)
+    import fairseq_localness  # noqa: F401  (registers the models)
 
     if args.list:
         for name, (model, options) in SYSTEMS.items():
