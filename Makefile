@@ -38,7 +38,7 @@ test: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS) tests
 
 bench: install
-	$(PY) -m fairseq_localness.benchmark $(BENCH_ARGS)
+	$(VENV)/bin/fairseq-localness-bench $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -299,7 +299,7 @@ def machine_description(device: str) -> str:
 
 
 def get_parser():
-    p = argparse.ArgumentParser(prog="python -m fairseq_localness.benchmark", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="fairseq-localness-bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small batch, few rounds (CI)")
     p.add_argument("--size", default="iwslt_de_en", help="size preset suffix (default: iwslt_de_en)")
     p.add_argument("--systems", nargs="*", help="restrict to these system or model names")
@@ -370,4 +370,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    # Run the package's copy of this module, whose SYSTEMS the models extend.
+    from fairseq_localness.benchmark import main as package_main
+
+    package_main()
