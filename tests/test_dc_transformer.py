@@ -479,3 +479,44 @@ def test_divergence_is_logged_as_a_validation_metric():
     with metrics.aggregate(new_root=True) as agg:
         model(src, lens, prev)
     assert "enc1_js" not in agg.get_smoothed_values()  # validation only
+
+
+# ---------------------------------------------------------------- command line
+@pytest.mark.parametrize("mode", ["enc", "dec", "full"])
+def test_train_and_generate_through_the_cli(mode, tmp_path):
+    import re
+
+    from fairseq import checkpoint_utils
+
+    from conftest import get_tiny_data, train_and_generate
+
+    run = train_and_generate("dc_transformer_tiny", ["--dc-mode", mode, "--dc-log-divergence"], tmp_path)
+    logged = {name: float(value) for name, value in re.findall(r"\| ((?:enc|dec)\d_(?:self_)?js) ([0-9.]+)",
+                                                               run.train_log.split("valid on 'valid'")[-1])}
+    expected = ([f"enc{i}_js" for i in (1, 2, 3)] if mode != "dec" else []) + \
+               ([f"dec{i}_self_js" for i in (1, 2, 3)] if mode != "enc" else [])
+    assert sorted(logged) == sorted(expected), run.train_log[-3000:]
+
+    # the same divergence from the checkpoint over the validation set, batched differently
+    data = get_tiny_data()
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([run.checkpoint],
+                                                                     arg_overrides={"data": data.data_bin})
+    task.load_dataset("valid")
+    batches = task.get_batch_iterator(task.dataset("valid"), max_sentences=5).next_epoch_itr(shuffle=False)
+    result = dc_divergence(models[0], batches)
+    for name, value in logged.items():
+        assert result[name[: -len("_js")]] == pytest.approx(value, abs=2e-3)
+
+
+def test_paper_iwslt_preset_trains_and_generates(tmp_path):
+    from conftest import train_and_generate
+
+    run = train_and_generate("dc_transformer_iwslt_small", ["--dc-mode", "full"], tmp_path, model_args=[],
+                             max_update=1, beam=1)
+    import torch
+
+    state = torch.load(run.checkpoint, weights_only=False)
+    model_state = state["model"]
+    assert model_state["encoder.layers.3.self_attn.local_context.conv.weight"].shape == (512, 256, 2)
+    assert model_state["decoder.layers.3.self_attn.aggregate.weight"].shape == (256, 512)
+    assert "encoder.layers.4.self_attn.aggregate.weight" not in model_state
