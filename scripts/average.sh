@@ -12,6 +12,7 @@
 #
 # The average is written to a temporary file and renamed; an existing output is
 # replaced only by a complete new file, and an input is never overwritten.
+set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SAVE_DIR="" LAST="" BY=epoch OUTPUT=""

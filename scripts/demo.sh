@@ -13,6 +13,7 @@
 # Rerunnable: each run builds everything in DEMO_DIR.partial/ and replaces DEMO_DIR
 # only when all systems are done, so an interrupted run leaves the previous results
 # as they were (and DEMO_DIR.partial/ to look at).
+set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 case "${1:-}" in
@@ -81,7 +82,9 @@ for i in "${!NAMES[@]}"; do
         --output "$dir/checkpoint_avg.pt"
     run bash "$SCRIPTS_DIR/evaluate.sh" --data-bin "$WORK/data/bin" --checkpoint "$dir/checkpoint_avg.pt" \
         --src "$DEMO_SRC" --tgt "$DEMO_TGT" --ref "$WORK/data/raw/test.$DEMO_TGT" \
-        --beam "$DEMO_BEAM" --lenpen "$DEMO_LENPEN" --out "$dir/eval" 2> "$dir/eval.log"
+        --beam "$DEMO_BEAM" --lenpen "$DEMO_LENPEN" --out "$dir/eval" > "$dir/eval.log" 2>&1 \
+        || { tail -20 "$dir/eval.log" >&2; exit 1; }
+    grep -E '^(\+ |BLEU = )' "$dir/eval.log" >&2
     params=$(sed -n 's/.*num\. shared model params: \([0-9,]*\).*/\1/p' "$dir/train.log" | head -1 | tr -d ,)
     seconds=$(sed -n 's/.*done training in \([0-9.]*\) seconds.*/\1/p' "$dir/train.log" | tail -1)
     updates=$(sed -n 's/.*num_updates \([0-9]*\).*/\1/p' "$dir/train.log" | tail -1)

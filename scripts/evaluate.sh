@@ -19,6 +19,7 @@
 #   --detok D           moses or none; default: DIR/TOKENIZATION, else none
 #   --out DIR           outputs (default: next to the checkpoint, eval_<SUBSET>_<name>/):
 #                       generate.out, hyp.seg, hyp.tok, hyp.detok, bleu.json
+set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 DATA_BIN="" CKPT="" SRC="" TGT="" REF="" SUBSET=test BEAM=5 LENPEN=1.0 BATCH=128

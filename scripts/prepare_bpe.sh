@@ -19,6 +19,7 @@
 #
 # The output is built in a temporary directory next to --out and renamed at the end,
 # so --out is either complete or absent.
+set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 RAW="" OUT="" SRC="" TGT="" METHOD=sentencepiece VOCAB=8000 MERGES=32000 TOKENIZE=none

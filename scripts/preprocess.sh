@@ -16,6 +16,7 @@
 # (sentencepiece.bpe.model or code) are copied into --dest: evaluate.sh reads them,
 # and fairseq's hub interface (from_pretrained) finds the model there.
 # --dest is built under a temporary name and renamed at the end (complete or absent).
+set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 DATA="" DEST="" SRC="" TGT="" SPLITS=train,valid,test WORKERS=2 FORCE=0

@@ -21,6 +21,7 @@
 #   --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3
 #   --weight-decay 0.0001 --criterion label_smoothed_cross_entropy
 #   --label-smoothing 0.1 --max-tokens 4096 --log-format simple --log-interval 100
+set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ARCH="" DATA_BIN="" SAVE_DIR="" MAX_UPDATE="" SRC="" TGT="" SEED=1

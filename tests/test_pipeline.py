@@ -1,0 +1,167 @@
+"""The pipeline scripts (scripts/*.sh): end to end in a few updates, and bad inputs
+rejected up front (exit status 2, a message naming the option/file and what was
+expected, no command run, nothing written)."""
+import os
+
+import pytest
+
+from conftest import TINY_MODEL_ARGS, run_script
+
+SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"
+
+
+def commands(stderr):
+    """The commands a script announced (its `run` lines)."""
+    return [line[2:] for line in stderr.splitlines() if line.startswith("+ ")]
+
+
+def test_pipeline_end_to_end(tiny_data_bin, tmp_path):
+    """subword-nmt + Moses tokenization (the demo covers sentencepiece) -> preprocess
+    -> train 3 updates -> average the last 2 -> generate, postprocess, sacrebleu."""
+    raw = tiny_data_bin.raw_dir
+    bpe, data_bin, ckpts = tmp_path / "bpe", tmp_path / "data-bin", tmp_path / "ckpts"
+    lang = ["--src", "src", "--tgt", "tgt"]
+
+    p = run_script("prepare_bpe.sh", ["--raw", raw, "--out", bpe, *lang, "--method", "subword-nmt",
+                                      "--merges", "200", "--tokenize", "moses"])
+    cmds = commands(p.stderr)
+    assert any(c.startswith("sacremoses") and " tokenize" in c for c in cmds)
+    assert any(c.startswith("subword-nmt learn-bpe") for c in cmds)
+    assert (bpe / "code").is_file() and (bpe / "SEGMENTATION").read_text().strip() == "subword-nmt"
+    segmented = (bpe / "train.src").read_text()
+    assert "@@ " in segmented and " ." in segmented  # split into subwords; full stop tokenized
+    assert not list(tmp_path.glob("*.tmp.*"))
+
+    p = run_script("preprocess.sh", ["--data", bpe, "--dest", data_bin, *lang])
+    assert any(c.startswith("fairseq-preprocess") and "--joined-dictionary" in c for c in commands(p.stderr))
+    assert (data_bin / "dict.src.txt").read_text() == (data_bin / "dict.tgt.txt").read_text()
+    assert (data_bin / "code").is_file() and (data_bin / "TOKENIZATION").read_text().strip() == "moses"
+
+    p = run_script("train.sh", ["--arch", "transformer", "--data-bin", data_bin, "--save-dir", ckpts,
+                                "--max-update", "3", *lang, "--",
+                                *TINY_MODEL_ARGS, "--max-tokens", "1024", "--save-interval-updates", "1",
+                                "--no-epoch-checkpoints", "--num-workers", "0", "--warmup-updates", "1"])
+    train_cmd = [c for c in commands(p.stderr) if c.startswith("fairseq-train")]
+    assert len(train_cmd) == 1 and "--user-dir" in train_cmd[0]
+    assert (ckpts / "checkpoint_1_3.pt").is_file()
+
+    p = run_script("average.sh", ["--save-dir", ckpts, "--last", "2", "--by", "update"])
+    assert (ckpts / "checkpoint_avg_last2.pt").is_file()
+    assert "checkpoint_1_3.pt" in p.stdout and "checkpoint_1_2.pt" in p.stdout
+
+    out = tmp_path / "eval"
+    p = run_script("evaluate.sh", ["--data-bin", data_bin, "--checkpoint", ckpts / "checkpoint_avg_last2.pt",
+                                   *lang, "--ref", os.path.join(raw, "test.tgt"), "--beam", "2",
+                                   "--lenpen", "0.6", "--out", out, "--", "--max-len-a", "1.5", "--max-len-b", "5"])
+    cmds = commands(p.stderr)
+    assert any(c.startswith("fairseq-generate") and "--beam 2 --lenpen 0.6" in c for c in cmds)
+    assert any(c.startswith("sacremoses") and "detokenize" in c for c in cmds)
+    assert any(c.startswith("sacrebleu") for c in cmds)
+    assert SIGNATURE in p.stdout and "BLEU = " in p.stdout.splitlines()[-1]
+    n_ref = len(tiny_data_bin.lines("test", "tgt"))
+    for name in ("hyp.seg", "hyp.tok", "hyp.detok"):
+        assert len((out / name).read_text().splitlines()) == n_ref, name
+    assert "@@" not in (out / "hyp.tok").read_text()
+    assert " ." not in (out / "hyp.detok").read_text()  # detokenized: full stop reattached
+
+
+# --------------------------------------------------------------------------- bad inputs
+@pytest.fixture(scope="module")
+def bad_input_env(tiny_data_bin, tmp_path_factory):
+    base = tmp_path_factory.mktemp("bad_inputs")
+    empty_ckpts = base / "empty_ckpts"
+    empty_ckpts.mkdir()
+    return {
+        "RAW": tiny_data_bin.raw_dir, "BPE": tiny_data_bin.bpe_dir, "BIN": tiny_data_bin.data_bin,
+        "EMPTY": str(empty_ckpts), "REF": os.path.join(tiny_data_bin.raw_dir, "test.tgt"),
+        "TRAIN_REF": os.path.join(tiny_data_bin.raw_dir, "train.tgt"),
+        "FILE": os.path.join(tiny_data_bin.data_bin, "dict.src.txt"),
+    }
+
+
+# (script, args, fragments the message must contain); NEW is a path that must stay absent
+BAD = {
+    "bpe_missing_raw": ("prepare_bpe.sh", "--raw /nonexistent --out NEW --src src --tgt tgt",
+                        ["--raw: expected a directory at '/nonexistent'"]),
+    "bpe_wrong_pair": ("prepare_bpe.sh", "--raw RAW --out NEW --src de --tgt tgt",
+                       ["train.de", "does not exist", "data for de-tgt"]),
+    "bpe_bad_method": ("prepare_bpe.sh", "--raw RAW --out NEW --src src --tgt tgt --method wordpiece",
+                       ["--method: expected one of: sentencepiece subword-nmt; got 'wordpiece'"]),
+    "bpe_missing_option": ("prepare_bpe.sh", "--raw RAW --src src --tgt tgt", ["missing required option --out"]),
+    "bpe_unknown_option": ("prepare_bpe.sh", "--raw RAW --out NEW --src src --tgt tgt --bpe x",
+                           ["unknown option '--bpe'"]),
+    "preprocess_wrong_pair": ("preprocess.sh", "--data BPE --dest NEW --src en --tgt tgt",
+                              ["train.en", "does not exist"]),
+    "preprocess_dest_exists": ("preprocess.sh", "--data BPE --dest BIN --src src --tgt tgt",
+                               ["--dest:", "already exists", "--force"]),
+    "train_unknown_arch": ("train.sh", "--arch transformer_huge --data-bin BIN --save-dir NEW "
+                           "--max-update 2 --src src --tgt tgt",
+                           ["--arch: 'transformer_huge' is not a registered architecture", "transformer_tiny"]),
+    "train_wrong_pair": ("train.sh", "--arch transformer --data-bin BIN --save-dir NEW --max-update 2 "
+                         "--src de --tgt tgt",
+                         ["no dictionary for language 'de'", "dict.de.txt", "pairs found there: src-tgt"]),
+    "train_reversed_pair": ("train.sh", "--arch transformer --data-bin BIN --save-dir NEW --max-update 2 "
+                            "--src tgt --tgt src", ["no 'train' data for tgt-src", "pairs found there: src-tgt"]),
+    "train_bad_max_update": ("train.sh", "--arch transformer --data-bin BIN --save-dir NEW --max-update many "
+                             "--src src --tgt tgt", ["--max-update: expected a whole number >= 1, got 'many'"]),
+    "train_missing_data_bin": ("train.sh", "--arch transformer --data-bin /nonexistent --save-dir NEW "
+                               "--max-update 2 --src src --tgt tgt", ["--data-bin: expected a directory"]),
+    "train_missing_arch": ("train.sh", "--data-bin BIN --save-dir NEW --max-update 2 --src src --tgt tgt",
+                           ["missing required option --arch"]),
+    "average_too_few": ("average.sh", "--save-dir EMPTY --last 5 --by update --output NEW",
+                        ["has 0 checkpoint(s) named checkpoint_<epoch>_<update>.pt", "--last asks for 5"]),
+    "average_bad_by": ("average.sh", "--save-dir EMPTY --last 5 --by step --output NEW",
+                       ["--by: expected one of: update epoch"]),
+    "evaluate_missing_checkpoint": ("evaluate.sh", "--data-bin BIN --checkpoint /nonexistent.pt --src src "
+                                    "--tgt tgt --ref REF --out NEW", ["--checkpoint: expected a file at"]),
+    "evaluate_wrong_reference": ("evaluate.sh", "--data-bin BIN --checkpoint FILE --src src --tgt tgt "
+                                 "--ref TRAIN_REF --out NEW",
+                                 ["--ref:", "has 200 lines but the 'test' set", "has 12 sentences"]),
+    "evaluate_wrong_subset": ("evaluate.sh", "--data-bin BIN --checkpoint FILE --src src --tgt tgt --ref REF "
+                              "--subset dev --out NEW", ["no 'dev' data for src-tgt"]),
+    "evaluate_bad_beam": ("evaluate.sh", "--data-bin BIN --checkpoint FILE --src src --tgt tgt --ref REF "
+                          "--beam 0 --out NEW", ["--beam: expected a whole number >= 1, got '0'"]),
+    "evaluate_bad_lenpen": ("evaluate.sh", "--data-bin BIN --checkpoint FILE --src src --tgt tgt --ref REF "
+                            "--lenpen high --out NEW", ["--lenpen: expected a number, got 'high'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_fails_cleanly(case, bad_input_env, tmp_path):
+    script, args, fragments = BAD[case]
+    new = tmp_path / "new"
+    env = dict(bad_input_env, NEW=str(new))
+    argv = [env.get(a, a) for a in args.split()]
+    before = sorted(os.listdir(tmp_path))
+    p = run_script(script, argv, check=False)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.startswith(f"{script}: error: "), p.stderr
+    for fragment in fragments:
+        assert fragment in p.stderr, (fragment, p.stderr)
+    assert commands(p.stderr) == []  # stopped before running anything
+    assert not new.exists()
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_demo_rejects_unknown_system(tmp_path):
+    demo_dir = tmp_path / "demo"
+    p = run_script("demo.sh", [], check=False, env={"DEMO_ONLY": "nonexistent", "DEMO_DIR": str(demo_dir)})
+    assert p.returncode == 2
+    assert "DEMO_ONLY: no system 'nonexistent'" in p.stderr and "transformer" in p.stderr
+    assert not demo_dir.exists() and not (tmp_path / "demo.partial").exists()
+
+
+@pytest.mark.parametrize("script", ["prepare_bpe.sh", "preprocess.sh", "train.sh", "average.sh",
+                                    "evaluate.sh", "demo.sh"])
+def test_help(script):
+    p = run_script(script, ["--help"])
+    assert "Usage:" in p.stdout
+
+
+def test_scripts_are_strict():
+    """Every script stops on errors and prints its commands (lib.sh's run)."""
+    scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+    for name in sorted(os.listdir(scripts)):
+        if name.endswith(".sh"):
+            text = open(os.path.join(scripts, name)).read()
+            assert "set -euo pipefail" in text, name
