@@ -33,12 +33,12 @@ DEMO_MODEL_ARGS=(
 # Training recipe (overrides scripts/train.sh's Transformer-base defaults).
 DEMO_TRAIN_ARGS=(
     --lr 2e-3 --warmup-updates 100 --dropout 0.1 --max-tokens 2048
-    --save-interval-updates 25 --keep-interval-updates 5 --no-epoch-checkpoints
+    --save-interval-updates 20 --keep-interval-updates 3 --no-epoch-checkpoints
     --log-interval 50 --num-workers 0
 )
 DEMO_MAX_UPDATE="${DEMO_MAX_UPDATE:-300}"
 DEMO_SEED="${DEMO_SEED:-1}"
-DEMO_AVERAGE_LAST=5        # average the last 5 update checkpoints (every 25 updates)
+DEMO_AVERAGE_LAST=3        # average the last 3 update checkpoints (saved every 20 updates)
 
 # Data: the embedded corpus (fairseq-localness-corpus) and its segmentation.
 DEMO_SRC=src
