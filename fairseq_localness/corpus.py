@@ -54,9 +54,12 @@ when ``--train-size`` changes.
 
 Phenomenon tags. Every split gets ``<split>.phenomena.jsonl``: one JSON object per
 line (same line order as the text files) with the phenomena the sentence contains,
-its subject number, and the source distance from subject noun to main verb, so an
-analysis can score any model by phenomenon. :func:`phenomenon_stats` summarises a
-corpus (shares per split, lengths, vocabulary sizes); ``--stats`` prints it.
+its subject number, the source distance from subject noun to main verb, and the
+targeted ``checks`` of the sentence (the target words each phenomenon decides, and
+the wrong words a model missing it would write). :func:`score_checks` (``--score
+HYP``) turns them into an accuracy per phenomenon for any system's translations;
+:func:`phenomenon_stats` summarises a corpus (shares per split, lengths, vocabulary
+sizes), ``--stats`` prints it.
 """
 import argparse
 import json
@@ -69,7 +72,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 PHENOMENA = ("reorder", "gender", "polysemy", "long_agreement")
 """The phenomena whose share is controlled (in this order in the tags)."""
@@ -197,6 +200,7 @@ class Example:
     phenomena: List[str]
     subject_number: str
     agreement_distance: int  # source words from the subject's head noun to the main verb
+    checks: List[dict] = field(default_factory=list)  # see score_checks
 
     def tags(self, index: int) -> dict:
         return {
@@ -204,6 +208,7 @@ class Example:
             "phenomena": self.phenomena,
             "subject_number": self.subject_number,
             "agreement_distance": self.agreement_distance,
+            "checks": self.checks,
         }
 
 
@@ -315,6 +320,54 @@ def _tgt_clause(clause: dict, subject_plural: bool) -> List[str]:
     return out
 
 
+def _np_checks(np: dict) -> List[dict]:
+    """Targeted checks of one NP: adjective order, determiner gender (see score_checks)."""
+    if "name" in np:
+        return []
+    words = _tgt_np(np)
+    det, noun = words[0], words[1]
+    out = []
+    if np["adj"]:
+        adj = words[2]
+        out.append({"phenomenon": "reorder", "correct": [f"{noun} {adj}"], "wrong": [f"{adj} {noun}"]})
+    if not np["plural"]:
+        definite = "def" if np["definite"] else "indef"
+        other = TGT_DET[(definite, "f" if np["noun"][2] == "m" else "m")]
+        # the determiner with the noun, whether or not the adjective was put in between
+        gaps = [""] + ([words[2] + " "] if np["adj"] else [])
+        out.append({"phenomenon": "gender",
+                    "correct": [f"{det} {gap}{noun}" for gap in gaps],
+                    "wrong": [f"{other} {gap}{noun}" for gap in gaps]})
+    return out
+
+
+def _clause_checks(clause: dict, subject_plural: bool, main_after_relative: bool) -> List[dict]:
+    """Targeted checks of one clause: polysemous verb sense, long-distance agreement.
+
+    Each is blind to the other: the sense check accepts either number, the agreement
+    check either sense.
+    """
+    kind, verb = clause["verb"]
+    stem = _tgt_clause(clause, subject_plural)[0]
+    if subject_plural:
+        stem = stem[: -len(TGT_VERB_PLURAL)]
+    stems = [stem]
+    out = []
+    if kind == "poly":
+        other = verb[2] if stem == verb[1] else verb[1]
+        stems.append(other)
+        out.append({"phenomenon": "polysemy", "correct": [stem, stem + TGT_VERB_PLURAL],
+                    "wrong": [other, other + TGT_VERB_PLURAL]})
+    if main_after_relative:
+        right, wrong = (TGT_VERB_PLURAL, "") if subject_plural else ("", TGT_VERB_PLURAL)
+        out.append({"phenomenon": "long_agreement", "correct": [s + right for s in stems],
+                    "wrong": [s + wrong for s in stems]})
+    out += _np_checks(clause["obj"])
+    if "pp" in clause:
+        out += _np_checks(clause["pp"][1])
+    return out
+
+
 def _realise(sent: dict) -> Example:
     subj = sent["subj"]
     plural = _is_plural(subj)
@@ -327,12 +380,17 @@ def _realise(sent: dict) -> Example:
         distance += len(rel_src)
     src += _src_clause(sent["main"]) + [FULL_STOP]
     tgt += _tgt_clause(sent["main"], plural) + [FULL_STOP]
+    checks = _np_checks(subj)
+    if "rel" in sent:
+        checks += _clause_checks(sent["rel"], plural, main_after_relative=False)
+    checks += _clause_checks(sent["main"], plural, main_after_relative="rel" in sent)
     return Example(
         src=src,
         tgt=tgt,
         phenomena=_phenomena(sent),
         subject_number="pl" if plural else "sg",
         agreement_distance=distance,
+        checks=checks,
     )
 
 
@@ -416,6 +474,52 @@ def format_stats(stats: Dict[str, dict]) -> str:
         ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def _count(tokens: List[str], ngram: List[str]) -> int:
+    n = len(ngram)
+    return sum(tokens[i:i + n] == ngram for i in range(len(tokens) - n + 1))
+
+
+def score_checks(hypotheses: List[str], references: List[str], tags: List[dict]) -> Dict[str, dict]:
+    """Targeted accuracy per phenomenon: did the translation get the words that the
+    phenomenon decides?
+
+    Each tagged sentence carries ``checks``: the ``correct`` target word sequences
+    (alternatives) that a phenomenon decides and the ``wrong`` ones a model missing
+    it would produce: ``kelo ivre`` vs ``ivre kelo`` (``reorder``); ``la pimo`` vs
+    ``lo pimo`` (``gender``, also with an adjective in between); ``kaba``/``kaban``
+    vs ``toli``/``tolin`` (``polysemy``, either number); ``borkin`` vs ``borki``
+    (the main verb in ``long_agreement``, either sense). A check passes when the
+    hypothesis contains the correct sequences at least as often as the reference and
+    the wrong ones no more often, so it needs no alignment and one phenomenon's
+    error does not count against another. ``attractor`` reports the
+    ``long_agreement`` checks of sentences tagged ``attractor``.
+
+    Returns ``{phenomenon: {"checks": n, "accuracy": a}}``, ``a`` in [0, 1] or None
+    without checks.
+    """
+    if not len(hypotheses) == len(references) == len(tags):
+        raise ValueError(f"{len(hypotheses)} hypotheses, {len(references)} references, {len(tags)} tag lines")
+    passed = Counter()
+    total = Counter()
+    for hyp, ref, tag in zip(hypotheses, references, tags):
+        h, r = tokenize(hyp), tokenize(ref)
+        for check in tag.get("checks", []):
+            good = [seq.split() for seq in check["correct"]]
+            bad = [seq.split() for seq in check["wrong"]]
+            ok = (sum(_count(h, g) for g in good) >= sum(_count(r, g) for g in good)
+                  and sum(_count(h, b) for b in bad) <= sum(_count(r, b) for b in bad))
+            names = [check["phenomenon"]]
+            if check["phenomenon"] == "long_agreement" and "attractor" in tag["phenomena"]:
+                names.append("attractor")
+            for name in names:
+                total[name] += 1
+                passed[name] += ok
+    return {
+        p: {"checks": total[p], "accuracy": (passed[p] / total[p]) if total[p] else None}
+        for p in PHENOMENA + DERIVED_PHENOMENA
+    }
 
 
 # --------------------------------------------------------------------------- files
@@ -511,12 +615,26 @@ def get_parser() -> argparse.ArgumentParser:
                        metavar="P", help=f"share of sentences with {name} (default {DEFAULT_SHARES[name]})")
     p.add_argument("--stats", action="store_true",
                    help="only print the statistics of the corpus already in --out")
+    p.add_argument("--score", metavar="HYP",
+                   help="print the targeted accuracy per phenomenon (JSON) of the detokenized "
+                   "translations in HYP, one per line, of the --split set of the corpus in --out")
+    p.add_argument("--split", default="test", help="with --score: the split HYP translates (default test)")
     return p
 
 
 def cli_main(argv=None):
     args = get_parser().parse_args(argv)
     try:
+        if args.score:
+            splits = read_corpus(args.out, args.src, args.tgt)
+            if args.split not in splits:
+                raise ValueError(f"--split: expected train, valid or test, got {args.split!r}")
+            with open(args.score, encoding="utf-8") as f:
+                hyps = f.read().splitlines()
+            recs = splits[args.split]
+            scores = score_checks(hyps, [detokenize(r["tgt"]) for r in recs], recs)
+            print(json.dumps(scores, indent=1, sort_keys=True))
+            return 0
         if args.stats:
             stats = phenomenon_stats(read_corpus(args.out, args.src, args.tgt))
         else:

@@ -2,7 +2,8 @@
 # The demo (`make demo`): train every system of configs/demo.sh on the embedded
 # corpus with the same model size and update budget, average its last checkpoints,
 # translate the test set, and print a Markdown table (system, parameters, BLEU,
-# training time), also written to DEMO_DIR/results.md.
+# targeted accuracy per phenomenon of the corpus, training time), also written to
+# DEMO_DIR/results.md.
 #
 # Usage: demo.sh            (settings in configs/demo.sh; environment overrides:)
 #   DEMO_DIR=runs/demo      where everything goes (git-ignored)
@@ -85,6 +86,8 @@ for i in "${!NAMES[@]}"; do
         --beam "$DEMO_BEAM" --lenpen "$DEMO_LENPEN" --out "$dir/eval" > "$dir/eval.log" 2>&1 \
         || { tail -20 "$dir/eval.log" >&2; exit 1; }
     grep -E '^(\+ |BLEU = )' "$dir/eval.log" >&2
+    run fairseq-localness-corpus --out "$WORK/data/raw" --src "$DEMO_SRC" --tgt "$DEMO_TGT" \
+        --score "$dir/eval/hyp.detok" > "$dir/eval/phenomena.json"
     params=$(sed -n 's/.*num\. shared model params: \([0-9,]*\).*/\1/p' "$dir/train.log" | head -1 | tr -d ,)
     seconds=$(sed -n 's/.*done training in \([0-9.]*\) seconds.*/\1/p' "$dir/train.log" | tail -1)
     updates=$(sed -n 's/.*num_updates \([0-9]*\).*/\1/p' "$dir/train.log" | tail -1)
@@ -93,20 +96,30 @@ for i in "${!NAMES[@]}"; do
 done
 
 # ---- table
-"$PY" - "$WORK/results.tsv" "$WORK/results.md" "$DEMO_MAX_UPDATE" <<'EOF'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+"$PY" - "$WORK" "$DEMO_MAX_UPDATE" <<'EOF'
+import csv, json, os, sys
+work, updates = sys.argv[1:]
+rows = list(csv.DictReader(open(os.path.join(work, "results.tsv")), delimiter="\t"))
+phen = ["reorder", "gender", "polysemy", "long_agreement", "attractor"]
 lines = [
-    "| system | arch | params | BLEU | train time (s) |",
-    "|---|---|---:|---:|---:|",
+    "| system | arch | params | BLEU | " + " | ".join(p.replace("_", " ") for p in phen) + " | train time (s) |",
+    "|---|---|---:|---:|" + "---:|" * len(phen) + "---:|",
 ]
 for r in rows:
     params = "{:,}".format(int(r["params"])) if r["params"].isdigit() else r["params"]
-    lines.append("| %s | %s | %s | %s | %s |" % (r["system"], r["arch"], params, r["bleu"], r["train_seconds"]))
-lines.append("")
-lines.append("Test set of the embedded corpus (500 sentences), sacrebleu; %s updates per system, "
-             "average of the last checkpoints." % sys.argv[3])
-open(sys.argv[2], "w").write("\n".join(lines) + "\n")
+    scores = json.load(open(os.path.join(work, "systems", r["system"], "eval", "phenomena.json")))
+    acc = ["%.1f" % (100 * scores[p]["accuracy"]) if scores[p]["accuracy"] is not None else "-" for p in phen]
+    lines.append("| %s | %s | %s | %s | %s | %s |" % (
+        r["system"], r["arch"], params, r["bleu"], " | ".join(acc), r["train_seconds"]))
+lines += [
+    "",
+    "Test set of the embedded corpus (500 sentences). BLEU: sacrebleu %s. Phenomenon "
+    "columns: targeted accuracy (%%) of the words each phenomenon decides "
+    "(fairseq_localness.corpus.score_checks). %s updates per system, average of the last "
+    "checkpoints; train time as reported by fairseq-train."
+    % (json.load(open(os.path.join(work, "systems", rows[0]["system"], "eval", "bleu.json")))["signature"], updates),
+]
+open(os.path.join(work, "results.md"), "w").write("\n".join(lines) + "\n")
 EOF
 
 run rm -rf "$DEMO_DIR.old"

@@ -324,3 +324,53 @@ def test_cli_rejects_bad_options(tmp_path, capsys, argv, message):
     assert C.cli_main(["--out", str(out)] + argv) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- targeted checks
+def _apply_wrong(example, phenomenon):
+    """The reference with every check of one phenomenon answered wrongly."""
+    words = " " + " ".join(example.tgt) + " "
+    for check in example.checks:
+        if check["phenomenon"] == phenomenon:
+            for good, bad in zip(check["correct"], check["wrong"]):
+                if f" {good} " in words:
+                    words = words.replace(f" {good} ", f" {bad} ", 1)
+                    break
+    return C.detokenize(words.split())
+
+
+def test_checks_cover_each_phenomenon(big):
+    for e in big["test"]:
+        kinds = {c["phenomenon"] for c in e.checks}
+        assert kinds == set(e.phenomena) - {"attractor"}, (e.tgt, e.checks)
+        assert sum(c["phenomenon"] == "long_agreement" for c in e.checks) == ("long_agreement" in e.phenomena)
+
+
+def test_score_checks_isolates_each_phenomenon(big):
+    test = big["test"]
+    refs = [C.detokenize(e.tgt) for e in test]
+    tags = [e.tags(i) for i, e in enumerate(test)]
+    perfect = C.score_checks(refs, refs, tags)
+    assert all(v["accuracy"] == 1.0 and v["checks"] > 50 for v in perfect.values()), perfect
+    for p in C.PHENOMENA:
+        scores = C.score_checks([_apply_wrong(e, p) for e in test], refs, tags)
+        for q in C.PHENOMENA + C.DERIVED_PHENOMENA:
+            acc = scores[q]["accuracy"]
+            if q == p or (p == "long_agreement" and q == "attractor"):
+                # polysemy: a verb used twice with both senses cannot be told apart by counts
+                assert acc < 0.05, (p, q, acc)
+            else:
+                assert acc == 1.0, (p, q, acc)
+
+
+def test_score_cli(tmp_path, capsys):
+    out = tmp_path / "c"
+    C.write_corpus(str(out), C.CorpusConfig(seed=2, **SMALL))
+    hyp = tmp_path / "hyp"
+    hyp.write_text((out / "test.tgt").read_text())
+    assert C.cli_main(["--out", str(out), "--score", str(hyp)]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert all(v["accuracy"] in (1.0, None) for v in scores.values())
+    hyp.write_text("x.\n")
+    assert C.cli_main(["--out", str(out), "--score", str(hyp)]) == 2
+    assert "1 hypotheses, 40 references" in capsys.readouterr().err
