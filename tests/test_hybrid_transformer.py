@@ -2,6 +2,7 @@
 masks by hand, parity with fairseq's transformer, incremental decoding, batch
 invariance, parameter fingerprints, option validation, observability, and the
 Table 1 variants through the real CLI."""
+import json
 import math
 
 import pytest
@@ -466,3 +467,51 @@ def test_gaussian_baselines_use_the_gaussian_machinery_alone():
     assert model.encoder.layers[1].self_attn.branches[0].fixed_window == 6
     model, _ = build_model(ARCH, TINY + ["--hybrid-variant", "concat"])
     assert isinstance(model.encoder.layers[0].self_attn.fusion, ConcatFusion)
+
+
+# ---------------------------------------------------------------- the real command lines
+CLI_VARIANTS = {
+    "gate": ["--hybrid-decoder-layers", "1"],
+    "concat": [],
+    "local_pattern": ["--hybrid-window-m", "2"],
+    "neighbor": ["--hybrid-decoder-layers", "1-2"],
+    "local_h": [],
+    "local_s": ["--hybrid-decoder-layers", "all"],
+}
+
+
+@pytest.mark.parametrize("variant", list(CLI_VARIANTS))
+def test_train_and_generate_each_table1_variant(variant, tmp_path):
+    from conftest import train_and_generate
+
+    run = train_and_generate(ARCH + "_tiny", ["--hybrid-variant", variant, *CLI_VARIANTS[variant]], tmp_path)
+    valid = [line for line in run.train_log.splitlines() if "valid on 'valid' subset" in line]
+    assert valid, "no validation line in the training log"
+    if variant == "gate":  # the mean gate per layer: training and validation metrics
+        for name in ("enc1_gate", "enc2_gate", "dec1_self_gate"):
+            assert f"| {name} " in run.train_log
+            assert f"| {name} " in valid[-1]
+        assert "enc3_gate" not in run.train_log
+        _check_gate_dump(run.checkpoint, tmp_path)
+    elif variant in ("neighbor", "local_h", "local_s"):
+        assert "| enc1_window " in run.train_log and "| enc3_window " not in run.train_log
+
+
+def _check_gate_dump(checkpoint, tmp_path):
+    """fairseq-localness-dump writes the gate of every real token, per gated layer."""
+    from conftest import get_tiny_data, run_fairseq
+
+    data = get_tiny_data()
+    out = tmp_path / "gates.jsonl"
+    run_fairseq("fairseq-localness-dump", [data.data_bin, "--path", checkpoint, "--split", "valid",
+                                           "--max-sentences", "4", "--output", out])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    gated = [r for r in rows if r["module"].endswith("fusion")]
+    assert {r["module"] for r in gated} == {
+        "encoder.layers.0.self_attn.fusion", "encoder.layers.1.self_attn.fusion", "decoder.layers.0.self_attn.fusion"
+    }
+    assert len(gated) == 12
+    for r in gated:
+        gate, real = r["stats"]["gate"], r["stats"]["real"]
+        assert len(gate) == len(real) > 0 and all(v == 1 for v in real)  # padding removed
+        assert all(0 < g < 1 for g in gate)

@@ -37,6 +37,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
 from fairseq.models.transformer import transformer_legacy as tl
 
+from fairseq_localness.benchmark import register_system
 from fairseq_localness.models._locality import (
     LayerSpec,
     LocalityOptions,
@@ -171,4 +172,10 @@ register_presets(
         "wmt_en_de": tl.transformer_wmt_en_de,
         "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
     },
+)
+
+register_system("hybrid (gate, enc 1-2)", "hybrid_transformer", [])
+register_system("hybrid (local_pattern, enc 1-2)", "hybrid_transformer", ["--hybrid-variant", "local_pattern"])
+register_system(
+    "hybrid (gate, enc 1-2 + dec 1-2)", "hybrid_transformer", ["--hybrid-decoder-layers", "1-2"]
 )
