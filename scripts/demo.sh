@@ -79,7 +79,18 @@ for i in "${!NAMES[@]}"; do
         --max-update "$DEMO_MAX_UPDATE" --src "$DEMO_SRC" --tgt "$DEMO_TGT" --seed "$DEMO_SEED" \
         -- "${DEMO_MODEL_ARGS[@]}" "${DEMO_TRAIN_ARGS[@]}" "${extra[@]}" 2>&1 \
         | tee "$dir/train.log" | grep -E '\| (train|valid) \||done training|^\+ ' >&2
-    run bash "$SCRIPTS_DIR/average.sh" --save-dir "$dir" --last "$DEMO_AVERAGE_LAST" --by update \
+    # When the last update ends an epoch, fairseq saves it only as checkpoint_last.pt
+    # (no update checkpoint); put it in the series so the average ends with it.
+    # (fairseq logs each save once, under the first of the names it saves to)
+    read -r epoch final < <(sed -n 's/.*Saved checkpoint .* (epoch \([0-9]*\) @ \([0-9]*\) updates.*/\1 \2/p' \
+        "$dir/train.log" | tail -1)
+    if [[ -n "${final:-}" && ! -f "$dir/checkpoint_${epoch}_${final}.pt" ]]; then
+        run cp "$dir/checkpoint_last.pt" "$dir/checkpoint_${epoch}_${final}.pt"
+    fi
+    n_ckpt=$(ls "$dir" | grep -cE '^checkpoint_[0-9]+_[0-9]+\.pt$' || true)
+    n_avg=$(( n_ckpt < DEMO_AVERAGE_LAST ? n_ckpt : DEMO_AVERAGE_LAST ))
+    (( n_avg >= 1 )) || die "$name: training left no update checkpoints in $dir"
+    run bash "$SCRIPTS_DIR/average.sh" --save-dir "$dir" --last "$n_avg" --by update \
         --output "$dir/checkpoint_avg.pt"
     run bash "$SCRIPTS_DIR/evaluate.sh" --data-bin "$WORK/data/bin" --checkpoint "$dir/checkpoint_avg.pt" \
         --src "$DEMO_SRC" --tgt "$DEMO_TGT" --ref "$WORK/data/raw/test.$DEMO_TGT" \

@@ -165,3 +165,29 @@ def test_scripts_are_strict():
         if name.endswith(".sh"):
             text = open(os.path.join(scripts, name)).read()
             assert "set -euo pipefail" in text, name
+
+
+def test_demo_runs_end_to_end_on_a_tiny_budget(tmp_path):
+    """scripts/demo.sh with the real configuration, shrunk: corpus, segmentation,
+    binarization, training, averaging, decoding, scoring, table; an older run in
+    DEMO_DIR is replaced only at the end."""
+    config = tmp_path / "demo_tiny.sh"
+    config.write_text(
+        f'. "{os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.sh")}"\n'
+        'DEMO_CORPUS_ARGS=(--seed 1 --train-size 200 --valid-size 16 --test-size 12)\n'
+        'DEMO_BPE_ARGS=(--method sentencepiece --vocab-size 120)\n'
+        'DEMO_TRAIN_ARGS=("${DEMO_TRAIN_ARGS[@]}" --save-interval-updates 2 --max-tokens 1024 --warmup-updates 2)\n'
+    )
+    demo_dir = tmp_path / "demo"
+    demo_dir.mkdir()
+    (demo_dir / "old-run").write_text("previous results\n")
+    p = run_script("demo.sh", [], env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir),
+                                       "DEMO_MAX_UPDATE": "4", "DEMO_ONLY": "transformer"})
+    table = (demo_dir / "results.md").read_text()
+    assert table.splitlines()[0] == ("| system | arch | params | BLEU | reorder | gender | polysemy | "
+                                     "long agreement | attractor | train time (s) |")
+    assert table.splitlines()[2].startswith("| transformer | transformer | ")
+    assert table in p.stdout
+    assert not (demo_dir / "old-run").exists() and not (tmp_path / "demo.partial").exists()
+    assert (demo_dir / "systems" / "transformer" / "checkpoint_avg.pt").is_file()
+    assert (demo_dir / "systems" / "transformer" / "eval" / "phenomena.json").is_file()
