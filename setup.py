@@ -53,6 +53,7 @@ setup(
             "fairseq-localness-average=fairseq_localness.cli.average_checkpoints:cli_main",
             "fairseq-localness-corpus=fairseq_localness.corpus:cli_main",
             "fairseq-localness-dump=fairseq_localness.cli.dump_stats:cli_main",
+            "fairseq-localness-analysis=fairseq_localness.analysis.__main__:cli_main",
             "fairseq-localness-bench=fairseq_localness.benchmark:main",
         ]
     },

@@ -22,8 +22,6 @@ import logging
 import os
 import sys
 
-import torch
-
 logger = logging.getLogger("fairseq_localness.dump")
 
 
@@ -40,84 +38,36 @@ def get_parser():
     return p
 
 
-def _side(module_name: str) -> str:
-    if module_name.startswith("encoder."):
-        return "encoder"
-    return "cross" if ".encoder_attn" in module_name else "decoder"
-
-
-def _real_query_slice(side: str, src_len: int, src_width: int, tgt_len: int):
-    """Which query positions of a padded batch row are real tokens."""
-    if side == "encoder":  # fairseq left-pads sources
-        return slice(src_width - src_len, src_width)
-    return slice(0, tgt_len)  # targets are right-padded
-
-
 def load(args):
-    import fairseq_localness  # noqa: F401  (registers the models, fixes torch.load)
-    from fairseq import checkpoint_utils
+    from fairseq_localness.analysis.common import AnalysisError, load_checkpoint
 
     for path, what in ((args.path, "--path checkpoint"), (args.data, "data directory")):
         if not os.path.exists(path):
             sys.exit(f"fairseq-localness-dump: {what} {path!r} does not exist")
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [args.path], arg_overrides={"data": args.data}
-    )
-    return models[0], cfg, task
+    try:
+        model, cfg, task, use_cuda = load_checkpoint(args.path, args.data, cpu=args.cpu)
+    except AnalysisError as e:
+        sys.exit(f"fairseq-localness-dump: {e}")
+    return model, cfg, task, use_cuda
 
 
 def main(args):
-    from fairseq_localness.modules.observe import AttentionRecorder
+    """Write the JSON lines; the per-sentence cutting to real tokens is
+    :func:`fairseq_localness.analysis.common.iter_sentence_stats`."""
+    from fairseq_localness.analysis.common import iter_sentence_stats
 
-    model, cfg, task = load(args)
-    use_cuda = torch.cuda.is_available() and not args.cpu
-    model.eval()
-    if use_cuda:
-        model.cuda()
-    task.load_dataset(args.split)
-    dataset = task.dataset(args.split)
-    itr = task.get_batch_iterator(
-        dataset=dataset, max_sentences=args.batch_size, ignore_invalid_inputs=True
-    ).next_epoch_itr(shuffle=False)
-
+    model, cfg, task, use_cuda = load(args)
     written = 0
     tmp = args.output + ".tmp"
     with open(tmp, "w", encoding="utf-8") as out:
-        for sample in itr:
-            if written >= args.max_sentences:
-                break
-            if use_cuda:
-                from fairseq import utils
-
-                sample = utils.move_to_cuda(sample)
-            net_input = sample["net_input"]
-            with AttentionRecorder(model) as rec, torch.no_grad():
-                model(**net_input)
-            src_width = net_input["src_tokens"].size(1)
-            src_lens = net_input["src_lengths"].tolist()
-            tgt_lens = sample["target"].ne(task.target_dictionary.pad()).sum(1).tolist()
-            for b, sent_id in enumerate(sample["id"].tolist()):
-                if written >= args.max_sentences:
-                    break
-                for module_name, calls in rec.records.items():
-                    side = _side(module_name)
-                    rows = _real_query_slice(side, src_lens[b], src_width, tgt_lens[b])
-                    stats = {}
-                    for name, value in calls[0].items():
-                        if name.startswith("probs_"):
-                            if not args.with_attention:
-                                continue
-                            cols = (
-                                slice(src_width - src_lens[b], src_width)
-                                if side != "decoder"
-                                else slice(0, tgt_lens[b])
-                            )
-                            stats[name] = value[b][..., rows, cols].tolist()
-                        else:
-                            stats[name] = value[b][..., rows].tolist()
-                    if stats:
-                        out.write(json.dumps({"id": sent_id, "module": module_name, "side": side, "stats": stats}) + "\n")
-                written += 1
+        for sent in iter_sentence_stats(
+            model, task, args.split, max_sentences=args.max_sentences, batch_size=args.batch_size,
+            with_attention=args.with_attention, use_cuda=use_cuda, show_progress=False,
+        ):
+            for module_name, (side, values) in sent.modules.items():
+                stats = {name: value.tolist() for name, value in values.items()}
+                out.write(json.dumps({"id": sent.id, "module": module_name, "side": side, "stats": stats}) + "\n")
+            written += 1
     os.replace(tmp, args.output)
     logger.info("wrote statistics of %d sentences to %s", written, args.output)
     return written

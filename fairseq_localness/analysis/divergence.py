@@ -1,0 +1,134 @@
+"""Jensen-Shannon divergence between the two FI units of every Dual Contextual layer
+(the DC paper, Sect. 7.2, eq. 10-13, Fig. 4).
+
+For each checkpoint (e.g. Enc-DC models trained with different kernel sizes ``f``,
+as in Fig. 4), runs the model teacher-forced over a split and computes, per DC layer
+``l``, ``dv_l = JS(alpha_g || alpha_l)`` averaged over every real query token, and
+``E_d`` (eq. 13), the mean of ``dv_l`` over a side's DC layers. The computation is
+:func:`fairseq_localness.modules.dual_context.dc_divergence` (heads reduced by eq.
+10's element-wise maximum, renormalised; natural logarithm, so ``0 <= dv <= ln 2``);
+``--head-reduce mean`` averages the heads instead, ``per_head`` averages the
+per-head divergences.
+
+Outputs in ``--output-dir``: ``divergence.csv`` (model, layer, dv; the ``E_d_*``
+rows are eq. 13), ``divergence.json``, and ``divergence.png``: (a) ``dv_l`` per
+layer, one line per model; (b) ``E_d`` per model.
+
+Example (Fig. 4, Enc-DC with f = 2 ... 8)::
+
+    python -m fairseq_localness.analysis.divergence data-bin/wmt14_en_de \\
+        --path ckpt/f2/checkpoint_best.pt --path ckpt/f3/checkpoint_best.pt ... \\
+        --labels f=2 f=3 ... --split valid --output-dir analysis/divergence
+"""
+import argparse
+from typing import List
+
+from fairseq_localness.analysis import common as C
+
+
+def get_parser():
+    p = argparse.ArgumentParser(prog="fairseq-localness-analysis divergence", description=__doc__.split("\n\n")[0])
+    C.add_checkpoint_args(p, multiple=True)
+    C.add_split_args(p)
+    p.add_argument("--head-reduce", choices=["max", "mean", "per_head"], default="max",
+                   help="how eq. 10 reduces the heads (default: max, the paper's)")
+    C.add_output_args(p)
+    return p
+
+
+def batches(task, split: str, batch_size: int, max_sentences, use_cuda: bool, show_progress: bool, desc: str):
+    """fairseq samples of ``split``; stops after the batch that reaches
+    ``max_sentences`` (whole batches)."""
+    dataset, itr = C.batch_iterator(task, split, batch_size)
+    total = len(dataset) if max_sentences is None else min(max_sentences, len(dataset))
+    bar = C.progress(total=total, desc=desc, disable=not show_progress)
+    done = 0
+    try:
+        for sample in itr:
+            if done >= total:
+                break
+            if use_cuda:
+                from fairseq import utils
+
+                sample = utils.move_to_cuda(sample)
+            n = sample["id"].numel()
+            done += n
+            bar.update(n)
+            yield sample
+    finally:
+        bar.close()
+
+
+def divergence_of(model, task, args, use_cuda: bool, label: str) -> dict:
+    from fairseq_localness.modules.dual_context import dc_divergence
+
+    try:
+        return dc_divergence(model, batches(task, args.split, args.batch_size, args.max_sentences, use_cuda,
+                                            not args.no_progress, f"divergence {label}"), args.head_reduce)
+    except ValueError as e:
+        raise C.AnalysisError(f"{label}: {e} (the divergence needs a dc_transformer checkpoint)") from None
+
+
+def plot(rows: List[dict], labels: List[str], path: str, title: str):
+    plt = C.pyplot()
+    layer_rows = [r for r in rows if not r["layer"].startswith("E_d")]
+    ed_rows = [r for r in rows if r["layer"].startswith("E_d")]
+    layers = sorted({r["layer"] for r in layer_rows}, key=C.layer_sort_key)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    for k, label in enumerate(labels):
+        xs = [i for i, layer in enumerate(layers) if any(r["model"] == label and r["layer"] == layer for r in layer_rows)]
+        ys = [next(r["dv"] for r in layer_rows if r["model"] == label and r["layer"] == layers[i]) for i in xs]
+        ax1.plot(xs, ys, marker="o", color=f"C{k}", label=label)
+    ax1.set_xticks(range(len(layers)))
+    ax1.set_xticklabels(layers)
+    ax1.set_xlabel("layer")
+    ax1.set_ylabel("dv = JS(alpha_g || alpha_l)")
+    ax1.set_title("(a) divergence per layer", fontsize=9)
+    ax1.set_ylim(bottom=0)
+    if len(labels) > 1:
+        ax1.legend(fontsize=7)
+    sides = sorted({r["layer"] for r in ed_rows})
+    width = 0.8 / max(len(sides), 1)
+    for s, side in enumerate(sides):
+        xs = [k + (s - (len(sides) - 1) / 2) * width for k, label in enumerate(labels)
+              if any(r["model"] == label and r["layer"] == side for r in ed_rows)]
+        ys = [next(r["dv"] for r in ed_rows if r["model"] == label and r["layer"] == side) for label in labels
+              if any(r["model"] == label and r["layer"] == side for r in ed_rows)]
+        ax2.bar(xs, ys, width=width * 0.9, color=f"C{s + 5}", label=side.replace("E_d_", ""))
+    ax2.set_xticks(range(len(labels)))
+    ax2.set_xticklabels(labels, rotation=30 if len(labels) > 3 else 0, fontsize=8)
+    ax2.set_ylabel("E_d (eq. 13)")
+    ax2.set_title("(b) mean divergence", fontsize=9)
+    if len(sides) > 1:
+        ax2.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return C.save_figure(fig, path)
+
+
+def main(args):
+    out_dir = C.ensure_dir(args.output_dir)
+    labels = C.labels_for(args.path, args.labels)
+    rows = []
+    for path, label in zip(args.path, labels):
+        model, cfg, task, use_cuda = C.load_checkpoint(path, args.data, args.cpu)
+        result = divergence_of(model, task, args, use_cuda, label)
+        order = sorted((k for k in result if not k.startswith("E_d")), key=C.layer_sort_key)
+        order += sorted(k for k in result if k.startswith("E_d"))
+        rows += [{"model": label, "layer": k, "dv": result[k], "head_reduce": args.head_reduce} for k in order]
+        del model
+    C.write_csv(f"{out_dir}/divergence.csv", rows, ["model", "layer", "dv", "head_reduce"])
+    plot(rows, labels, f"{out_dir}/divergence.png",
+         f"Jensen-Shannon divergence between the FI units, {args.split} (heads: {args.head_reduce})")
+    summary = {"checkpoints": dict(zip(labels, args.path)), "split": args.split, "head_reduce": args.head_reduce,
+               "rows": rows}
+    C.write_json(f"{out_dir}/divergence.json", summary)
+    return summary
+
+
+def cli_main(argv=None):
+    return C.run_cli("divergence", main, argv, get_parser())
+
+
+if __name__ == "__main__":
+    cli_main()
