@@ -6,10 +6,13 @@
 # (DEMO_TRAIN_ARGS) and number of updates (DEMO_MAX_UPDATE); the extra args hold only
 # what makes the system what it is (e.g. a locality option), so the table compares
 # attention variants and nothing else. Select a subset with DEMO_ONLY="name1 name2".
+# Layer ranges are given for the demo's 2+2 layers where a model's default assumes
+# more (localness: layers 1-3 of 6 in the paper; here both encoder layers).
+# tests/test_demo_config.py builds every system below with these settings.
 DEMO_SYSTEMS=(
     "transformer|transformer|"
-    "localness|localness_transformer|"
-    "localness-relpos|localness_transformer|--localness-rel-pos"
+    "localness|localness_transformer|--localness-encoder-layers 1-2"
+    "localness-relpos|localness_transformer|--localness-encoder-layers 1-2 --localness-rel-pos"
     "enc-dc|dc_transformer|--dc-mode enc"
     "dec-dc|dc_transformer|--dc-mode dec"
     "full-dc|dc_transformer|--dc-mode full"
