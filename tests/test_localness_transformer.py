@@ -256,3 +256,16 @@ def test_centre_offset_and_window_are_logged_as_training_metrics():
     for layer in (1, 2, 3):
         assert f"enc{layer}_centre_offset" in values
         assert 1.0 <= values[f"enc{layer}_window"] <= 6.0  # I * sigmoid(z), floored at 1
+
+
+def test_default_layers_are_the_lowest_three_or_all_of_a_shallow_encoder():
+    from fairseq_localness.modules.gaussian import GaussianLocalness as G
+
+    def localized(model):
+        return [i for i, layer in enumerate(model.encoder.layers)
+                if any(isinstance(m, G) for m in layer.self_attn.modules())]
+
+    deep, _ = build_model(ARCH, TINY + ["--encoder-layers", "5"])
+    assert localized(deep) == [0, 1, 2]
+    shallow, _ = build_model(f"{ARCH}_tiny")  # transformer_tiny: 2 encoder layers
+    assert localized(shallow) == [0, 1]

@@ -5,7 +5,7 @@ The Gaussian bias (:class:`~fairseq_localness.modules.gaussian.GaussianLocalness
 eq. 4-11 of the paper) is added to the energies of the chosen attention sublayers:
 
 * encoder self-attention of ``--localness-encoder-layers`` (default ``1-3``, the
-  paper's Table 2 choice),
+  paper's Table 2 choice; every layer of an encoder with fewer than three),
 * decoder self-attention of ``--localness-decoder-layers`` (Table 3, "Dec"),
 * encoder-decoder attention of ``--localness-enc-dec-layers`` (Table 3, "Enc-Dec").
 
@@ -23,6 +23,7 @@ and ``localness_transformer_tiny`` (for tests and the demo).
 """
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
@@ -44,10 +45,11 @@ from fairseq_localness.modules.relative_position import RelativePositions
 
 @dataclass
 class LocalnessOptions(LocalityOptions):
-    localness_encoder_layers: str = field(
-        default="1-3",
+    localness_encoder_layers: Optional[str] = field(
+        default=None,
         metadata={"help": "encoder layers whose self-attention gets the Gaussian bias: "
-                  "1-based list or ranges ('1-3', '1,2,4'), 'all' or 'none'"},
+                  "1-based list or ranges ('1-3', '1,2,4'), 'all' or 'none' "
+                  "(default: the lowest three, 1-3, or every layer of a shallower encoder)"},
     )
     localness_decoder_layers: str = field(
         default="none", metadata={"help": "decoder layers whose self-attention gets the bias"}
@@ -70,8 +72,15 @@ class LocalnessOptions(LocalityOptions):
     )
     localness_rel_pos_k: int = field(default=16, metadata={"help": "relative position clipping distance k"})
 
+    def encoder_layers(self, num_layers: int):
+        """0-based encoder layers with the bias (the paper's Table 2 default: 1-3)."""
+        spec = self.localness_encoder_layers
+        if spec is None:
+            spec = f"1-{min(3, num_layers)}"
+        return parse_layers(spec, num_layers, "localness_encoder_layers")
+
     def validate(self, cfg):
-        parse_layers(self.localness_encoder_layers, cfg.encoder_layers, "localness_encoder_layers")
+        self.encoder_layers(cfg.encoder_layers)
         parse_layers(self.localness_decoder_layers, cfg.decoder_layers, "localness_decoder_layers")
         parse_layers(self.localness_enc_dec_layers, cfg.decoder_layers, "localness_enc_dec_layers")
         if self.localness_window not in WINDOW_STRATEGIES:
@@ -130,7 +139,7 @@ class LocalnessTransformerModel(LocalityTransformerModel):
         rel_pos = options.localness_rel_pos
         build = partial(build_localness_attention, options=options)
         if side == "encoder":
-            chosen = parse_layers(options.localness_encoder_layers, cfg.encoder.layers, "localness_encoder_layers")
+            chosen = options.encoder_layers(cfg.encoder.layers)
             return [
                 LayerSpec(
                     side,
