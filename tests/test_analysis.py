@@ -19,6 +19,7 @@ from conftest import TinyData, get_tiny_data, run_fairseq, train_command
 from fairseq_localness.analysis import common as C
 from fairseq_localness.analysis import (
     bleu_breakdown,
+    corpus_probes,
     divergence,
     efficiency,
     gates,
@@ -39,6 +40,15 @@ SYSTEMS = {  # name -> (arch, extra fairseq-train args)
     "hysan": ("hysan_transformer_tiny", []),
     "dc": ("dc_transformer_tiny", ["--dc-mode", "enc"]),
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one torch thread is fastest, and keeps parallel test runs apart."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 class Trained:
@@ -530,3 +540,38 @@ def test_probing_on_a_frozen_encoder(trained, tmp_path):
     bad.write_text("train\tA\tsome sentence\n")
     with pytest.raises(C.AnalysisError, match="tr\\|va\\|te"):
         probing.read_task("Bad", str(bad), "other")
+
+
+def test_corpus_probes_are_senteval_files_labelled_from_the_grammar(tmp_path):
+    from fairseq_localness.analysis.pos_tags import lexicon, tag_sentence
+    from fairseq_localness.corpus import read_corpus, tokenize
+
+    data = get_tiny_data()
+    corpus_probes.main(corpus_probes.get_parser().parse_args(
+        ["--corpus-dir", data.raw_dir, "--output-dir", str(tmp_path)]))
+    corpus = read_corpus(data.raw_dir)
+    originals = [r for split in ("train", "valid", "test") for r in corpus[split]]
+    table = lexicon("src")
+    for name in ("sentence_length", "word_content", "bigram_shift", "subj_number", "obj_number", "odd_man_out"):
+        task = probing.read_task(name, str(tmp_path / f"{name}.txt"), "x")  # SentEval's format
+        assert all(task.sentences[s] for s in probing.SPLITS)
+    lines = [line.split("\t") for line in (tmp_path / "subj_number.txt").read_text().splitlines()]
+    assert [split for split, _, _ in lines] == ["tr"] * 200 + ["va"] * 16 + ["te"] * 12
+    assert [label for _, label, _ in lines] == ["NNS" if r["subject_number"] == "pl" else "NN" for r in originals]
+    shifted = [line.split("\t") for line in (tmp_path / "bigram_shift.txt").read_text().splitlines()]
+    assert {label for _, label, _ in shifted} == {"I", "O"}
+    for (_, label, text), rec in zip(shifted, originals):
+        words = tokenize(text)
+        diff = [i for i, (a, b) in enumerate(zip(words, rec["src"])) if a != b]
+        if label == "O":
+            assert words == rec["src"]
+        else:  # two adjacent words swapped, the full stop untouched (or a swap of two equal words)
+            assert diff == [] or (len(diff) == 2 and diff[1] == diff[0] + 1 and words[-1] == "."
+                                  and words[diff[0]] == rec["src"][diff[1]])
+    lengths = [line.split("\t")[1] for line in (tmp_path / "sentence_length.txt").read_text().splitlines()]
+    assert lengths[0] == corpus_probes._length_label(len(originals[0]["src"]))
+    obj = corpus_probes.main_object_number
+    words = "ta dovan ke lupi en bakorek zemu Kalu .".split()
+    assert obj(words, tag_sentence(words, table)) == "NN"
+    words = "Kalu lupi ta somal bakorek nu ta dovan .".split()
+    assert obj(words, tag_sentence(words, table)) == "NNS"

@@ -21,6 +21,7 @@ tool                reproduces
 ``efficiency``      the papers' "Param." and "Speed" columns
 ``probing``         Xu et al. 2019 Tables 3-4, DC paper Table 4 (SentEval probing)
 ``pos_tags``        helper: Universal POS tags for the embedded corpus
+``corpus_probes``   helper: SentEval-format probing tasks from the embedded corpus
 ==================  =============================================================
 """
 
@@ -35,4 +36,5 @@ TOOLS = (
     "efficiency",
     "probing",
     "pos_tags",
+    "corpus_probes",
 )

@@ -68,6 +68,37 @@ def add_checkpoint_args(p: argparse.ArgumentParser, multiple: bool = False):
     else:
         p.add_argument("--path", required=True, metavar="CHECKPOINT", help="checkpoint file")
     p.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is available")
+    add_threads_arg(p)
+
+
+def add_threads_arg(p: argparse.ArgumentParser):
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default: torch's choice); on a busy or shared machine --threads 1 "
+                   "is often much faster for small models")
+
+
+def set_threads(n: int):
+    if n and n > 0:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+class single_thread:
+    """Run a block with one torch CPU thread (tiny matrices: more threads only add
+    synchronisation), restoring the previous setting."""
+
+    def __enter__(self):
+        import torch
+
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.before)
+        return False
 
 
 def add_split_args(p: argparse.ArgumentParser, default_split: str = "valid", default_max: Optional[int] = None):

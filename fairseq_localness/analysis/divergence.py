@@ -107,6 +107,7 @@ def plot(rows: List[dict], labels: List[str], path: str, title: str):
 
 
 def main(args):
+    C.set_threads(args.threads)
     out_dir = C.ensure_dir(args.output_dir)
     labels = C.labels_for(args.path, args.labels)
     rows = []

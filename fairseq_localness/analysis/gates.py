@@ -155,7 +155,7 @@ def plot_per_layer(rows: List[dict], path: str, title: str):
         ax.bar(xs, ys, width=width * 0.95, label=s if len(series) > 1 else None, yerr=es, capsize=2,
                color=f"C{k}", alpha=0.85)
         for x, y in zip(xs, ys):
-            ax.text(x, min(y + 0.02, 0.97), f"{y:.2f}", ha="center", va="bottom", fontsize=7)
+            ax.text(x, y / 2, f"{y:.2f}", ha="center", va="center", fontsize=7, color="white")
     ax.set_xticks(range(len(layers)))
     ax.set_xticklabels(layers)
     ax.set_ylim(0, 1)
@@ -200,6 +200,7 @@ def plot_per_pos(rows: List[dict], path: str, layer: str, title: str):
 
 
 def main(args):
+    C.set_threads(args.threads)
     out_dir = C.ensure_dir(args.output_dir)
     tags = words = None
     if args.pos_tags:

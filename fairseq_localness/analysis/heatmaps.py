@@ -120,6 +120,7 @@ def plot_sentence(tokens: List[str], maps: Dict[str, Dict[str, "object"]], label
 
 
 def main(args):
+    C.set_threads(args.threads)
     out_dir = C.ensure_dir(args.output_dir)
     if not args.ids and not args.sentence:
         raise C.AnalysisError("give sentences with --ids (of --split) and/or --sentence")

@@ -43,7 +43,7 @@ the DC paper's), at most ``--max-epochs`` (100) epochs, stopping when the
 validation accuracy has not improved for ``--patience`` (5) epochs; the test
 accuracy is that of the epoch with the best validation accuracy. Inputs are
 standardized with the training set's mean and deviation (``--no-standardize`` to
-keep them raw).
+keep them raw). The classifier runs on one CPU thread (its matrices are tiny).
 
 The accuracy of a group is the unweighted mean of its tasks' test accuracies (this
 reproduces the group columns of Xu et al.'s Table 3 from their Table 4).
@@ -291,7 +291,8 @@ def run_task(model, dictionary, task: ProbingTask, segmenter, cfg: ProbeConfig, 
         xs[s] = sentence_vectors(model, dictionary, task.sentences[s], segmenter, batch_size=encode_batch_size,
                                  use_cuda=use_cuda, show_progress=show_progress, desc=f"{label} {task.name} {s}")
         ys[s] = torch.tensor([index[y] for y in task.labels[s]], dtype=torch.long)
-    result = train_probe(xs["tr"], ys["tr"], xs["va"], ys["va"], xs["te"], ys["te"], cfg)
+    with C.single_thread():
+        result = train_probe(xs["tr"], ys["tr"], xs["va"], ys["va"], xs["te"], ys["te"], cfg)
     majority = max(sum(1 for y in task.labels["te"] if y == c) for c in classes) / len(task.labels["te"])
     return dict(task=task.name, group=task.group, classes=len(classes), train=len(task.labels["tr"]),
                 valid=len(task.labels["va"]), test=len(task.labels["te"]), majority_acc=100.0 * majority, **result)
@@ -371,6 +372,7 @@ def get_parser():
 
 
 def main(args):
+    C.set_threads(args.threads)
     out_dir = C.ensure_dir(args.output_dir)
     cfg = ProbeConfig(hidden=args.hidden, dropout=args.dropout, optimizer=args.optimizer, lr=args.lr,
                       weight_decay=args.weight_decay, batch_size=args.batch_size, max_epochs=args.max_epochs,

@@ -66,6 +66,7 @@ def get_parser():
     p.add_argument("--max-sentences", type=int, default=None, help="sentences for the gate statistics (default: all)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass for the gates")
     p.add_argument("--cpu", action="store_true", help="run the gate statistics on CPU")
+    C.add_threads_arg(p)
     C.add_output_args(p)
     return p
 
@@ -89,11 +90,15 @@ def user_dir() -> str:
     return os.path.dirname(os.path.abspath(fairseq_localness.__file__))
 
 
-def run_logged(cmd: List[str], log_path: str):
-    """Run ``cmd`` (printed first), its output appended to ``log_path``; stop on failure."""
+def run_logged(cmd: List[str], log_path: str, threads: int = 0):
+    """Run ``cmd`` (printed first), its output appended to ``log_path``; stop on failure.
+    ``threads`` > 0 sets the subprocess's OpenMP/MKL threads."""
     C.logger.info("+ %s", " ".join(shlex.quote(c) for c in cmd))
+    env = dict(os.environ)
+    if threads and threads > 0:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(log_path, "a", encoding="utf-8") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     if proc.returncode != 0:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             tail = f.read()[-2000:]
@@ -103,7 +108,7 @@ def run_logged(cmd: List[str], log_path: str):
 def train(args, m: int, save_dir: str):
     cmd = [tool("fairseq-train"), args.data, "--user-dir", user_dir(), "--arch", args.arch,
            "--hybrid-window-m", str(m), "--save-dir", save_dir, *args.train_args]
-    run_logged(cmd, os.path.join(save_dir, "train.log"))
+    run_logged(cmd, os.path.join(save_dir, "train.log"), args.threads)
 
 
 def validation_bleu(args, checkpoint: str, save_dir: str) -> float:
@@ -118,7 +123,7 @@ def validation_bleu(args, checkpoint: str, save_dir: str) -> float:
     cmd += shlex.split(args.generate_args)
     if os.path.exists(out_path):
         os.remove(out_path)
-    run_logged(cmd, out_path)
+    run_logged(cmd, out_path, args.threads)
     hyps: Dict[int, str] = {}
     refs: Dict[int, str] = {}
     with open(out_path, encoding="utf-8", errors="replace") as f:
@@ -169,6 +174,7 @@ def plot(rows: List[Dict], path: str, title: str):
 
 
 def main(args):
+    C.set_threads(args.threads)
     out_dir = C.ensure_dir(args.output_dir)
     if not os.path.isdir(args.data):
         raise C.AnalysisError(f"data directory {args.data!r} does not exist")

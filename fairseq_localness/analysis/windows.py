@@ -185,6 +185,7 @@ def plot_heads(points: List[dict], models: List[str], path: str, title: str):
 
 
 def main(args):
+    C.set_threads(args.threads)
     out_dir = C.ensure_dir(args.output_dir)
     labels = C.labels_for(args.path, args.labels)
     layer_rows, head_rows, points = [], [], []
