@@ -11,8 +11,9 @@ For every ``m`` of ``--window-m`` the driver:
    logging to ``m<m>/train.log``; a directory whose ``--checkpoint`` file already
    exists is not trained again (so an interrupted sweep resumes, and checkpoints
    trained elsewhere, e.g. averaged ones, can be dropped in);
-2. translates ``--subset`` with fairseq-generate (``--beam``, ``--lenpen``,
-   ``--post-process``, ``--generate-args``) into ``m<m>/generate-<subset>.txt`` and
+2. translates ``--subset`` with fairseq-generate (run in this process; ``--beam``,
+   ``--lenpen``, ``--post-process``, ``--generate-args``) into
+   ``m<m>/generate-<subset>.txt`` and
    scores the ``D-`` lines against the ``T-`` lines with sacrebleu (corpus BLEU,
    13a tokenization: both sides are the data's own text after the subword marks are
    removed, so this is a validation score, not a publishable test score);
@@ -111,19 +112,31 @@ def train(args, m: int, save_dir: str):
     run_logged(cmd, os.path.join(save_dir, "train.log"), args.threads)
 
 
+def generate(argv: List[str], out_path: str):
+    """fairseq-generate with ``argv``, run in this process (no second start-up of
+    fairseq), its output written to ``out_path``; the equivalent command is logged."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import generate as fairseq_generate
+
+    C.logger.info("+ fairseq-generate %s > %s", " ".join(shlex.quote(a) for a in argv), out_path)
+    parser = options.get_generation_parser()
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
+    with open(out_path, "w", encoding="utf-8") as f:
+        fairseq_generate._main(cfg, f)
+
+
 def validation_bleu(args, checkpoint: str, save_dir: str) -> float:
     out_path = os.path.join(save_dir, f"generate-{args.subset}.txt")
-    cmd = [tool("fairseq-generate"), args.data, "--user-dir", user_dir(), "--path", checkpoint,
-           "--gen-subset", args.subset, "--beam", str(args.beam), "--lenpen", str(args.lenpen),
-           "--batch-size", "64"]
+    argv = [args.data, "--user-dir", user_dir(), "--path", checkpoint,
+            "--gen-subset", args.subset, "--beam", str(args.beam), "--lenpen", str(args.lenpen),
+            "--batch-size", "64"]
     if args.post_process:
-        cmd += ["--post-process", args.post_process]
+        argv += ["--post-process", args.post_process]
     if args.cpu:
-        cmd += ["--cpu"]
-    cmd += shlex.split(args.generate_args)
-    if os.path.exists(out_path):
-        os.remove(out_path)
-    run_logged(cmd, out_path, args.threads)
+        argv += ["--cpu"]
+    argv += shlex.split(args.generate_args)
+    generate(argv, out_path)
     hyps: Dict[int, str] = {}
     refs: Dict[int, str] = {}
     with open(out_path, encoding="utf-8", errors="replace") as f:
