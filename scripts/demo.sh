@@ -9,6 +9,8 @@
 #   DEMO_DIR=runs/demo      where everything goes (git-ignored)
 #   DEMO_ONLY="a b"         run only these systems (names from configs/demo.sh)
 #   DEMO_MAX_UPDATE=N       updates per system (default in configs/demo.sh)
+#   DEMO_JOBS=N             systems trained at the same time (default: 2 on a machine
+#                           with 2 or more cores, else 1); the cores are shared out
 #   DEMO_CONFIG=FILE        another configuration file
 #
 # Rerunnable: each run builds everything in DEMO_DIR.partial/ and replaces DEMO_DIR
@@ -33,6 +35,9 @@ DEMO_DIR="${DEMO_DIR%/}"
 # ---- validate the configuration (all systems) before doing anything
 require_int DEMO_MAX_UPDATE "$DEMO_MAX_UPDATE" 1
 require_int DEMO_AVERAGE_LAST "$DEMO_AVERAGE_LAST" 1
+NCORES=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+DEMO_JOBS="${DEMO_JOBS:-$(( NCORES >= 2 ? 2 : 1 ))}"
+require_int DEMO_JOBS "$DEMO_JOBS" 1
 NAMES=() ARCHS=() EXTRAS=()
 for entry in "${DEMO_SYSTEMS[@]}"; do
     IFS='|' read -r name arch extra <<< "$entry"
@@ -68,20 +73,21 @@ run bash "$SCRIPTS_DIR/preprocess.sh" --data "$WORK/data/bpe" --dest "$WORK/data
     --src "$DEMO_SRC" --tgt "$DEMO_TGT"
 
 # ---- systems
-printf 'system\tarch\tparams\tbleu\ttrain_seconds\tupdates\n' > "$WORK/results.tsv"
-for i in "${!NAMES[@]}"; do
-    name="${NAMES[$i]}" arch="${ARCHS[$i]}"
-    read -r -a extra <<< "${EXTRAS[$i]}"
-    dir="$WORK/systems/$name"
-    mkdir -p "$dir"
-    echo "${PROG}: === $name ($arch) ===" >&2
+# One system: train, average, translate, score; its commands and their output go to
+# $dir/demo.log, its row of the table to $dir/row.tsv.
+run_system() {
+    local name="$1" arch="$2" extra_str="$3" dir="$WORK/systems/$1"
+    local -a extra
+    read -r -a extra <<< "$extra_str"
+    exec >> "$dir/demo.log" 2>&1
     run bash "$SCRIPTS_DIR/train.sh" --arch "$arch" --data-bin "$WORK/data/bin" --save-dir "$dir" \
         --max-update "$DEMO_MAX_UPDATE" --src "$DEMO_SRC" --tgt "$DEMO_TGT" --seed "$DEMO_SEED" \
-        -- "${DEMO_MODEL_ARGS[@]}" "${DEMO_TRAIN_ARGS[@]}" "${extra[@]}" 2>&1 \
-        | tee "$dir/train.log" | grep -E '\| (train|valid) \||done training|^\+ ' >&2
+        -- "${DEMO_MODEL_ARGS[@]}" "${DEMO_TRAIN_ARGS[@]}" "${extra[@]}" > "$dir/train.log" 2>&1 \
+        || { tail -20 "$dir/train.log"; return 1; }
     # When the last update ends an epoch, fairseq saves it only as checkpoint_last.pt
     # (no update checkpoint); put it in the series so the average ends with it.
     # (fairseq logs each save once, under the first of the names it saves to)
+    local epoch final n_ckpt n_avg
     read -r epoch final < <(sed -n 's/.*Saved checkpoint .* (epoch \([0-9]*\) @ \([0-9]*\) updates.*/\1 \2/p' \
         "$dir/train.log" | tail -1)
     if [[ -n "${final:-}" && ! -f "$dir/checkpoint_${epoch}_${final}.pt" ]]; then
@@ -89,21 +95,66 @@ for i in "${!NAMES[@]}"; do
     fi
     n_ckpt=$(ls "$dir" | grep -cE '^checkpoint_[0-9]+_[0-9]+\.pt$' || true)
     n_avg=$(( n_ckpt < DEMO_AVERAGE_LAST ? n_ckpt : DEMO_AVERAGE_LAST ))
-    (( n_avg >= 1 )) || die "$name: training left no update checkpoints in $dir"
+    (( n_avg >= 1 )) || { echo "$name: training left no update checkpoints in $dir"; return 1; }
     run bash "$SCRIPTS_DIR/average.sh" --save-dir "$dir" --last "$n_avg" --by update \
         --output "$dir/checkpoint_avg.pt"
     run bash "$SCRIPTS_DIR/evaluate.sh" --data-bin "$WORK/data/bin" --checkpoint "$dir/checkpoint_avg.pt" \
         --src "$DEMO_SRC" --tgt "$DEMO_TGT" --ref "$WORK/data/raw/test.$DEMO_TGT" \
-        --beam "$DEMO_BEAM" --lenpen "$DEMO_LENPEN" --out "$dir/eval" > "$dir/eval.log" 2>&1 \
-        || { tail -20 "$dir/eval.log" >&2; exit 1; }
-    grep -E '^(\+ |BLEU = )' "$dir/eval.log" >&2
+        --beam "$DEMO_BEAM" --lenpen "$DEMO_LENPEN" --out "$dir/eval"
     run fairseq-localness-corpus --out "$WORK/data/raw" --src "$DEMO_SRC" --tgt "$DEMO_TGT" \
         --score "$dir/eval/hyp.detok" > "$dir/eval/phenomena.json"
+    local params seconds updates bleu
     params=$(sed -n 's/.*num\. shared model params: \([0-9,]*\).*/\1/p' "$dir/train.log" | head -1 | tr -d ,)
     seconds=$(sed -n 's/.*done training in \([0-9.]*\) seconds.*/\1/p' "$dir/train.log" | tail -1)
     updates=$(sed -n 's/.*num_updates \([0-9]*\).*/\1/p' "$dir/train.log" | tail -1)
     bleu=$("$PY" -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["score"])' "$dir/eval/bleu.json")
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$arch" "${params:-?}" "$bleu" "${seconds:-?}" "${updates:-?}" >> "$WORK/results.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$arch" "${params:-?}" "$bleu" "${seconds:-?}" "${updates:-?}" \
+        > "$dir/row.tsv"
+}
+
+# Systems run DEMO_JOBS at a time, each with an equal share of the cores as torch
+# threads (tiny models use one core poorly, so two single-threaded runs on two cores
+# finish sooner than the same runs one after the other with two threads each).
+THREADS=$(( NCORES / DEMO_JOBS > 0 ? NCORES / DEMO_JOBS : 1 ))
+echo "${PROG}: ${DEMO_JOBS} system(s) at a time, ${THREADS} torch thread(s) each; logs in $WORK/systems/<name>/" >&2
+declare -A PID_OF=()
+kill_tree() {    # a running system and every process it started
+    local child
+    for child in $(pgrep -P "$1" 2>/dev/null); do
+        kill_tree "$child"
+    done
+    kill "$1" 2>/dev/null || true
+}
+finish_one() {   # wait for any running system; report it; stop everything if it failed
+    local pid name status=0
+    wait -n -p pid "${!PID_OF[@]}" || status=$?
+    name="${PID_OF[$pid]}"
+    unset "PID_OF[$pid]"
+    if (( status != 0 )); then
+        echo "${PROG}: $name failed (exit status $status); its log, $WORK/systems/$name/demo.log, ends:" >&2
+        tail -25 "$WORK/systems/$name/demo.log" >&2
+        for pid in "${!PID_OF[@]}"; do
+            kill_tree "$pid"
+        done
+        exit 1
+    fi
+    IFS=$'\t' read -r _ _ params bleu seconds updates < "$WORK/systems/$name/row.tsv"
+    echo "${PROG}: $name done: BLEU $bleu, $params parameters, trained $updates updates in ${seconds} s" >&2
+}
+for i in "${!NAMES[@]}"; do
+    (( ${#PID_OF[@]} < DEMO_JOBS )) || finish_one
+    name="${NAMES[$i]}"
+    mkdir -p "$WORK/systems/$name"
+    echo "${PROG}: $name (${ARCHS[$i]}) started" >&2
+    OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS run_system "$name" "${ARCHS[$i]}" "${EXTRAS[$i]}" &
+    PID_OF[$!]="$name"
+done
+while (( ${#PID_OF[@]} )); do
+    finish_one
+done
+printf 'system\tarch\tparams\tbleu\ttrain_seconds\tupdates\n' > "$WORK/results.tsv"
+for name in "${NAMES[@]}"; do
+    cat "$WORK/systems/$name/row.tsv" >> "$WORK/results.tsv"
 done
 
 # ---- table

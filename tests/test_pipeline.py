@@ -167,27 +167,54 @@ def test_scripts_are_strict():
             assert "set -euo pipefail" in text, name
 
 
-def test_demo_runs_end_to_end_on_a_tiny_budget(tmp_path):
-    """scripts/demo.sh with the real configuration, shrunk: corpus, segmentation,
-    binarization, training, averaging, decoding, scoring, table; an older run in
-    DEMO_DIR is replaced only at the end."""
+def _tiny_demo_config(tmp_path, extra=""):
+    """The real demo configuration, shrunk to a corpus and a budget of seconds."""
     config = tmp_path / "demo_tiny.sh"
     config.write_text(
         f'. "{os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.sh")}"\n'
         'DEMO_CORPUS_ARGS=(--seed 1 --train-size 200 --valid-size 16 --test-size 12)\n'
         'DEMO_BPE_ARGS=(--method sentencepiece --vocab-size 120)\n'
         'DEMO_TRAIN_ARGS=("${DEMO_TRAIN_ARGS[@]}" --save-interval-updates 2 --max-tokens 1024 --warmup-updates 2)\n'
+        + extra
     )
+    return config
+
+
+def test_demo_runs_end_to_end_on_a_tiny_budget(tmp_path):
+    """scripts/demo.sh with the real configuration, shrunk: corpus, segmentation,
+    binarization, training (two systems at a time), averaging, decoding, scoring,
+    table in configuration order; an older run in DEMO_DIR is replaced only at the end."""
+    config = _tiny_demo_config(tmp_path)
     demo_dir = tmp_path / "demo"
     demo_dir.mkdir()
     (demo_dir / "old-run").write_text("previous results\n")
     p = run_script("demo.sh", [], env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir),
-                                       "DEMO_MAX_UPDATE": "4", "DEMO_ONLY": "transformer"})
+                                       "DEMO_MAX_UPDATE": "4", "DEMO_ONLY": "enc-dc transformer",
+                                       "DEMO_JOBS": "2"})
     table = (demo_dir / "results.md").read_text()
     assert table.splitlines()[0] == ("| system | arch | params | BLEU | reorder | gender | polysemy | "
                                      "long agreement | attractor | train time (s) |")
     assert table.splitlines()[2].startswith("| transformer | transformer | ")
+    assert table.splitlines()[3].startswith("| enc-dc | dc_transformer | ")
     assert table in p.stdout
+    assert "2 system(s) at a time" in p.stderr
     assert not (demo_dir / "old-run").exists() and not (tmp_path / "demo.partial").exists()
-    assert (demo_dir / "systems" / "transformer" / "checkpoint_avg.pt").is_file()
-    assert (demo_dir / "systems" / "transformer" / "eval" / "phenomena.json").is_file()
+    for name in ("transformer", "enc-dc"):
+        assert (demo_dir / "systems" / name / "checkpoint_avg.pt").is_file()
+        assert (demo_dir / "systems" / name / "eval" / "phenomena.json").is_file()
+        assert "| train | epoch" in (demo_dir / "systems" / name / "train.log").read_text()
+
+
+def test_demo_failure_keeps_previous_results(tmp_path):
+    """A system that fails to train stops the demo with its log's tail and a non-zero
+    status; the previous results stay as they were."""
+    config = _tiny_demo_config(
+        tmp_path, 'DEMO_SYSTEMS=("transformer|transformer|" "broken|dc_transformer|--dc-kernel-size 0")\n')
+    demo_dir = tmp_path / "demo"
+    demo_dir.mkdir()
+    (demo_dir / "results.md").write_text("previous results\n")
+    p = run_script("demo.sh", [], check=False,
+                   env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir), "DEMO_MAX_UPDATE": "2"})
+    assert p.returncode == 1
+    assert "broken failed" in p.stderr and "dc-kernel-size" in p.stderr
+    assert (demo_dir / "results.md").read_text() == "previous results\n"
