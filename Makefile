@@ -1,6 +1,7 @@
 # fairseq_localness: set-up, demo and tests.
 #   make demo    install into .venv/ and run the demo on the embedded corpus
 #   make test    install into .venv/ and run the test suite
+#   make analysis  the papers' analyses of the finished demo (scripts/analyze_demo.sh)
 #   make bench   speed, memory and size of every model against the transformer
 #                (BENCH_ARGS="" for the full run; --quick by default)
 # Both are safe to rerun: the install step is skipped while its inputs are unchanged.
@@ -16,7 +17,7 @@ STAMP      := $(VENV)/.fairseq_localness-installed
 PYTEST_ARGS ?=
 BENCH_ARGS  ?= --quick
 
-.PHONY: install demo test bench clean-venv
+.PHONY: install demo analysis test bench clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -33,6 +34,9 @@ install: $(STAMP)
 
 demo: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+analysis: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/analyze_demo.sh --force
 
 test: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS) tests

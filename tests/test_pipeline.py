@@ -152,7 +152,7 @@ def test_demo_rejects_unknown_system(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["prepare_bpe.sh", "preprocess.sh", "train.sh", "average.sh",
-                                    "evaluate.sh", "demo.sh"])
+                                    "evaluate.sh", "demo.sh", "analyze_demo.sh"])
 def test_help(script):
     p = run_script(script, ["--help"])
     assert "Usage:" in p.stdout
@@ -203,6 +203,20 @@ def test_demo_runs_end_to_end_on_a_tiny_budget(tmp_path):
         assert (demo_dir / "systems" / name / "checkpoint_avg.pt").is_file()
         assert (demo_dir / "systems" / name / "eval" / "phenomena.json").is_file()
         assert "| train | epoch" in (demo_dir / "systems" / name / "train.log").read_text()
+
+    # the analyses of the finished demo: the tools its systems allow, the others skipped
+    p = run_script("analyze_demo.sh", ["--demo-dir", str(demo_dir)])
+    out = demo_dir / "analysis"
+    for png in ("bleu_breakdown/bleu_by_length.png", "bleu_breakdown/bleu_by_ngram.png",
+                "efficiency/efficiency.png", "learning_curves/learning_curves.png",
+                "divergence/divergence.png", "probing/probing.png"):
+        assert (out / png).is_file(), png
+    for tool in ("gates", "windows", "heatmaps"):
+        assert f"skipping {tool}" in p.stderr and not (out / tool).exists()
+    divergence = (out / "divergence" / "divergence.csv").read_text()
+    assert "enc-dc" in divergence and "enc1" in divergence
+    p = run_script("analyze_demo.sh", ["--demo-dir", str(demo_dir)], check=False)
+    assert p.returncode == 2 and "--force" in p.stderr
 
 
 def test_demo_failure_keeps_previous_results(tmp_path):

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Run the papers' analyses (fairseq-localness-analysis, docs/analysis.md) on a
+# finished demo: every tool whose systems the demo trained, on the embedded corpus.
+#
+# Usage: analyze_demo.sh [--demo-dir DIR] [--out DIR] [--src L --tgt L] [--force]
+#
+#   --demo-dir DIR    a finished `make demo` run (default: runs/demo), with
+#                     systems/<name>/{train.log,checkpoint_avg.pt,eval/hyp.detok}
+#   --out DIR         where the tools write (default: DEMO_DIR/analysis); one folder
+#                     per tool, each with its CSV/JSON and PNG
+#   --src, --tgt      the demo's language codes (default: src, tgt as in configs/demo.sh)
+#   --force           replace an existing --out directory
+#
+# Tools and the demo systems they read (a tool whose systems are missing is skipped,
+# with a message):
+#   bleu_breakdown    every system against `transformer` (DC Fig. 5, Yang Fig. 4)
+#   efficiency        every system's training log (the papers' Param./Speed columns)
+#   learning_curves   every system's validation loss (Song Fig. 4)
+#   gates             hybrid-gate, per layer and per POS tag (Xu Fig. 3, Fig. 4)
+#   windows           localness, localness-relpos (Yang Fig. 3, Fig. 2)
+#   heatmaps          hysan and hysan-nopos, first test sentence (Song Fig. 5)
+#   divergence        enc-dc, full-dc (DC Fig. 4)
+#   probing           transformer, localness, hybrid-gate, hysan, enc-dc on the
+#                     corpus's SentEval-format probing tasks (Xu Tables 3-4, DC Table 4)
+#
+# The output is built in OUT.partial/ and renamed at the end.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DEMO_DIR="$REPO_DIR/runs/demo" OUT="" FORCE=0 SRC=src TGT=tgt
+while (( $# )); do
+    case "$1" in
+        --demo-dir) need_value "$1" $#; DEMO_DIR="$2"; shift 2 ;;
+        --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
+        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
+        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
+        --force) FORCE=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown option '$1' (see '$PROG --help')" ;;
+    esac
+done
+DEMO_DIR="${DEMO_DIR%/}"
+OUT="${OUT:-$DEMO_DIR/analysis}"
+OUT="${OUT%/}"
+
+# ---- validate
+require_dir "$DEMO_DIR" --demo-dir
+require_file "$DEMO_DIR/results.tsv" "--demo-dir (a finished demo has results.tsv)"
+require_dir "$DEMO_DIR/data/bin" "--demo-dir"
+[[ ! -e "$OUT" || $FORCE == 1 ]] || die "--out: '$OUT' exists; use --force to replace it"
+require_lang --src "$SRC"
+require_lang --tgt "$TGT"
+require_file "$DEMO_DIR/data/raw/test.$TGT" "--demo-dir (reference)"
+SYSTEMS=()
+while IFS=$'\t' read -r name _; do
+    [[ "$name" == system ]] || SYSTEMS+=("$name")
+done < "$DEMO_DIR/results.tsv"
+have() { [[ -f "$DEMO_DIR/systems/$1/checkpoint_avg.pt" ]]; }
+skip() { echo "${PROG}: skipping $1: the demo has no $2" >&2; }
+
+WORK="$OUT.partial"
+run rm -rf "$WORK"
+mkdir -p "$WORK"
+A=(fairseq-localness-analysis)
+DATA="$DEMO_DIR/data/bin"
+CKPT() { echo "$DEMO_DIR/systems/$1/checkpoint_avg.pt"; }
+
+# ---- from the hypotheses and logs: every system
+hyps=() eff=() curves=()
+for s in "${SYSTEMS[@]}"; do
+    hyps+=(--hyp "$s=$DEMO_DIR/systems/$s/eval/hyp.detok")
+    eff+=(--system "$s=$DEMO_DIR/systems/$s/train.log")
+    curves+=(--log "$s=$DEMO_DIR/systems/$s/train.log")
+done
+baseline=()
+[[ " ${SYSTEMS[*]} " == *" transformer "* ]] && baseline=(--baseline transformer)
+run "${A[@]}" bleu_breakdown --ref "$DEMO_DIR/data/raw/test.$TGT" --src "$DEMO_DIR/data/bpe/test.$SRC" \
+    "${hyps[@]}" "${baseline[@]}" --buckets 6,8,10,12 --output-dir "$WORK/bleu_breakdown" --no-progress
+run "${A[@]}" efficiency "${eff[@]}" "${baseline[@]}" \
+    --output-dir "$WORK/efficiency" --no-progress
+run "${A[@]}" learning_curves "${curves[@]}" --train-loss \
+    --output-dir "$WORK/learning_curves" --no-progress
+
+# ---- from the checkpoints
+if have hybrid-gate; then
+    run "${A[@]}" pos_tags --input "$DEMO_DIR/data/raw/valid.$SRC" --output "$WORK/valid.pos" \
+        --words-output "$WORK/valid.words"
+    run "${A[@]}" gates "$DATA" --path "$(CKPT hybrid-gate)" --pos-tags "$WORK/valid.pos" \
+        --pos-words "$WORK/valid.words" --output-dir "$WORK/gates" --no-progress
+else
+    skip gates "hybrid-gate system"
+fi
+
+paths=() labels=()
+for s in localness localness-relpos; do
+    have "$s" && paths+=(--path "$(CKPT "$s")") labels+=("$s")
+done
+if (( ${#labels[@]} )); then
+    run "${A[@]}" windows "$DATA" "${paths[@]}" --labels "${labels[@]}" --output-dir "$WORK/windows" --no-progress
+else
+    skip windows "localness system"
+fi
+
+paths=() labels=()
+for s in hysan hysan-nopos; do
+    have "$s" && paths+=(--path "$(CKPT "$s")") labels+=("$s")
+done
+if (( ${#labels[@]} )); then
+    run "${A[@]}" heatmaps "$DATA" "${paths[@]}" --labels "${labels[@]}" --split test --ids 0 --layer 1 \
+        --output-dir "$WORK/heatmaps"
+else
+    skip heatmaps "hysan system"
+fi
+
+paths=() labels=()
+for s in enc-dc full-dc; do
+    have "$s" && paths+=(--path "$(CKPT "$s")") labels+=("$s")
+done
+if (( ${#labels[@]} )); then
+    run "${A[@]}" divergence "$DATA" "${paths[@]}" --labels "${labels[@]}" --output-dir "$WORK/divergence" --no-progress
+else
+    skip divergence "enc-dc or full-dc system"
+fi
+
+paths=() labels=()
+for s in transformer localness hybrid-gate hysan enc-dc; do
+    have "$s" && paths+=(--path "$(CKPT "$s")") labels+=("$s")
+done
+if (( ${#labels[@]} )); then
+    run "${A[@]}" corpus_probes --corpus-dir "$DEMO_DIR/data/raw" --src "$SRC" --tgt "$TGT" \
+        --output-dir "$WORK/probing_tasks"
+    run "${A[@]}" probing "$DATA" "${paths[@]}" --labels "${labels[@]}" --senteval-dir "$WORK/probing_tasks" \
+        --bpe sentencepiece --sentencepiece-model "$DATA/sentencepiece.bpe.model" \
+        --output-dir "$WORK/probing" --no-progress
+else
+    skip probing "system with an encoder to probe"
+fi
+
+run rm -rf "$OUT"
+mv "$WORK" "$OUT"
+echo "${PROG}: wrote $OUT:" >&2
+(cd "$OUT" && find . -name '*.png' | sort) >&2
