@@ -27,6 +27,8 @@ FAIRSEQ_RUNTIME = [
     "torch>=1.13",
 ]
 
+SEGMENT = ["fugashi", "unidic-lite", "jieba"]
+
 setup(
     name="fairseq_localness",
     version="0.1.0",
@@ -47,7 +49,12 @@ setup(
         "six",  # compare-mt imports it without declaring it
         "matplotlib",
     ],
-    extras_require={"test": ["pytest", "pytest-timeout"]},
+    extras_require={
+        # word segmentation for scripts/prepare_data.sh: Japanese (MeCab with the
+        # UniDic-lite dictionary) and Chinese (jieba)
+        "segment": SEGMENT,
+        "test": ["pytest", "pytest-timeout"] + SEGMENT,
+    },
     entry_points={
         "console_scripts": [
             "fairseq-localness-average=fairseq_localness.cli.average_checkpoints:cli_main",
@@ -55,6 +62,7 @@ setup(
             "fairseq-localness-dump=fairseq_localness.cli.dump_stats:cli_main",
             "fairseq-localness-analysis=fairseq_localness.analysis.__main__:cli_main",
             "fairseq-localness-bench=fairseq_localness.benchmark:main",
+            "fairseq-localness-prepare=fairseq_localness.data.prepare:cli_main",
         ]
     },
 )

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Prepare one of the papers' datasets from a local copy of its original download:
+# extract, clean and split (fairseq-localness-prepare), learn and apply a joint
+# subword model (prepare_bpe.sh), binarize (preprocess.sh). docs/data.md has the
+# files, URLs and split definitions of every dataset.
+#
+# Usage: prepare_data.sh --dataset NAME --raw-dir DIR --out DIR [options]
+#
+#   --dataset NAME    wmt14_en_de, iwslt14_de_en, iwslt14_es_en, iwslt14_ro_en,
+#                     iwslt15_en_vi, iwslt15_fr_en, wat17_ja_en or wmt17_zh_en
+#   --raw-dir DIR     the original archives/files under their original names (a
+#                     missing one stops the script, listing what it expected and
+#                     where to download it)
+#   --out DIR         the prepared dataset: raw/{train,valid,test}.{SRC,TGT} (cleaned,
+#                     untokenized; raw/test.TGT is the sacrebleu reference), seg/
+#                     (word-segmented; Japanese and Chinese only), bpe/ (prepare_bpe.sh),
+#                     bin/ (the fairseq data-bin), PREPARED (JSON record of the request,
+#                     split sizes and settings)
+#   --src, --tgt      the direction (default: the name's order, e.g. de->en for
+#                     iwslt14_de_en); the reverse direction is the only other choice
+#   --bpe M           subword-nmt or sentencepiece (default: the dataset's, see docs/data.md);
+#                     subword-nmt runs on Moses-tokenized text, sentencepiece on raw text
+#   --bpe-size N      merges (subword-nmt) or vocabulary size (sentencepiece);
+#                     default: the dataset's (e.g. 32000 for WMT14, 10000 for IWSLT14 De-En)
+#   --download        download the missing files into --raw-dir first
+#   --workers N       processes for cleaning/segmentation and fairseq-preprocess (default 2)
+#   --force           replace an existing --out
+#
+# An existing --out that PREPARED shows to hold the same dataset, direction, --bpe and
+# --bpe-size is left as it is (the script says so and exits 0); any other existing
+# --out is an error unless --force is given. The output is built in a temporary
+# directory next to --out and renamed at the end, so --out is complete or unchanged.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DATASET="" RAW="" OUT="" SRC="" TGT="" BPE="" BPE_SIZE="" DOWNLOAD=0 FORCE=0 WORKERS=2
+while (( $# )); do
+    case "$1" in
+        --dataset) need_value "$1" $#; DATASET="$2"; shift 2 ;;
+        --raw-dir) need_value "$1" $#; RAW="$2"; shift 2 ;;
+        --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
+        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
+        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
+        --bpe) need_value "$1" $#; BPE="$2"; shift 2 ;;
+        --bpe-size) need_value "$1" $#; BPE_SIZE="$2"; shift 2 ;;
+        --workers) need_value "$1" $#; WORKERS="$2"; shift 2 ;;
+        --download) DOWNLOAD=1; shift ;;
+        --force) FORCE=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown option '$1' (see '${PROG} --help')" ;;
+    esac
+done
+
+# ---- validate everything before doing anything
+require_value --dataset "$DATASET"
+require_value --raw-dir "$RAW"
+require_value --out "$OUT"
+[[ -z "$SRC" ]] || require_lang --src "$SRC"
+[[ -z "$TGT" ]] || require_lang --tgt "$TGT"
+[[ -z "$BPE" ]] || require_choice --bpe "$BPE" subword-nmt sentencepiece
+[[ -z "$BPE_SIZE" ]] || require_int --bpe-size "$BPE_SIZE" 1
+require_int --workers "$WORKERS" 1
+REQUEST=(--dataset "$DATASET" --raw-dir "$RAW" --out "$OUT")
+[[ -z "$SRC" ]] || REQUEST+=(--src "$SRC")
+[[ -z "$TGT" ]] || REQUEST+=(--tgt "$TGT")
+[[ -z "$BPE" ]] || REQUEST+=(--bpe "$BPE")
+[[ -z "$BPE_SIZE" ]] || REQUEST+=(--bpe-size "$BPE_SIZE")
+CHECK=()
+(( DOWNLOAD )) && CHECK+=(--download)
+(( FORCE )) && CHECK+=(--force)
+# dataset, direction, raw files, --out, segmentation tools: exit 2 with the message
+# of fairseq-localness-prepare (run without importing fairseq: scripts/prepare_data.py)
+PREP=("$PY" "$SCRIPTS_DIR/prepare_data.py" --prog "$PROG")
+settings="$("${PREP[@]}" check "${REQUEST[@]}" "${CHECK[@]}")" || exit $?
+STATUS="" MISSING=0 BPE_INPUT=raw TOKENIZE=none
+eval "$settings"
+if [[ "$STATUS" == prepared ]]; then
+    echo "${PROG}: $OUT already holds $DATASET prepared with these settings (see $OUT/PREPARED); nothing to do (--force redoes it)" >&2
+    exit 0
+fi
+if [[ "$BPE" == sentencepiece ]]; then
+    BPE_OPTS=(--method sentencepiece --vocab-size "$BPE_SIZE")
+else
+    BPE_OPTS=(--method subword-nmt --merges "$BPE_SIZE")
+fi
+
+# ---- work
+if (( DOWNLOAD && MISSING > 0 )); then
+    run "${PREP[@]}" download --dataset "$DATASET" --raw-dir "$RAW"
+fi
+mkdir -p "$(dirname "$OUT")"
+TMP="$(mktemp -d "${OUT%/}.tmp.XXXXXX")"
+chmod 755 "$TMP"
+trap 'rm -rf "$TMP"' EXIT
+
+run "${PREP[@]}" raw --dataset "$DATASET" --raw-dir "$RAW" --out "$TMP" --src "$SRC" --tgt "$TGT" \
+    --bpe "$BPE" --bpe-size "$BPE_SIZE" --workers "$WORKERS"
+run bash "$SCRIPTS_DIR/prepare_bpe.sh" --raw "$TMP/$BPE_INPUT" --out "$TMP/bpe" --src "$SRC" --tgt "$TGT" \
+    "${BPE_OPTS[@]}" --tokenize "$TOKENIZE"
+run bash "$SCRIPTS_DIR/preprocess.sh" --data "$TMP/bpe" --dest "$TMP/bin" --src "$SRC" --tgt "$TGT" \
+    --workers "$WORKERS"
+
+rm -rf "$OUT"
+mv "$TMP" "$OUT"
+trap - EXIT
+echo "${PROG}: wrote $OUT ($DATASET $SRC->$TGT, $BPE $BPE_SIZE; data-bin $OUT/bin, reference $OUT/raw/test.$TGT)" >&2

@@ -1,0 +1,604 @@
+"""scripts/prepare_data.sh and fairseq_localness/data: every dataset prepared offline
+from a small fake of its raw download, built here in the original format (IWSLT
+.tgz with train.tags and XML test sets, WMT .tgz archives with SGML test sets,
+ASPEC's ' ||| '-separated files).
+
+Two datasets go through the whole script (extraction, cleaning, segmentation,
+subword model, fairseq-preprocess), concurrently: iwslt14_de_en (En->De,
+subword-nmt with Moses tokenization) and wmt17_zh_en (jieba segmentation,
+sentencepiece). The others are checked at the level of their split files
+(prepare_raw), which is all that differs between recipes; the later steps are
+the same scripts for every dataset. Bad inputs stop with exit
+status 2 before anything is written.
+"""
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import tarfile
+
+import pytest
+
+from conftest import SCRIPTS, run_script, tool_env
+
+
+def load_data_package():
+    spec = importlib.util.spec_from_file_location("prepare_data_shim", os.path.join(SCRIPTS, "prepare_data.py"))
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    return shim.load_data_package()
+
+
+DATA = load_data_package()
+from fairseq_localness_data import prepare as P  # noqa: E402  (loaded above, without fairseq)
+
+
+def commands(stderr):
+    return [line[2:] for line in stderr.splitlines() if line.startswith("+ ")]
+
+
+def lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+# --------------------------------------------------------------------------- fake raw files
+def write_archive(path, files):
+    """A .tgz / .tar.gz with the given {member name: text}."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tarfile.open(path, "w:gz") as t:
+        for name, text in files.items():
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+
+
+def text_file(lines_):
+    return "".join(line + "\n" for line in lines_)
+
+
+def train_tags(lang, docs):
+    """IWSLT train.tags: per talk the markup lines, then one sentence per line.
+    docs: [(title, description, [sentences])] in this language."""
+    out = []
+    for k, (title, desc, sents) in enumerate(docs, 1):
+        out += [f'<doc docid="{k}" genre="lectures">', f"<url>http://www.ted.com/talks/talk{k}.html</url>",
+                "<keywords>talks, science</keywords>", "<speaker>Some Speaker</speaker>",
+                f"<talkid>{k}</talkid>", f"<title>{title}</title>", f"<description>{desc}</description>"]
+        out += sents
+        out += ["<reviewer></reviewer>", "<translator></translator>", "</doc>"]
+    return text_file(out)
+
+
+def iwslt_xml(setid, lang, segs, ref):
+    kind = "refset" if ref else "srcset"
+    out = ['<?xml version="1.0" encoding="UTF-8"?>', "<mteval>", f'<{kind} setid="{setid}" srclang="x" tgtlang="{lang}">',
+           '<doc docid="1" genre="lectures">', "<url>http://www.ted.com/talks/t.html</url>",
+           "<description>TED talk</description>", "<keywords>talks</keywords>", "<talkid>1</talkid>",
+           "<title>A title</title>"]
+    out += [f'<seg id="{i}"> {s} </seg>' for i, s in enumerate(segs, 1)]
+    out += ["</doc>", f"</{kind}>", "</mteval>"]
+    return text_file(out)
+
+
+def wmt_sgm(setid, lang, segs, ref):
+    kind = "refset" if ref else "srcset"
+    out = [f'<{kind} setid="{setid}" srclang="any" trglang="{lang}">',
+           '<doc sysid="ref" docid="doc-1" genre="news" origlang="en">', "<p>"]
+    out += [f'<seg id="{i}">{s}</seg>' for i, s in enumerate(segs, 1)]
+    out += ["</p>", "</doc>", f"</{kind}>"]
+    return text_file(out)
+
+
+# Sentences: the tag says which corpus/set a line comes from.
+WORDS = {
+    "en": "The house {i} is big and the tree is green .",
+    "de": "Das Haus {i} ist groß und der Baum ist grün .",
+    "es": "La casa {i} es grande y el árbol es verde .",
+    "ro": "Casa {i} este mare și copacul este verde .",
+    "fr": "La maison {i} est grande et l'arbre est vert .",
+    "vi": "Ngôi nhà {i} lớn và cái cây xanh .",
+}
+
+
+def sent(lang, tag, i):
+    return f"{tag} " + WORDS[lang].format(i=i)
+
+
+def iwslt_fake(raw, lang_a, lang_b, pair, year, archive, sets, test_archive=None, test_sets=(), n_train=30):
+    """IWSLT release .tgz: pair/train.tags.pair.{a,b} and IWSLT{year}.TED.<set>.pair.{a,b}.xml.
+    Returns the expected {split-name: [(a, b)]} (train as the cleaned pairs)."""
+    docs = {lang_a: [], lang_b: []}
+    expected_train = []
+    for d in range(2):
+        sents = [(sent(lang_a, "train", d * 100 + i), sent(lang_b, "train", d * 100 + i)) for i in range(n_train // 2)]
+        ta, tb = f"Title {d} {lang_a}", f"Title {d} {lang_b}"
+        da, db = f"Talk {d} about houses ({lang_a})", f"Talk {d} about houses ({lang_b})"
+        docs[lang_a].append((ta, da, [s for s, _ in sents]))
+        docs[lang_b].append((tb, db, [t for _, t in sents]))
+        expected_train += [(ta, tb), (da, db)] + sents
+    files = {f"{pair}/train.tags.{pair}.{lang_a}": train_tags(lang_a, docs[lang_a]),
+             f"{pair}/train.tags.{pair}.{lang_b}": train_tags(lang_b, docs[lang_b])}
+    expected = {"train": expected_train}
+
+    def add(files_, name):
+        segs = [(sent(lang_a, name, i), sent(lang_b, name, i)) for i in range(3)]
+        for lang, k in ((lang_a, 0), (lang_b, 1)):
+            files_[f"{pair}/IWSLT{year}.{name}.{pair}.{lang}.xml"] = iwslt_xml(name, lang, [s[k] for s in segs],
+                                                                               ref=(k == 1))
+        expected[name] = segs
+
+    for name in sets:
+        add(files, name)
+    write_archive(os.path.join(raw, archive), files)
+    if test_archive:
+        tfiles = {}
+        for name in test_sets:
+            add(tfiles, name)
+        write_archive(os.path.join(raw, test_archive), tfiles)
+    return expected
+
+
+def make_iwslt14_de_en(raw):
+    exp = iwslt_fake(raw, "de", "en", "de-en", 14, "de-en.tgz",
+                     ["TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012"], n_train=60)
+    # extra cases, appended to the last talk of the train.tags files: dropped by the
+    # length cleaning (ratio > 1.5, more than 175 tokens, an empty side)
+    path = os.path.join(raw, "de-en.tgz")
+    with tarfile.open(path) as t:
+        files = {m.name: t.extractfile(m).read().decode() for m in t.getmembers()}
+    bad = [("Ja .", "Yes , that is really very much the truth ."), ("Wort " * 180, "word " * 180), ("", "Empty .")]
+    for lang, k in (("de", 0), ("en", 1)):
+        name = f"de-en/train.tags.de-en.{lang}"
+        body = files[name].rsplit("<reviewer>", 1)
+        files[name] = body[0] + "".join(b[k].strip() + "\n" for b in bad) + "<reviewer>" + body[1]
+    # an apostrophe (U+2019) and an entity in a test set
+    for lang in ("de", "en"):
+        name = f"de-en/IWSLT14.TED.tst2011.de-en.{lang}.xml"
+        files[name] = files[name].replace(" is big", " isn\u2019t small &amp; big").replace(" ist groß", " ist gro\u00df &amp; fein")
+    exp["TED.tst2011"] = [(s.replace(" ist groß", " ist groß & fein"), t.replace(" is big", " isn't small & big"))
+                          for s, t in exp["TED.tst2011"]]
+    write_archive(path, files)
+    return exp
+
+
+def wmt_train(lang_a, lang_b, tag, n, text_a=None, text_b=None):
+    pairs = [((text_a or sent)(lang_a, tag, i), (text_b or sent)(lang_b, tag, i)) for i in range(n)]
+    return pairs
+
+
+def make_wmt14(raw):
+    exp = {}
+    corpora = {"europarl": ("training-parallel-europarl-v7.tgz", "training/europarl-v7.de-en.{}"),
+               "commoncrawl": ("training-parallel-commoncrawl.tgz", "commoncrawl.de-en.{}"),
+               "nc9": ("training-parallel-nc-v9.tgz", "training/news-commentary-v9.de-en.{}")}
+    for tag, (archive, member) in corpora.items():
+        pairs = wmt_train("en", "de", tag, 4)
+        exp[tag] = pairs
+        if tag == "nc9":  # Moses punctuation normalization; a pair over the 1.5 ratio
+            pairs = pairs + [("He said \u201ehello\u201c .", "Er sagte \u201ehallo\u201c ."),
+                             ("Yes .", "Ja , das ist wirklich sehr sehr wahr und richtig .")]
+            exp[tag] = exp[tag] + [('He said "hello" .', 'Er sagte "hallo" .')]
+        write_archive(os.path.join(raw, archive), {member.format("en"): text_file(p[0] for p in pairs),
+                                                   member.format("de"): text_file(p[1] for p in pairs)})
+    dev = wmt_train("en", "de", "newstest2013", 3)
+    test = wmt_train("en", "de", "newstest2014", 3) + [("A \u201equote\u201c & more .", "Ein \u201eZitat\u201c & mehr .")]
+    exp["valid"], exp["test"] = dev, test
+    write_archive(os.path.join(raw, "dev.tgz"), {
+        "dev/newstest2013-src.en.sgm": wmt_sgm("newstest2013", "en", [p[0] for p in dev], False),
+        "dev/newstest2013-ref.de.sgm": wmt_sgm("newstest2013", "de", [p[1] for p in dev], True),
+        "dev/newstest2013-src.de.sgm": wmt_sgm("newstest2013", "de", [p[1] for p in dev], False),
+        "dev/newstest2013-ref.en.sgm": wmt_sgm("newstest2013", "en", [p[0] for p in dev], True),
+        "dev/newstest2012-src.en.sgm": wmt_sgm("newstest2012", "en", ["not this one"], False),
+    })
+    write_archive(os.path.join(raw, "test-full.tgz"), {
+        "test-full/newstest2014-deen-src.en.sgm": wmt_sgm("newstest2014", "en", [p[0] for p in test], False),
+        "test-full/newstest2014-deen-ref.de.sgm": wmt_sgm("newstest2014", "de", [p[1] for p in test], True),
+        "test-full/newstest2014-deen-src.de.sgm": wmt_sgm("newstest2014", "de", [p[1] for p in test], False),
+        "test-full/newstest2014-deen-ref.en.sgm": wmt_sgm("newstest2014", "en", [p[0] for p in test], True),
+    })
+    return exp
+
+
+ZH = "我们在第{i}个房子里研究机器翻译。"
+ZH_EN = "we study machine translation in house {i} ."
+
+
+def zh_pairs(tag, n, start=0):
+    return [(f"{tag}{ZH.format(i=i)}", f"{tag} " + ZH_EN.format(i=i)) for i in range(start, start + n)]
+
+
+def make_wmt17_zh_en(raw):
+    exp = {"nc12": zh_pairs("nc", 3), "un": zh_pairs("un", 3)}
+    long_pair = ("很长的句子。" * 30, " ".join(["word"] * 60) + " .")  # over 50 words: dropped
+    write_archive(os.path.join(raw, "training-parallel-nc-v12.tgz"), {
+        "training/news-commentary-v12.zh-en.zh": text_file([p[0] for p in exp["nc12"]] + [long_pair[0]]),
+        "training/news-commentary-v12.zh-en.en": text_file([p[1] for p in exp["nc12"]] + [long_pair[1]]),
+        "training/news-commentary-v12.de-en.en": "other pair\n",
+    })
+    write_archive(os.path.join(raw, "UNv1.0.en-zh.tar.gz"), {
+        "en-zh/UNv1.0.en-zh.zh": text_file(p[0] for p in exp["un"]),
+        "en-zh/UNv1.0.en-zh.en": text_file(p[1] for p in exp["un"]),
+    })
+    cwmt = {}
+    exp["cwmt"] = []
+    corpora = [("casia2015/casia2015_{}.txt", "ch"), ("casict2015/casict2015_{}.txt", "ch"),
+               ("datum2015/datum_{}.txt", "ch")] + [(f"datum2017/Book{i}_{{}}.txt", "cn") for i in range(1, 21)] \
+        + [("neu2017/NEU_{}.txt", "cn")]
+    for k, (pattern, zh_name) in enumerate(corpora):
+        pairs = zh_pairs(f"cwmt{k}", 1)
+        exp["cwmt"] += pairs
+        cwmt["cwmt/" + pattern.format(zh_name)] = text_file(p[0] for p in pairs)
+        cwmt["cwmt/" + pattern.format("en")] = text_file(p[1] for p in pairs)
+    write_archive(os.path.join(raw, "cwmt.tgz"), cwmt)
+    dev, test = zh_pairs("newsdev", 3), zh_pairs("newstest", 3)
+    exp["valid"], exp["test"] = dev, test
+    write_archive(os.path.join(raw, "dev.tgz"), {
+        "dev/newsdev2017-zhen-src.zh.sgm": wmt_sgm("newsdev2017", "zh", [p[0] for p in dev], False),
+        "dev/newsdev2017-zhen-ref.en.sgm": wmt_sgm("newsdev2017", "en", [p[1] for p in dev], True),
+    })
+    write_archive(os.path.join(raw, "test.tgz"), {
+        "test/newstest2017-zhen-src.zh.sgm": wmt_sgm("newstest2017", "zh", [p[0] for p in test], False),
+        "test/newstest2017-zhen-ref.en.sgm": wmt_sgm("newstest2017", "en", [p[1] for p in test], True),
+    })
+    return exp
+
+
+JA = ["これは{i}番目の文です。", "私たちは新しい翻訳手法を提案した。", "東京の大学で研究しています。"]
+JA_EN = ["this is sentence number {i} .", "we proposed a new translation method .", "we do research at a university in Tokyo ."]
+
+
+def ja_pairs(tag, n):
+    return [(f"{tag}{JA[i % 3].format(i=i)}", f"{tag} " + JA_EN[i % 3].format(i=i)) for i in range(n)]
+
+
+def make_wat17(raw):
+    base = os.path.join(raw, "ASPEC", "ASPEC-JE")  # the distribution's own top directory
+    exp = {}
+    for name, n in (("train-1", 12), ("train-2", 12), ("train-3", 4)):
+        pairs = ja_pairs(name, n)
+        exp[name] = pairs
+        os.makedirs(os.path.join(base, "train"), exist_ok=True)
+        with open(os.path.join(base, "train", f"{name}.txt"), "w", encoding="utf-8") as f:
+            for i, (ja, en) in enumerate(pairs):
+                f.write(f"0.{900 - i} ||| A-B-C{i:02d} ||| {i + 1} ||| {ja} ||| {en}\n")
+    for name in ("dev", "devtest", "test"):
+        pairs = ja_pairs(name, 3)
+        exp[name] = pairs
+        os.makedirs(os.path.join(base, name), exist_ok=True)
+        with open(os.path.join(base, name, f"{name}.txt"), "w", encoding="utf-8") as f:
+            for i, (ja, en) in enumerate(pairs):
+                f.write(f"D-{name}{i} ||| {i + 1} ||| {ja} ||| {en}\n")
+    return exp
+
+
+def make_dc_iwslt(raw, dataset):
+    if dataset == "iwslt14_es_en":
+        return iwslt_fake(raw, "es", "en", "es-en", 14, "es-en.tgz",
+                          ["TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012"],
+                          "2014-01-test/es-en.tgz", ["TED.tst2014"])
+    if dataset == "iwslt14_ro_en":
+        return iwslt_fake(raw, "ro", "en", "ro-en", 14, "ro-en.tgz",
+                          ["TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012"],
+                          "2014-01-test/ro-en.tgz", ["TED.tst2014"])
+    if dataset == "iwslt15_en_vi":
+        return iwslt_fake(raw, "en", "vi", "en-vi", 15, "en-vi.tgz",
+                          ["TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012", "TED.tst2013"])
+    if dataset == "iwslt15_fr_en":
+        return iwslt_fake(raw, "fr", "en", "fr-en", 15, "fr-en.tgz",
+                          ["TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012", "TED.tst2013", "TED.tst2014"],
+                          "2015-01-test/fr-en.tgz", ["TED.tst2015"])
+    raise ValueError(dataset)
+
+
+def split_lines(out, split, src, tgt, sub="raw"):
+    return list(zip(lines(os.path.join(out, sub, f"{split}.{src}")), lines(os.path.join(out, sub, f"{split}.{tgt}"))))
+
+
+def swap(pairs):
+    return [(b, a) for a, b in pairs]
+
+
+# --------------------------------------------------------------------------- full runs
+def prepare(raw, out, dataset, *args, check=True):
+    return run_script("prepare_data.sh", ["--dataset", dataset, "--raw-dir", raw, "--out", out,
+                                          "--workers", "1", *args], check=check)
+
+
+@pytest.fixture(scope="module")
+def full_runs(tmp_path_factory):
+    """The full runs, started together (each is mostly process start-up)."""
+    base = tmp_path_factory.mktemp("prepare_full")
+    specs = {
+        "iwslt14_de_en": (make_iwslt14_de_en, ["--src", "en", "--tgt", "de", "--bpe-size", "60"]),
+        "wmt17_zh_en": (make_wmt17_zh_en, ["--bpe", "sentencepiece", "--bpe-size", "120"]),
+    }
+    procs, results = {}, {}
+    for name, (make, args) in specs.items():
+        raw, out = base / name / "raw_download", base / name / "out"
+        raw.mkdir(parents=True)
+        expected = make(str(raw))
+        cmd = ["bash", os.path.join(SCRIPTS, "prepare_data.sh"), "--dataset", name, "--raw-dir", str(raw),
+               "--out", str(out), "--workers", "1", *args]
+        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env=tool_env()), raw, out, expected, cmd)
+    for name, (proc, raw, out, expected, cmd) in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-4000:]}"
+        results[name] = dict(raw=str(raw), out=str(out), expected=expected, stderr=stderr)
+    return results
+
+
+def check_layout(out, src, tgt, seg, bpe, tokenize):
+    for split in ("train", "valid", "test"):
+        for lang in (src, tgt):
+            assert os.path.isfile(os.path.join(out, "raw", f"{split}.{lang}"))
+            assert os.path.isfile(os.path.join(out, "bpe", f"{split}.{lang}"))
+            assert os.path.isfile(os.path.join(out, "bin", f"{split}.{src}-{tgt}.{lang}.idx"))
+            assert os.path.isfile(os.path.join(out, "seg", f"{split}.{lang}")) == seg
+    assert os.path.isfile(os.path.join(out, "bin", f"dict.{src}.txt"))
+    assert lines(os.path.join(out, "bin", "SEGMENTATION")) == [bpe]
+    assert lines(os.path.join(out, "bin", "TOKENIZATION")) == [tokenize]
+    assert not os.path.exists(os.path.join(out, "extracted"))
+    assert not [p for p in os.listdir(os.path.dirname(out)) if ".tmp." in p]
+    record = json.load(open(os.path.join(out, "PREPARED"), encoding="utf-8"))
+    for split in ("train", "valid", "test"):
+        assert record["sizes"][split] == len(lines(os.path.join(out, "raw", f"{split}.{src}")))
+    assert (record["src"], record["tgt"], record["bpe"], record["tokenize"]) == (src, tgt, bpe, tokenize)
+    return record
+
+
+def test_full_iwslt14_de_en_reversed(full_runs):
+    """fairseq's recipe: markup dropped, title/description kept, cleaning, every 23rd
+    pair to valid, test = dev2010 + TEDX.dev2012 + tst2010-2012, lowercased; En->De."""
+    r = full_runs["iwslt14_de_en"]
+    out, exp = r["out"], r["expected"]
+    record = check_layout(out, "en", "de", seg=False, bpe="subword-nmt", tokenize="moses")
+    assert record["bpe_size"] == 60 and record["lowercase"] is True
+    cmds = commands(r["stderr"])
+    assert any("subword-nmt learn-bpe -s 60" in c for c in cmds)
+    assert any(c.startswith("fairseq-preprocess --source-lang en --target-lang de") for c in cmds)
+
+    kept = [(b.lower(), a.lower()) for a, b in exp["train"]]  # en, de; the bad pairs are dropped
+    assert split_lines(out, "train", "en", "de") == [p for i, p in enumerate(kept, 1) if i % 23]
+    assert split_lines(out, "valid", "en", "de") == [p for i, p in enumerate(kept, 1) if i % 23 == 0]
+    test = [(b.lower(), a.lower()) for name in ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011",
+                                                "TED.tst2012") for a, b in exp[name]]
+    assert split_lines(out, "test", "en", "de") == test
+    assert record["parts"]["train"]["train.tags"] == {"read": len(kept) + 3, "kept": len(kept)}
+    raw_text = open(os.path.join(out, "raw", "train.en"), encoding="utf-8").read()
+    assert "<" not in raw_text and "talks, science" not in raw_text and "title 0 en" in raw_text
+    assert "@@" in open(os.path.join(out, "bpe", "train.en"), encoding="utf-8").read()
+
+    # the same request again: nothing to do; another one without --force: refused
+    p = prepare(r["raw"], out, "iwslt14_de_en", "--src", "en", "--tgt", "de", "--bpe-size", "60")
+    assert "nothing to do" in p.stderr and commands(p.stderr) == []
+    before = open(os.path.join(out, "PREPARED")).read()
+    p = prepare(r["raw"], out, "iwslt14_de_en", check=False)
+    assert p.returncode == 2 and "--out:" in p.stderr and "already exists" in p.stderr and "--force" in p.stderr
+    assert "src=en, tgt=de" in p.stderr and commands(p.stderr) == []
+    assert open(os.path.join(out, "PREPARED")).read() == before
+
+
+def test_full_wmt17_zh_en(full_runs):
+    """SGML test sets, three training sources in order, at most 50 words, jieba."""
+    r = full_runs["wmt17_zh_en"]
+    out, exp = r["out"], r["expected"]
+    record = check_layout(out, "zh", "en", seg=True, bpe="sentencepiece", tokenize="none")
+    assert record["segmentation"] == {"zh": "jieba (accurate mode, HMM for unknown words)"}
+    assert record["parts"]["train"]["cwmt-casict2011-A"] is None  # optional, absent
+    assert record["parts"]["train"]["news-commentary-v12"] == {"read": 4, "kept": 3}
+    assert split_lines(out, "train", "zh", "en") == exp["nc12"] + exp["un"] + exp["cwmt"]
+    assert split_lines(out, "valid", "zh", "en") == exp["valid"]
+    assert split_lines(out, "test", "zh", "en") == exp["test"]
+    seg = lines(os.path.join(out, "seg", "test.zh"))
+    assert seg[0] == "newstest 我们 在 第 0 个 房子 里 研究 机器翻译 。"
+    assert lines(os.path.join(out, "seg", "test.en")) == lines(os.path.join(out, "raw", "test.en"))
+    assert os.path.isfile(os.path.join(out, "bin", "sentencepiece.bpe.model"))
+
+
+# --------------------------------------------------------------------------- split checks (Python level)
+def run_raw(tmp_path, dataset, make, src=None, tgt=None):
+    raw, out = tmp_path / "raw_download", tmp_path / "out"
+    raw.mkdir()
+    expected = make(str(raw))
+    recipe, request = P.resolve(dataset, src, tgt)
+    record = P.prepare_raw(recipe, request, str(raw), str(out))
+    return str(out), expected, record
+
+
+def test_wat17_splits_and_segmentation(tmp_path):
+    """ASPEC: train-1 + train-2 (not train-3), dev, test; MeCab segmentation in seg/."""
+    out, exp, record = run_raw(tmp_path, "wat17_ja_en", make_wat17)
+    assert split_lines(out, "train", "ja", "en") == exp["train-1"] + exp["train-2"]
+    assert split_lines(out, "valid", "ja", "en") == exp["dev"]
+    assert split_lines(out, "test", "ja", "en") == exp["test"]
+    assert record["sizes"] == {"train": 24, "valid": 3, "test": 3}
+    assert split_lines(out, "train", "ja", "en", sub="seg")[1] == (
+        "train - 1 私 たち は 新しい 翻訳 手法 を 提案 し た 。", exp["train-1"][1][1])
+    assert " " not in lines(os.path.join(out, "raw", "train.ja"))[1]
+    assert record["tokenize"] == "moses" and record["bpe_size"] == 32000
+    assert "MeCab" in record["segmentation"]["ja"]
+    # En->Ja: the same pairs swapped, Japanese still segmented
+    out2 = P.prepare_raw(*P.resolve("wat17_ja_en", "en", "ja"), str(tmp_path / "raw_download"), str(tmp_path / "rev"))
+    assert split_lines(str(tmp_path / "rev"), "test", "en", "ja", sub="seg") == swap(
+        split_lines(out, "test", "ja", "en", sub="seg"))
+    assert out2["sizes"] == record["sizes"]
+
+
+def test_wmt14_splits(tmp_path):
+    out, exp, record = run_raw(tmp_path, "wmt14_en_de", make_wmt14)
+    assert split_lines(out, "train", "en", "de") == exp["europarl"] + exp["commoncrawl"] + exp["nc9"]
+    assert split_lines(out, "valid", "en", "de") == exp["valid"]
+    assert split_lines(out, "test", "en", "de") == exp["test"]  # verbatim: „quote“ and & kept
+    assert record["parts"]["train"]["news-commentary-v9"] == {"read": 6, "kept": 5}
+    assert record["bpe"] == "subword-nmt" and record["bpe_size"] == 32000 and record["tokenize"] == "moses"
+    # two worker processes give the same files
+    out2 = str(tmp_path / "out2")
+    P.prepare_raw(*P.resolve("wmt14_en_de"), str(tmp_path / "raw_download"), out2, workers=2)
+    for split in ("train", "valid", "test"):
+        assert split_lines(out2, split, "en", "de") == split_lines(out, split, "en", "de")
+
+
+@pytest.mark.parametrize("dataset,src,tgt", [("wmt14_en_de", "en", "de"), ("iwslt14_de_en", "de", "en")])
+def test_cleaning_bounds_decide_as_the_tokenizer(dataset, src, tgt):
+    """The length cleaning tokenizes only pairs whose token-count bounds leave the
+    decision open; on sentences full of punctuation, digits, non-Latin letters and
+    control characters it decides exactly as counting every pair would."""
+    import random
+
+    rng = random.Random(3)
+    chars = list("abcXYZ019éßñșțệđ²") + list(".,;:!?'\"-()[]@#%&*/<>=+~_’“”„…·€") + \
+        ["\u0301", "中", "日", "\u00a0", "\x01", "\x7f", "ﬁ", "٣", "ـ", "\u200b"]
+    proc = P.PairProcessor(DATA.RECIPES[dataset], src, tgt, train=True)
+    decided_by_bounds = 0
+    for _ in range(400):
+        side = []
+        for _ in range(2):
+            n = rng.choice([1, 2, 5, 40, 120, 200])
+            words = ["".join(rng.choice(chars) for _ in range(rng.randint(1, 5))) for _ in range(n)]
+            side.append(" ".join(" ".join(words).split()))
+        if not side[0] or not side[1]:
+            continue
+        assert proc.keep(*side) == proc.keep_exact(*side), side
+        (ls, us), (lt, ut) = proc.bounds(src, side[0]), proc.bounds(tgt, side[1])
+        assert ls <= proc.count[src](side[0]) <= us and lt <= proc.count[tgt](side[1]) <= ut, side
+    # ordinary sentences need no tokenizer at all
+    proc.count = None  # would fail if called
+    assert proc.keep("The house is big .", "Das Haus ist groß .") is True
+    assert proc.keep("Yes .", "Ja , das ist wirklich sehr sehr wahr und richtig .") is False
+
+
+def test_download_from_url(tmp_path):
+    """--download's fetching, on file:// URLs (tests never use the network): one
+    file, and one whose download comes in parts that are concatenated."""
+    from fairseq_localness_data.sources import Source, download
+
+    (tmp_path / "a.part0").write_bytes(b"first ")
+    (tmp_path / "a.part1").write_bytes(b"second")
+    whole = Source("sub/whole.tgz", (tmp_path / "a.part0").as_uri())
+    parts = Source("parts.tar.gz", "https://example.org/page",
+                   parts=((tmp_path / "a.part0").as_uri(), (tmp_path / "a.part1").as_uri()))
+    raw = tmp_path / "raw"
+    download([whole, parts], str(raw))
+    assert (raw / "sub" / "whole.tgz").read_bytes() == b"first "
+    assert (raw / "parts.tar.gz").read_bytes() == b"first second"
+    assert sorted(os.listdir(raw)) == ["parts.tar.gz", "sub"]
+
+
+def test_wmt14_reverse_direction(tmp_path):
+    out, exp, record = run_raw(tmp_path, "wmt14_en_de", make_wmt14, "de", "en")
+    assert split_lines(out, "test", "de", "en") == swap(exp["test"])  # newstest2014-deen-src.de / ref.en
+    assert split_lines(out, "valid", "de", "en") == swap(exp["valid"])
+
+
+DC = {  # dataset: (valid sets, test sets, default bpe size)
+    "iwslt14_es_en": (["TED.tst2010", "TED.tst2011", "TED.tst2012", "TED.dev2010"], ["TED.tst2014"], 34000),
+    "iwslt14_ro_en": (["TED.tst2010", "TED.tst2011", "TED.tst2012", "TED.dev2010"], ["TED.tst2014"], 32000),
+    "iwslt15_en_vi": (["TED.tst2012"], ["TED.tst2013"], 21000),
+    "iwslt15_fr_en": (["TED.tst2013"], ["TED.tst2014", "TED.tst2015"], 31000),
+}
+
+
+@pytest.mark.parametrize("dataset", list(DC))
+def test_dc_iwslt_splits(dataset, tmp_path):
+    """The DC paper's splits; train.tags markup dropped, case kept, both directions."""
+    valid, test, size = DC[dataset]
+    recipe = DATA.RECIPES[dataset]
+    a, b = recipe.langs
+    reverse = dataset in ("iwslt14_ro_en", "iwslt15_en_vi")  # vi->en, en->ro
+    src, tgt = (b, a) if reverse else (a, b)
+    out, exp, record = run_raw(tmp_path, dataset, lambda raw: make_dc_iwslt(raw, dataset),
+                               *((src, tgt) if reverse else (None, None)))
+    fix = swap if reverse else list
+    assert split_lines(out, "train", src, tgt) == fix(exp["train"])
+    assert split_lines(out, "valid", src, tgt) == fix([p for name in valid for p in exp[name]])
+    assert split_lines(out, "test", src, tgt) == fix([p for name in test for p in exp[name]])
+    assert "Title 0" in open(os.path.join(out, "raw", f"train.{src}"), encoding="utf-8").read()
+    assert record["bpe_size"] == size and record["lowercase"] is False
+    assert not os.path.exists(os.path.join(out, "seg"))
+
+
+def test_default_directions_and_bpe():
+    for name, recipe in DATA.RECIPES.items():
+        _, request = P.resolve(name)
+        assert (request["src"], request["tgt"]) == recipe.langs == tuple(name.split("_")[1:])
+    assert P.resolve("iwslt15_en_vi", "vi", "en")[1]["src"] == "vi"
+    assert P.resolve("wmt14_en_de")[1]["bpe_size"] == 32000
+    assert P.resolve("iwslt14_de_en")[1]["bpe_size"] == 10000
+    assert P.resolve("iwslt14_de_en", bpe="sentencepiece", bpe_size=8000)[1]["bpe_size"] == 8000
+
+
+# --------------------------------------------------------------------------- bad inputs
+BAD = {  # args (RAW: the wmt14 fake download, EMPTY: an empty directory), message fragments
+    "unknown_dataset": ("--dataset wmt15_en_de --raw-dir RAW --out NEW",
+                        ["--dataset: expected one of: wmt14_en_de iwslt14_de_en", "got 'wmt15_en_de'"]),
+    "wrong_pair": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --src en --tgt fr",
+                   ["--src/--tgt: wmt14_en_de has no en->fr direction",
+                    "expected --src en --tgt de or --src de --tgt en"]),
+    "half_pair": ("--dataset iwslt15_en_vi --raw-dir RAW --out NEW --src vi",
+                  ["--src/--tgt: give both or neither"]),
+    "missing_raw_files": ("--dataset iwslt14_es_en --raw-dir EMPTY --out NEW",
+                          ["lacks 2 file(s) of dataset iwslt14_es_en",
+                           "es-en.tgz  <-  https://wit3.fbk.eu/archive/2014-01/texts/es/en/es-en.tgz",
+                           "2014-01-test/es-en.tgz  <-  https://wit3.fbk.eu/archive/2014-01-test/texts/es/en/es-en.tgz",
+                           "--download"]),
+    "missing_one_file": ("--dataset wmt17_zh_en --raw-dir RAW --out NEW",
+                         ["lacks 4 file(s)", "cwmt.tgz", "training-parallel-nc-v12.tgz  <-  http://data.statmt.org"]),
+    "manual_download": ("--dataset wat17_ja_en --raw-dir EMPTY --out NEW --download",
+                        ["ASPEC-JE/train/train-1.txt", "--download cannot fetch", "on application"]),
+    "missing_raw_dir": ("--dataset wmt14_en_de --raw-dir /nonexistent --out NEW",
+                        ["--raw-dir: expected a directory at '/nonexistent'"]),
+    "bad_bpe": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --bpe wordpiece",
+                ["--bpe: expected one of: subword-nmt sentencepiece; got 'wordpiece'"]),
+    "bad_bpe_size": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --bpe-size 0",
+                     ["--bpe-size: expected a whole number >= 1, got '0'"]),
+    "small_vocab": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --bpe sentencepiece --bpe-size 8",
+                    ["--bpe-size: expected a whole number >= 16 for sentencepiece"]),
+    "missing_out": ("--dataset wmt14_en_de --raw-dir RAW", ["missing required option --out"]),
+    "out_exists": ("--dataset wmt14_en_de --raw-dir RAW --out EMPTY",
+                   ["--out: '", "already exists (not a prepared dataset)", "--force"]),
+    "unknown_option": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --lang en",
+                       ["unknown option '--lang'"]),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_env(tmp_path_factory):
+    base = tmp_path_factory.mktemp("prepare_bad")
+    raw, empty = base / "raw", base / "empty"
+    raw.mkdir()
+    empty.mkdir()
+    make_wmt14(str(raw))
+    return {"RAW": str(raw), "EMPTY": str(empty)}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_fails_cleanly(case, bad_env, tmp_path):
+    args, fragments = BAD[case]
+    new = tmp_path / "new"
+    env = dict(bad_env, NEW=str(new))
+    before = {d: sorted(os.listdir(d)) for d in (tmp_path, bad_env["RAW"], bad_env["EMPTY"])}
+    p = run_script("prepare_data.sh", [env.get(a, a) for a in args.split()], check=False)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.startswith("prepare_data.sh: error: "), p.stderr
+    for fragment in fragments:
+        assert fragment in p.stderr, (fragment, p.stderr)
+    assert commands(p.stderr) == []
+    assert not new.exists()
+    assert {d: sorted(os.listdir(d)) for d in before} == before
+
+
+def test_member_missing_inside_archive(tmp_path):
+    """An archive that lacks an expected file stops the run (status 2) naming it;
+    --out is not created and no temporary directory is left."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    make_wmt14(str(raw))
+    write_archive(str(raw / "test-full.tgz"), {"test-full/newstest2014-fren-src.en.sgm": "x\n"})
+    p = prepare(str(raw), str(tmp_path / "out"), "wmt14_en_de", check=False)
+    assert p.returncode == 2, p.stderr
+    assert "newstest2014-deen-src.en.sgm" in p.stderr and "test-full.tgz" in p.stderr
+    assert sorted(os.listdir(tmp_path)) == ["raw"]
