@@ -1,0 +1,18 @@
+# Song et al. (2019): WMT17 Zh-En, big (Table 4). The big En-De recipe
+# (song2019_wmt14_big.sh, read first) on the Zh-En data.
+. "$(dirname "${BASH_SOURCE[0]}")/song2019_wmt14_big.sh"
+DESCRIPTION="Song et al. 2019, WMT17 Zh-En, big"
+
+# "WMT17 Chinese-English translation task contains 24M bilingual data ... We use the
+# same data selection as introduced in Hassan (2018). We keep 18M sentences after
+# preprocessing. Newsdev2017 is used as the development set and newstest2017 is as the
+# test set." "For WMT17 Chinese-English, we only use a big model setting." (Selection
+# and word segmentation belong to prepare_data.sh's wmt17_zh_en recipe.) The
+# vocabulary is not described: 32000 sentencepiece pieces as for En-De. BLEU: not
+# described; tokenized BLEU (Hassan et al.'s 24.2, which Table 4 lists, is sacreBLEU;
+# evaluate.sh writes both, the table reports the tokenized one).
+PAIRS=("wmt17_zh_en|zh|en|32000|tok")
+
+# Not stated whether the vocabulary is shared for Zh-En: the source keeps its own
+# embedding; the decoder's input and output embeddings are tied.
+MODEL_ARGS=(--share-decoder-input-output-embed)

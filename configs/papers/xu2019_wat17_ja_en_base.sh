@@ -1,0 +1,15 @@
+# Xu et al. (2019): WAT17 Ja-En, Transformer-Base (Table 2). As the En-De setting
+# (xu2019_wmt14_base.sh, read first) except for the data.
+. "$(dirname "${BASH_SOURCE[0]}")/xu2019_wmt14_base.sh"
+DESCRIPTION="Xu et al. 2019, WAT17 Ja-En, Transformer-Base"
+
+# "For the WAT17 benchmark, we follow (Morishita et al., 2017) to use the first two
+# sections of WAT17 dataset as the training data, which contains 2M sentences. The
+# Japanese sentences are segmented by the word segmentation toolkit KeTea ... bytepair
+# encoding ... with 32K merge operations." (Selection and segmentation belong to
+# prepare_data.sh's wat17_ja_en recipe.) BLEU: case-sensitive tokenized BLEU.
+PAIRS=("wat17_ja_en|ja|en|32000|tok")
+
+# Japanese and English share few subwords: the source keeps its own embedding; the
+# decoder's input and output embeddings are tied.
+MODEL_ARGS=(--share-decoder-input-output-embed)

@@ -1,0 +1,54 @@
+# Yang et al. (2018), "Modeling Localness for Self-Attention Networks": WMT14 En-De,
+# Transformer-Base (Table 4). Sourced by bash (scripts/reproduce/common.sh); the
+# variables are described in docs/reproduce.md. Quotes are from the paper (section 4.1
+# unless said otherwise); where it is silent we follow Vaswani et al. (2017), which it
+# says it follows, or fairseq's standard recipe, and say so.
+DESCRIPTION="Yang et al. 2018, WMT14 En-De, Transformer-Base"
+
+# Data: "we trained on the widely-used WMT14 dataset consisting of about 4.56 million
+# sentence pairs. The models were validated on newstest2013 and examined on
+# newstest2014. ... tokenized using the scripts provided in Moses. Then, all tokenized
+# sentences were processed by byte-pair encoding (BPE) ... with 32K merge operations".
+# BLEU: "The 4-gram NIST BLEU score ... is used": tokenized BLEU; with compound
+# splitting, the convention of the Vaswani et al. numbers Table 4 compares with (the
+# paper does not mention compound splitting).
+#   dataset|src|tgt|bpe size|bleu kind
+PAIRS=("wmt14_en_de|en|de|32000|tok-compound")
+BPE=subword-nmt
+
+# Model: "We tested both the Base and Big models, which differ at the layer size (512
+# vs. 1024) and the number of attention heads (8 vs. 16)" (6+6 layers, section 3.4).
+# One embedding matrix for source, target and output (fairseq's recipe for a joint
+# BPE vocabulary; the paper's 88.0M suggests THUMT's separate source embedding).
+ARCH=localness_transformer_wmt_en_de
+MODEL_ARGS=(--share-all-embeddings)
+# "In the main experiments, we only applied localness modeling to the lower three
+# layers of the encoder, which employs a query-specific window prediction strategy"
+# (section 4.2). The baseline rows train fairseq's transformer and leave these out.
+METHOD_ARGS=(--localness-window query --localness-encoder-layers 1-3)
+
+# Recipe: "We followed Vaswani et al. (2017) to set the configurations": Adam
+# (0.9, 0.98, eps 1e-9); lr = d^-0.5 min(step^-0.5, step warmup^-1.5) with 4000 warm-up
+# steps, i.e. inverse_sqrt with peak 512^-0.5 * 4000^-0.5 = 7e-4; dropout 0.1; label
+# smoothing 0.1; no weight decay. Checkpoints every 1000 updates (Vaswani et al.:
+# every 10 minutes, ~700 steps at the paper's 1.2 steps/s), the last AVERAGE_LAST kept.
+TRAIN_ARGS=(
+    --optimizer adam --adam-betas '(0.9,0.98)' --adam-eps 1e-9
+    --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-7
+    --dropout 0.1 --weight-decay 0.0
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+    --max-tokens 4096
+    --save-interval-updates 1000 --keep-interval-updates 5 --no-epoch-checkpoints
+)
+# Not stated; Vaswani et al.'s base model: 100K steps.
+MAX_UPDATE=100000
+# "All the models were trained on eight NVIDIA P40 GPUs, each of which is allocated a
+# batch of 4096 tokens": 8 x 4096.
+EFFECTIVE_TOKENS=32768
+# Not stated; Vaswani et al. (and SPEC.md): the last 5 checkpoints of a base model.
+AVERAGE_LAST=5
+# Not stated; Vaswani et al.: beam 4, length penalty 0.6, maximum output length
+# input + 50. (fairseq's --lenpen divides by length^0.6, not GNMT's ((5+len)/6)^0.6.)
+BEAM=4
+LENPEN=0.6
+GENERATE_ARGS=(--max-len-a 1 --max-len-b 50)

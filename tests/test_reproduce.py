@@ -1,0 +1,601 @@
+"""scripts/reproduce/*.sh and configs/papers/*.sh: the reproduce scripts' dry runs.
+
+For every paper table, `--dry-run` prints the commands a full run would execute
+(data preparation, one train command per row, averaging, evaluation, significance)
+with the paper's settings, runs nothing and writes nothing; `--only` selects rows; bad
+rows, options and configurations stop with exit status 2 before any command; and the
+results table puts our numbers next to the paper's once result files exist. Every
+train command of every script parses with fairseq's own parser and builds its model
+(at a reduced width, so that the whole check takes seconds).
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, tool_env
+
+REPRO = os.path.join(REPO, "scripts", "reproduce")
+SCRIPTS = ["yang2018_table4.sh", "xu2019_table1.sh", "xu2019_table2.sh", "song2019_table2.sh",
+           "song2019_table3.sh", "song2019_table4.sh", "dc_table1.sh", "dc_table2.sh"]
+
+# What each paper setting must give (from the papers; see the comments in the configs).
+#   dataset, src, tgt, bpe, bpe size, bleu options of evaluate.sh, max updates,
+#   effective tokens, average last, beam, lenpen, lr scheduler, fairseq options
+SETTINGS = {
+    "yang2018_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"),
+                                bleu=["--tok-bleu", "--compound-split"], updates=100000, tokens=32768,
+                                avg=5, beam=4, lenpen="0.6", sched="inverse_sqrt",
+                                opts={"--lr": "7e-4", "--dropout": "0.1", "--warmup-updates": "4000",
+                                      "--adam-betas": "(0.9,0.98)", "--label-smoothing": "0.1"}),
+    "yang2018_wmt14_big": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"),
+                               bleu=["--tok-bleu", "--compound-split"], updates=300000, tokens=32768,
+                               avg=20, beam=4, lenpen="0.6", sched="inverse_sqrt",
+                               opts={"--lr": "5e-4", "--dropout": "0.3"}),
+    "yang2018_wmt17_zh_en_base": dict(data=("wmt17_zh_en", "zh", "en", "subword-nmt", "32000"),
+                                      bleu=["--tok-bleu"], updates=100000, tokens=32768, avg=5, beam=4,
+                                      lenpen="0.6", sched="inverse_sqrt", opts={"--lr": "7e-4"}),
+    "yang2018_wmt17_zh_en_big": dict(data=("wmt17_zh_en", "zh", "en", "subword-nmt", "32000"),
+                                     bleu=["--tok-bleu"], updates=300000, tokens=32768, avg=20, beam=4,
+                                     lenpen="0.6", sched="inverse_sqrt", opts={"--dropout": "0.3"}),
+    "xu2019_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"),
+                              bleu=["--tok-bleu", "--compound-split"], updates=100000, tokens=25000,
+                              avg=5, beam=4, lenpen="0.6", sched="inverse_sqrt",
+                              opts={"--dropout": "0.1", "--attention-dropout": "0.1",
+                                    "--activation-dropout": "0.1", "--adam-eps": "1e-9"}),
+    "xu2019_wat17_ja_en_base": dict(data=("wat17_ja_en", "ja", "en", "subword-nmt", "32000"),
+                                    bleu=["--tok-bleu"], updates=100000, tokens=25000, avg=5, beam=4,
+                                    lenpen="0.6", sched="inverse_sqrt", opts={}),
+    "song2019_iwslt14_small": dict(data=("iwslt14_de_en", "de", "en", "sentencepiece", "32000"),
+                                   bleu=["--tok-bleu"], updates=100000, tokens=4096, avg=5, beam=4,
+                                   lenpen="0.6", sched="inverse_sqrt", opts={"--lr": "1e-3"}),
+    "song2019_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "sentencepiece", "32000"),
+                                bleu=["--tok-bleu", "--compound-split"], updates=100000, tokens=32768,
+                                avg=5, beam=4, lenpen="0.6", sched="inverse_sqrt", opts={"--lr": "7e-4"}),
+    "song2019_wmt14_big": dict(data=("wmt14_en_de", "en", "de", "sentencepiece", "32000"),
+                               bleu=["--tok-bleu", "--compound-split"], updates=300000, tokens=32768,
+                               avg=20, beam=4, lenpen="0.6", sched="inverse_sqrt", opts={"--lr": "5e-4"}),
+    "song2019_wmt17_zh_en_big": dict(data=("wmt17_zh_en", "zh", "en", "sentencepiece", "32000"),
+                                     bleu=["--tok-bleu"], updates=300000, tokens=32768, avg=20, beam=4,
+                                     lenpen="0.6", sched="inverse_sqrt", opts={}),
+    "dc_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"),
+                          bleu=["--tok-bleu", "--compound-split"], updates=160000, tokens=4960, avg=5,
+                          beam=4, lenpen="0.6", sched="cosine",
+                          opts={"--lr-period-updates": "156000", "--warmup-updates": "4000",
+                                "--adam-betas": "(0.9,0.98)"}),
+}
+DC_IWSLT = dict(bleu_vi=[], bleu=["--tok-bleu"], updates=200000, tokens=2048, avg=5, beam=6,
+                lenpen="1.1", sched="cosine",
+                opts={"--lr-period-updates": "196000", "--max-tokens": "2048", "--dropout": "0.3"})
+DC_PAIRS = {"vi-en": ("iwslt15_en_vi", "21000"), "en-vi": ("iwslt15_en_vi", "21000"),
+            "es-en": ("iwslt14_es_en", "34000"), "en-es": ("iwslt14_es_en", "34000"),
+            "fr-en": ("iwslt15_fr_en", "31000"), "en-fr": ("iwslt15_fr_en", "31000"),
+            "ro-en": ("iwslt14_ro_en", "32000"), "en-ro": ("iwslt14_ro_en", "32000")}
+for _pair, (_dataset, _size) in DC_PAIRS.items():
+    _src, _tgt = _pair.split("-")
+    SETTINGS["dc_iwslt:" + _pair] = dict(
+        data=(_dataset, _src, _tgt, "subword-nmt", _size),
+        bleu=DC_IWSLT["bleu_vi"] if "vi" in _pair else DC_IWSLT["bleu"],
+        **{k: v for k, v in DC_IWSLT.items() if not k.startswith("bleu")})
+
+# The method's options (a row that trains the config's architecture gets them).
+YANG = ["--localness-window", "query", "--localness-encoder-layers", "1-3"]
+XU = ["--hybrid-variant", "gate", "--hybrid-encoder-layers", "1-2", "--hybrid-window-m", "1"]
+SONG = ["--hysan-encoder-branches", "global,forward,backward,local1", "--hysan-decoder-branches",
+        "forward,local1", "--hysan-encoder-layers", "all", "--hysan-decoder-layers", "all",
+        "--hysan-fusion", "gated", "--hysan-gate-reduction", "16"]
+DC = ["--dc-mode", "enc", "--dc-kernel-size", "2"]
+
+# The rows of each table: (name, setting, architecture, options the row must have in
+# this order at the end of its train command, paper BLEU).
+ROWS = {
+    "yang2018_table4.sh": [
+        ("zh-en.base", "yang2018_wmt17_zh_en_base", "transformer_wmt_en_de", [], "24.13"),
+        ("zh-en.base+rel_pos", "yang2018_wmt17_zh_en_base", "localness_transformer_wmt_en_de",
+         YANG + ["--localness-encoder-layers", "none", "--localness-rel-pos"], "24.53"),
+        ("zh-en.base+localness", "yang2018_wmt17_zh_en_base", "localness_transformer_wmt_en_de", YANG, "24.77"),
+        ("zh-en.base+localness+rel_pos", "yang2018_wmt17_zh_en_base", "localness_transformer_wmt_en_de",
+         YANG + ["--localness-rel-pos"], "24.96"),
+        ("zh-en.big", "yang2018_wmt17_zh_en_big", "transformer_vaswani_wmt_en_de_big", [], "24.56"),
+        ("zh-en.big+localness", "yang2018_wmt17_zh_en_big", "localness_transformer_vaswani_wmt_en_de_big",
+         YANG, "25.03"),
+        ("zh-en.big+localness+rel_pos", "yang2018_wmt17_zh_en_big",
+         "localness_transformer_vaswani_wmt_en_de_big", YANG + ["--localness-rel-pos"], "25.28"),
+        ("en-de.base", "yang2018_wmt14_base", "transformer_wmt_en_de", [], "27.64"),
+        ("en-de.base+rel_pos", "yang2018_wmt14_base", "localness_transformer_wmt_en_de",
+         YANG + ["--localness-encoder-layers", "none", "--localness-rel-pos"], "27.94"),
+        ("en-de.base+localness", "yang2018_wmt14_base", "localness_transformer_wmt_en_de", YANG, "28.11"),
+        ("en-de.base+localness+rel_pos", "yang2018_wmt14_base", "localness_transformer_wmt_en_de",
+         YANG + ["--localness-rel-pos"], "28.54"),
+        ("en-de.big", "yang2018_wmt14_big", "transformer_vaswani_wmt_en_de_big", [], "28.58"),
+        ("en-de.big+localness", "yang2018_wmt14_big", "localness_transformer_vaswani_wmt_en_de_big",
+         YANG, "28.89"),
+        ("en-de.big+localness+rel_pos", "yang2018_wmt14_big", "localness_transformer_vaswani_wmt_en_de_big",
+         YANG + ["--localness-rel-pos"], "29.18"),
+    ],
+    "xu2019_table1.sh": [
+        ("en-de.transformer", "xu2019_wmt14_base", "transformer_wmt_en_de", [], "27.67"),
+        ("en-de.neighbor", "xu2019_wmt14_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "neighbor"], "27.90"),
+        ("en-de.local_h", "xu2019_wmt14_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "local_h"], "28.03"),
+        ("en-de.local_s", "xu2019_wmt14_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "local_s", "--hybrid-encoder-layers", "1-3"], "28.11"),
+        ("en-de.local_pattern", "xu2019_wmt14_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "local_pattern"], "28.13"),
+        ("en-de.hybrid_concat", "xu2019_wmt14_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "concat"], "28.15"),
+        ("en-de.hybrid_gate", "xu2019_wmt14_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "gate"], "28.31"),
+    ],
+    "xu2019_table2.sh": [
+        ("en-de.transformer", "xu2019_wmt14_base", "transformer_wmt_en_de", [], "27.67"),
+        ("en-de.local_pattern", "xu2019_wmt14_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "local_pattern"], "28.13"),
+        ("en-de.hybrid_gate", "xu2019_wmt14_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "gate"], "28.31"),
+        ("ja-en.transformer", "xu2019_wat17_ja_en_base", "transformer_wmt_en_de", [], "28.10"),
+        ("ja-en.local_pattern", "xu2019_wat17_ja_en_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "local_pattern"], "28.23"),
+        ("ja-en.hybrid_gate", "xu2019_wat17_ja_en_base", "hybrid_transformer_wmt_en_de",
+         XU + ["--hybrid-variant", "gate"], "28.66"),
+    ],
+    "song2019_table2.sh": [
+        (f"{size}.{system}", setting, arch if system == "transformer" or size == "iwslt" else ours,
+         ([] if system == "transformer" and size != "iwslt" else SONG)
+         + (["--hysan-encoder-layers", "none", "--hysan-decoder-layers", "none"] if system == "transformer"
+            and size == "iwslt" else [] if system == "transformer" else ["--hysan-fusion", system[6:]]),
+         bleu)
+        for size, setting, arch, ours, bleus in [
+            ("iwslt", "song2019_iwslt14_small", "hysan_transformer_iwslt_small", "hysan_transformer_iwslt_small",
+             ["31.27", "32.07", "32.13", "32.28"]),
+            ("base", "song2019_wmt14_base", "transformer_wmt_en_de", "hysan_transformer_wmt_en_de",
+             ["27.3", "27.4", "27.7", "27.9"]),
+            ("big", "song2019_wmt14_big", "transformer_vaswani_wmt_en_de_big",
+             "hysan_transformer_vaswani_wmt_en_de_big", ["28.4", "28.2", "28.7", "28.8"]),
+        ]
+        for system, bleu in zip(["transformer", "hysan_sum", "hysan_concat", "hysan_gated"], bleus)
+    ],
+    "song2019_table3.sh": [
+        ("base.transformer", "song2019_wmt14_base", "transformer_wmt_en_de", [], "27.3"),
+        ("base.hysan_gated", "song2019_wmt14_base", "hysan_transformer_wmt_en_de",
+         SONG + ["--hysan-fusion", "gated"], "27.9"),
+        ("big.transformer", "song2019_wmt14_big", "transformer_vaswani_wmt_en_de_big", [], "28.4"),
+        ("big.hysan_gated", "song2019_wmt14_big", "hysan_transformer_vaswani_wmt_en_de_big",
+         SONG + ["--hysan-fusion", "gated"], "28.8"),
+    ],
+    "song2019_table4.sh": [
+        ("zh-en.big.transformer", "song2019_wmt17_zh_en_big", "transformer_vaswani_wmt_en_de_big", [], "24.20"),
+        ("zh-en.big.hysan_gated", "song2019_wmt17_zh_en_big", "hysan_transformer_vaswani_wmt_en_de_big",
+         SONG + ["--hysan-fusion", "gated"], "25.27"),
+    ],
+    "dc_table1.sh": [
+        ("transformer", "dc_wmt14_base", "transformer_wmt_en_de", [], "28.37"),
+        ("enc-dc", "dc_wmt14_base", "dc_transformer_wmt_en_de", DC + ["--dc-mode", "enc"], "29.26"),
+        ("dec-dc", "dc_wmt14_base", "dc_transformer_wmt_en_de", DC + ["--dc-mode", "dec"], "28.86"),
+        ("full-dc", "dc_wmt14_base", "dc_transformer_wmt_en_de", DC + ["--dc-mode", "full"], "29.11"),
+    ],
+    "dc_table2.sh": [
+        (f"{pair}.{system}", f"dc_iwslt:{pair}", "dc_transformer_iwslt_small", DC + ["--dc-mode", mode], bleu)
+        for pair, bleus in [
+            ("vi-en", ["29.03", "29.42", "29.20", "29.70"]), ("en-vi", ["30.58", "31.28", "31.24", "31.10"]),
+            ("es-en", ["39.80", "40.18", "39.96", "40.15"]), ("en-es", ["37.90", "38.59", "38.28", "38.10"]),
+            ("fr-en", ["32.85", "33.35", "33.15", "33.42"]), ("en-fr", ["33.15", "33.94", "33.43", "33.60"]),
+            ("ro-en", ["26.66", "27.15", "26.81", "27.14"]), ("en-ro", ["20.91", "21.20", "21.22", "21.27"]),
+        ]
+        for (system, mode), bleu in zip([("transformer", "none"), ("enc-dc", "enc"), ("dec-dc", "dec"),
+                                         ("full-dc", "full")], bleus)
+    ],
+}
+# Rows tested for significance against a baseline (the paper reports it).
+SIGNIFICANCE = {
+    "yang2018_table4.sh": {r[0]: r[0].split("+")[0] for r in ROWS["yang2018_table4.sh"] if "+" in r[0]},
+    "xu2019_table2.sh": {"en-de.hybrid_gate": "en-de.transformer", "ja-en.hybrid_gate": "ja-en.transformer"},
+    "dc_table1.sh": {"enc-dc": "transformer", "dec-dc": "transformer", "full-dc": "transformer"},
+}
+
+
+def reproduce(script, *args, env=None, cwd=None):
+    cmd = ["bash", os.path.join(REPRO, script)] + [str(a) for a in args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=tool_env(env), cwd=cwd, timeout=120)
+
+
+def commands(stdout):
+    """The dry run's commands (non-comment lines before the table), split like a shell."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("# table"):
+            break
+        if line and not line.startswith("#"):
+            out.append(shlex.split(line))
+    return out
+
+
+def by_script(cmds, name):
+    return [c for c in cmds if c[0] == "bash" and c[1].endswith("/" + name)]
+
+
+def opt(cmd, name):
+    """The value of the last occurrence of option `name` in `cmd`."""
+    idx = [i for i, w in enumerate(cmd) if w == name]
+    assert idx, f"{name} missing from {shlex.join(cmd)}"
+    return cmd[idx[-1] + 1]
+
+
+def dry_run(script, work, *args):
+    p = reproduce(script, "--dry-run", "--work-dir", work, *args)
+    assert p.returncode == 0, p.stderr
+    return p
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory):
+    """The full dry run of every script (work dirs that must stay absent)."""
+    base = tmp_path_factory.mktemp("reproduce")
+    runs = {}
+    for script in SCRIPTS:
+        work = base / script[:-3]
+        runs[script] = (work, dry_run(script, work))
+    return base, runs
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_dry_run_prints_the_expected_commands(dry_runs, script):
+    base, runs = dry_runs
+    work, p = runs[script]
+    cmds = commands(p.stdout)
+    rows = ROWS[script]
+    train = by_script(cmds, "train.sh")
+    assert [opt(c, "--save-dir") for c in train] == [str(work / "runs" / r[0]) for r in rows], \
+        "one train command per row, in the table's order"
+    average, evaluate = by_script(cmds, "average.sh"), by_script(cmds, "evaluate.sh")
+    assert len(average) == len(evaluate) == len(rows)
+    prepared = {}
+    for c in by_script(cmds, "prepare_data.sh"):
+        prepared[opt(c, "--out")] = c
+    for (name, setting, arch, tail, _), t, a, e in zip(rows, train, average, evaluate):
+        s = SETTINGS[setting]
+        dataset, src, tgt, bpe, size = s["data"]
+        data = work / "data" / f"{dataset}.{src}-{tgt}.{bpe}{size}"
+        run = work / "runs" / name
+        # data: prepared once, with the paper's corpus, direction and segmentation
+        prep = prepared[str(data)]
+        assert [opt(prep, o) for o in ("--dataset", "--src", "--tgt", "--bpe", "--bpe-size")] == \
+            [dataset, src, tgt, bpe, size], name
+        assert opt(prep, "--raw-dir") == str(work / "data" / "downloads")
+        # train
+        assert opt(t, "--arch") == arch, name
+        assert opt(t, "--data-bin") == str(data / "bin")
+        assert [opt(t, "--src"), opt(t, "--tgt")] == [src, tgt]
+        assert opt(t, "--max-update") == str(s["updates"]), name
+        assert opt(t, "--effective-tokens") == str(s["tokens"]), name
+        assert opt(t, "--gpus") == "1" and opt(t, "--seed") == "1" and "--cpu" not in t
+        fairseq = t[t.index("--") + 1:]
+        assert opt(fairseq, "--lr-scheduler") == s["sched"], name
+        for o, v in s["opts"].items():
+            assert opt(fairseq, o) == v, (name, o)
+        assert opt(fairseq, "--keep-interval-updates") == str(s["avg"])
+        assert "--max-tokens" in fairseq and "--save-interval-updates" in fairseq
+        assert fairseq[-2:] == ["--log-file", str(run / "train.log")]
+        assert fairseq[len(fairseq) - 2 - len(tail):-2] == tail, (name, fairseq)
+        if arch.startswith("transformer"):  # the baselines get none of the method's options
+            assert not any(w.startswith(("--localness", "--hybrid", "--hysan", "--dc-")) for w in fairseq)
+        # average
+        assert opt(a, "--save-dir") == str(run) and opt(a, "--last") == str(s["avg"])
+        assert opt(a, "--by") == "update"
+        assert opt(a, "--output") == str(run / f"checkpoint_avg_last{s['avg']}.pt")
+        # evaluate
+        assert opt(e, "--checkpoint") == opt(a, "--output")
+        assert opt(e, "--data-bin") == str(data / "bin")
+        assert opt(e, "--ref") == str(data / "raw" / f"test.{tgt}")
+        assert [opt(e, "--beam"), opt(e, "--lenpen")] == [str(s["beam"]), s["lenpen"]], name
+        assert opt(e, "--out") == str(run / "eval")
+        bleu_opts = [w for w in e if w in ("--tok-bleu", "--compound-split")]
+        assert bleu_opts == s["bleu"], name
+        assert e[e.index("--") + 1:] == ["--max-len-a", "1", "--max-len-b", "50"]
+    assert len(prepared) == len(by_script(cmds, "prepare_data.sh")), "each corpus is prepared once"
+    assert len(prepared) == len({SETTINGS[r[1]]["data"] for r in rows})
+    # significance: against the baseline row, where the paper reports it
+    sig = {opt(c, "--system").split("=")[0]: c for c in by_script(cmds, "significance.sh")}
+    expected = SIGNIFICANCE.get(script, {})
+    assert set(sig) == set(expected)
+    settings = {r[0]: SETTINGS[r[1]] for r in rows}
+    for name, base_row in expected.items():
+        c = sig[name]
+        # on the BLEU the table reports: evaluate.sh's tokenized texts for tokenized BLEU
+        tok = settings[name]["bleu"] != []
+        texts = "hyp.tok_bleu" if tok else "hyp.detok"
+        assert opt(c, "--baseline") == f"{base_row}={work / 'runs' / base_row / 'eval' / texts}"
+        assert opt(c, "--system") == f"{name}={work / 'runs' / name / 'eval' / texts}"
+        if tok:
+            assert opt(c, "--ref") == str(work / "runs" / name / "eval" / "ref.tok_bleu")
+            assert opt(c, "--tokenize") == "none"
+        else:
+            assert opt(c, "--ref").endswith("/raw/test." + settings[name]["data"][2])
+            assert "--tokenize" not in c
+        assert opt(c, "--samples") == "1000" and opt(c, "--out") == str(work / "runs" / name / "significance")
+    # the table: every row with the paper's number and '-' for ours
+    table = p.stdout[p.stdout.index("# table"):]
+    for name, _, _, _, bleu in rows:
+        line = next(l for l in table.splitlines() if l.startswith(f"| {name} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[3:6] == [bleu, "-", "-"], cells
+    # nothing was written
+    assert not work.exists()
+    assert not os.path.exists(os.path.join(REPO, "runs", "reproduce", script[:-3], "results.md"))
+
+
+def test_dry_runs_write_nothing(dry_runs):
+    base, _ = dry_runs
+    assert list(base.iterdir()) == []
+
+
+def test_only_selects_rows_and_passes_the_hardware_options(tmp_path):
+    work = tmp_path / "w"
+    p = dry_run("dc_table2.sh", work, "--only", "en-ro.enc-dc vi-en.transformer", "--gpus", "4",
+                "--max-tokens", "512", "--seed", "3", "--precision", "bf16", "--raw-dir", tmp_path / "dl")
+    cmds = commands(p.stdout)
+    train = by_script(cmds, "train.sh")
+    # in the table's order, not the order given
+    assert [os.path.basename(opt(c, "--save-dir")) for c in train] == ["vi-en.transformer", "en-ro.enc-dc"]
+    for c in train:
+        assert [opt(c, "--gpus"), opt(c, "--seed"), opt(c, "--precision")] == ["4", "3", "bf16"]
+        assert opt(c, "--max-tokens") == "512"  # the last --max-tokens wins
+    assert [opt(c, "--dataset") for c in by_script(cmds, "prepare_data.sh")] == ["iwslt15_en_vi", "iwslt14_ro_en"]
+    assert {opt(c, "--raw-dir") for c in by_script(cmds, "prepare_data.sh")} == {str(tmp_path / "dl")}
+    assert len(by_script(cmds, "evaluate.sh")) == 2
+    # --cpu: train and translate on the CPU
+    cmds = commands(dry_run("dc_table1.sh", work, "--only", "enc-dc", "--cpu").stdout)
+    (t,), (e,) = by_script(cmds, "train.sh"), by_script(cmds, "evaluate.sh")
+    assert "--cpu" in t and "--gpus" not in t
+    assert e[-1] == "--cpu"
+    # a significance test needs its baseline: not run when the baseline is neither
+    # selected nor translated
+    p = dry_run("dc_table1.sh", work, "--only", "enc-dc")
+    assert by_script(commands(p.stdout), "significance.sh") == []
+    assert "no significance test" in p.stdout
+    assert not work.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--only", "en-de.base nope"], "--only: no row 'nope'"),
+    (["--gpus", "0"], "--gpus: expected a whole number >= 1"),
+    (["--precision", "fp8"], "--precision: expected one of: auto fp32 fp16 bf16"),
+    (["--cpu", "--gpus", "2"], "--cpu and --gpus 2"),
+    (["--frobnicate"], "unknown option '--frobnicate'"),
+    (["--dry-run", "--table"], "--dry-run and --table"),
+])
+def test_bad_options_fail_before_any_command(tmp_path, args, message):
+    p = reproduce("yang2018_table4.sh", "--dry-run", "--work-dir", tmp_path / "w", *args)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr
+    assert commands(p.stdout) == []
+    assert not (tmp_path / "w").exists()
+    if args[0] == "--only":
+        assert "en-de.base+localness" in p.stderr  # the names that exist
+
+
+def _table_script(tmp_path, rows, significance=0):
+    script = tmp_path / "table.sh"
+    script.write_text(
+        "set -euo pipefail\nTABLE_TITLE='Test table'\nTABLE_SIGNIFICANCE=%d\nTABLE_ROWS=(\n%s\n)\n"
+        ". %s\nreproduce_main \"$@\"\n"
+        % (significance, "\n".join(shlex.quote(r) for r in rows), shlex.quote(os.path.join(REPRO, "common.sh"))))
+    return script
+
+
+def _run_table(script, *args, env=None):
+    return subprocess.run(["bash", str(script), *map(str, args)], capture_output=True, text=True,
+                          env=tool_env(env), timeout=60)
+
+
+GOOD = "a|dc_wmt14_base|--arch transformer_wmt_en_de|28.37|||"
+
+
+@pytest.mark.parametrize("row, message", [
+    ("b|nope|--dc-mode enc|29.0|||", "no configuration 'nope'"),
+    ("b|dc_iwslt|--dc-mode enc|29.0|||", "has several directions; name one as 'dc_iwslt:<src>-<tgt>'"),
+    ("b|dc_iwslt:de-en|--dc-mode enc|29.0|||", "configuration dc_iwslt has no direction 'de-en'"),
+    ("b|dc_wmt14_base|--dc-mode enc|high|||", "row 'b': paper BLEU: expected a number"),
+    ("b|dc_wmt14_base|--dc-mode enc|29.0|c||", "baseline 'c' is not an earlier row"),
+    ("a|dc_wmt14_base|--dc-mode enc|29.0|||", "row name 'a' appears twice"),
+    ("b c|dc_wmt14_base||29.0|||", "name 'b c'"),
+    ("b|dc_wmt14_base|--max-update 5|29.0|||", "'--max-update' is set by the reproduce driver"),
+    ("b|dc_wmt14_base|--dc-mode enc|29.0||||x", "expected 7 fields"),
+])
+def test_bad_rows_fail_cleanly(tmp_path, row, message):
+    p = _run_table(_table_script(tmp_path, [GOOD, row]), "--dry-run", "--work-dir", tmp_path / "w")
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr
+    assert commands(p.stdout) == [] and not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ("BEAM=0", "BEAM: expected a whole number >= 1"),
+    ("unset ARCH", "ARCH is not set"),
+    ("BPE=wordpiece", "BPE: expected one of: subword-nmt sentencepiece"),
+    ("PAIRS=('wmt15_en_de|en|de|32000|tok')", "dataset: expected one of: wmt14_en_de"),
+    ("PAIRS=('wmt14_en_de|en|de|32000|chrf')", "bleu kind: expected one of: sacrebleu tok tok-compound"),
+    ("TRAIN_ARGS+=(--update-freq 8)", "TRAIN_ARGS: '--update-freq' is set by the reproduce driver"),
+    ("TRAIN_ARGS=(--max-tokens 4096)", "TRAIN_ARGS has no --save-interval-updates"),
+    ("AVERAGE_LAST=20", "--keep-interval-updates in TRAIN_ARGS: expected a whole number >= 20"),
+])
+def test_bad_configurations_fail_cleanly(tmp_path, change, message):
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    good = open(os.path.join(REPO, "configs", "papers", "dc_wmt14_base.sh")).read()
+    (configs / "dc_wmt14_base.sh").write_text(good + "\n" + change + "\n")
+    p = _run_table(_table_script(tmp_path, [GOOD]), "--dry-run", "--work-dir", tmp_path / "w",
+                   env={"REPRODUCE_CONFIG_DIR": str(configs)})
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr and "dc_wmt14_base.sh" in p.stderr
+    assert commands(p.stdout) == []
+
+
+def test_table_puts_our_numbers_next_to_the_papers(tmp_path):
+    work = tmp_path / "w"
+    runs = work / "runs"
+
+    def result(name, tok=None, sacre=None, params=None, ups=None, p=None):
+        (runs / name / "eval").mkdir(parents=True)
+        if tok is not None:
+            (runs / name / "eval" / "tok_bleu.json").write_text(json.dumps({"score": tok}))
+        (runs / name / "eval" / "bleu.json").write_text(json.dumps(
+            {"score": sacre, "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0"}))
+        (runs / name / "train.log").write_text(
+            f"2026 | INFO | fairseq_cli.train | num. shared model params: {params:,} (num. trained: {params:,})\n"
+            f"2026 | INFO | train | epoch 001 | loss 4.1 | ups {ups} | num_updates 1000\n"
+            f"2026 | INFO | train | epoch 002 | loss 3.9 | ups {ups + 0.2:.2f} | num_updates 2000\n")
+        if p is not None:
+            (runs / name / "significance").mkdir()
+            (runs / name / "significance" / "significance.json").write_text(json.dumps(
+                {"baseline": "transformer", "samples": 1000, "systems": {},
+                 "comparisons": [{"baseline": "transformer", "system": name, "p_value": p}]}))
+
+    result("transformer", tok=28.0, sacre=27.1, params=60_524_544, ups=3.0)
+    result("enc-dc", tok=29.40, sacre=28.3, params=73_128_960, ups=2.4, p=0.004)
+    p = reproduce("dc_table1.sh", "--table", "--work-dir", work)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == ("| row | pair | metric | paper BLEU | our BLEU | delta | paper params | our params "
+                        "| paper speed | our speed | p (vs. baseline) |")
+    assert "| transformer | en-de | tok. BLEU, compound split | 28.37 | 28.00 | -0.37 | 61.2M | 60.52M "\
+           "| 3.66 | 3.10 | - |" in lines
+    assert "| enc-dc | en-de | tok. BLEU, compound split | 29.26 | 29.40 | +0.14 | 73.86M | 73.13M "\
+           "| 3.0 | 2.50 | 0.004 |" in lines
+    assert "| dec-dc | en-de | tok. BLEU, compound split | 28.86 | - | - | 73.86M | - | 3.08 | - | - |" in lines
+    assert "2 of 4 rows have results" in p.stdout
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0" in p.stdout
+    assert (work / "results.md").read_text() == p.stdout
+
+    # a dry run now skips the evaluated rows and tests significance against their translations
+    p = dry_run("dc_table1.sh", work)
+    cmds = commands(p.stdout)
+    assert [os.path.basename(opt(c, "--save-dir")) for c in by_script(cmds, "train.sh")] == ["dec-dc", "full-dc"]
+    assert "enc-dc: trained and evaluated" in p.stdout
+    assert {opt(c, "--system").split("=")[0] for c in by_script(cmds, "significance.sh")} == \
+        {"dec-dc", "full-dc"}  # enc-dc has its significance.json already
+    # parameter differences ('+' in the paper's column) are differences for us too
+    result_dir = tmp_path / "song"
+    runs = result_dir / "runs"
+    result("iwslt.transformer", tok=31.0, sacre=30.0, params=11_878_400, ups=5.0)
+    result("iwslt.hysan_gated", tok=32.0, sacre=31.0, params=11_911_168, ups=4.0)
+    p = reproduce("song2019_table2.sh", "--table", "--work-dir", result_dir)
+    assert p.returncode == 0, p.stderr
+    assert "| iwslt.transformer | de-en | tok. BLEU | 31.27 | 31.00 | -0.27 | 11.9M | 11.88M |" in p.stdout
+    assert "| iwslt.hysan_gated | de-en | tok. BLEU | 32.28 | 32.00 | -0.28 | +32K | +32,768 |" in p.stdout
+
+
+def test_every_train_command_parses_and_builds(dry_runs):
+    """fairseq's parser accepts every train command's options and the model builds
+    (widths shrunk to 64; depth and locality options as in the paper)."""
+    import torch
+    from fairseq import options
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from model_utils import ToyTask
+
+    def model_options(words):
+        """The options that shape the model (the rest only trains it)."""
+        kept, keep = [], False
+        for w in words:
+            if w.startswith("--"):
+                keep = w.startswith(("--localness", "--hybrid", "--hysan", "--dc-", "--share"))
+            if keep:
+                kept.append(w)
+        return tuple(kept)
+
+    _, runs = dry_runs
+    parsed, built = set(), set()
+    narrow = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+              "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"]
+    for script, (_, p) in runs.items():
+        for t in by_script(commands(p.stdout), "train.sh"):
+            arch, fairseq = opt(t, "--arch"), t[t.index("--") + 1:-2]  # without --log-file
+            if (arch, tuple(fairseq)) in parsed:
+                continue
+            parsed.add((arch, tuple(fairseq)))
+            args = options.parse_args_and_arch(
+                options.get_training_parser(), ["/dev/null", "--task", "translation", "--arch", arch, *fairseq, *narrow])
+            assert args.max_tokens and args.lr_scheduler in ("inverse_sqrt", "cosine")
+            # one model per class, depth and locality options (the presets' widths and
+            # heads do not change what the options are checked against)
+            key = (ARCH_MODEL_REGISTRY[arch].__name__, args.encoder_layers, args.decoder_layers,
+                   model_options(fairseq))
+            if key in built:
+                continue
+            built.add(key)
+            torch.manual_seed(0)
+            model = ARCH_MODEL_REGISTRY[arch].build_model(args, ToyTask())
+            assert sum(p.numel() for p in model.parameters()) > 0, (arch, fairseq)
+    assert len(parsed) >= 40 and len(built) >= 15, (len(parsed), len(built))
+
+
+STUBS = {
+    # each pipeline step: log its arguments, make the outputs the driver reads next
+    "prepare_data.sh": 'out=$(arg --out); mkdir -p "$out/raw" "$out/bin"; echo ref > "$out/raw/test.$(arg --tgt)"; '
+                       'touch "$out/PREPARED"',
+    "train.sh": 'dir=$(arg --save-dir); touch "$dir/checkpoint_last.pt"; '
+                'printf "num. shared model params: 1,000 (num. trained: 1,000)\\n| train | epoch 001 | ups 2.5\\n" '
+                '> "$dir/train.log"',
+    "average.sh": 'touch "$(arg --output)"',
+    "evaluate.sh": 'out=$(arg --out); mkdir -p "$out"; echo hyp | tee "$out/hyp.detok" "$out/hyp.tok_bleu" '
+                   '"$out/ref.tok_bleu" > /dev/null; '
+                   'echo "{\\"score\\": 20.5, \\"signature\\": \\"sig\\"}" > "$out/bleu.json"; '
+                   'echo "{\\"score\\": 21.5}" > "$out/tok_bleu.json"',
+    "significance.sh": 'out=$(arg --out); mkdir -p "$out"; echo "{\\"p_value\\": 0.01}" > "$out/significance.json"',
+}
+
+
+def test_a_run_follows_its_dry_run_and_resumes(tmp_path):
+    """With stand-ins for the pipeline steps: a real run executes what the dry run
+    printed, in order; a rerun skips what is up to date; a run directory trained with
+    other settings is refused."""
+    stubs, calls, work = tmp_path / "steps", tmp_path / "calls", tmp_path / "w"
+    stubs.mkdir()
+    for name, body in STUBS.items():
+        (stubs / name).write_text(
+            'set -eu\necho "' + name + ' $*" >> "$CALLS"\n'
+            'arg() { local want=$1 prev=; for a in "${ARGS[@]}"; do [[ $prev == "$want" ]] && echo "$a"; prev=$a; '
+            'done; return 0; }\nARGS=("$@")\n' + body + "\n")
+    # the driver's early architecture check imports fairseq (seconds per run); stood in
+    # for here, like the steps (test_every_train_command_parses_and_builds covers it)
+    python = stubs / "python"
+    python.write_text('#!/bin/bash\n[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
+                      f'exec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    env = {"REPRODUCE_PIPELINE_DIR": str(stubs), "CALLS": str(calls), "PYTHON": str(python)}
+    only = ["--only", "transformer enc-dc", "--work-dir", work]
+    planned = [" ".join(c[1:]).replace(str(stubs) + "/", "")
+               for c in commands(reproduce("dc_table1.sh", "--dry-run", *only, env=env).stdout) if c[0] == "bash"]
+    p = reproduce("dc_table1.sh", *only, env=env)
+    assert p.returncode == 0, p.stderr
+    ran = calls.read_text().splitlines()
+    assert [r.split()[0] for r in ran] == ["prepare_data.sh", "train.sh", "average.sh", "evaluate.sh",
+                                          "train.sh", "average.sh", "evaluate.sh", "significance.sh"]
+    assert [shlex.split(r) for r in ran] == [shlex.split(c) for c in planned]
+    table = (work / "results.md").read_text()
+    assert "| enc-dc | en-de | tok. BLEU, compound split | 29.26 | 21.50 | -7.76 | 73.86M | 1,000 | 3.0 | 2.50 | 0.010 |" \
+        in table
+    assert table in p.stdout
+    assert (work / "runs" / "enc-dc" / "SYSTEM").read_text().startswith("arch dc_transformer_wmt_en_de\n")
+    # rerun: everything is up to date
+    calls.unlink()
+    p = reproduce("dc_table1.sh", *only, env=env)
+    assert p.returncode == 0, p.stderr
+    assert not calls.exists(), calls.read_text()
+    # more training in one run (a newer checkpoint_last.pt): resume, average, evaluate, test again
+    ckpt = work / "runs" / "enc-dc" / "checkpoint_last.pt"
+    later = os.path.getmtime(work / "runs" / "enc-dc" / "eval" / "tok_bleu.json") + 10
+    os.utime(ckpt, (later, later))
+    p = reproduce("dc_table1.sh", *only, env=env)
+    assert [r.split()[0] for r in calls.read_text().splitlines()] == \
+        ["train.sh", "average.sh", "evaluate.sh", "significance.sh"]
+    # the same run directory with other settings: refused before any command
+    calls.unlink()
+    p = reproduce("dc_table1.sh", *only, "--seed", "2", env=env)
+    assert p.returncode == 2 and "was trained with other settings" in p.stderr
+    assert not calls.exists()
