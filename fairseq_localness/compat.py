@@ -12,8 +12,11 @@ interface ``from_pretrained``) fails with ``Unsupported global: argparse.Namespa
 All of those entry points read checkpoints through ``fairseq.checkpoint_utils``, and
 all of them import the ``--user-dir`` before the first read. We therefore give that
 one module a ``torch`` whose ``load`` defaults to ``weights_only=False`` (an explicit
-``weights_only=`` from a caller still wins). Nothing else in the process changes:
-``torch.load`` called anywhere else keeps torch's safe default.
+``weights_only=`` from a caller still wins). Distributed training that resumes reads
+the checkpoint on rank 0 and sends its state to the other ranks, which unpickle it
+with ``torch.load`` in ``fairseq.distributed.utils``; that module gets the same
+``torch``. Nothing else in the process changes: ``torch.load`` called anywhere else
+keeps torch's safe default.
 
 This restores the behaviour fairseq was written for: a checkpoint is trusted code,
 exactly as with torch < 2.6. Load only checkpoints you trust.
@@ -26,7 +29,18 @@ when its size is not a multiple of ``--required-batch-size-multiple`` (default 8
 test set has (fairseq issues #5036, #5351), validation skips a few sentences, and
 ``fairseq-interactive`` loses inputs. :func:`patch_batch_by_size` keeps that last,
 smaller batch, as fairseq did before.
+
+Distributed training on CPU (gloo)
+----------------------------------
+Started by ``torchrun`` (``python -m torch.distributed.run``), fairseq 0.12 reads
+``RANK``/``WORLD_SIZE`` from the environment and sets each process's device to
+``RANK % torch.cuda.device_count()``: a ``ZeroDivisionError`` on a machine without
+GPUs, even with ``--cpu``. Its ``pytorch_ddp``/``c10d`` wrapper then passes
+``device_ids=[device_id]`` to ``DistributedDataParallel``, which torch refuses for
+a model on the CPU. :func:`patch_cpu_distributed` makes both work without a GPU
+(device 0, no ``device_ids``); with GPUs nothing changes.
 """
+import os
 import types
 
 import numpy as np
@@ -58,16 +72,18 @@ class _TorchWithTrustedLoad(types.ModuleType):
 
 
 def patch_checkpoint_loading():
-    """Make ``fairseq.checkpoint_utils`` load fairseq checkpoints on torch >= 2.6.
+    """Make ``fairseq.checkpoint_utils`` load fairseq checkpoints on torch >= 2.6
+    (and ``fairseq.distributed.utils`` receive them from rank 0).
 
     Idempotent; a no-op on torch versions whose ``torch.load`` has no
     ``weights_only`` argument.
     """
     from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
 
-    if getattr(checkpoint_utils.torch, _MARK, False):
-        return
-    checkpoint_utils.torch = _TorchWithTrustedLoad()
+    for module in (checkpoint_utils, distributed_utils):
+        if not getattr(module.torch, _MARK, False):
+            module.torch = _TorchWithTrustedLoad()
 
 
 _BATCH_MARK = "_fairseq_localness_keeps_last_batch"
@@ -100,3 +116,55 @@ def patch_batch_by_size():
     batch_by_size.__wrapped__ = original
     setattr(batch_by_size, _BATCH_MARK, True)
     data_utils.batch_by_size = batch_by_size
+
+
+_DIST_MARK = "_fairseq_localness_cpu_distributed"
+
+
+def patch_cpu_distributed():
+    """Let fairseq's torchrun-launched training and its DDP wrapper run on the CPU.
+
+    Two changes, each active only where fairseq would otherwise fail without CUDA;
+    idempotent:
+
+    - ``fairseq.distributed.utils._infer_torch_distributed_launch_init`` (it reads
+      ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``/``MASTER_PORT`` through
+      ``init_method="env://"``): with no CUDA device, ``device_id`` is 0 instead of
+      ``RANK % 0``; with GPUs it is fairseq's own function;
+    - the ``DistributedDataParallel`` used by
+      ``fairseq.models.distributed_fairseq_model`` drops ``device_ids`` and
+      ``output_device`` for a module whose parameters are on the CPU (torch
+      requires ``None`` there).
+    """
+    from fairseq.distributed import utils as dist_utils
+    from fairseq.models import distributed_fairseq_model as dfm
+
+    original_infer = dist_utils._infer_torch_distributed_launch_init
+    if not getattr(original_infer, _DIST_MARK, False):
+
+        def _infer_torch_distributed_launch_init(cfg):
+            if torch.cuda.device_count() > 0:
+                return original_infer(cfg)
+            cfg.distributed_init_method = "env://"
+            cfg.distributed_world_size = int(os.environ["WORLD_SIZE"])
+            cfg.distributed_rank = int(os.environ["RANK"])
+            cfg.device_id = 0  # the CPU; never passed to torch.cuda
+            cfg.distributed_no_spawn = True  # processes are created by torchrun
+
+        _infer_torch_distributed_launch_init.__wrapped__ = original_infer
+        setattr(_infer_torch_distributed_launch_init, _DIST_MARK, True)
+        dist_utils._infer_torch_distributed_launch_init = _infer_torch_distributed_launch_init
+
+    original_ddp = dfm.DistributedDataParallel
+    if not getattr(original_ddp, _DIST_MARK, False):
+
+        class DistributedDataParallel(original_ddp):
+            def __init__(self, module, *args, **kwargs):
+                if all(p.device.type == "cpu" for p in module.parameters()):
+                    kwargs["device_ids"] = None
+                    kwargs["output_device"] = None
+                super().__init__(module, *args, **kwargs)
+
+        DistributedDataParallel.__doc__ = original_ddp.__doc__
+        setattr(DistributedDataParallel, _DIST_MARK, True)
+        dfm.DistributedDataParallel = DistributedDataParallel

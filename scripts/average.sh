@@ -4,7 +4,10 @@
 # Usage: average.sh --save-dir DIR --last N [--by update|epoch] [--output FILE]
 #
 #   --save-dir DIR    the training run's checkpoint directory
-#   --last N          how many checkpoints to average (papers: 5 for base, 20 for big)
+#   --last N          how many checkpoints to average. The papers (after Vaswani et al.
+#                     2017): --last 5 for Transformer-base models, --last 20 for big
+#                     ones, of checkpoints saved at regular intervals (--by update with
+#                     fairseq-train --save-interval-updates, e.g. every 1000 updates)
 #   --by update       average checkpoint_<epoch>_<update>.pt files (written with
 #                     fairseq-train --save-interval-updates); --by epoch (the default)
 #                     averages checkpoint<epoch>.pt files

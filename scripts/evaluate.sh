@@ -19,11 +19,27 @@
 #   --detok D           moses or none; default: DIR/TOKENIZATION, else none
 #   --out DIR           outputs (default: next to the checkpoint, eval_<SUBSET>_<name>/):
 #                       generate.out, hyp.seg, hyp.tok, hyp.detok, bleu.json
+#   --tok-bleu          also tokenized BLEU (multi-bleu.perl's number): hypothesis and
+#                       reference Moses-tokenized (sacremoses), scored by sacrebleu with
+#                       tokenize=none -> tok_bleu.json (same fields as bleu.json, plus
+#                       tokenizer and compound_split), ref.tok_bleu, hyp.tok_bleu
+#   --compound-split    with --tok-bleu: split hyphenated compounds in both, as in the
+#                       usual WMT En-De evaluation: s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g
+#   --tok-lang LANG     Moses tokenizer language for --tok-bleu (default: TGT)
+#   --breakdown SRC     also BLEU by source-length bucket and by n-gram order
+#                       (fairseq-localness-analysis bleu_breakdown) into OUT/breakdown/;
+#                       SRC: the source side of SUBSET, one line per sentence (lengths are
+#                       counted in its whitespace tokens: give the segmented source to
+#                       count subwords, as the DC paper does)
+#   --breakdown-buckets B   bucket boundaries for --breakdown (default: 10,20,30,40,50)
+#
+# Papers' settings: WMT beam 4, length penalty 0.6 (--beam 4 --lenpen 0.6); the DC
+# paper on IWSLT beam 6, length penalty 1.1.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 DATA_BIN="" CKPT="" SRC="" TGT="" REF="" SUBSET=test BEAM=5 LENPEN=1.0 BATCH=128
-SEG=auto DETOK=auto OUT=""
+SEG=auto DETOK=auto OUT="" TOK_BLEU=0 COMPOUND=0 TOK_LANG="" BREAKDOWN="" BUCKETS=""
 EXTRA=()
 while (( $# )); do
     case "$1" in
@@ -39,6 +55,11 @@ while (( $# )); do
         --segmentation) need_value "$1" $#; SEG="$2"; shift 2 ;;
         --detok) need_value "$1" $#; DETOK="$2"; shift 2 ;;
         --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
+        --tok-bleu) TOK_BLEU=1; shift ;;
+        --compound-split) COMPOUND=1; shift ;;
+        --tok-lang) need_value "$1" $#; TOK_LANG="$2"; shift 2 ;;
+        --breakdown) need_value "$1" $#; BREAKDOWN="$2"; shift 2 ;;
+        --breakdown-buckets) need_value "$1" $#; BUCKETS="$2"; shift 2 ;;
         --) shift; EXTRA=("$@"); break ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown option '$1' (see '${PROG} --help'; fairseq-generate options go after --)" ;;
@@ -87,6 +108,25 @@ if [[ -n "$n_data" ]] && (( n_data != n_ref )); then
     die "--ref: '$REF' has $n_ref lines but the '$SUBSET' set of '$DATA_BIN' has $n_data sentences; \
 expected the reference of that set"
 fi
+if (( COMPOUND )) && (( ! TOK_BLEU )); then
+    die "--compound-split: applies to tokenized BLEU; expected it together with --tok-bleu"
+fi
+if [[ -n "$TOK_LANG" ]]; then
+    (( TOK_BLEU )) || die "--tok-lang: applies to tokenized BLEU; expected it together with --tok-bleu"
+    require_lang --tok-lang "$TOK_LANG"
+fi
+TOK_LANG="${TOK_LANG:-$TGT}"
+if [[ -n "$BREAKDOWN" ]]; then
+    require_file "$BREAKDOWN" --breakdown
+    n_src=$(wc -l < "$BREAKDOWN")
+    (( n_src == n_ref )) || die "--breakdown: '$BREAKDOWN' has $n_src lines but --ref has $n_ref; expected \
+the source side of the '$SUBSET' set"
+fi
+if [[ -n "$BUCKETS" ]]; then
+    [[ -n "$BREAKDOWN" ]] || die "--breakdown-buckets: expected it together with --breakdown SRC"
+    [[ "$BUCKETS" =~ ^[0-9]+(,[0-9]+)*$ ]] \
+        || die "--breakdown-buckets: expected increasing whole numbers separated by commas (e.g. 10,20,30), got '$BUCKETS'"
+fi
 USER_DIR="$(user_dir)"
 if [[ -z "$OUT" ]]; then
     name="$(basename "$CKPT")"
@@ -123,3 +163,32 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 print("BLEU = %.2f  %s  (sacrebleu %s)" % (r["score"], r["verbose_score"], r["signature"]))
 ' "$OUT/bleu.json"
+
+if (( TOK_BLEU )); then
+    TB_ARGS=(--lang "$TOK_LANG")
+    (( COMPOUND )) && TB_ARGS+=(--compound-split)
+    run "$PY" "$SCRIPTS_DIR/tok_bleu.py" --ref "$REF" --hyp "$OUT/hyp.detok" "${TB_ARGS[@]}" \
+        --tokenized-dir "$OUT" --output "$OUT/tok_bleu.json" > /dev/null
+    "$PY" -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+split = ", compound splitting" if r["compound_split"] else ""
+print("tokenized BLEU = %.2f  %s  (%s%s; sacrebleu %s)" % (r["score"], r["verbose_score"], r["tokenizer"], split,
+                                                         r["signature"]))
+' "$OUT/tok_bleu.json"
+fi
+
+if [[ -n "$BREAKDOWN" ]]; then
+    BD_TMP="$(mktemp -d "$OUT/breakdown.tmp.XXXXXX")"
+    trap 'rm -rf "$BD_TMP"' EXIT
+    BD_ARGS=()
+    [[ -n "$BUCKETS" ]] && BD_ARGS+=(--buckets "$BUCKETS")
+    name="$(basename "$CKPT")"
+    run fairseq-localness-analysis bleu_breakdown --ref "$REF" --src "$BREAKDOWN" \
+        --hyp "${name%.pt}=$OUT/hyp.detok" "${BD_ARGS[@]}" --output-dir "$BD_TMP"
+    chmod 755 "$BD_TMP"
+    rm -rf "$OUT/breakdown"
+    mv "$BD_TMP" "$OUT/breakdown"
+    trap - EXIT
+    echo "${PROG}: BLEU by source length and n-gram order in $OUT/breakdown/" >&2
+fi
