@@ -223,12 +223,14 @@ def test_demo_failure_keeps_previous_results(tmp_path):
     """A system that fails to train stops the demo with its log's tail and a non-zero
     status; the previous results stay as they were."""
     config = _tiny_demo_config(
-        tmp_path, 'DEMO_SYSTEMS=("transformer|transformer|" "broken|dc_transformer|--dc-kernel-size 0")\n')
+        tmp_path, 'DEMO_SYSTEMS=("broken|dc_transformer|--dc-kernel-size 0" "transformer|transformer|")\n')
     demo_dir = tmp_path / "demo"
     demo_dir.mkdir()
     (demo_dir / "results.md").write_text("previous results\n")
     p = run_script("demo.sh", [], check=False,
-                   env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir), "DEMO_MAX_UPDATE": "2"})
+                   env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir), "DEMO_MAX_UPDATE": "2",
+                        "DEMO_JOBS": "1"})
     assert p.returncode == 1
     assert "broken failed" in p.stderr and "dc-kernel-size" in p.stderr
+    assert "transformer (transformer) started" not in p.stderr  # stopped at the first failure
     assert (demo_dir / "results.md").read_text() == "previous results\n"
