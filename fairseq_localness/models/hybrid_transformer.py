@@ -174,9 +174,12 @@ register_presets(
     },
 )
 
-# Benchmark systems (``make bench``): the paper's default, and the gate in the decoder
-# too, where beam search pays for both branches at every step.
+# Benchmark systems (``make bench``): the paper's default, the gate in the decoder
+# too, where beam search pays for both branches at every step, and the other rows of
+# Table 1 in the default layers.
 register_system("hybrid (gate, enc 1-2)", "hybrid_transformer", [])
 register_system(
     "hybrid (gate, enc 1-2 + dec 1-2)", "hybrid_transformer", ["--hybrid-decoder-layers", "1-2"]
 )
+for _variant in ("concat", "local_pattern", "neighbor", "local_h", "local_s"):
+    register_system(f"hybrid ({_variant})", "hybrid_transformer", ["--hybrid-variant", _variant])
