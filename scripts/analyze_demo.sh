@@ -64,6 +64,17 @@ mkdir -p "$WORK"
 A=(fairseq-localness-analysis)
 DATA="$DEMO_DIR/data/bin"
 CKPT() { echo "$DEMO_DIR/systems/$1/checkpoint_avg.pt"; }
+# pick NAME...: paths=(--path CKPT ...) and labels=(NAME ...) of the systems the demo has
+pick() {
+    paths=() labels=()
+    local s
+    for s in "$@"; do
+        if have "$s"; then
+            paths+=(--path "$(CKPT "$s")")
+            labels+=("$s")
+        fi
+    done
+}
 
 # ---- from the hypotheses and logs: every system
 hyps=() eff=() curves=()
@@ -91,20 +102,14 @@ else
     skip gates "hybrid-gate system"
 fi
 
-paths=() labels=()
-for s in localness localness-relpos; do
-    have "$s" && paths+=(--path "$(CKPT "$s")") labels+=("$s")
-done
+pick localness localness-relpos
 if (( ${#labels[@]} )); then
     run "${A[@]}" windows "$DATA" "${paths[@]}" --labels "${labels[@]}" --output-dir "$WORK/windows" --no-progress
 else
     skip windows "localness system"
 fi
 
-paths=() labels=()
-for s in hysan hysan-nopos; do
-    have "$s" && paths+=(--path "$(CKPT "$s")") labels+=("$s")
-done
+pick hysan hysan-nopos
 if (( ${#labels[@]} )); then
     run "${A[@]}" heatmaps "$DATA" "${paths[@]}" --labels "${labels[@]}" --split test --ids 0 --layer 1 \
         --output-dir "$WORK/heatmaps"
@@ -112,20 +117,14 @@ else
     skip heatmaps "hysan system"
 fi
 
-paths=() labels=()
-for s in enc-dc full-dc; do
-    have "$s" && paths+=(--path "$(CKPT "$s")") labels+=("$s")
-done
+pick enc-dc full-dc
 if (( ${#labels[@]} )); then
     run "${A[@]}" divergence "$DATA" "${paths[@]}" --labels "${labels[@]}" --output-dir "$WORK/divergence" --no-progress
 else
     skip divergence "enc-dc or full-dc system"
 fi
 
-paths=() labels=()
-for s in transformer localness hybrid-gate hysan enc-dc; do
-    have "$s" && paths+=(--path "$(CKPT "$s")") labels+=("$s")
-done
+pick transformer localness hybrid-gate hysan enc-dc
 if (( ${#labels[@]} )); then
     run "${A[@]}" corpus_probes --corpus-dir "$DEMO_DIR/data/raw" --src "$SRC" --tgt "$TGT" \
         --output-dir "$WORK/probing_tasks"
