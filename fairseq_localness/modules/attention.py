@@ -101,8 +101,13 @@ class AttentionContext:
         return self.k.size(2)
 
     def relative_distance(self) -> Tensor:
-        """``j - i`` in real positions, ``B' x 1 x Tq x Tk`` (long)."""
-        return (self.k_pos.unsqueeze(1) - self.q_pos.unsqueeze(2)).unsqueeze(1)
+        """``j - i`` in real positions, ``B' x 1 x Tq x Tk`` (long), computed once per
+        attention call and shared by its branches."""
+        distance = self.cache.get("relative_distance")
+        if distance is None:
+            distance = (self.k_pos.unsqueeze(1) - self.q_pos.unsqueeze(2)).unsqueeze(1)
+            self.cache["relative_distance"] = distance
+        return distance
 
 
 class AttentionBranch(nn.Module, Observable):
@@ -136,7 +141,11 @@ class SumFusion(SingleBranch):
     """Sum of the branch outputs (Song et al. 2019, eq. 13, "sum")."""
 
     def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
-        return merge_heads(torch.stack(outputs, 0).sum(0))
+        # a running sum: nothing of shape L x B x H x Tq x Dh is materialised
+        total = outputs[0]
+        for out in outputs[1:]:
+            total = total + out
+        return merge_heads(total)
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -185,10 +194,21 @@ def safe_masked_softmax(scores: Tensor, blocked: Optional[Tensor]) -> Tuple[Tens
     scores = at_least_float32(scores)
     if blocked is None:
         return torch.softmax(scores, dim=-1), None
-    row_empty = blocked.all(dim=-1, keepdim=True)
-    blocked = blocked & ~row_empty
+    row_empty = empty_rows(blocked)
+    if row_empty is not None:
+        blocked = blocked & ~row_empty
     probs = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
     return probs, row_empty
+
+
+def empty_rows(blocked: Tensor) -> Optional[Tensor]:
+    """``... x Tq x 1``, True at the query rows in which every key is blocked, or None
+    when there is no such row on a CPU (the common case: the caller then skips the
+    repair, which would otherwise cost a mask update and two fills per branch)."""
+    row_empty = blocked.all(dim=-1, keepdim=True)
+    if row_empty.device.type != "cpu":
+        return row_empty  # no host sync on accelerators: always repair
+    return row_empty if bool(row_empty.any()) else None
 
 
 def _combine(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
@@ -391,7 +411,10 @@ class AttentionCore(nn.Module, Observable):
             blocked = ctx.key_padding_mask[:, None, None, :]
         if self.causal:
             if ctx.tgt_len > 1:
-                blocked = _combine(blocked, causal_mask(ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None])
+                causal = causal_mask(ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
+                if blocked is None and ctx.tgt_len == ctx.src_len:
+                    ctx.cache["plain_causal"] = causal
+                blocked = _combine(blocked, causal)
         elif attn_mask is not None:
             if attn_mask.dtype == torch.bool:
                 blocked = _combine(blocked, attn_mask[None, None])
@@ -498,9 +521,15 @@ class AttentionCore(nn.Module, Observable):
             bias = soft_bias if bias is None else bias + soft_bias
         row_empty = None
         mask = None
+        is_causal = False
+        if blocked is not None and blocked is ctx.cache.get("plain_causal"):
+            # only the causal mask, queries == keys: top-left aligned is bottom-right
+            # aligned, and the fused kernel skips the masked blocks
+            blocked, is_causal = None, True
         if blocked is not None:
-            row_empty = blocked.all(dim=-1, keepdim=True)
-            blocked = blocked & ~row_empty
+            row_empty = empty_rows(blocked)
+            if row_empty is not None:
+                blocked = blocked & ~row_empty
         if bias is not None:
             mask = bias.to(ctx.q.dtype)
             if blocked is not None:
@@ -513,6 +542,7 @@ class AttentionCore(nn.Module, Observable):
             v,
             attn_mask=mask,
             dropout_p=self.dropout_module.p if self.dropout_module.apply_during_inference or self.training else 0.0,
+            is_causal=is_causal,
         )
         if row_empty is not None:
             out = out.masked_fill(row_empty, 0.0)
