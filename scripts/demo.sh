@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The demo (`make demo`): train every system of configs/demo.sh on the embedded
+# The demo (`make demo`): train the systems of configs/demo.sh on the embedded
 # corpus with the same model size and update budget, average its last checkpoints,
 # translate the test set, and print a Markdown table (system, parameters, BLEU,
 # targeted accuracy per phenomenon of the corpus, training time), also written to
@@ -7,7 +7,8 @@
 #
 # Usage: demo.sh            (settings in configs/demo.sh; environment overrides:)
 #   DEMO_DIR=runs/demo      where everything goes (git-ignored)
-#   DEMO_ONLY="a b"         run only these systems (names from configs/demo.sh)
+#   DEMO_ONLY="a b"         run these systems (names from configs/demo.sh; default:
+#                           its DEMO_DEFAULT; "all": every system it lists)
 #   DEMO_MAX_UPDATE=N       updates per system (default in configs/demo.sh)
 #   DEMO_JOBS=N             systems trained at the same time (default: 2 on a machine
 #                           with 2 or more cores, else 1); the cores are shared out
@@ -38,6 +39,8 @@ require_int DEMO_AVERAGE_LAST "$DEMO_AVERAGE_LAST" 1
 NCORES=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 DEMO_JOBS="${DEMO_JOBS:-$(( NCORES >= 2 ? 2 : 1 ))}"
 require_int DEMO_JOBS "$DEMO_JOBS" 1
+DEMO_ONLY="${DEMO_ONLY:-${DEMO_DEFAULT:-all}}"
+[[ "$DEMO_ONLY" == all ]] && DEMO_ONLY=""
 NAMES=() ARCHS=() EXTRAS=()
 for entry in "${DEMO_SYSTEMS[@]}"; do
     IFS='|' read -r name arch extra <<< "$entry"

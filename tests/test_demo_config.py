@@ -51,6 +51,17 @@ def test_system_names_are_unique_and_transformer_is_first():
     assert SYSTEMS[0][:2] == ("transformer", "transformer")
 
 
+def test_default_systems_cover_every_model():
+    """`make demo` (DEMO_DEFAULT) trains the transformer and each model, listed in
+    DEMO_SYSTEMS."""
+    out = subprocess.run(["bash", "-c", f'set -euo pipefail; . "{CONFIG}"; echo "$DEMO_DEFAULT"'],
+                         capture_output=True, text=True, check=True).stdout.split()
+    by_name = {name: arch for name, arch, _ in SYSTEMS}
+    assert set(out) <= set(by_name), set(out) - set(by_name)
+    assert {by_name[n] for n in out} == {"transformer", "localness_transformer", "hybrid_transformer",
+                                         "hysan_transformer", "dc_transformer"}
+
+
 @pytest.mark.parametrize("name, arch, extra", SYSTEMS, ids=[s[0] for s in SYSTEMS])
 def test_demo_system_builds(name, arch, extra):
     assert arch in ARCH_MODEL_REGISTRY, f"{name}: unknown architecture {arch}"

@@ -229,7 +229,7 @@ def test_demo_failure_keeps_previous_results(tmp_path):
     (demo_dir / "results.md").write_text("previous results\n")
     p = run_script("demo.sh", [], check=False,
                    env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir), "DEMO_MAX_UPDATE": "2",
-                        "DEMO_JOBS": "1"})
+                        "DEMO_JOBS": "1", "DEMO_ONLY": "all"})
     assert p.returncode == 1
     assert "broken failed" in p.stderr and "dc-kernel-size" in p.stderr
     assert "transformer (transformer) started" not in p.stderr  # stopped at the first failure
