@@ -55,7 +55,8 @@ SYSTEMS=()
 while IFS=$'\t' read -r name _; do
     [[ "$name" == system ]] || SYSTEMS+=("$name")
 done < "$DEMO_DIR/results.tsv"
-have() { [[ -f "$DEMO_DIR/systems/$1/checkpoint_avg.pt" ]]; }
+CKPT() { echo "$DEMO_DIR/systems/$1/checkpoint_avg.pt"; }
+have() { [[ -f "$(CKPT "$1")" ]]; }
 skip() { echo "${PROG}: skipping $1: the demo has no $2" >&2; }
 
 WORK="$OUT.partial"
@@ -63,7 +64,6 @@ run rm -rf "$WORK"
 mkdir -p "$WORK"
 A=(fairseq-localness-analysis)
 DATA="$DEMO_DIR/data/bin"
-CKPT() { echo "$DEMO_DIR/systems/$1/checkpoint_avg.pt"; }
 # pick NAME...: paths=(--path CKPT ...) and labels=(NAME ...) of the systems the demo has
 pick() {
     paths=() labels=()
