@@ -369,8 +369,8 @@ def test_parameter_fingerprint_baselines_at_base_size():
         (["--hybrid-encoder-layers", "first"], "--hybrid-encoder-layers 'first': cannot parse"),
         (["--hybrid-variant", "concat", "--hybrid-gate", "head"],
          "--hybrid-gate head applies to --hybrid-variant gate only"),
-        (["--hybrid-fixed-window", "0"], "--hybrid-fixed-window must be > 0"),
-        (["--hybrid-min-window", "-1"], "--hybrid-min-window must be > 0"),
+        (["--hybrid-fixed-window", "0"], "--hybrid-fixed-window must be a finite number > 0"),
+        (["--hybrid-min-window", "-1"], "--hybrid-min-window must be a finite number >= 0"),
     ],
 )
 def test_invalid_options_fail_at_build_time_naming_the_option(args, message):

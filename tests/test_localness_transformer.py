@@ -38,28 +38,30 @@ def _gaussian_reference(module: GaussianLocalness, q, k, kpm, causal):
                     P = I * torch.sigmoid(W["u_p"][m] @ hidden)  # eq. 6-7, 10
                 else:
                     P = torch.tensor(float(pos.get(q_index, 0)), dtype=torch.float64)
+                # eq. 6 and 11 with the differentiable floor F (F = 0: the paper's own)
+                F = module.min_window
                 if module.window == "fixed":
                     D = torch.tensor(module.fixed_window, dtype=torch.float64)
                 elif module.window == "query":
-                    D = I * torch.sigmoid(W["u_d"][m] @ hidden)  # eq. 9
+                    D = F + (max(I, F) - F) * torch.sigmoid(W["u_d"][m] @ hidden)  # eq. 9
                 elif module.window == "layer":
                     kbar = torch.stack([k[b, :, j].reshape(-1) for j in visible]).mean(0)
-                    D = I * torch.sigmoid(W["u_d"][m] @ torch.tanh(W["w_d"] @ kbar))  # eq. 8
+                    D = F + (max(I, F) - F) * torch.sigmoid(W["u_d"][m] @ torch.tanh(W["w_d"] @ kbar))  # eq. 8
                 else:
-                    D = module.head_window_max * torch.sigmoid(module.z_head[m].double())  # eq. 11
-                D = max(D, torch.tensor(module.min_window, dtype=torch.float64))
+                    D = F + (module.head_window_max - F) * torch.sigmoid(module.z_head[m].double())  # eq. 11
                 sigma = D / 2
                 for j in real:
                     G[b, m, i, j] = -((pos[j] - P) ** 2) / (2 * sigma**2)  # eq. 5
     return G
 
 
+@pytest.mark.parametrize("floor", [0.0, 1.0])
 @pytest.mark.parametrize("window", ["fixed", "layer", "query", "head"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_bias_equals_paper_equations_float64(window, causal):
+def test_bias_equals_paper_equations_float64(window, causal, floor):
     torch.manual_seed(0)
     C, H = 16, 4
-    branch = GaussianLocalness(C, H, window=window, min_window=0.5)
+    branch = GaussianLocalness(C, H, window=window, min_window=floor)
     if branch.z_head is not None:
         torch.nn.init.normal_(branch.z_head)
     core = AttentionCore(C, H, self_attention=True, causal=causal, branches=[branch]).double()
@@ -73,6 +75,50 @@ def test_bias_equals_paper_equations_float64(window, causal):
     torch.testing.assert_close(G[keep], ref[keep], atol=1e-10, rtol=1e-9)
 
 
+@pytest.mark.parametrize("window", ["head", "query"])
+def test_window_floor_keeps_a_gradient_below_and_near_the_floor(window):
+    """A window pushed towards the floor still learns (a clamp would give it zero
+    gradient), never goes below the floor, and the floor can be 0 (Yang et al.'s
+    eq. 6/11 exactly) without producing inf or NaN."""
+    torch.manual_seed(0)
+    C, H = 16, 4
+    for floor in (1.0, 0.0):
+        branch = GaussianLocalness(C, H, window=window, min_window=floor)
+        core = AttentionCore(C, H, self_attention=True, branches=[branch])
+        with torch.no_grad():  # push every window far down
+            if window == "head":
+                branch.z_head.fill_(-12.0)
+            else:  # Q = 1, tanh(W_p Q) = tanh(5), z = U_d^T tanh(W_p Q) = -12
+                core.q_proj.weight.zero_()
+                core.q_proj.bias.fill_(1.0)
+                branch.w_p.weight.copy_(5.0 * torch.eye(C))
+                branch.u_d.weight.fill_(-12.0 / C / math.tanh(5.0))
+        x = torch.randn(6, 2, C)
+        q, k, _, kpm = core._project(x, x, x, None, None, False)
+        ctx = core._context(x, q, k, kpm)
+        _, D = branch.centre_and_window(ctx)
+        assert bool((D >= floor).all()) and bool((D < floor + 0.05).all()), D
+        G = branch.bias(ctx)
+        assert bool(torch.isfinite(G).all())
+        D.sum().backward()
+        grad = branch.z_head.grad if window == "head" else branch.u_d.weight.grad
+        assert bool(torch.isfinite(grad).all()) and grad.abs().sum() > 0
+
+
+def test_window_floor_option_is_checked():
+    with pytest.raises(ValueError, match="min_window"):
+        GaussianLocalness(16, 4, window="head", min_window=60.0, head_window_max=50.0)
+    with pytest.raises(ValueError, match="finite"):
+        GaussianLocalness(16, 4, window="fixed", fixed_window=float("inf"))
+    for extra, flag in (
+        (["--localness-window", "head", "--localness-min-window", "60"], "--localness-min-window"),
+        (["--localness-fixed-window", "inf", "--localness-window", "fixed"], "--localness-fixed-window"),
+        (["--localness-min-window", "-1"], "--localness-min-window"),
+    ):
+        with pytest.raises(OptionError, match=flag):
+            build_model(ARCH, TINY + extra)
+
+
 def test_neighbor_centre_is_the_query_position():
     torch.manual_seed(0)
     branch = GaussianLocalness(8, 2, window="head", centre="self")
@@ -82,7 +128,7 @@ def test_neighbor_centre_is_the_query_position():
     q, k, _, kpm2 = core._project(x, x, x, kpm, None, False)
     P, D = branch.centre_and_window(core._context(x, q, k, kpm2))
     assert P[0, 0].tolist() == [0.0, 0.0, 1.0, 2.0]
-    torch.testing.assert_close(D, torch.full_like(D, 25.0))  # 50 * sigmoid(0)
+    torch.testing.assert_close(D, torch.full_like(D, 25.5))  # F + (50 - F) * sigmoid(0), F = 1
 
 
 def test_window_floor_keeps_bias_finite():
@@ -216,7 +262,7 @@ def test_relative_positions_add_two_tables_per_self_attention():
         (["--localness-decoder-layers", "x"], "--localness-decoder-layers 'x': cannot parse"),
         (["--localness-enc-dec-layers", "0"], "--localness-enc-dec-layers '0': layer 0 is out of range"),
         (["--localness-rel-pos-k", "-1"], "--localness-rel-pos-k must be >= 1"),
-        (["--localness-min-window", "0"], "--localness-min-window must be > 0"),
+        (["--localness-min-window", "-0.5"], "--localness-min-window must be a finite number >= 0"),
     ],
 )
 def test_invalid_options_fail_at_build_time_naming_the_option(args, message):

@@ -19,6 +19,7 @@ name the option and the allowed values (:class:`OptionError`).
 """
 import dataclasses
 import re
+import math
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
@@ -47,6 +48,27 @@ class OptionError(ValueError):
 
 def option_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def validate_gaussian_windows(options, prefix: str, window_strategy: str):
+    """Check the Gaussian-window options ``<prefix>_fixed_window``,
+    ``<prefix>_head_window_max`` and ``<prefix>_min_window`` (the floor F of
+    :mod:`fairseq_localness.modules.gaussian`): finite, positive windows, a floor
+    >= 0, and a floor below N when the ``head`` strategy is used."""
+    def value(name):
+        return getattr(options, f"{prefix}_{name}")
+
+    for name in ("fixed_window", "head_window_max"):
+        if not (math.isfinite(value(name)) and value(name) > 0):
+            raise OptionError(f"{option_flag(f'{prefix}_{name}')} must be a finite number > 0 (got {value(name)})")
+    floor = value("min_window")
+    if not (math.isfinite(floor) and floor >= 0):
+        raise OptionError(f"{option_flag(f'{prefix}_min_window')} must be a finite number >= 0 (got {floor})")
+    if window_strategy == "head" and floor >= value("head_window_max"):
+        raise OptionError(
+            f"{option_flag(f'{prefix}_min_window')} ({floor}) must be below "
+            f"{option_flag(f'{prefix}_head_window_max')} ({value('head_window_max')}) for the head window strategy"
+        )
 
 
 def parse_layers(spec: Optional[str], num_layers: int, option: str) -> List[int]:

@@ -46,6 +46,7 @@ from fairseq_localness.models._locality import (
     option_flag,
     parse_layers,
     register_presets,
+    validate_gaussian_windows,
 )
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.hybrid import (
@@ -95,7 +96,8 @@ class HybridOptions(LocalityOptions):
         default=50.0, metadata={"help": "N of the head window strategy (Yang et al. eq. 11)"}
     )
     hybrid_min_window: float = field(
-        default=1.0, metadata={"help": "floor on the Gaussian window D of the baselines"}
+        default=1.0, metadata={"help": "differentiable floor F on the learned Gaussian windows of the "
+                               "baselines: D = F + (I - F) * sigmoid(z); 0 gives Yang et al.'s eq. 6"}
     )
 
     def settings(self) -> HybridSettings:
@@ -129,9 +131,8 @@ class HybridOptions(LocalityOptions):
                 f"{option_flag('hybrid_gate')} {self.hybrid_gate} applies to {option_flag('hybrid_variant')} "
                 f"gate only (got {option_flag('hybrid_variant')} {self.hybrid_variant})"
             )
-        for name in ("hybrid_fixed_window", "hybrid_head_window_max", "hybrid_min_window"):
-            if not getattr(self, name) > 0:
-                raise OptionError(f"{option_flag(name)} must be > 0 (got {getattr(self, name)})")
+        neighbor_head = self.hybrid_variant == "neighbor" and self.hybrid_neighbor_window == "head"
+        validate_gaussian_windows(self, "hybrid", "head" if neighbor_head else "query")
 
 
 def build_hybrid_attention(embed_dim, cfg, *, options: HybridOptions, side: str) -> AttentionCore:

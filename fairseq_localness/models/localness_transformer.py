@@ -37,6 +37,7 @@ from fairseq_localness.models._locality import (
     option_flag,
     parse_layers,
     register_presets,
+    validate_gaussian_windows,
 )
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.gaussian import WINDOW_STRATEGIES, GaussianLocalness
@@ -65,7 +66,8 @@ class LocalnessOptions(LocalityOptions):
     localness_fixed_window: float = field(default=10.0, metadata={"help": "D of the fixed strategy"})
     localness_head_window_max: float = field(default=50.0, metadata={"help": "N of the head strategy (eq. 11)"})
     localness_min_window: float = field(
-        default=1.0, metadata={"help": "floor on the window D (keeps sigma = D/2 away from 0)"}
+        default=1.0, metadata={"help": "differentiable floor F on the learned window: D = F + (I - F) * "
+                               "sigmoid(z); 0 gives Yang et al.'s eq. 6 exactly"}
     )
     localness_rel_pos: bool = field(
         default=False, metadata={"help": "add Shaw et al. (2018) relative positions to every self-attention"}
@@ -88,9 +90,7 @@ class LocalnessOptions(LocalityOptions):
                 f"{option_flag('localness_window')} {self.localness_window!r}: unknown strategy; "
                 f"allowed: {', '.join(WINDOW_STRATEGIES)}"
             )
-        for name in ("localness_fixed_window", "localness_head_window_max", "localness_min_window"):
-            if not getattr(self, name) > 0:
-                raise OptionError(f"{option_flag(name)} must be > 0 (got {getattr(self, name)})")
+        validate_gaussian_windows(self, "localness", self.localness_window)
         if self.localness_rel_pos_k < 1:
             raise OptionError(
                 f"{option_flag('localness_rel_pos_k')} must be >= 1 (got {self.localness_rel_pos_k})"

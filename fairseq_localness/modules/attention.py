@@ -522,9 +522,11 @@ class AttentionCore(nn.Module, Observable):
         row_empty = None
         mask = None
         is_causal = False
-        if blocked is not None and blocked is ctx.cache.get("plain_causal"):
-            # only the causal mask, queries == keys: top-left aligned is bottom-right
-            # aligned, and the fused kernel skips the masked blocks
+        if bias is None and blocked is not None and blocked is ctx.cache.get("plain_causal"):
+            # only the causal mask, queries == keys, no bias: top-left aligned is
+            # bottom-right aligned, and the fused kernel skips the masked blocks
+            # (SDPA refuses an explicit attn_mask together with is_causal=True, so a
+            # biased branch keeps the causal mask inside its float mask instead)
             blocked, is_causal = None, True
         if blocked is not None:
             row_empty = empty_rows(blocked)

@@ -19,7 +19,7 @@ The centre is either predicted (eq. 6-7, ``centre="predicted"``) or the query's 
 position (``centre="self"``: the NEIGHBOR baseline of Xu et al. 2019 after Sperber et
 al. 2018, which the hybrid model reuses).
 
-Reading of the paper, settled in SPEC.md 1.1:
+How the paper is read here (docs/localness_transformer.md):
 
 * ``Q_i`` is the projected query before the ``1/sqrt(Dh)`` scaling, all heads
   concatenated (``C``-dimensional); ``W_p`` is C x C and ``U_p``, ``U_d`` have one
@@ -30,9 +30,21 @@ Reading of the paper, settled in SPEC.md 1.1:
   mean of the keys is taken over the keys each query can see.
 * ``j`` are real 0-based key positions, so ``P_i`` in (0, I) spans them.
 
-Deviation: D is floored at ``min_window`` (default 0.1) so sigma never reaches 0 and
-G never divides by zero (``sigmoid`` can underflow to 0 in float32 and half
-precision). The paper does not need this because it does not discuss the limit.
+Deviation, a differentiable floor on the window: with ``F = min_window`` (default 1.0,
+the ``--localness-min-window`` / ``--hybrid-min-window`` options) the learned windows are
+
+    D_i = F + (max(I, F) - F) * sigmoid(z_i)        (eq. 6/9, ``query`` and ``layer``)
+    D^m = F + (N - F) * sigmoid(z^m)                (eq. 11, ``head``)
+
+instead of ``I * sigmoid(z_i)`` and ``N * sigmoid(z^m)``. With ``F = 0`` these are Yang et
+al.'s equations exactly. Why: without a floor, sigma = D/2 can reach 0 (``sigmoid``
+underflows in float32 and half precision) and G divides by zero; a clamp
+(``max(D, F)``) would give every window below the floor zero gradient, so it could
+never grow back, and would cap how sharp a window can be. The affine floor keeps D in
+(F, max(I, F)) with a gradient everywhere; F = 1 puts 0.787 of a window's mass on its
+centre token at most, smaller floors allow sharper windows (0.9993 at D = 0.5). For
+``F = 0`` only the division is guarded: sigma is kept above 1e-10 (G stays finite in
+float32). The ``fixed`` strategy's D is used as given.
 """
 from typing import Optional
 
@@ -61,7 +73,8 @@ class GaussianLocalness(AttentionBranch):
         centre: one of :data:`CENTRE_MODES`.
         fixed_window: D of the ``fixed`` strategy.
         head_window_max: N of the ``head`` strategy (eq. 11).
-        min_window: floor on D.
+        min_window: F, the differentiable floor on a learned D (see the module
+            docstring); 0 gives Yang et al.'s eq. 6 and 11 exactly.
     """
 
     name = "gaussian"
@@ -74,15 +87,19 @@ class GaussianLocalness(AttentionBranch):
         centre: str = "predicted",
         fixed_window: float = 10.0,
         head_window_max: float = 50.0,
-        min_window: float = 0.1,
+        min_window: float = 1.0,
     ):
         super().__init__()
         if window not in WINDOW_STRATEGIES:
             raise ValueError(f"unknown window strategy {window!r}; allowed: {', '.join(WINDOW_STRATEGIES)}")
         if centre not in CENTRE_MODES:
             raise ValueError(f"unknown centre mode {centre!r}; allowed: {', '.join(CENTRE_MODES)}")
-        if fixed_window <= 0 or head_window_max <= 0 or min_window <= 0:
-            raise ValueError("fixed_window, head_window_max and min_window must be > 0")
+        if not (0 < fixed_window < float("inf")) or not (0 < head_window_max < float("inf")):
+            raise ValueError("fixed_window and head_window_max must be finite and > 0")
+        if not (0 <= min_window < float("inf")):
+            raise ValueError("min_window must be finite and >= 0")
+        if window == "head" and min_window >= head_window_max:
+            raise ValueError(f"min_window ({min_window}) must be below head_window_max ({head_window_max})")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.window, self.centre = window, centre
         self.fixed_window, self.head_window_max, self.min_window = fixed_window, head_window_max, min_window
@@ -118,18 +135,21 @@ class GaussianLocalness(AttentionBranch):
         else:
             centre = ctx.q_pos.unsqueeze(1).to(dt).expand(bsz, heads, tgt_len)
 
+        floor = self.min_window
         if self.window == "fixed":
             window = torch.full_like(centre, self.fixed_window)
-        elif self.window == "query":
-            window = lengths * torch.sigmoid(self.u_d(hidden).transpose(1, 2).to(dt))
-        elif self.window == "layer":
-            key_mean = self._key_mean(ctx)  # B x Tq x C
-            z = self.u_d(torch.tanh(self.w_d(key_mean))).transpose(1, 2).to(dt)  # B x H x Tq
-            window = lengths * torch.sigmoid(z)
-        else:  # head
-            window = (self.head_window_max * torch.sigmoid(self.z_head.to(dt)))[None, :, None]
+        elif self.window == "head":  # eq. 11 with the floor
+            span = self.head_window_max - floor
+            window = (floor + span * torch.sigmoid(self.z_head.to(dt)))[None, :, None]
             window = window.expand(bsz, heads, tgt_len)
-        window = window.clamp(min=self.min_window)
+        else:
+            if self.window == "query":  # eq. 9
+                z = self.u_d(hidden).transpose(1, 2).to(dt)  # B x H x Tq
+            else:  # layer, eq. 8
+                key_mean = self._key_mean(ctx)  # B x Tq x C
+                z = self.u_d(torch.tanh(self.w_d(key_mean))).transpose(1, 2).to(dt)  # B x H x Tq
+            # eq. 6 with the floor: D in (F, max(I, F))
+            window = floor + (lengths.clamp(min=floor) - floor) * torch.sigmoid(z)
         return centre, window
 
     def _key_mean(self, ctx: AttentionContext) -> Tensor:
@@ -153,6 +173,8 @@ class GaussianLocalness(AttentionBranch):
         dt = compute_dtype(ctx)
         centre, window = self.centre_and_window(ctx)
         sigma = window / 2.0
+        if self.min_window == 0:
+            sigma = sigma.clamp(min=1e-10)  # only the division is guarded (module docstring)
         k_pos = ctx.k_pos.to(dt)[:, None, None, :]  # B' x 1 x 1 x Tk
         gaussian = -((k_pos - centre.unsqueeze(-1)) ** 2) / (2.0 * sigma.unsqueeze(-1) ** 2)
         self._observe(ctx, centre, window)
