@@ -3,7 +3,9 @@
 #   make test    install into .venv/ and run the test suite
 #   make analysis  the papers' analyses of the finished demo (scripts/analyze_demo.sh)
 #   make bench   speed, memory and size of every model against the transformer
-#                (BENCH_ARGS="" for the full run; --quick by default)
+#                (fairseq-localness-bench, fairseq_localness/cli/benchmark.py;
+#                --quick by default, BENCH_ARGS="" for the full run,
+#                BENCH_ARGS="--dtype bf16" for every model in bfloat16)
 # Both are safe to rerun: the install step is skipped while its inputs are unchanged.
 
 PYTHON     ?= python3

@@ -61,7 +61,7 @@ setup(
             "fairseq-localness-corpus=fairseq_localness.corpus:cli_main",
             "fairseq-localness-dump=fairseq_localness.cli.dump_stats:cli_main",
             "fairseq-localness-analysis=fairseq_localness.analysis.__main__:cli_main",
-            "fairseq-localness-bench=fairseq_localness.benchmark:main",
+            "fairseq-localness-bench=fairseq_localness.cli.benchmark:main",
             "fairseq-localness-prepare=fairseq_localness.data.prepare:cli_main",
         ]
     },

@@ -4,13 +4,20 @@ Load it with ``--user-dir fairseq_localness`` (any fairseq CLI) or ``import
 fairseq_localness``. Importing the package registers the models and their named
 architectures, fixes checkpoint loading on torch >= 2.6 and stops fairseq from
 dropping the sentences of a last, smaller batch and lets torchrun-launched
-training run on the CPU (see :mod:`fairseq_localness.compat`).
+training run on the CPU, and makes ``--bf16`` train on CUDA GPUs and the CPU
+when no TPU is set up (see :mod:`fairseq_localness.compat`).
 """
-from fairseq_localness.compat import patch_batch_by_size, patch_checkpoint_loading, patch_cpu_distributed
+from fairseq_localness.compat import (
+    patch_batch_by_size,
+    patch_bf16_without_tpu,
+    patch_checkpoint_loading,
+    patch_cpu_distributed,
+)
 
 patch_checkpoint_loading()
 patch_batch_by_size()
 patch_cpu_distributed()
+patch_bf16_without_tpu()
 
 from fairseq_localness import models  # noqa: E402,F401  (registers the models)
 

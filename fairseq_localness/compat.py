@@ -39,13 +39,34 @@ GPUs, even with ``--cpu``. Its ``pytorch_ddp``/``c10d`` wrapper then passes
 ``device_ids=[device_id]`` to ``DistributedDataParallel``, which torch refuses for
 a model on the CPU. :func:`patch_cpu_distributed` makes both work without a GPU
 (device 0, no ``device_ids``); with GPUs nothing changes.
+
+bfloat16 training on GPUs and CPUs (``--bf16``)
+-----------------------------------------------
+fairseq 0.12 treats ``--bf16`` as TPU-only: ``options.parse_args_and_arch`` sets
+``--tpu`` whenever ``--bf16`` (or ``--memory-efficient-bf16``) is given, and the
+``Trainer`` then asks ``torch_xla`` for its device, so ``fairseq-train --bf16`` on a
+CUDA GPU (or the CPU) fails with ``AttributeError: 'NoneType' object has no attribute
+'xla_device'`` before training. :func:`patch_bf16_without_tpu` wraps
+``fairseq.distributed.utils.call_main``, through which ``fairseq-train`` (and
+``fairseq-hydra-train``) start training: when ``--bf16`` implied ``--tpu`` and
+``torch_xla`` is not installed (so no TPU can be used) or ``--cpu`` is given,
+``common.tpu`` is reset before anything reads it. Training then runs where fairseq
+would run it without ``--bf16`` (the CUDA GPU, or the CPU with ``--cpu`` or without
+a GPU), with what fairseq's ``--bf16`` already does: the model and the float tensors of each batch in
+bfloat16, fp32 master weights in ``FP16Optimizer`` (``MemoryEfficientFP16Optimizer``
+with ``--memory-efficient-bf16``), no loss scaling. With ``torch_xla`` installed,
+``--bf16`` without ``--cpu`` keeps fairseq's meaning (TPU). See :func:`bf16_device`.
 """
+import argparse
+import importlib.util
+import logging
 import os
 import types
 
 import numpy as np
 
 import torch
+from omegaconf import DictConfig
 
 _MARK = "_fairseq_localness_trusted_load"
 
@@ -168,3 +189,76 @@ def patch_cpu_distributed():
         DistributedDataParallel.__doc__ = original_ddp.__doc__
         setattr(DistributedDataParallel, _DIST_MARK, True)
         dfm.DistributedDataParallel = DistributedDataParallel
+
+
+_BF16_MARK = "_fairseq_localness_bf16_without_tpu"
+logger = logging.getLogger(__name__)
+
+
+def torch_xla_available() -> bool:
+    """Whether ``torch_xla`` (fairseq's route to TPUs) is installed."""
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def bf16_device(cfg, xla_available=None, cuda_available=None) -> str:
+    """Where a fairseq config trains, after the ``--bf16`` fix: ``"cuda"``, ``"cpu"``
+    or ``"tpu"``; resets ``tpu`` (in ``cfg.common`` and the groups that copy it) when
+    ``--bf16`` implied it and no TPU can be used (``torch_xla`` is not installed) or
+    ``--cpu`` asks for the CPU.
+
+    ``xla_available`` and ``cuda_available`` default to this machine's (they are
+    parameters so the choice can be checked for any machine). The dtype is
+    fairseq's: the ``Trainer`` casts the model to bfloat16 for ``common.bf16``.
+    """
+    common = cfg.common
+    if xla_available is None:
+        xla_available = torch_xla_available()
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if common.bf16 and common.tpu and (common.cpu or not xla_available):
+        # --bf16 set --tpu (options.parse_args_and_arch); without torch_xla there is
+        # no TPU (and --cpu asks for the CPU), so bf16 runs on the device fairseq
+        # picks without --tpu. The groups that copy common.tpu (optimizer,
+        # distributed_training, a model Namespace) hold the value itself after
+        # convert_namespace_to_omegaconf.
+        common.tpu = False
+        for name in cfg:
+            group = cfg[name]
+            if isinstance(group, argparse.Namespace):
+                if getattr(group, "tpu", False):
+                    group.tpu = False
+            elif isinstance(group, DictConfig) and group.get("tpu", False):
+                group.tpu = False
+    if common.tpu:
+        return "tpu"
+    return "cuda" if cuda_available and not common.cpu else "cpu"
+
+
+def patch_bf16_without_tpu():
+    """Make ``fairseq-train --bf16`` train in bfloat16 on a CUDA GPU or the CPU when
+    ``torch_xla`` is not installed (fairseq's ``--bf16`` otherwise implies ``--tpu``).
+    Idempotent; changes nothing for configs without ``--bf16``.
+    """
+    from fairseq.distributed import utils as dist_utils
+
+    original = dist_utils.call_main
+    if getattr(original, _BF16_MARK, False):
+        return
+
+    def call_main(cfg, main, **kwargs):
+        device = bf16_device(cfg) if cfg.common.bf16 and cfg.common.tpu else None
+        if device in ("cuda", "cpu"):  # --bf16 had implied --tpu; now it is off
+            if device == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+                logger.warning(
+                    "--bf16: %s has no native bfloat16 arithmetic (compute capability %s, "
+                    "bfloat16 needs 8.0); it runs emulated and slowly: --fp16 is faster there",
+                    torch.cuda.get_device_name(), ".".join(map(str, torch.cuda.get_device_capability())),
+                )
+            logger.info("--bf16: training in bfloat16 on the %s (no TPU: %s)", device.upper(),
+                        "--cpu" if cfg.common.cpu else "torch_xla is not installed")
+        return original(cfg, main, **kwargs)
+
+    call_main.__doc__ = original.__doc__
+    call_main.__wrapped__ = original
+    setattr(call_main, _BF16_MARK, True)
+    dist_utils.call_main = call_main

@@ -29,9 +29,11 @@
 #   --master-addr HOST --master-port P   the address of node 0 (the port default: 29500)
 #                     One node without --master-port: torchrun --standalone (a free port).
 #   --precision P     auto (default): fp16 on CUDA GPUs of compute capability >= 7, else
-#                     bf16 where fairseq supports it, else fp32; fp32 with --cpu. fairseq
-#                     0.12 trains in fp16 only on CUDA GPUs and in bf16 only on TPUs (its
-#                     --bf16 implies --tpu and needs torch_xla): asking for a precision the
+#                     bf16 on a TPU (torch_xla installed, no CUDA GPU), else fp32; fp32
+#                     with --cpu. bf16: on a CUDA GPU, a TPU or the CPU (fairseq's --bf16
+#                     implies --tpu; the package turns that off without torch_xla or
+#                     with --cpu).
+#                     fairseq trains in fp16 only on CUDA GPUs: asking for a precision the
 #                     machine cannot do is an error before training.
 #
 # Batch size:
@@ -141,16 +143,16 @@ if [[ -n "$EXTRA_PRECISION" && "$PRECISION" != auto ]]; then
     die "--precision $PRECISION: conflicts with $EXTRA_PRECISION after --; expected one of them"
 fi
 if (( CPU )); then
-    [[ "$PRECISION" == fp16 || "$PRECISION" == bf16 ]] && die "--precision $PRECISION: not possible with --cpu \
-(fairseq trains in fp16 only on CUDA GPUs, in bf16 only on TPUs); expected --precision fp32 or auto"
-    [[ -z "$EXTRA_PRECISION" ]] || die "$EXTRA_PRECISION (after --): not possible with --cpu \
-(fairseq trains in fp16 only on CUDA GPUs, in bf16 only on TPUs)"
+    [[ "$PRECISION" == fp16 ]] && die "--precision $PRECISION: not possible with --cpu \
+(fairseq trains in fp16 only on CUDA GPUs); expected --precision fp32, bf16 or auto"
+    [[ -z "$EXTRA_PRECISION" || "$EXTRA_PRECISION" == *bf16 ]] || die "$EXTRA_PRECISION (after --): not possible \
+with --cpu (fairseq trains in fp16 only on CUDA GPUs)"
 fi
 require_pair "$DATA_BIN" "$SRC" "$TGT" train valid
 [[ ! -e "$SAVE_DIR" || -d "$SAVE_DIR" ]] || die "--save-dir: '$SAVE_DIR' exists and is not a directory"
 
-# The hardware: CUDA devices, compute capability of the first, bf16 support (fairseq
-# 0.12's --bf16 means training on TPUs through torch_xla).
+# The hardware: CUDA devices, compute capability of the first, torch_xla (where it is
+# installed, fairseq 0.12's --bf16 means training on TPUs).
 N_CUDA=0 CC_MAJOR=0 BF16_OK=0
 if (( ! CPU )); then
     read -r N_CUDA CC_MAJOR BF16_OK < <("$PY" -c '
@@ -181,15 +183,11 @@ case "$PRECISION" in
         (( ON_GPU )) || die "--precision fp16: needs a CUDA GPU and this machine has none; expected --precision fp32 or auto"
         PRECISION_ARGS=(--fp16) ;;
     bf16)
-        (( BF16_OK )) || die "--precision bf16: fairseq 0.12 trains in bf16 only on TPUs (its --bf16 implies --tpu) \
-and torch_xla is not installed; expected --precision fp16 (CUDA GPUs), fp32 or auto"
         PRECISION_ARGS=(--bf16) ;;
     fp32) ;;
 esac
 case "$EXTRA_PRECISION" in
-    --bf16|--memory-efficient-bf16)
-        (( BF16_OK )) || die "$EXTRA_PRECISION (after --): fairseq 0.12 trains in bf16 only on TPUs (it implies \
---tpu) and torch_xla is not installed" ;;
+    --bf16|--memory-efficient-bf16) ;;
     ?*)
         (( ON_GPU )) || die "$EXTRA_PRECISION (after --): needs a CUDA GPU and this machine has none" ;;
 esac
@@ -220,7 +218,7 @@ if [[ -n "$EXTRA_PRECISION" ]]; then
 else
     if (( ON_GPU )); then
         hw="$N_CUDA CUDA GPU(s), compute capability $CC_MAJOR.x"
-    elif [[ "${PRECISION_ARGS[*]:-}" == --bf16 ]]; then
+    elif [[ "${PRECISION_ARGS[*]:-}" == --bf16 ]] && (( BF16_OK )); then
         hw="TPU through torch_xla"
     else
         hw="CPU"

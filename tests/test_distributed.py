@@ -105,7 +105,6 @@ def _cuda_available():
 BASE = "--arch transformer --data-bin BIN --save-dir NEW --max-update 2 --src src --tgt tgt"
 BAD = {
     "fp16_on_cpu": ("--cpu --gpus 2 --precision fp16", ["--precision fp16: not possible with --cpu"]),
-    "bf16_on_cpu": ("--cpu --precision bf16", ["--precision bf16: not possible with --cpu"]),
     "fp16_flag_on_cpu": ("--cpu -- --fp16", ["--fp16 (after --): not possible with --cpu"]),
     "bad_precision": ("--precision fp8", ["--precision: expected one of: auto fp32 fp16 bf16; got 'fp8'"]),
     "update_freq_twice": ("--effective-tokens 4000 -- --update-freq 4",
@@ -118,7 +117,6 @@ BAD = {
                           ["--node-rank: expected 0 .. 1 (--nodes 2), got 2"]),
     "bad_port": ("--cpu --gpus 2 --master-port 70000", ["--master-port: expected a TCP port"]),
     "gpus_without_gpus": ("--gpus 2", ["--gpus 2: this machine has 0 CUDA GPU(s)", "or --cpu"]),
-    "bf16_without_tpu": ("--precision bf16", ["--precision bf16: fairseq 0.12 trains in bf16 only on TPUs"]),
     "precision_twice": ("--precision fp32 -- --fp16", ["--precision fp32: conflicts with --fp16"]),
 }
 NEEDS_NO_GPU = {"gpus_without_gpus"}
@@ -129,11 +127,6 @@ def test_impossible_choices_fail_before_training(case, tiny_data_bin, tmp_path):
     opts, fragments = BAD[case]
     if case in NEEDS_NO_GPU and _cuda_available():
         pytest.skip("this machine has CUDA GPUs")
-    if case == "bf16_without_tpu":
-        import importlib.util
-
-        if importlib.util.find_spec("torch_xla") is not None:
-            pytest.skip("torch_xla is installed")
     new = tmp_path / "new"
     argv = [{"BIN": tiny_data_bin.data_bin, "NEW": str(new)}.get(a, a) for a in f"{BASE} {opts}".split()]
     p = run_script("train.sh", argv, check=False)

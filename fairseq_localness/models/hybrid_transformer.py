@@ -37,7 +37,6 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
 from fairseq.models.transformer import transformer_legacy as tl
 
-from fairseq_localness.benchmark import register_system
 from fairseq_localness.models._locality import (
     LayerSpec,
     LocalityOptions,
@@ -174,13 +173,3 @@ register_presets(
         "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
     },
 )
-
-# Benchmark systems (``make bench``): the paper's default, the gate in the decoder
-# too, where beam search pays for both branches at every step, and the other rows of
-# Table 1 in the default layers.
-register_system("hybrid (gate, enc 1-2)", "hybrid_transformer", [])
-register_system(
-    "hybrid (gate, enc 1-2 + dec 1-2)", "hybrid_transformer", ["--hybrid-decoder-layers", "1-2"]
-)
-for _variant in ("concat", "local_pattern", "neighbor", "local_h", "local_s"):
-    register_system(f"hybrid ({_variant})", "hybrid_transformer", ["--hybrid-variant", _variant])

@@ -1,19 +1,31 @@
 """Speed, memory and size of every model against fairseq's transformer (``make bench``).
 
-For each system (an architecture plus options) at one size preset, in one process:
+For each system (an architecture plus options, listed in
+:mod:`fairseq_localness.cli.bench_systems`) at one size preset, in one process, with
+every model in ``--dtype`` (fp32, fp16 or bf16):
 
 * **train tok/s**: target tokens per second of a full training step (forward,
-  backward, Adam step) on a fixed synthetic batch;
+  backward, Adam step) on a fixed synthetic batch; in fp16/bf16 the step is fairseq's
+  ``--fp16``/``--bf16`` step: the model in that dtype, fp32 master weights for Adam
+  (and a loss scale in fp16);
+* **bound**: the arithmetic bound on the training throughput ratio: multiply-adds of
+  one training step of the transformer divided by those of the system, counted by
+  ``torch.utils.flop_counter.FlopCounterMode`` (matrix products, convolutions and
+  attention, including the CPU kernels of ``scaled_dot_product_attention``);
 * **decode sent/s**: sentences per second of beam search (beam 4) with the output
   length pinned (``min_len = max_len``), so every system decodes the same number of
   steps whatever its (random) weights predict;
+* **decode bound**: the same bound for decoding: multiply-adds of the transformer's
+  beam search divided by the system's, counted over one whole search (the encoder
+  once, then every decoder step with its cache);
 * **peak MB**: peak memory of one training forward + backward pass above what is
   allocated before it (activations, temporaries, gradients), from the CPU allocator's
   allocation and free events as ``torch.profiler`` records them (``profile_memory``);
   on a GPU, ``torch.cuda.max_memory_allocated`` of a whole training step;
 * **activations**: bytes of the tensors autograd saves for the backward pass of one
   training forward pass (deduplicated by storage, parameters excluded): the
-  deterministic part of training memory that differs between systems;
+  deterministic part of training memory that differs between systems; ``bench.json``
+  also splits them by the (sub)module that saved them;
 * **largest T x T**: the largest attention-shaped activation (two of its dimensions
   are sequence lengths) any op creates in a training forward pass, in units of the
   per-head attention weights ``B x H x T x T``: a value above 1 means the system
@@ -24,10 +36,7 @@ For each system (an architecture plus options) at one size preset, in one proces
   ``B x T x vocab`` logits, which every system shares, aside), as a ratio to the
   transformer's (at short sentences the feed-forward hidden ``T x B x F`` is the
   transformer's largest);
-* **params**: parameter count;
-* **bound**: the arithmetic bound on the throughput ratio: multiply-adds of one
-  training step of the transformer divided by those of the system, counted by
-  ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and attention).
+* **params**: parameter count.
 
 Timings are interleaved so that drift of the machine hits every system alike: the
 systems are split into groups (``--group-size``, which bounds how many models with
@@ -54,27 +63,9 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-# name -> (model name, extra options); the arch is "<model>_<size>"
-SYSTEMS: Dict[str, tuple] = {
-    "transformer": ("transformer", []),
-    "localness (query, enc 1-3)": ("localness_transformer", []),
-    "localness (fixed)": ("localness_transformer", ["--localness-window", "fixed"]),
-    "localness (layer)": ("localness_transformer", ["--localness-window", "layer"]),
-    "localness (head)": ("localness_transformer", ["--localness-window", "head"]),
-    "localness + rel_pos": ("localness_transformer", ["--localness-rel-pos"]),
-    "hysan e1 (gated)": ("hysan_transformer", []),
-    "hysan e1 (sum)": ("hysan_transformer", ["--hysan-fusion", "sum"]),
-    "hysan e1 (concat)": ("hysan_transformer", ["--hysan-fusion", "concat"]),
-    "enc-dc (f=2)": ("dc_transformer", ["--dc-mode", "enc"]),
-    "dec-dc (f=2)": ("dc_transformer", ["--dc-mode", "dec"]),
-    "full-dc (f=2)": ("dc_transformer", ["--dc-mode", "full"]),
-}
-BASELINE = "transformer"
+from fairseq_localness.cli.bench_systems import BASELINE, SYSTEMS, select
 
-
-def register_system(name: str, model: str, options: List[str]):
-    """Add a system to the benchmark (a model module may register its variants)."""
-    SYSTEMS[name] = (model, list(options))
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -84,12 +75,15 @@ class Result:
     options: List[str]
     params: int = 0
     train_flops: float = 0.0
+    decode_flops: float = 0.0
     train_times: List[float] = field(default_factory=list)
     decode_times: List[float] = field(default_factory=list)
     # per round: transformer time / system time, both measured in that round
     train_ratios: List[float] = field(default_factory=list)
     decode_ratios: List[float] = field(default_factory=list)
     activation_bytes: int = 0
+    # saved-for-backward bytes by the module that saved them, layer numbers as "*"
+    activations_by_module: Dict[str, int] = field(default_factory=dict)
     peak_bytes: Optional[int] = None
     cuda_peak_bytes: Optional[int] = None
     largest_tensor_numel: int = 0
@@ -127,7 +121,7 @@ class _Toy:
         self.source_dictionary = self.target_dictionary = d
 
 
-def build(model_name: str, size: str, options: List[str], task, device):
+def build(model_name: str, size: str, options: List[str], task, device, dtype=torch.float32):
     from fairseq import options as fairseq_options
     from fairseq.models import ARCH_MODEL_REGISTRY
 
@@ -139,7 +133,7 @@ def build(model_name: str, size: str, options: List[str], task, device):
         parser, ["/dev/null", "--task", "translation", "--arch", arch, "--share-all-embeddings"] + options
     )
     torch.manual_seed(0)
-    model = ARCH_MODEL_REGISTRY[arch].build_model(args, task).to(device)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(args, task).to(device=device, dtype=dtype)
     return arch, model
 
 
@@ -159,12 +153,61 @@ def make_batch(task, bsz: int, src_len: int, tgt_len: int, device, seed: int = 0
     return src.to(device), torch.tensor(lengths, device=device), prev.to(device), tgt.to(device)
 
 
+# --------------------------------------------------------------------------- dtype
+def check_dtype(dtype: str, device_type: str, gpu_name: str = "", capability: Tuple[int, int] = (0, 0)):
+    """``None`` if ``device_type`` (``"cpu"`` or ``"cuda"``, with the GPU's name and
+    compute capability) can run the benchmark in ``dtype``, else why not.
+
+    fp16 needs a CUDA GPU: fairseq trains in fp16 only there, and on a CPU most
+    float16 ops run through float32 conversions (slower than fp32, so its timings
+    would say nothing about the models). bf16 runs on the CPU and on GPUs with bfloat16 arithmetic (compute
+    capability 8.0: A100, H100, ...); older GPUs emulate it.
+    """
+    if dtype == "fp16" and device_type != "cuda":
+        return ("--dtype fp16: needs a CUDA GPU (fairseq trains in fp16 only on GPUs, and on the CPU most "
+                "float16 ops run through float32 conversions); expected --dtype fp32 or bf16 on the CPU")
+    if dtype == "bf16" and device_type == "cuda" and capability < (8, 0):
+        return (f"--dtype bf16: {gpu_name} (compute capability {capability[0]}.{capability[1]}) has no "
+                f"bfloat16 arithmetic (needs 8.0, e.g. A100, H100); expected --dtype fp16 or fp32")
+    return None
+
+
+class _MixedPrecisionAdam:
+    """Adam on fp32 master copies of a fp16/bf16 model's parameters, as fairseq's
+    ``FP16Optimizer`` (``--fp16``/``--bf16``): the gradients are copied to fp32 (and
+    unscaled in fp16), Adam steps the master weights, which are copied back into the
+    model. fp16 uses a fixed loss scale (fairseq's initial 128); bf16 needs none."""
+
+    def __init__(self, model, lr: float, loss_scale: float):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        self.optimizer = torch.optim.Adam(self.master, lr=lr)
+        self.loss_scale = loss_scale
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        for p, m in zip(self.params, self.master):
+            m.grad = None if p.grad is None else p.grad.float().mul_(1.0 / self.loss_scale)
+        self.optimizer.step()
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self.master)
+
+
+def make_optimizer(model, dtype):
+    if dtype == torch.float32:
+        return torch.optim.Adam(model.parameters(), lr=1e-4)
+    return _MixedPrecisionAdam(model, lr=1e-4, loss_scale=128.0 if dtype == torch.float16 else 1.0)
+
+
 def _train_step(model, optimizer, batch):
     src, lengths, prev, tgt = batch
     logits, _ = model(src, lengths, prev)
     loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss * getattr(optimizer, "loss_scale", 1.0)).backward()
     optimizer.step()
 
 
@@ -179,31 +222,86 @@ def _loss(model, batch):
     return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
 
 
-def measure_static(model, batch, num_heads: int, device) -> Tuple[float, int, int, float, Optional[int]]:
-    """One training forward + backward pass, observed (not timed) for: the multiply-adds
-    (``FlopCounterMode``), the bytes saved for backward, the largest activation of the
-    forward pass (elements), the largest attention-shaped activation (two of its
-    dimensions are sequence lengths; in units of ``B x H x T x T``) and, on a CPU, the
-    allocator's peak above the start (``torch.profiler`` memory events).
+# --------------------------------------------------------------------------- counting
+def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    from torch.utils.flop_counter import sdpa_flop_count
 
-    Returns ``(flops, saved bytes, largest numel, largest T x T ratio, peak bytes or None)``.
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def flop_counter():
+    """``FlopCounterMode`` that also counts the CPU kernels of
+    ``F.scaled_dot_product_attention`` (torch counts only its GPU kernels; without
+    this, attention computed through SDPA on a CPU would count as free and attention
+    through ``matmul`` would not)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    aten = torch.ops.aten
+    mapping = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_sdpa_flops
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _cpu_sdpa_backward_flops
+    return FlopCounterMode(display=False, custom_mapping=mapping)
+
+
+def _module_key(name: str) -> str:
+    """``encoder.layers.3.self_attn.local_unit.norm`` -> ``encoder.layers.*.self_attn.local_unit``:
+    layer numbers folded, at most two levels below a layer."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[1] == "layers":
+        parts[2] = "*"
+        parts = parts[:5]
+    return ".".join(parts) or "(model)"  # the model itself: its own forward, outside submodules
+
+
+def measure_static(model, batch, num_heads: int, device):
+    """One training forward + backward pass, observed (not timed) for: the multiply-adds
+    (:func:`flop_counter`), the bytes saved for backward (in total and by the module
+    that saved them), the largest activation of the forward pass (elements), the
+    largest attention-shaped activation (two of its dimensions are sequence lengths;
+    in units of ``B x H x T x T``) and, on a CPU, the allocator's peak above the start
+    (``torch.profiler`` memory events).
+
+    Returns ``(flops, saved bytes, saved bytes by module, largest numel, largest T x T
+    ratio, peak bytes or None)``.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
-    from torch.utils.flop_counter import FlopCounterMode
 
-    storages = {}
+    storages = {}  # storage -> (bytes, module that saved it first)
     parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    running = ["(loss)"]  # the innermost module whose forward is running (none: the loss)
 
     def pack(t):
         try:
             key = t.untyped_storage().data_ptr()
             if key in parameter_storages:  # weights saved for backward are not activations
                 return t
-            storages[key] = max(storages.get(key, 0), t.untyped_storage().nbytes())
+            nbytes = t.untyped_storage().nbytes()
+            owner = storages[key][1] if key in storages else running[-1]
+            storages[key] = (max(storages.get(key, (0, ""))[0], nbytes), owner)
         except (RuntimeError, NotImplementedError):
             pass
         return t
+
+    names = {module: _module_key(name) for name, module in model.named_modules()}
+
+    def enter(module, args):
+        running.append(names[module])
+
+    def leave(module, args, output):
+        running.pop()  # returns None: the output is left alone
+
+    hooks = []
+    for module in names:
+        hooks.append(module.register_forward_pre_hook(enter))
+        hooks.append(module.register_forward_hook(leave))
 
     largest = [0, 0]  # any activation, attention-shaped activation (numel)
     vocab = model.decoder.output_projection.out_features
@@ -242,10 +340,14 @@ def measure_static(model, batch, num_heads: int, device) -> Tuple[float, int, in
         profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         profiler.__enter__()
     try:
-        with FlopCounterMode(display=False) as counter:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                with Largest():
-                    loss = _loss(model, batch)
+        with flop_counter() as counter:
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    with Largest():
+                        loss = _loss(model, batch)
+            finally:
+                for hook in hooks:
+                    hook.remove()
             in_forward[0] = False
             loss.backward()
         del loss
@@ -260,9 +362,13 @@ def measure_static(model, batch, num_heads: int, device) -> Tuple[float, int, in
             current += event.nbytes()
             peak = max(peak, current)
     model.zero_grad(set_to_none=True)
+    by_module: Dict[str, int] = {}
+    for nbytes, owner in storages.values():
+        by_module[owner] = by_module.get(owner, 0) + nbytes
     src, prev = batch[0], batch[2]
     attention = src.size(0) * num_heads * max(src.size(1), prev.size(1)) ** 2
-    return float(counter.get_total_flops()), sum(storages.values()), largest[0], largest[1] / attention, peak
+    return (float(counter.get_total_flops()), sum(b for b, _ in storages.values()), by_module, largest[0],
+            largest[1] / attention, peak)
 
 
 def _decode(model, task, decode_src, decode_len):
@@ -278,12 +384,21 @@ def _decode(model, task, decode_src, decode_len):
     model.train()
 
 
+def measure_decode_flops(model, task, decode_src, decode_len) -> float:
+    """Multiply-adds (``FlopCounterMode``, as for training) of one beam search: the
+    encoder once, then ``decode_len`` incremental decoder steps of 4 beams."""
+    with flop_counter() as counter:
+        _decode(model, task, decode_src, decode_len)
+    return float(counter.get_total_flops())
+
+
 def _prepare(name, args, task, batch, decode_src, device, result: Result):
     """Build, measure (untimed) and warm up one system; returns (model, optimizer) or
     None when the system fails (the failure is reported, not fatal)."""
     model_name, options = SYSTEMS[name]
+    dtype = DTYPES[args.dtype]
     try:
-        result.arch, model = build(model_name, args.size, options, task, device)
+        result.arch, model = build(model_name, args.size, options, task, device, dtype)
     except Exception as exc:
         result.error = f"build failed: {exc}"
         return None
@@ -294,13 +409,15 @@ def _prepare(name, args, task, batch, decode_src, device, result: Result):
     (
         result.train_flops,
         result.activation_bytes,
+        result.activations_by_module,
         result.largest_tensor_numel,
         result.largest_tensor_ratio,
         result.peak_bytes,
     ) = measure_static(model, batch, heads, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = make_optimizer(model, dtype)
     _train_step(model, optimizer, batch)  # warm-up (allocates the optimizer state)
-    _decode(model, task, decode_src, args.decode_len)
+    # the decoding warm-up, counted (the same kernels run as in the timed searches)
+    result.decode_flops = measure_decode_flops(model, task, decode_src, args.decode_len)
     result.train_tokens = int(batch[3].numel())
     result.decode_sentences = args.decode_batch
     print(f"built {name}: {result.params:,} parameters", file=sys.stderr)
@@ -315,21 +432,23 @@ def _timed(fn, device) -> float:
     return time.perf_counter() - start
 
 
+def select_device(args) -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+
+
 def run(args) -> List[Result]:
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    device = select_device(args)
     if device.type == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
     task = _Toy(args.vocab)
     batch = make_batch(task, args.batch_size, args.src_len, args.tgt_len, device)
     decode_src = make_batch(task, args.decode_batch, args.src_len, args.tgt_len, device, seed=1)[:2]
-    names = [n for n in SYSTEMS if not args.systems or n in args.systems or SYSTEMS[n][0] in args.systems]
-    if BASELINE in names:
-        names.remove(BASELINE)
+    names = [n for n in select(args.systems or []) if n != BASELINE]
     results = {name: Result(name=name, arch="", options=SYSTEMS[name][1]) for name in [BASELINE] + names}
     base = results[BASELINE]
     prepared = _prepare(BASELINE, args, task, batch, decode_src, device, base)
     if prepared is None:
-        sys.exit(f"benchmark: the baseline failed: {base.error}")
+        sys.exit(f"fairseq-localness-bench: the baseline failed: {base.error}")
     base_model, base_opt = prepared
 
     size = max(1, args.group_size)
@@ -369,7 +488,18 @@ def run(args) -> List[Result]:
 
 
 def arithmetic_bound(result: Result, base: Optional[Result]) -> Optional[float]:
+    """Training: the transformer's multiply-adds / the system's."""
     return base.train_flops / result.train_flops if base and result.train_flops else None
+
+
+def decode_bound(result: Result, base: Optional[Result]) -> Optional[float]:
+    """Beam search: the transformer's multiply-adds / the system's."""
+    return base.decode_flops / result.decode_flops if base and result.decode_flops else None
+
+
+COLUMNS = ("system", "params", "train tok/s", "train ratio", "bound", "ratio / bound", "decode sent/s",
+           "decode ratio", "decode bound", "dec. ratio / bound", "peak MB", "peak ratio", "activations MB",
+           "act. ratio", "largest T x T", "largest tensor")
 
 
 def table(results: List[Result], machine: str) -> str:
@@ -384,24 +514,25 @@ def table(results: List[Result], machine: str) -> str:
     lines = [
         f"Measured on {machine}.",
         "",
-        "| system | params | train tok/s | train ratio | bound | ratio / bound | decode sent/s | decode ratio "
-        "| peak MB | peak ratio | activations MB | act. ratio | largest T x T | largest tensor |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|---|" + "---:|" * (len(COLUMNS) - 1),
     ]
     for r in results:
         if r.error:
-            lines.append(f"| {r.name} | {r.error} |" + " |" * 12)
+            lines.append(f"| {r.name} | {r.error} |" + " |" * (len(COLUMNS) - 2))
             continue
         tr = r.train_ratio or 0.0
+        dr = r.decode_ratio or 0.0
         bound = arithmetic_bound(r, base) or 0.0
+        dbound = decode_bound(r, base) or 0.0
         peak = r.cuda_peak_bytes if r.cuda_peak_bytes is not None else r.peak_bytes
         base_peak = None
         if base is not None:
             base_peak = base.cuda_peak_bytes if base.cuda_peak_bytes is not None else base.peak_bytes
         lines.append(
             f"| {r.name} | {r.params:,} | {r.train_tok_s:,.0f} | {tr:.3f} | {bound:.3f} | "
-            f"{(tr / bound if bound else 0):.3f} | {r.decode_sent_s:.2f} | "
-            f"{(r.decode_ratio or 0.0):.3f} | {mb(peak)} | {ratio(peak, base_peak)} | "
+            f"{(tr / bound if bound else 0):.3f} | {r.decode_sent_s:.2f} | {dr:.3f} | {dbound:.3f} | "
+            f"{(dr / dbound if dbound else 0):.3f} | {mb(peak)} | {ratio(peak, base_peak)} | "
             f"{r.activation_bytes / 2**20:,.1f} | "
             f"{ratio(r.activation_bytes, base.activation_bytes if base else 0)} | {r.largest_tensor_ratio:.2f} | "
             f"{ratio(r.largest_tensor_numel, base.largest_tensor_numel if base else 0)} |"
@@ -409,7 +540,7 @@ def table(results: List[Result], machine: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def machine_description(device: str) -> str:
+def machine_description(device: str, dtype: str = "fp32") -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -422,8 +553,8 @@ def machine_description(device: str) -> str:
     threads = torch.get_num_threads()
     desc = f"{cpu}, {os.cpu_count()} cores ({threads} torch threads), torch {torch.__version__}"
     if device == "cuda":
-        desc += f", GPU {torch.cuda.get_device_name()}"
-    return desc
+        desc += f", GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    return desc + f", {dtype}"
 
 
 def get_parser():
@@ -431,6 +562,9 @@ def get_parser():
     p.add_argument("--quick", action="store_true", help="small batch, few rounds (CI)")
     p.add_argument("--size", default="iwslt_de_en", help="size preset suffix (default: iwslt_de_en)")
     p.add_argument("--systems", nargs="*", help="restrict to these system or model names")
+    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES),
+                   help="dtype of every model (model.to(dtype)); fp16 needs a CUDA GPU, bf16 a CPU or a GPU of "
+                   "compute capability >= 8.0 (default: fp32)")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--src-len", type=int, default=None)
     p.add_argument("--tgt-len", type=int, default=None)
@@ -443,20 +577,17 @@ def get_parser():
         "--group-size", type=int, default=None,
         help="systems held in memory at once, each group timed with the transformer (default: 4)",
     )
-    p.add_argument("--cpu", action="store_true")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even where a CUDA GPU is available")
     p.add_argument("--output-dir", default="runs/bench", help="where bench.json and bench.md go")
     p.add_argument("--list", action="store_true", help="list the systems and exit")
     return p
 
 
-def main(argv=None):
-    args = get_parser().parse_args(argv)
-    import fairseq_localness  # noqa: F401  (registers the models)
-
-    if args.list:
-        for name, (model, options) in SYSTEMS.items():
-            print(f"{name}: {model}_{args.size} {' '.join(options)}")
-        return
+def parse_args(argv=None):
+    """The command line, with defaults filled in and every check made (usage errors
+    exit with status 2 before anything is built or written)."""
+    parser = get_parser()
+    args = parser.parse_args(argv)
     # (quick, full); group_size bounds the resident models: on these VMs memory that
     # stays untouched for a while becomes slow to touch again (timings of groups of
     # 10 iwslt-size models with Adam states varied 20-fold, groups of 4 did not).
@@ -467,24 +598,46 @@ def main(argv=None):
             setattr(args, key, quick if args.quick else full)
     for key in defaults:
         if getattr(args, key) < 1:
-            sys.exit(f"benchmark: --{key.replace('_', '-')} must be >= 1")
-    unknown = [s for s in args.systems or [] if s not in SYSTEMS and s not in {m for m, _ in SYSTEMS.values()}]
-    if unknown:
-        sys.exit(f"benchmark: unknown system(s) {unknown}; known: {sorted(SYSTEMS)}")
+            parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    if args.vocab < 8:
+        parser.error(f"--vocab must be >= 8 (the 4 special symbols and some words), got {args.vocab}")
+    try:
+        select(args.systems or [])
+    except ValueError as exc:
+        parser.error(f"--systems: {exc}")
+    if not args.list:
+        device = select_device(args)
+        name = torch.cuda.get_device_name() if device.type == "cuda" else ""
+        capability = torch.cuda.get_device_capability() if device.type == "cuda" else (0, 0)
+        problem = check_dtype(args.dtype, device.type, name, capability)
+        if problem:
+            parser.error(problem)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import fairseq_localness  # noqa: F401  (registers the models)
+
+    if args.list:
+        for name, (model, options) in SYSTEMS.items():
+            print(f"{name}: {model}_{args.size} {' '.join(options)}")
+        return
 
     results = run(args)
-    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
-    machine = machine_description(device)
+    device = select_device(args).type
+    machine = machine_description(device, args.dtype)
     md = table(results, machine)
     os.makedirs(args.output_dir, exist_ok=True)
     settings = {
         k: getattr(args, k)
-        for k in ("size", "batch_size", "src_len", "tgt_len", "decode_batch", "decode_len", "repeats", "vocab",
-                  "quick", "group_size", "threads")
+        for k in ("size", "dtype", "batch_size", "src_len", "tgt_len", "decode_batch", "decode_len", "repeats",
+                  "vocab", "quick", "group_size", "threads")
     }
     base = next((r for r in results if r.name == BASELINE and not r.error), None)
     payload = {
         "machine": machine,
+        "device": device,
         "settings": settings,
         "results": [
             dict(
@@ -494,6 +647,7 @@ def main(argv=None):
                 train_ratio=r.train_ratio,
                 decode_ratio=r.decode_ratio,
                 arithmetic_bound=arithmetic_bound(r, base),
+                decode_bound=decode_bound(r, base),
             )
             for r in results
         ],
@@ -509,7 +663,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # Run the package's copy of this module, whose SYSTEMS the models extend.
-    from fairseq_localness.benchmark import main as package_main
-
-    package_main()
+    main()

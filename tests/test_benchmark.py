@@ -1,0 +1,203 @@
+"""fairseq-localness-bench (fairseq_localness/cli/benchmark.py): its table of systems
+(one place, models do not import the benchmark), usage errors, the dtype check, the
+multiply-add counts behind the training and decoding bounds, the activation
+breakdown, and a tiny in-process run in bf16 on the CPU."""
+import ast
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+import fairseq_localness  # noqa: F401  (registers the models)
+from fairseq_localness.cli import benchmark as bench
+from fairseq_localness.cli.bench_systems import BASELINE, SYSTEMS, select
+
+PACKAGE = os.path.dirname(os.path.abspath(fairseq_localness.__file__))
+TINY_RUN = ["--size", "tiny", "--vocab", "64", "--batch-size", "2", "--src-len", "6", "--tgt-len", "6",
+            "--decode-batch", "2", "--decode-len", "4", "--repeats", "1", "--threads", "1", "--cpu"]
+
+
+# --------------------------------------------------------------------------- systems
+def _imports(path):
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+@pytest.mark.parametrize("area", ["models", "modules"])
+def test_models_do_not_import_the_benchmark(area):
+    for name in sorted(os.listdir(os.path.join(PACKAGE, area))):
+        if name.endswith(".py"):
+            found = [m for m in _imports(os.path.join(PACKAGE, area, name)) if "bench" in m]
+            assert not found, f"{area}/{name} imports {found}"
+
+
+def test_one_table_lists_every_model_and_builds():
+    """Every model of the package is in the table (the hybrid variants too, which the
+    model module used to add itself), and every system builds at the tiny preset."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    models = {model for model, _ in SYSTEMS.values()}
+    assert models == {"transformer", "localness_transformer", "hybrid_transformer", "hysan_transformer",
+                      "dc_transformer"}
+    assert next(iter(SYSTEMS)) == BASELINE
+    assert [n for n in SYSTEMS if n.startswith("hybrid")] == [
+        "hybrid (gate, enc 1-2)", "hybrid (gate, enc 1-2 + dec 1-2)", "hybrid (concat)",
+        "hybrid (local_pattern)", "hybrid (neighbor)", "hybrid (local_h)", "hybrid (local_s)"]
+    task = bench._Toy(64)
+    for name, (model, options) in SYSTEMS.items():
+        assert f"{model}_tiny" in ARCH_MODEL_REGISTRY, name
+        arch, built = bench.build(model, "tiny", options, task, torch.device("cpu"))
+        assert sum(p.numel() for p in built.parameters()) > 0, name
+
+
+def test_select_by_system_or_model_name():
+    assert select([]) == list(SYSTEMS)
+    assert select(["hysan_transformer", "enc-dc (f=2)"]) == [
+        "hysan e1 (gated)", "hysan e1 (sum)", "hysan e1 (concat)", "enc-dc (f=2)"]
+    with pytest.raises(ValueError, match=r"unknown system\(s\) \['nope'\]"):
+        select(["nope", "transformer"])
+
+
+def test_list(capsys):
+    bench.main(["--list", "--size", "tiny"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(SYSTEMS)
+    assert "hybrid (local_s): hybrid_transformer_tiny --hybrid-variant local_s" in lines
+
+
+def test_console_script_points_to_the_cli_module():
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts["fairseq-localness-bench"] == "fairseq_localness.cli.benchmark:main"
+
+
+# --------------------------------------------------------------------------- usage errors
+BAD = {
+    "fp16_on_cpu": (["--dtype", "fp16"], "--dtype fp16: needs a CUDA GPU"),
+    "unknown_dtype": (["--dtype", "fp8"], "--dtype: invalid choice: 'fp8'"),
+    "unknown_system": (["--systems", "nope"], "--systems: unknown system(s) ['nope']"),
+    "no_repeats": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    "tiny_vocab": (["--vocab", "3"], "--vocab must be >= 8"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_usage_errors_exit_2_before_any_work(case, tmp_path, capsys):
+    extra, message = BAD[case]
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--quick", "--cpu", "--output-dir", str(out), *extra])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_dtype_check_by_device():
+    assert bench.check_dtype("fp32", "cpu") is None
+    assert bench.check_dtype("bf16", "cpu") is None
+    assert "needs a CUDA GPU" in bench.check_dtype("fp16", "cpu")
+    assert bench.check_dtype("fp16", "cuda", "Tesla V100", (7, 0)) is None
+    assert bench.check_dtype("bf16", "cuda", "NVIDIA H100 80GB HBM3", (9, 0)) is None
+    problem = bench.check_dtype("bf16", "cuda", "Tesla V100", (7, 0))
+    assert "Tesla V100 (compute capability 7.0) has no bfloat16 arithmetic" in problem
+
+
+def test_mixed_precision_step_keeps_fp32_master_weights():
+    """fp16/bf16 training as fairseq's FP16Optimizer: the model stays in bf16, Adam
+    steps fp32 master weights, and the model gets them back (rounded)."""
+    task = bench._Toy(64)
+    _, model = bench.build("transformer", "tiny", [], task, torch.device("cpu"), torch.bfloat16)
+    optimizer = bench.make_optimizer(model, torch.bfloat16)
+    batch = bench.make_batch(task, 2, 5, 5, torch.device("cpu"))
+    before = [m.clone() for m in optimizer.master]
+    bench._train_step(model, optimizer, batch)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {m.dtype for m in optimizer.master} == {torch.float32}
+    assert any(not torch.equal(a, b) for a, b in zip(before, optimizer.master))
+    for p, m in zip(optimizer.params, optimizer.master):
+        assert torch.equal(p, m.to(torch.bfloat16))
+
+
+# --------------------------------------------------------------------------- counting
+def test_cpu_attention_kernels_are_counted():
+    """torch's FlopCounterMode counts only the GPU kernels of scaled_dot_product_attention;
+    the benchmark's counter counts the CPU kernels as torch counts the GPU ones: two
+    B x H x T x T x Dh products forward, five backward (the scores are recomputed);
+    one multiply-add = 2 flops."""
+    q = torch.randn(2, 4, 8, 16, requires_grad=True)
+    with bench.flop_counter() as counter:
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert counter.get_total_flops() == 2 * (2 * 2 * 4 * 8 * 8 * 16)
+    with bench.flop_counter() as counter:
+        out.sum().backward()
+    assert counter.get_total_flops() == 2 * (5 * 2 * 4 * 8 * 8 * 16)
+
+
+def test_decode_count_has_the_encoder_once():
+    """Enc-DC and the transformer share their decoder: their beam searches differ by
+    exactly the difference of one encoder pass over the source batch."""
+    task = bench._Toy(64)
+    src = bench.make_batch(task, 3, 7, 7, torch.device("cpu"), seed=1)[:2]
+
+    def counts(options):
+        _, model = bench.build("dc_transformer" if options else "transformer", "tiny", options, task,
+                               torch.device("cpu"))
+        model.eval()
+        with bench.flop_counter() as counter, torch.no_grad():
+            model.encoder(src[0], src_lengths=src[1])
+        return bench.measure_decode_flops(model, task, src, 5), counter.get_total_flops()
+
+    base_decode, base_encoder = counts([])
+    dc_decode, dc_encoder = counts(["--dc-mode", "enc"])
+    assert dc_encoder > base_encoder
+    assert dc_decode - base_decode == dc_encoder - base_encoder
+
+
+def test_activation_breakdown_adds_up_and_names_the_dc_units():
+    task = bench._Toy(64)
+    _, model = bench.build("dc_transformer", "tiny", ["--dc-mode", "enc"], task, torch.device("cpu"))
+    batch = bench.make_batch(task, 2, 6, 6, torch.device("cpu"))
+    _flops, total, by_module, *_ = bench.measure_static(model, batch, 4, torch.device("cpu"))
+    assert sum(by_module.values()) == total
+    assert {"encoder.layers.*.self_attn.local_context", "encoder.layers.*.self_attn.fi_local",
+            "encoder.layers.*.self_attn.fi_global", "encoder.layers.*.self_attn.aggregate",
+            "(loss)"} <= set(by_module)
+    assert not any(k.startswith("decoder.layers.*.self_attn.") for k in by_module)
+
+
+# --------------------------------------------------------------------------- a run
+def test_tiny_run_in_bf16_on_the_cpu(tmp_path, capsys):
+    out = tmp_path / "bench"
+    bench.main([*TINY_RUN, "--dtype", "bf16", "--systems", "dec-dc (f=2)", "--output-dir", str(out)])
+    payload = json.loads((out / "bench.json").read_text())
+    assert payload["settings"]["dtype"] == "bf16" and payload["device"] == "cpu"
+    assert payload["machine"].endswith(", bf16")
+    base, dc = payload["results"]
+    assert [base["name"], dc["name"]] == ["transformer", "dec-dc (f=2)"]
+    assert base["arithmetic_bound"] == base["decode_bound"] == 1.0
+    assert dc["error"] is None and 0 < dc["decode_bound"] < 1 and 0 < dc["arithmetic_bound"] < 1
+    assert dc["train_ratio"] > 0 and dc["decode_ratio"] > 0
+    md = (out / "bench.md").read_text()
+    header = md.splitlines()[2]
+    assert "| decode bound | dec. ratio / bound |" in header
+    row = next(line for line in md.splitlines() if line.startswith("| dec-dc"))
+    assert row.count("|") == header.count("|")
+    assert f"| {dc['decode_bound']:.3f} |" in row
+
+
+def test_module_runs_as_a_script():
+    """``python -m fairseq_localness.cli.benchmark`` reads the same table."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "fairseq_localness.cli.benchmark", "--list"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert len(p.stdout.splitlines()) == len(SYSTEMS)
