@@ -34,9 +34,11 @@ from fairseq_localness.models._locality import (
     LocalityOptions,
     LocalityTransformerModel,
     OptionError,
+    default_layers,
     option_flag,
     parse_layers,
     register_presets,
+    require_positive_finite,
 )
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.gaussian import WINDOW_STRATEGIES, GaussianLocalness
@@ -76,7 +78,7 @@ class LocalnessOptions(LocalityOptions):
         """0-based encoder layers with the bias (the paper's Table 2 default: 1-3)."""
         spec = self.localness_encoder_layers
         if spec is None:
-            spec = f"1-{min(3, num_layers)}"
+            spec = default_layers(3, num_layers)
         return parse_layers(spec, num_layers, "localness_encoder_layers")
 
     def validate(self, cfg):
@@ -88,13 +90,55 @@ class LocalnessOptions(LocalityOptions):
                 f"{option_flag('localness_window')} {self.localness_window!r}: unknown strategy; "
                 f"allowed: {', '.join(WINDOW_STRATEGIES)}"
             )
-        for name in ("localness_fixed_window", "localness_head_window_max", "localness_min_window"):
-            if not getattr(self, name) > 0:
-                raise OptionError(f"{option_flag(name)} must be > 0 (got {getattr(self, name)})")
+        require_positive_finite(
+            self, ("localness_fixed_window", "localness_head_window_max", "localness_min_window")
+        )
         if self.localness_rel_pos_k < 1:
             raise OptionError(
                 f"{option_flag('localness_rel_pos_k')} must be >= 1 (got {self.localness_rel_pos_k})"
             )
+        floor = self.localness_min_window
+        if self.localness_window == "head" and floor >= self.localness_head_window_max:
+            raise OptionError(
+                f"{option_flag('localness_min_window')} {floor} must be below "
+                f"{option_flag('localness_head_window_max')} {self.localness_head_window_max}: the head "
+                f"strategy's window lies between the two (eq. 11), so it could not move"
+            )
+        if self.localness_window == "fixed" and self.localness_fixed_window < floor:
+            raise OptionError(
+                f"{option_flag('localness_fixed_window')} {self.localness_fixed_window} is below "
+                f"{option_flag('localness_min_window')} {floor}; expected a fixed window >= the floor"
+            )
+
+    def unused(self, cfg):
+        out = []
+        gaussian = (
+            self.encoder_layers(cfg.encoder_layers)
+            or parse_layers(self.localness_decoder_layers, cfg.decoder_layers, "localness_decoder_layers")
+            or parse_layers(self.localness_enc_dec_layers, cfg.decoder_layers, "localness_enc_dec_layers")
+        )
+        window_options = ("localness_window", "localness_fixed_window", "localness_head_window_max",
+                          "localness_min_window")
+        if not gaussian:
+            for name in window_options:
+                if self.given(name):
+                    out.append(
+                        f"{option_flag(name)} has no effect: no layer has the Gaussian bias "
+                        f"({option_flag('localness_encoder_layers')}, {option_flag('localness_decoder_layers')} "
+                        f"and {option_flag('localness_enc_dec_layers')} select none)"
+                    )
+        else:
+            for name, strategy in (("localness_fixed_window", "fixed"), ("localness_head_window_max", "head")):
+                if self.given(name) and self.localness_window != strategy:
+                    out.append(
+                        f"{option_flag(name)} applies to {option_flag('localness_window')} {strategy} only "
+                        f"(got {option_flag('localness_window')} {self.localness_window})"
+                    )
+        if self.given("localness_rel_pos_k") and not self.localness_rel_pos:
+            out.append(
+                f"{option_flag('localness_rel_pos_k')} applies with {option_flag('localness_rel_pos')} only"
+            )
+        return out
 
 
 def build_localness_attention(
