@@ -12,12 +12,26 @@
 
 Each fairseq process costs ~4-5 s of start-up (importing fairseq), so a test that
 goes through the CLI should start as few of them as it can.
+
+Time limits: every test has one (``pytest.ini``: 300 s, fixtures included; a slow
+test raises its own with ``@pytest.mark.timeout(N)``). When a test runs past it,
+:func:`pytest_timeout_set_timer` prints ``TIMEOUT: <test id>`` before pytest-timeout
+dumps the threads' stacks and ends the run. With ``FAIRSEQ_LOCALNESS_TEST_STATUS``
+set to a file name, the id of each test is written there when it starts (``running
+<id>``), when it times out (``timeout <id>``) and ``finished`` at the end of the
+session, so a supervisor (``.ci/run``) can name a test that hung or crashed the run.
+
+Process groups: ``torch.distributed.init_process_group`` is refused in the pytest
+process (:func:`_refuse_process_groups`): a test that needs one runs it in a
+subprocess with a timeout, where a hang (gloo waiting for a peer) cannot stop the
+suite.
 """
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -50,6 +64,70 @@ TINY_MODEL_ARGS = [
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long test (still part of `make test`)")
+    _refuse_process_groups()
+
+
+# --------------------------------------------------------------------------- time limits
+STATUS_ENV = "FAIRSEQ_LOCALNESS_TEST_STATUS"
+
+
+def _write_status(text: str) -> None:
+    path = os.environ.get(STATUS_ENV)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _write_status(f"running {nodeid}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _write_status("finished")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's thread method, with the test named first on the terminal and
+    in the status file (pytest-timeout itself prints only the stacks)."""
+    if settings.method != "thread":
+        return None
+    import pytest_timeout
+
+    def expire():
+        capman = item.config.pluginmanager.getplugin("capturemanager")
+        if capman:
+            capman.suspend_global_capture(item)
+        terminal = item.config.get_terminal_writer()
+        terminal.line("")
+        terminal.sep("!", f"TIMEOUT: {item.nodeid} ran longer than {settings.timeout:g} s", red=True)
+        terminal.flush()
+        _write_status(f"timeout {item.nodeid}")
+        pytest_timeout.timeout_timer(item, settings)  # dumps the stacks, os._exit(1)
+
+    timer = threading.Timer(settings.timeout, expire)
+    timer.name = f"pytest_timeout {item.nodeid}"
+    timer.daemon = True
+
+    def cancel():
+        timer.cancel()
+        timer.join()
+
+    item.cancel_timeout = cancel
+    timer.start()
+    return True
+
+
+def _refuse_process_groups():
+    import torch.distributed as dist
+
+    def init_process_group(*args, **kwargs):
+        raise RuntimeError(
+            "tests create torch.distributed process groups in a subprocess (with a timeout), never in the "
+            "pytest process, where a hang would stop the whole suite; see tests/test_distributed.py")
+
+    if dist.is_available():
+        dist.init_process_group = init_process_group
 
 
 # --------------------------------------------------------------------------- commands
