@@ -18,7 +18,9 @@
 #                       recorded in DIR/SEGMENTATION by prepare_bpe.sh/preprocess.sh
 #   --detok D           moses or none; default: DIR/TOKENIZATION, else none
 #   --out DIR           outputs (default: next to the checkpoint, eval_<SUBSET>_<name>/):
-#                       generate.out, hyp.seg, hyp.tok, hyp.detok, bleu.json
+#                       generate.out, generate.log, hyp.seg, hyp.tok, hyp.detok, bleu.json
+#                       (built in DIR.tmp.XXXXXX, moved into DIR when all succeeded; a
+#                       failed run leaves DIR as it was and its outputs in DIR.failed/)
 #   --tok-bleu          also tokenized BLEU (multi-bleu.perl's number): hypothesis and
 #                       reference Moses-tokenized (sacremoses), scored by sacrebleu with
 #                       tokenize=none -> tok_bleu.json (same fields as bleu.json, plus
@@ -35,6 +37,12 @@
 #
 # Papers' settings: WMT beam 4, length penalty 0.6 (--beam 4 --lenpen 0.6); the DC
 # paper on IWSLT beam 6, length penalty 1.1.
+#
+# Checks: the reference has one line per sentence of SUBSET (a missing final newline
+# counted); every hypothesis of fairseq-generate is found (its output is read as
+# bytes) and put in input order; a sentence longer than the model accepts is skipped
+# with a warning naming its line, gets an empty hypothesis and is counted in bleu.json
+# ("skipped", "skipped_lines") and the BLEU line; every stage keeps the line count.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -125,19 +133,13 @@ if [[ -z "$OUT" ]]; then
     OUT="$(dirname "$CKPT")/eval_${SUBSET}_${name%.pt}"
 fi
 [[ ! -e "$OUT" || -d "$OUT" ]] || die "--out: '$OUT' exists and is not a directory"
-# A rerun replaces the whole of --out, so it may hold only what evaluate.sh writes.
-OUR_FILES=" generate.out generate.log hyp.seg hyp.tok hyp.detok bleu.json tok_bleu.json ref.tok_bleu hyp.tok_bleu breakdown "
-if [[ -d "$OUT" ]]; then
-    for f in "$OUT"/* "$OUT"/.[!.]*; do
-        [[ -e "$f" ]] || continue
-        [[ "$OUR_FILES" == *" $(basename "$f") "* ]] || die "--out: '$OUT' holds '$(basename "$f")', which \
-evaluate.sh does not write; expected a new directory or one of an earlier evaluate.sh run (it is replaced)"
-    done
-fi
+# everything evaluate.sh writes into --out
+OUR_FILES="generate.out generate.log hyp.seg hyp.tok hyp.detok bleu.json tok_bleu.json ref.tok_bleu hyp.tok_bleu breakdown"
 
-# ---- work, in a temporary directory next to --out that replaces it only when
-# everything succeeded: a failed run leaves the previous results as they were, and
-# its own outputs in OUT.failed/ for a look at what went wrong.
+# ---- work, in a temporary directory next to --out whose files replace those of an
+# earlier run only when everything succeeded: a failed run leaves the previous
+# results as they were, and its own outputs in OUT.failed/ for a look at what went
+# wrong. Other files in --out are left alone.
 mkdir -p "$(dirname "$OUT")"
 TMP="$(mktemp -d "${OUT%/}.tmp.XXXXXX")"
 chmod 755 "$TMP"
@@ -225,9 +227,13 @@ if [[ -n "$BREAKDOWN" ]]; then
     echo "${PROG}: BLEU by source length and n-gram order in $OUT/breakdown/" >&2
 fi
 
-# ---- complete: replace --out
-if [[ -e "$OUT" ]]; then
-    mv "$OUT" "$TMP.old"
-fi
-mv "$TMP" "$OUT"
-rm -rf "$TMP.old" "$FAILED"
+# ---- complete: this run's files replace those of an earlier run (all of them: one
+# this run did not write, such as tok_bleu.json without --tok-bleu, is removed)
+mkdir -p "$OUT"
+for f in $OUR_FILES; do
+    rm -rf "${OUT:?}/$f"
+    if [[ -e "$TMP/$f" ]]; then
+        mv "$TMP/$f" "$OUT/$f"
+    fi
+done
+rm -rf "$TMP" "$FAILED"

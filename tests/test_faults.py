@@ -195,17 +195,21 @@ def test_a_failed_rerun_leaves_the_previous_results_as_they_were(faulty_test_set
     assert f"this run's outputs are in {failed}/, and '{out}' was left as it was" in p.stderr
     assert "--no-such-generate-option" in (failed / "generate.log").read_text()
     assert not list(faulty_test_set["base"].glob("eval.tmp.*"))
+    assert not any(f.startswith("eval.") for f in os.listdir(faulty_test_set["base"]) if f != "eval.failed")
 
 
-def test_evaluate_refuses_an_out_directory_with_other_files(faulty_test_set, tmp_path):
-    out = tmp_path / "mine"
+def test_a_rerun_replaces_every_file_of_the_previous_run_and_keeps_other_files(faulty_test_set, tmp_path):
+    out = tmp_path / "eval"
     out.mkdir()
     (out / "notes.txt").write_text("keep me\n")
+    (out / "tok_bleu.json").write_text("{}")  # of an earlier run with --tok-bleu: stale now
     p = run_script("evaluate.sh", ["--data-bin", faulty_test_set["bin"], "--checkpoint", faulty_test_set["ckpt"],
-                                   "--src", "src", "--tgt", "tgt", "--ref", faulty_test_set["ref"], "--out", out],
-                   check=False)
-    assert p.returncode == 2 and "holds 'notes.txt', which evaluate.sh does not write" in p.stderr
-    assert os.listdir(out) == ["notes.txt"] and commands(p.stderr) == []
+                                   "--src", "src", "--tgt", "tgt", "--ref", faulty_test_set["ref"], "--beam", "1",
+                                   "--out", out, "--", "--max-len-b", "5"])
+    assert sorted(os.listdir(out)) == ["bleu.json", "generate.log", "generate.out", "hyp.detok", "hyp.seg",
+                                       "hyp.tok", "notes.txt"], p.stderr[-2000:]
+    assert (out / "notes.txt").read_text() == "keep me\n"
+    assert sorted(os.listdir(tmp_path)) == ["eval"]
 
 
 def test_interactive_keeps_going_past_a_line_too_long_for_the_model(faulty_test_set):
