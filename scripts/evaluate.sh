@@ -39,7 +39,7 @@
 # paper on IWSLT beam 6, length penalty 1.1.
 #
 # Checks: the reference has one line per sentence of SUBSET (a missing final newline
-# counted); every hypothesis of fairseq-generate is found (its output is read as
+# counted) and no character sacrebleu would read as a line break inside a line; every hypothesis of fairseq-generate is found (its output is read as
 # bytes) and put in input order; a sentence longer than the model accepts is skipped
 # with a warning naming its line, gets an empty hypothesis and is counted in bleu.json
 # ("skipped", "skipped_lines") and the BLEU line; every stage keeps the line count.
@@ -104,6 +104,7 @@ require_choice --detok "$DETOK" moses none
 # read from the index header of fairseq's mmap format, without loading fairseq).
 n_data="$("$PY" "$SCRIPTS_DIR/lines.py" count "$DATA_BIN/$SUBSET.$SRC-$TGT.$SRC.idx")"
 n_ref=$(count_lines "$REF")
+"$PY" "$SCRIPTS_DIR/lines.py" check --prog "$PROG" --what=--ref --reference "$REF" || exit 2
 if (( n_data != n_ref )); then
     die "--ref: '$REF' has $n_ref lines but the '$SUBSET' set of '$DATA_BIN' has $n_data sentences; \
 expected the reference of that set"

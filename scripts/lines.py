@@ -6,11 +6,13 @@
         of every line replaced by a space (fairseq_localness/data/text.py,
         normalize_line), one line per line of IN, each ending in \\n; says on stderr
         which lines changed. IN must be UTF-8.
-    lines.py check [--prog P] [--what TEXT] FILE...
+    lines.py check [--prog P] [--what TEXT] [--reference] FILE...
         the files are line-parallel (the same number of lines) and hold no
         line-breaking characters other than \\n and no NUL bytes, which other tools
         would read as more lines (or, grep, as binary data); otherwise an error
-        naming the file and the first such line.
+        naming the file and the first such line. --reference: a reference
+        translation as sacrebleu reads it: a line end \\r\\n (Windows) and NUL
+        bytes are fine there, the other line-breaking characters are not.
     lines.py hypotheses [--prog P] --expected N [--log LOG] GENERATE_OUT HYP SKIPPED_JSON
         the hypotheses (H-<id> lines) of fairseq-generate's output in input order, one
         line per sentence 0 .. N-1, into HYP; a sentence fairseq skipped for being
@@ -98,16 +100,18 @@ def normalize(prog: str, pairs):
                   f"{', '.join(map(str, changed[:10]))}{' ...' if len(changed) > 10 else ''}", file=sys.stderr)
 
 
-def check(what: str, paths):
+def check(what: str, paths, reference: bool = False):
     counts = {}
     for path in paths:
         lines = read_lines(path)
         for i, line in enumerate(lines, 1):
+            if reference:  # a Windows line end and NUL bytes do not split lines in sacrebleu
+                line = (line[:-1] if line.endswith("\r") else line).replace("\x00", "")
             if text.has_line_breaking(line):
                 raise LinesError(
                     f"{what}: '{path}' line {i} holds {describe(line)}, which other tools read as a line break "
-                    f"(or binary data); expected one sentence per line separated by \\n only "
-                    f"(prepare_bpe.sh replaces them by spaces)")
+                    f"(or binary data); expected one sentence per line separated by \\n only"
+                    f"{'' if reference else ' (prepare_bpe.sh replaces them by spaces)'}")
         counts[path] = len(lines)
     if len(set(counts.values())) > 1:
         listing = ", ".join(f"'{p}' has {n}" for p, n in counts.items())
@@ -171,6 +175,7 @@ def main(argv=None):
     c = sub.add_parser("check")
     c.add_argument("--prog", default="lines.py")
     c.add_argument("--what", default="input")
+    c.add_argument("--reference", action="store_true")
     c.add_argument("files", nargs="+")
     h = sub.add_parser("hypotheses")
     h.add_argument("--prog", default="lines.py")
@@ -187,7 +192,7 @@ def main(argv=None):
                 p.error("normalize: expected pairs IN OUT")
             normalize(prog, list(zip(args.files[::2], args.files[1::2])))
         elif args.cmd == "check":
-            check(args.what, args.files)
+            check(args.what, args.files, args.reference)
         elif args.cmd == "hypotheses":
             hypotheses(prog, args.expected, args.log, *args.files)
         else:

@@ -182,6 +182,25 @@ def test_evaluate_accepts_a_reference_without_final_newline(faulty_test_set):
     assert "has 11 lines" not in faulty_test_set["run"].stderr
 
 
+def test_evaluate_refuses_a_reference_a_line_break_would_split(faulty_test_set, tmp_path):
+    """A lone \\r inside a reference line: sacrebleu would read one more line. A
+    Windows line end is fine."""
+    data = get_tiny_data()
+    lines = data.lines("test", "tgt")
+    ref = tmp_path / "ref.tgt"
+    write_lines(ref, [line + "\r" for line in lines])  # \r\n line ends
+    lines[6] = lines[6].replace(" ", "\r", 1)
+    bad = tmp_path / "bad.tgt"
+    write_lines(bad, lines)
+    args = ["--data-bin", faulty_test_set["bin"], "--checkpoint", faulty_test_set["ckpt"], "--src", "src",
+            "--tgt", "tgt", "--out", tmp_path / "eval", "--ref"]
+    p = run_script("evaluate.sh", args + [bad], check=False)
+    assert p.returncode == 2 and commands(p.stderr) == []
+    assert p.stderr.startswith(f"evaluate.sh: error: --ref: '{bad}' line 7 holds \\r"), p.stderr
+    p = run_script("evaluate.sh", args + [ref, "--beam", "1", "--", "--max-len-b", "5"])
+    assert json.loads((tmp_path / "eval" / "bleu.json").read_text())["skipped"] == 1
+
+
 def test_a_failed_rerun_leaves_the_previous_results_as_they_were(faulty_test_set):
     out = faulty_test_set["out"]
     assert faulty_test_set["run"].returncode == 0, faulty_test_set["run"].stderr[-3000:]
