@@ -190,13 +190,11 @@ def test_ddp_wrapper_accepts_a_cpu_model(tmp_path):
     """fairseq's pytorch_ddp wrapper passes device_ids=[0]; torch refuses that for a
     CPU model unless the fix drops it (a one-process gloo group). The group is made
     in a subprocess with a time limit: never in the pytest process (see conftest)."""
-    import subprocess
     import sys
 
-    from conftest import tool_env
+    from conftest import run_command, tool_env
 
-    proc = subprocess.run([sys.executable, "-c", DDP_SCRIPT, str(tmp_path / "store")], capture_output=True,
-                          text=True, env=tool_env(), timeout=120)
+    proc = run_command([sys.executable, "-c", DDP_SCRIPT, tmp_path / "store"], env=tool_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "output shape (4, 2)" in proc.stdout
 

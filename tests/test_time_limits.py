@@ -6,7 +6,9 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO, tool_env
+import pytest
+
+from conftest import REPO, run_command, tool_env
 
 HANG = '''
 import time
@@ -76,3 +78,24 @@ def test_supervise_passes_a_clean_run_through(tmp_path):
         capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "supervise:" not in proc.stderr
+
+
+def test_a_command_past_its_timeout_is_killed_with_its_children(tmp_path):
+    """run_command (behind run_fairseq and run_script) kills the command's whole
+    process group, so no worker (torchrun's, a tool's) outlives the test."""
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="ran longer than 2 s and was killed with its processes"):
+        run_command(["bash", "-c", "sleep 300 & echo $! > child.pid; wait"], timeout=2, cwd=tmp_path)
+    assert time.monotonic() - start < 30
+    pid = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    break  # killed, waiting to be reaped
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the command's child {pid} is still running")
