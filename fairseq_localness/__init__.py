@@ -2,22 +2,25 @@
 
 Load it with ``--user-dir fairseq_localness`` (any fairseq CLI) or ``import
 fairseq_localness``. Importing the package registers the models and their named
-architectures, fixes checkpoint loading on torch >= 2.6 and stops fairseq from
-dropping the sentences of a last, smaller batch and lets torchrun-launched
-training run on the CPU, and makes ``--bf16`` train on CUDA GPUs and the CPU
-when no TPU is set up (see :mod:`fairseq_localness.compat`).
+architectures, fixes checkpoint loading on torch >= 2.6, stops fairseq from
+dropping the sentences of a last, smaller batch, lets torchrun-launched training
+run on the CPU, makes ``--bf16`` train on CUDA GPUs and the CPU when no TPU is set
+up, and keeps ``fairseq-interactive`` going past an over-long line (see
+:mod:`fairseq_localness.compat`).
 """
 from fairseq_localness.compat import (
     patch_batch_by_size,
     patch_bf16_without_tpu,
     patch_checkpoint_loading,
     patch_cpu_distributed,
+    patch_interactive_long_inputs,
 )
 
 patch_checkpoint_loading()
 patch_batch_by_size()
 patch_cpu_distributed()
 patch_bf16_without_tpu()
+patch_interactive_long_inputs()
 
 from fairseq_localness import models  # noqa: E402,F401  (registers the models)
 

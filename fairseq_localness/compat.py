@@ -56,6 +56,14 @@ a GPU), with what fairseq's ``--bf16`` already does: the model and the float ten
 bfloat16, fp32 master weights in ``FP16Optimizer`` (``MemoryEfficientFP16Optimizer``
 with ``--memory-efficient-bf16``), no loss scaling. With ``torch_xla`` installed,
 ``--bf16`` without ``--cpu`` keeps fairseq's meaning (TPU). See :func:`bf16_device`.
+Over-long lines in ``fairseq-interactive``
+------------------------------------------
+A line longer than the model's ``--max-source-positions`` makes
+``fairseq-interactive`` stop with ``Size of sample #N is invalid``, losing every line
+after it; with ``--skip-invalid-size-inputs-valid-test`` the line is dropped without
+a trace and the outputs no longer match the inputs. :func:`patch_interactive_long_inputs`
+translates the first ``max_source_positions - 1`` tokens of such a line (and its end
+of sentence) instead, with a warning naming the line, and goes on.
 """
 import argparse
 import importlib.util
@@ -262,3 +270,61 @@ def patch_bf16_without_tpu():
     call_main.__wrapped__ = original
     setattr(call_main, _BF16_MARK, True)
     dist_utils.call_main = call_main
+_LONG_MARK = "_fairseq_localness_truncates_long_inputs"
+_interactive_lines_seen = [0]
+
+
+def patch_interactive_long_inputs():
+    """Make ``fairseq_cli.interactive`` truncate input lines longer than the model
+    accepts, with a warning naming the (1-based) line, instead of stopping or
+    dropping them. Idempotent."""
+    import logging
+
+    try:
+        from fairseq_cli import interactive
+    except ImportError:
+        return
+    original = interactive.make_batches
+    if getattr(original, _LONG_MARK, False):
+        return
+    logger = logging.getLogger("fairseq_localness.interactive")
+
+    def make_batches(lines, cfg, task, max_positions, encode_fn):
+        first = _interactive_lines_seen[0]  # lines of earlier buffers
+        _interactive_lines_seen[0] += len(lines)
+        limit = max_positions[0] if isinstance(max_positions, (tuple, list)) else max_positions
+        if not limit:
+            yield from original(lines, cfg, task, max_positions, encode_fn)
+            return
+        tokenize = task.get_interactive_tokens_and_lengths
+
+        def truncating(lines_, encode_fn_):
+            tokens, lengths = tokenize(lines_, encode_fn_)
+            for i, t in enumerate(tokens):
+                if t.numel() > limit:
+                    logger.warning(
+                        "input line %d has %d tokens (with the end of sentence), more than the model accepts "
+                        "(max_positions=%s); translating its first %d and the end of sentence",
+                        first + i + 1, t.numel(), limit, limit - 1)
+                    tokens[i] = torch.cat([t[: limit - 1], t[-1:]])
+                    lengths[i] = limit
+            return tokens, lengths
+
+        task.get_interactive_tokens_and_lengths = truncating
+        try:
+            yield from original(lines, cfg, task, max_positions, encode_fn)
+        finally:
+            del task.get_interactive_tokens_and_lengths
+
+    original_main = interactive.main
+
+    def main(cfg):
+        _interactive_lines_seen[0] = 0  # line numbers count from the start of this session
+        return original_main(cfg)
+
+    for new, old in ((make_batches, original), (main, original_main)):
+        new.__doc__ = old.__doc__
+        new.__wrapped__ = old
+        setattr(new, _LONG_MARK, True)
+    interactive.make_batches = make_batches
+    interactive.main = main

@@ -52,6 +52,17 @@ Splits. Sentences are unique across all three splits (no source sentence of the 
 set occurs in train or valid). The test set is drawn first, so it does not change
 when ``--train-size`` changes.
 
+Size. The grammar makes a finite number of distinct source sentences with each set
+of phenomena (:func:`distinct_sentences`), drawn with very unequal probabilities, so
+repeats (drawn again) grow with the corpus. Before anything is generated,
+:func:`check_size` computes the expected number of draws from the grammar's
+probabilities and refuses a corpus that needs more sentences of some set than there
+are, or more than :data:`MAX_DRAWS_PER_SENTENCE` draws per sentence
+(:func:`max_corpus_size`: 32,000,000 sentences in all at the default shares). The
+corpus is written as it is generated (only the source sentences are kept, to keep
+them unique: ~150 bytes each), with a progress bar on stderr from 100,000 sentences
+on.
+
 Phenomenon tags. Every split gets ``<split>.phenomena.jsonl``: one JSON object per
 line (same line order as the text files) with the phenomena the sentence contains,
 its subject number, the source distance from subject noun to main verb, and the
@@ -62,7 +73,10 @@ HYP``) turns them into an accuracy per phenomenon for any system's translations;
 sizes), ``--stats`` prints it.
 """
 import argparse
+import functools
+import itertools
 import json
+import math
 import os
 import random
 import re
@@ -70,7 +84,7 @@ import sys
 import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 GENERATOR_VERSION = 2
 
@@ -408,29 +422,207 @@ def generate_example(rng: random.Random, wanted: Dict[str, bool]) -> Example:
     raise RuntimeError(f"no sentence with phenomena {wanted} after {MAX_TRIES} tries")
 
 
+PROGRESS_FROM = 100_000
+"""Corpora of this many sentences or more show a progress bar (``progress=True``)."""
+
+
+def iter_corpus(cfg: CorpusConfig, progress: bool = False) -> Iterator[Tuple[str, Example]]:
+    """``(split, example)`` in the order they are drawn (test, valid, train):
+    deterministic in ``cfg``. Checks the size against :func:`max_corpus_size` first.
+    ``progress``: a progress bar on stderr for corpora of 100,000 sentences or more."""
+    cfg.validate()
+    check_size(cfg)
+    rng = random.Random(cfg.seed)
+    seen = set()
+    total = cfg.test_size + cfg.valid_size + cfg.train_size
+    bar = None
+    if progress and total >= PROGRESS_FROM:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="sent", desc="generating", file=sys.stderr, mininterval=2.0)
+    try:
+        for split, size in (("test", cfg.test_size), ("valid", cfg.valid_size), ("train", cfg.train_size)):
+            drawn = 0
+            misses = 0
+            while drawn < size:
+                wanted = {p: rng.random() < cfg.shares[p] for p in PHENOMENA}
+                ex = generate_example(rng, wanted)
+                key = " ".join(ex.src)
+                if key in seen:
+                    misses += 1
+                    if misses > 100 * (size + 100):
+                        raise RuntimeError(f"cannot draw {size} unique {split} sentences")
+                    continue
+                seen.add(key)
+                drawn += 1
+                if bar is not None:
+                    bar.update(1)
+                yield split, ex
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def generate_corpus(cfg: Optional[CorpusConfig] = None) -> Dict[str, List[Example]]:
     """All three splits, deterministic in ``cfg`` (test first, then valid, then train)."""
     cfg = cfg or CorpusConfig()
-    cfg.validate()
-    rng = random.Random(cfg.seed)
-    seen = set()
-    splits = {}
-    for split, size in (("test", cfg.test_size), ("valid", cfg.valid_size), ("train", cfg.train_size)):
-        examples = []
-        misses = 0
-        while len(examples) < size:
-            wanted = {p: rng.random() < cfg.shares[p] for p in PHENOMENA}
-            ex = generate_example(rng, wanted)
-            key = " ".join(ex.src)
-            if key in seen:
-                misses += 1
-                if misses > 100 * (size + 100):
-                    raise RuntimeError(f"cannot draw {size} unique {split} sentences")
-                continue
-            seen.add(key)
-            examples.append(ex)
-        splits[split] = examples
+    splits = {"test": [], "valid": [], "train": []}
+    for split, ex in iter_corpus(cfg):
+        splits[split].append(ex)
     return {s: splits[s] for s in ("train", "valid", "test")}
+
+
+# --------------------------------------------------------------------------- size
+MAX_DRAWS_PER_SENTENCE = 10
+"""A corpus whose unique sentences would take more draws than this per sentence on
+average (the rest being repeats of sentences already drawn) is refused."""
+
+_REORDER, _GENDER, _POLYSEMOUS = 1, 2, 4
+Histogram = Dict[int, Counter]  # phenomenon bits -> {probability of one sentence: number of sentences}
+
+
+def _part(bits: int, items: Dict[float, int]) -> Histogram:
+    return {bits: Counter(items)}
+
+
+def _then(a: Histogram, b: Histogram) -> Histogram:
+    """Two parts of a sentence one after the other."""
+    out: Histogram = {}
+    for (ba, ha), (bb, hb) in itertools.product(a.items(), b.items()):
+        h = out.setdefault(ba | bb, Counter())
+        for (pa, na), (pb, nb) in itertools.product(ha.items(), hb.items()):
+            h[pa * pb] += na * nb
+    return out
+
+
+def _either(*parts: Histogram) -> Histogram:
+    out: Histogram = {}
+    for part in parts:
+        for bits, h in part.items():
+            out.setdefault(bits, Counter()).update(h)
+    return out
+
+
+def _np_histogram(p_name: float) -> Histogram:
+    parts = [_part(0, {p_name / len(NAMES): len(NAMES)})]
+    for plural, adj in itertools.product((True, False), (True, False)):
+        w = ((1 - p_name) * (P_PLURAL if plural else 1 - P_PLURAL) * (P_ADJECTIVE if adj else 1 - P_ADJECTIVE)
+             / len(NOUNS) / (len(ADJECTIVES) if adj else 1))
+        n = len(NOUNS) * (len(ADJECTIVES) if adj else 1)
+        bits = (_REORDER if adj else 0) | (0 if plural else _GENDER)
+        parts.append(_part(bits, {w * P_DEFINITE: n, w * (1 - P_DEFINITE): n}))
+    return _either(*parts)
+
+
+def _clause_histogram(p_pp: float) -> Histogram:
+    verb = _either(_part(_POLYSEMOUS, {P_POLYSEMOUS / len(POLYSEMOUS_VERBS): len(POLYSEMOUS_VERBS)}),
+                   _part(0, {(1 - P_POLYSEMOUS) / len(VERBS): len(VERBS)}))
+    other = _np_histogram(P_NAME_OTHER)
+    pp = _either(_part(0, {1 - p_pp: 1}), _then(_part(0, {p_pp / len(PREPOSITIONS): len(PREPOSITIONS)}), other))
+    return _then(_then(verb, other), pp)
+
+
+@functools.lru_cache(maxsize=None)
+def _sentence_histograms() -> Dict[Tuple[bool, ...], Dict[float, int]]:
+    """For each set of phenomena (reorder, gender, polysemy, long_agreement): how many
+    distinct source sentences the grammar makes with exactly that set, grouped by the
+    probability :func:`generate_example` draws each with (the base grammar's
+    probability, conditioned on the set). The source side determines a sentence's
+    derivation (determiners, prepositions, verbs, adjectives, nouns and names are
+    distinct words), so counting derivations counts sentences."""
+    subject = _np_histogram(P_NAME_SUBJECT)
+    sides = {False: _then(subject, _clause_histogram(P_PP)),
+             True: _then(_then(subject, _clause_histogram(P_PP_IN_REL)), _clause_histogram(P_PP))}
+    out = {}
+    for relative, hist in sides.items():
+        for bits, h in hist.items():
+            total = sum(p * n for p, n in h.items())
+            key = (bool(bits & _REORDER), bool(bits & _GENDER), bool(bits & _POLYSEMOUS), relative)
+            out[key] = {p / total: n for p, n in h.items()}
+    return out
+
+
+def distinct_sentences(reorder: bool, gender: bool, polysemy: bool, long_agreement: bool) -> int:
+    """How many distinct source sentences the grammar makes with exactly this set of
+    phenomena (fewest: 2,010,000, with polysemy alone)."""
+    return sum(_sentence_histograms()[(reorder, gender, polysemy, long_agreement)].values())
+
+
+def _draws(hist: Dict[float, int], unique: float) -> float:
+    """Expected number of draws from ``hist`` until ``unique`` distinct sentences have
+    come up: solves sum_i n_i (1 - (1 - q_i)^D) = unique for D (inf if impossible)."""
+    if unique <= 0:
+        return 0.0
+    if unique >= sum(hist.values()):
+        return math.inf
+    logs = [(math.log1p(-q), n) for q, n in hist.items()]
+
+    def distinct_after(draws: float) -> float:
+        return sum(-n * math.expm1(draws * lq) for lq, n in logs)
+
+    lo, hi = unique, 2.0 * unique
+    while distinct_after(hi) < unique:
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > 1e-3 * lo:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if distinct_after(mid) < unique else (lo, mid)
+    return hi
+
+
+def _combination_shares(shares: Dict[str, float]):
+    for combo, hist in _sentence_histograms().items():
+        p = 1.0
+        for name, present in zip(PHENOMENA, combo):
+            p *= shares[name] if present else 1.0 - shares[name]
+        if p > 0:
+            yield combo, p, hist
+
+
+def draws_per_sentence(shares: Dict[str, float], total: int) -> Tuple[float, Optional[Tuple[bool, ...]]]:
+    """Expected draws per sentence for a corpus of ``total`` unique sentences at
+    ``shares`` (1.0: no repeats), and the first set of phenomena that has fewer
+    distinct sentences than the corpus needs (None if every set has enough)."""
+    draws = 0.0
+    for combo, p, hist in _combination_shares(shares):
+        d = _draws(hist, p * total)
+        if math.isinf(d):
+            return math.inf, combo
+        draws += d
+    return draws / total, None
+
+
+def max_corpus_size(shares: Dict[str, float]) -> int:
+    """The largest corpus (train + valid + test, to 2 significant digits) these
+    shares allow: at most :data:`MAX_DRAWS_PER_SENTENCE` draws per sentence."""
+    lo, hi = 1, min(int(sum(hist.values()) / p) for _, p, hist in _combination_shares(shares))
+    while hi - lo > max(1, lo // 200):
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if draws_per_sentence(shares, mid)[0] <= MAX_DRAWS_PER_SENTENCE else (lo, mid)
+    digits = max(0, len(str(lo)) - 2)
+    return lo // 10 ** digits * 10 ** digits
+
+
+def check_size(cfg: CorpusConfig) -> None:
+    """Raise ValueError, before anything is generated, for a corpus the grammar
+    cannot make unique sentences for at ``cfg.shares`` (see :data:`MAX_DRAWS_PER_SENTENCE`)."""
+    total = cfg.train_size + cfg.valid_size + cfg.test_size
+    ratio, short = draws_per_sentence(cfg.shares, total)
+    if ratio <= MAX_DRAWS_PER_SENTENCE:
+        return
+    if short is not None:
+        present = [p for p, on in zip(PHENOMENA, short) if on]
+        absent = [p for p, on in zip(PHENOMENA, short) if not on]
+        what = " and ".join(filter(None, [f"with {', '.join(present)}" if present else "",
+                                          f"without {', '.join(absent)}" if absent else ""]))
+        reason = (f"the grammar has {distinct_sentences(*short):,} distinct sentences {what}, fewer than the "
+                  f"shares ask for")
+    else:
+        reason = (f"drawing them would take about {ratio:.0f} draws per sentence (repeats are drawn again), "
+                  f"more than {MAX_DRAWS_PER_SENTENCE}")
+    raise ValueError(
+        f"--train-size {cfg.train_size}: the grammar cannot make {total:,} unique sentences at these shares "
+        f"({reason}); expected train + valid + test <= {max_corpus_size(cfg.shares):,}"
+    )
 
 
 # --------------------------------------------------------------------------- statistics
@@ -553,29 +745,79 @@ def _atomic_write(path: str, text: str):
         raise
 
 
-def write_corpus(out_dir: str, cfg: Optional[CorpusConfig] = None) -> Dict[str, dict]:
+class _StatsAccumulator:
+    """:func:`phenomenon_stats` of a split, one example at a time."""
+
+    def __init__(self):
+        self.n = 0
+        self.counts = Counter()
+        self.src_len = self.tgt_len = 0
+        self.src_vocab, self.tgt_vocab = set(), set()
+
+    def add(self, ex: Example):
+        self.n += 1
+        self.counts.update(ex.phenomena)
+        self.src_len += len(ex.src)
+        self.tgt_len += len(ex.tgt)
+        self.src_vocab.update(ex.src)
+        self.tgt_vocab.update(ex.tgt)
+
+    def stats(self) -> dict:
+        n = self.n
+        out = {"sentences": n,
+               "shares": {p: (self.counts[p] / n if n else 0.0) for p in PHENOMENA + DERIVED_PHENOMENA}}
+        if n:
+            out.update(mean_src_len=self.src_len / n, mean_tgt_len=self.tgt_len / n,
+                       src_vocab=len(self.src_vocab), tgt_vocab=len(self.tgt_vocab))
+        return out
+
+
+def write_corpus(out_dir: str, cfg: Optional[CorpusConfig] = None, progress: bool = False) -> Dict[str, dict]:
     """Generate and write the corpus; returns :func:`phenomenon_stats` of it.
 
     Files: ``{split}.{src_lang}``, ``{split}.{tgt_lang}``, ``{split}.phenomena.jsonl``
     for split in train/valid/test, and ``corpus.json`` (config, version, statistics).
-    Each file is written to a temporary name and renamed, so an interrupted run never
-    leaves a truncated file under a final name.
+    Sentences are written as they are generated, to temporary files renamed at the
+    end, so an interrupted run never leaves a truncated file under a final name.
+    ``progress``: a progress bar on stderr (100,000 sentences or more).
     """
     cfg = cfg or CorpusConfig()
-    splits = generate_corpus(cfg)
+    cfg.validate()
+    check_size(cfg)
     os.makedirs(out_dir, exist_ok=True)
-    for split, examples in splits.items():
-        _atomic_write(os.path.join(out_dir, f"{split}.{cfg.src_lang}"),
-                      "".join(detokenize(e.src) + "\n" for e in examples))
-        _atomic_write(os.path.join(out_dir, f"{split}.{cfg.tgt_lang}"),
-                      "".join(detokenize(e.tgt) + "\n" for e in examples))
-        _atomic_write(os.path.join(out_dir, f"{split}.phenomena.jsonl"),
-                      "".join(json.dumps(e.tags(i), sort_keys=True) + "\n"
-                              for i, e in enumerate(examples)))
-    stats = phenomenon_stats(splits)
-    meta = {"generator_version": GENERATOR_VERSION, "config": asdict(cfg), "stats": stats}
+    names = {split: [f"{split}.{cfg.src_lang}", f"{split}.{cfg.tgt_lang}", f"{split}.phenomena.jsonl"]
+             for split in ("train", "valid", "test")}
+    tmp = {}
+    files = {}
+    stats = {split: _StatsAccumulator() for split in names}
+    try:
+        for split, split_names in names.items():
+            for name in split_names:
+                fd, tmp[name] = tempfile.mkstemp(dir=out_dir, prefix="." + name + ".")
+                files[name] = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+        index = Counter()
+        for split, ex in iter_corpus(cfg, progress=progress):
+            src, tgt, tags = (files[n] for n in names[split])
+            src.write(detokenize(ex.src) + "\n")
+            tgt.write(detokenize(ex.tgt) + "\n")
+            tags.write(json.dumps(ex.tags(index[split]), sort_keys=True) + "\n")
+            index[split] += 1
+            stats[split].add(ex)
+        for f in files.values():
+            f.close()
+        for name, path in tmp.items():
+            os.chmod(path, 0o644)
+            os.replace(path, os.path.join(out_dir, name))
+    finally:
+        for f in files.values():
+            f.close()
+        for path in tmp.values():
+            if os.path.exists(path):
+                os.unlink(path)
+    result = {split: stats[split].stats() for split in ("train", "valid", "test")}
+    meta = {"generator_version": GENERATOR_VERSION, "config": asdict(cfg), "stats": result}
     _atomic_write(os.path.join(out_dir, "corpus.json"), json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return stats
+    return result
 
 
 def read_corpus(out_dir: str, src_lang: str = "src", tgt_lang: str = "tgt") -> Dict[str, List[dict]]:
@@ -643,7 +885,7 @@ def cli_main(argv=None):
                 test_size=args.test_size, src_lang=args.src, tgt_lang=args.tgt,
                 shares={p: getattr(args, "share_" + p) for p in PHENOMENA},
             )
-            stats = write_corpus(args.out, cfg)
+            stats = write_corpus(args.out, cfg, progress=True)
             print(f"wrote {args.out}/{{train,valid,test}}.{{{cfg.src_lang},{cfg.tgt_lang},phenomena.jsonl}}")
     except (ValueError, FileNotFoundError) as e:
         print(f"fairseq-localness-corpus: error: {e}", file=sys.stderr)

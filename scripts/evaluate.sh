@@ -18,7 +18,9 @@
 #                       recorded in DIR/SEGMENTATION by prepare_bpe.sh/preprocess.sh
 #   --detok D           moses or none; default: DIR/TOKENIZATION, else none
 #   --out DIR           outputs (default: next to the checkpoint, eval_<SUBSET>_<name>/):
-#                       generate.out, hyp.seg, hyp.tok, hyp.detok, bleu.json
+#                       generate.out, generate.log, hyp.seg, hyp.tok, hyp.detok, bleu.json
+#                       (built in DIR.tmp.XXXXXX, moved into DIR when all succeeded; a
+#                       failed run leaves DIR as it was and its outputs in DIR.failed/)
 #   --tok-bleu          also tokenized BLEU (multi-bleu.perl's number): hypothesis and
 #                       reference Moses-tokenized (sacremoses), scored by sacrebleu with
 #                       tokenize=none -> tok_bleu.json (same fields as bleu.json, plus
@@ -35,6 +37,12 @@
 #
 # Papers' settings: WMT beam 4, length penalty 0.6 (--beam 4 --lenpen 0.6); the DC
 # paper on IWSLT beam 6, length penalty 1.1.
+#
+# Checks: the reference has one line per sentence of SUBSET (a missing final newline
+# counted) and no character sacrebleu would read as a line break inside a line; every hypothesis of fairseq-generate is found (its output is read as
+# bytes) and put in input order; a sentence longer than the model accepts is skipped
+# with a warning naming its line, gets an empty hypothesis and is counted in bleu.json
+# ("skipped", "skipped_lines") and the BLEU line; every stage keeps the line count.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -92,19 +100,12 @@ if [[ "$DETOK" == auto ]]; then
     [[ -f "$DATA_BIN/TOKENIZATION" ]] && DETOK="$(cat "$DATA_BIN/TOKENIZATION")"
 fi
 require_choice --detok "$DETOK" moses none
-# The reference must have one line per sentence of the binarized subset (read from
-# the index header of fairseq's mmap format, without loading fairseq).
-n_data="$("$PY" -c '
-import struct, sys
-with open(sys.argv[1], "rb") as f:
-    magic = f.read(9)
-    if magic != b"MMIDIDX\x00\x00":
-        sys.exit(0)  # another dataset format: not checked here
-    f.read(8 + 1)  # version, dtype
-    print(struct.unpack("<Q", f.read(8))[0])
-' "$DATA_BIN/$SUBSET.$SRC-$TGT.$SRC.idx")"
-n_ref=$(wc -l < "$REF")
-if [[ -n "$n_data" ]] && (( n_data != n_ref )); then
+# The reference must have one line per sentence of the binarized subset (the count
+# read from the index header of fairseq's mmap format, without loading fairseq).
+n_data="$("$PY" "$SCRIPTS_DIR/lines.py" count "$DATA_BIN/$SUBSET.$SRC-$TGT.$SRC.idx")"
+n_ref=$(count_lines "$REF")
+"$PY" "$SCRIPTS_DIR/lines.py" check --prog "$PROG" --what=--ref --reference "$REF" || exit 2
+if (( n_data != n_ref )); then
     die "--ref: '$REF' has $n_ref lines but the '$SUBSET' set of '$DATA_BIN' has $n_data sentences; \
 expected the reference of that set"
 fi
@@ -118,7 +119,7 @@ fi
 TOK_LANG="${TOK_LANG:-$TGT}"
 if [[ -n "$BREAKDOWN" ]]; then
     require_file "$BREAKDOWN" --breakdown
-    n_src=$(wc -l < "$BREAKDOWN")
+    n_src=$(count_lines "$BREAKDOWN")
     (( n_src == n_ref )) || die "--breakdown: '$BREAKDOWN' has $n_src lines but --ref has $n_ref; expected \
 the source side of the '$SUBSET' set"
 fi
@@ -133,62 +134,107 @@ if [[ -z "$OUT" ]]; then
     OUT="$(dirname "$CKPT")/eval_${SUBSET}_${name%.pt}"
 fi
 [[ ! -e "$OUT" || -d "$OUT" ]] || die "--out: '$OUT' exists and is not a directory"
+# everything evaluate.sh writes into --out
+OUR_FILES="generate.out generate.log hyp.seg hyp.tok hyp.detok bleu.json tok_bleu.json ref.tok_bleu hyp.tok_bleu breakdown"
 
-# ---- work
-mkdir -p "$OUT"
-run fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" \
+# ---- work, in a temporary directory next to --out whose files replace those of an
+# earlier run only when everything succeeded: a failed run leaves the previous
+# results as they were, and its own outputs in OUT.failed/ for a look at what went
+# wrong. Other files in --out are left alone.
+mkdir -p "$(dirname "$OUT")"
+TMP="$(mktemp -d "${OUT%/}.tmp.XXXXXX")"
+chmod 755 "$TMP"
+FAILED="${OUT%/}.failed"
+on_exit() {
+    local status=$?
+    if [[ -d "$TMP" ]]; then
+        rm -rf "$FAILED"
+        mv "$TMP" "$FAILED"
+        echo "${PROG}: failed (exit status $status); this run's outputs are in $FAILED/, and '$OUT' was left \
+as it was" >&2
+    fi
+}
+trap on_exit EXIT
+
+# Sentences longer than the model accepts (its maximum source or target positions)
+# are skipped instead of stopping the run; their hypotheses become empty lines.
+# stdout -> generate.out, stderr (its log) -> generate.log and the terminal
+{ run fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" \
     --task translation --source-lang "$SRC" --target-lang "$TGT" \
     --path "$CKPT" --gen-subset "$SUBSET" --beam "$BEAM" --lenpen "$LENPEN" \
-    --batch-size "$BATCH" --required-batch-size-multiple 1 "${EXTRA[@]}" > "$OUT/generate.out"
+    --batch-size "$BATCH" --required-batch-size-multiple 1 --skip-invalid-size-inputs-valid-test \
+    "${EXTRA[@]}" 2>&1 1>&3 3>&- | tee "$TMP/generate.log" >&2; } 3> "$TMP/generate.out"
 
-# hypotheses back in input order (fairseq prints them in batch order)
-grep '^H-' "$OUT/generate.out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$OUT/hyp.seg"
-n_hyp=$(wc -l < "$OUT/hyp.seg")
-(( n_hyp == n_ref )) || die "fairseq-generate produced $n_hyp hypotheses for $n_ref reference lines (see $OUT/generate.out)"
+# hypotheses back in input order (fairseq prints them in batch order), an empty line
+# for each skipped sentence; the skipped ones are named on stderr
+run "$PY" "$SCRIPTS_DIR/lines.py" hypotheses --prog "$PROG" --expected "$n_ref" --log "$TMP/generate.log" \
+    "$TMP/generate.out" "$TMP/hyp.seg" "$TMP/skipped.json"
+check_stage "hypotheses" "$n_ref" "$TMP/hyp.seg"
 
 case "$SEG" in
-    sentencepiece) run env LC_ALL=C sed -e 's/ //g' -e 's/\xe2\x96\x81/ /g' -e 's/^ *//' -e 's/ *$//' "$OUT/hyp.seg" > "$OUT/hyp.tok" ;;
-    subword-nmt) run sed -E 's/(@@ )|(@@ ?$)//g' "$OUT/hyp.seg" > "$OUT/hyp.tok" ;;
-    none) run cp "$OUT/hyp.seg" "$OUT/hyp.tok" ;;
+    sentencepiece) run env LC_ALL=C sed -e 's/ //g' -e 's/\xe2\x96\x81/ /g' -e 's/^ *//' -e 's/ *$//' "$TMP/hyp.seg" > "$TMP/hyp.tok" ;;
+    subword-nmt) run sed -E 's/(@@ )|(@@ ?$)//g' "$TMP/hyp.seg" > "$TMP/hyp.tok" ;;
+    none) run cp "$TMP/hyp.seg" "$TMP/hyp.tok" ;;
 esac
+check_stage "subword marks removed ($SEG)" "$n_ref" "$TMP/hyp.tok"
 if [[ "$DETOK" == moses ]]; then
-    run sacremoses -q -l "$TGT" -j 1 detokenize -x < "$OUT/hyp.tok" > "$OUT/hyp.detok"
+    run sacremoses -q -l "$TGT" -j 1 detokenize -x < "$TMP/hyp.tok" > "$TMP/hyp.detok"
 else
-    run cp "$OUT/hyp.tok" "$OUT/hyp.detok"
+    run cp "$TMP/hyp.tok" "$TMP/hyp.detok"
 fi
-run sacrebleu "$REF" -i "$OUT/hyp.detok" -m bleu > "$OUT/bleu.json"
-cat "$OUT/bleu.json"
+check_stage "detokenization ($DETOK)" "$n_ref" "$TMP/hyp.detok"
+run sacrebleu "$REF" -i "$TMP/hyp.detok" -m bleu > "$TMP/bleu.json"
+# the skipped sentences go into bleu.json: "skipped" (how many), "skipped_lines" (1-based)
+"$PY" -c '
+import json, sys
+path, skipped = sys.argv[1], json.load(open(sys.argv[2]))
+r = json.load(open(path))
+r["skipped"] = len(skipped["lines"])
+r["skipped_lines"] = skipped["lines"]
+with open(path, "w") as f:
+    json.dump(r, f, indent=1, ensure_ascii=False)
+    f.write("\n")
+' "$TMP/bleu.json" "$TMP/skipped.json"
+rm "$TMP/skipped.json"
+cat "$TMP/bleu.json"
 "$PY" -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
-print("BLEU = %.2f  %s  (sacrebleu %s)" % (r["score"], r["verbose_score"], r["signature"]))
-' "$OUT/bleu.json"
+note = ("; %d of %s sentences skipped as too long (empty hypotheses)" % (r["skipped"], sys.argv[2])
+        if r["skipped"] else "")
+print("BLEU = %.2f  %s  (sacrebleu %s)%s" % (r["score"], r["verbose_score"], r["signature"], note))
+' "$TMP/bleu.json" "$n_ref"
 
 if (( TOK_BLEU )); then
     TB_ARGS=(--lang "$TOK_LANG")
     (( COMPOUND )) && TB_ARGS+=(--compound-split)
-    run "$PY" "$SCRIPTS_DIR/tok_bleu.py" --ref "$REF" --hyp "$OUT/hyp.detok" "${TB_ARGS[@]}" \
-        --tokenized-dir "$OUT" --output "$OUT/tok_bleu.json" > /dev/null
+    run "$PY" "$SCRIPTS_DIR/tok_bleu.py" --ref "$REF" --hyp "$TMP/hyp.detok" "${TB_ARGS[@]}" \
+        --tokenized-dir "$TMP" --output "$TMP/tok_bleu.json" > /dev/null
     "$PY" -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
 split = ", compound splitting" if r["compound_split"] else ""
 print("tokenized BLEU = %.2f  %s  (%s%s; sacrebleu %s)" % (r["score"], r["verbose_score"], r["tokenizer"], split,
                                                          r["signature"]))
-' "$OUT/tok_bleu.json"
+' "$TMP/tok_bleu.json"
 fi
 
 if [[ -n "$BREAKDOWN" ]]; then
-    BD_TMP="$(mktemp -d "$OUT/breakdown.tmp.XXXXXX")"
-    trap 'rm -rf "$BD_TMP"' EXIT
     BD_ARGS=()
     [[ -n "$BUCKETS" ]] && BD_ARGS+=(--buckets "$BUCKETS")
     name="$(basename "$CKPT")"
     run fairseq-localness-analysis bleu_breakdown --ref "$REF" --src "$BREAKDOWN" \
-        --hyp "${name%.pt}=$OUT/hyp.detok" "${BD_ARGS[@]}" --output-dir "$BD_TMP"
-    chmod 755 "$BD_TMP"
-    rm -rf "$OUT/breakdown"
-    mv "$BD_TMP" "$OUT/breakdown"
-    trap - EXIT
+        --hyp "${name%.pt}=$TMP/hyp.detok" "${BD_ARGS[@]}" --output-dir "$TMP/breakdown"
     echo "${PROG}: BLEU by source length and n-gram order in $OUT/breakdown/" >&2
 fi
+
+# ---- complete: this run's files replace those of an earlier run (all of them: one
+# this run did not write, such as tok_bleu.json without --tok-bleu, is removed)
+mkdir -p "$OUT"
+for f in $OUR_FILES; do
+    rm -rf "${OUT:?}/$f"
+    if [[ -e "$TMP/$f" ]]; then
+        mv "$TMP/$f" "$OUT/$f"
+    fi
+done
+rm -rf "$TMP" "$FAILED"

@@ -74,6 +74,30 @@ require_lang() {
         || die "$1: expected a language code (letters, digits, '_'), got '$2'"
 }
 
+# count_lines FILE: the number of lines of FILE: its \n-terminated lines plus an
+# unterminated last one (a file without a final newline is not one line short).
+count_lines() {
+    local n
+    n=$(wc -l < "$1")
+    if [[ -s "$1" ]] && (( $(tail -c 1 "$1" | wc -l) == 0 )); then
+        n=$((n + 1))
+    fi
+    echo $((n))
+}
+
+# check_stage STAGE EXPECTED FILE...: after a processing stage, each FILE has
+# EXPECTED lines; a tool that split or merged lines stops the script here, before a
+# misaligned file is used.
+check_stage() {
+    local stage="$1" expected="$2" f n
+    shift 2
+    for f in "$@"; do
+        n=$(count_lines "$f")
+        (( n == expected )) || die "$stage: wrote $n lines to '$f' for $expected input lines; \
+the lines are no longer aligned, stopping (nothing was written to the output)"
+    done
+}
+
 # need_value OPTION "$#": for option parsers, the option has an argument.
 need_value() {
     (( $2 >= 2 )) || die "option $1 needs a value"
@@ -112,24 +136,73 @@ if spec is None:
 print(list(spec.submodule_search_locations)[0])'
 }
 
-# check_arch ARCH: ARCH must be registered with fairseq once fairseq_localness is
-# imported (fairseq's own architectures and ours). Takes a few seconds (imports fairseq).
-check_arch() {
-    local msg
-    msg="$("$PY" -c '
-import sys
-import fairseq_localness  # noqa: F401  (registers our models)
-from fairseq.models import ARCH_MODEL_REGISTRY
-if sys.argv[1] not in ARCH_MODEL_REGISTRY:
+# Python: arch_problem(ARCH) -> None if ARCH is registered with fairseq once
+# fairseq_localness is imported (fairseq's own architectures and ours), else the list
+# of the expected ones. Imports fairseq (a few seconds).
+_ARCH_PY='
+def arch_problem(arch):
+    import fairseq_localness  # noqa: F401  (registers our models)
+    from fairseq.models import ARCH_MODEL_REGISTRY, FairseqEncoderDecoderModel as ED
+    if arch in ARCH_MODEL_REGISTRY:
+        return None
     names = sorted(ARCH_MODEL_REGISTRY)
     ours = [a for a in names if ARCH_MODEL_REGISTRY[a].__module__.startswith("fairseq_localness")]
-    from fairseq.models import FairseqEncoderDecoderModel as ED
     tr = [a for a in names if a.startswith("transformer") and issubclass(ARCH_MODEL_REGISTRY[a], ED)]
-    print("fairseq_localness architectures: %s; fairseq encoder-decoder transformer architectures: %s "
-          "(%d registered in all)" % (", ".join(ours) or "(none)", ", ".join(tr), len(names)))
+    return ("fairseq_localness architectures: %s; fairseq encoder-decoder transformer architectures: %s "
+            "(%d registered in all)" % (", ".join(ours) or "(none)", ", ".join(tr), len(names)))
+'
+
+# check_arch ARCH: ARCH must be a registered architecture (see arch_problem).
+check_arch() {
+    local msg
+    msg="$("$PY" -c "$_ARCH_PY"'
+import sys
+problem = arch_problem(sys.argv[1])
+if problem:
+    print(problem)
     sys.exit(1)
 ' "$1" 2>/dev/null)" || die "--arch: '$1' is not a registered architecture. Expected one of the \
 ${msg:-registered architectures (importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why)}"
+}
+
+# check_train_args ARG...: the fairseq-train arguments ARG... (with --user-dir and
+# --arch) are parsed as fairseq-train parses them, so an unknown option, a bad value
+# or a model option the architecture refuses (this package's models check theirs
+# when the command line is parsed) stops the script with exit status 2 and one line
+# naming the option, before fairseq-train creates --save-dir. Attention heads that do
+# not divide the embedding size are checked for any architecture. The --arch is
+# checked first, as check_arch does. Imports fairseq.
+check_train_args() {
+    "$PY" -c "$_ARCH_PY"'
+import sys
+prog = sys.argv[1]
+sys.argv[0] = prog  # model option errors are printed as "<prog>: error: ..."
+argv = sys.argv[2:]
+arch = argv[argv.index("--arch") + 1] if "--arch" in argv[:-1] else None
+problem = arch_problem(arch) if arch else None
+if problem:
+    sys.stderr.write("%s: error: --arch: %r is not a registered architecture. Expected one of the %s\n"
+                     % (prog, arch, problem))
+    sys.exit(2)
+from fairseq import options
+
+parser = options.get_training_parser()
+
+
+def error(message):
+    sys.stderr.write("%s: error: %s (in the fairseq-train arguments)\n" % (prog, message))
+    sys.exit(2)
+
+
+parser.error = error
+args = options.parse_args_and_arch(parser, argv)
+for side in ("encoder", "decoder"):
+    dim, heads = getattr(args, side + "_embed_dim", None), getattr(args, side + "_attention_heads", None)
+    if isinstance(dim, int) and isinstance(heads, int) and (heads < 1 or dim % heads):
+        allowed = ", ".join(str(h) for h in range(1, min(dim, 64) + 1) if dim % h == 0)
+        error("--%s-attention-heads %d: must divide --%s-embed-dim %d (allowed: %s%s)"
+              % (side, heads, side, dim, allowed, ", ..." if dim > 64 else ""))
+' "$PROG" "$@" 2> >(grep -v "^INFO:\|Please install tensorboardX" >&2) || exit 2
 }
 
 # require_pair DATA_BIN SRC TGT SUBSET...: a fairseq-preprocess output directory

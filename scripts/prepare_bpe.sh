@@ -15,8 +15,15 @@
 #                     right for sentencepiece, which needs no pre-tokenization)
 #   --splits LIST     comma-separated splits to segment (default train,valid,test;
 #                     the model is always learned on train)
-#   --force           replace an existing --out directory
+#   --force           replace an existing --out directory (never a file)
 #
+# Checks: the raw files of each split have the same number of lines (a missing final
+# newline does not count as a missing line); every line has its line-breaking
+# characters other than \n (\r, \v, \f, U+0085, U+2028, U+2029, ...) and NUL bytes
+# replaced by a space first (scripts/lines.py, which says which lines it changed),
+# because the tokenizer, the subword tools and fairseq-preprocess would read them as
+# line breaks and shift every later line; after every stage (normalization,
+# tokenization, segmentation) each file must still have its input's number of lines.
 # The output is built in a temporary directory next to --out and renamed at the end,
 # so --out is either complete or absent.
 set -euo pipefail
@@ -62,10 +69,13 @@ for split in "${SPLIT_LIST[@]}"; do
     for lang in "$SRC" "$TGT"; do
         require_file "$RAW/$split.$lang" "--raw/--src/--tgt ($split data for $SRC-$TGT)"
     done
-    n_src=$(wc -l < "$RAW/$split.$SRC")
-    n_tgt=$(wc -l < "$RAW/$split.$TGT")
+    n_src=$(count_lines "$RAW/$split.$SRC")
+    n_tgt=$(count_lines "$RAW/$split.$TGT")
     (( n_src == n_tgt )) || die "--raw: $RAW/$split.$SRC has $n_src lines but $RAW/$split.$TGT has $n_tgt; expected parallel files"
+    declare "LINES_$split=$n_src"
 done
+[[ ! -e "$OUT" || -d "$OUT" ]] || die "--out: '$OUT' exists and is not a directory; expected a new directory \
+(--force replaces a directory, never a file)"
 if [[ -e "$OUT" && $FORCE -eq 0 ]]; then
     die "--out: '$OUT' already exists; expected a new directory (or pass --force to replace it)"
 fi
@@ -82,16 +92,31 @@ TMP="$(mktemp -d "${OUT%/}.tmp.XXXXXX")"
 chmod 755 "$TMP"
 trap 'rm -rf "$TMP"' EXIT
 
-# 1. tokenization (or a plain copy), per split and language
+# 0. line-breaking characters and NUL bytes -> spaces, one \n-terminated line per line
+NORM_ARGS=()
+for split in "${SPLIT_LIST[@]}"; do
+    for lang in "$SRC" "$TGT"; do
+        NORM_ARGS+=("$RAW/$split.$lang" "$TMP/$split.norm.$lang")
+    done
+done
+run "$PY" "$SCRIPTS_DIR/lines.py" normalize --prog "$PROG" "${NORM_ARGS[@]}"
+lines_of() { local v="LINES_$1"; echo "${!v}"; }
+for split in "${SPLIT_LIST[@]}"; do
+    check_stage "normalization" "$(lines_of "$split")" "$TMP/$split.norm.$SRC" "$TMP/$split.norm.$TGT"
+done
+
+# 1. tokenization (or the normalized text as it is), per split and language
 for split in "${SPLIT_LIST[@]}"; do
     for lang in "$SRC" "$TGT"; do
         if [[ "$TOKENIZE" == moses ]]; then
-            run sacremoses -q -l "$lang" -j 1 tokenize -a -x < "$RAW/$split.$lang" > "$TMP/$split.tok.$lang"
+            run sacremoses -q -l "$lang" -j 1 tokenize -a -x < "$TMP/$split.norm.$lang" > "$TMP/$split.tok.$lang"
         else
-            run cp "$RAW/$split.$lang" "$TMP/$split.tok.$lang"
+            run mv "$TMP/$split.norm.$lang" "$TMP/$split.tok.$lang"
         fi
     done
+    check_stage "tokenization ($TOKENIZE)" "$(lines_of "$split")" "$TMP/$split.tok.$SRC" "$TMP/$split.tok.$TGT"
 done
+rm -f "$TMP"/*.norm.*
 
 # 2. learn one joint model on train (both languages), 3. apply it to every split
 if [[ "$METHOD" == sentencepiece ]]; then
@@ -102,6 +127,7 @@ if [[ "$METHOD" == sentencepiece ]]; then
             run "$PY" "$SCRIPTS_DIR/spm.py" encode --model "$TMP/sentencepiece.bpe.model" \
                 < "$TMP/$split.tok.$lang" > "$TMP/$split.$lang"
         done
+        check_stage "segmentation (sentencepiece)" "$(lines_of "$split")" "$TMP/$split.$SRC" "$TMP/$split.$TGT"
     done
 else
     cat "$TMP/train.tok.$SRC" "$TMP/train.tok.$TGT" > "$TMP/train.tok.joint"
@@ -111,6 +137,7 @@ else
         for lang in "$SRC" "$TGT"; do
             run subword-nmt apply-bpe -c "$TMP/code" --input "$TMP/$split.tok.$lang" --output "$TMP/$split.$lang"
         done
+        check_stage "segmentation (subword-nmt)" "$(lines_of "$split")" "$TMP/$split.$SRC" "$TMP/$split.$TGT"
     done
 fi
 rm -f "$TMP"/*.tok.*

@@ -9,8 +9,13 @@
 #   --splits LIST     train,valid,test (default); valid and test are optional names
 #                     of fairseq-preprocess's --validpref/--testpref, train is required
 #   --workers N       fairseq-preprocess workers (default 2)
-#   --force           replace an existing --dest directory
+#   --force           replace an existing --dest directory (never a file)
 #   -- EXTRA...       passed to fairseq-preprocess as they are
+#
+# Checks: the two languages of each split have the same number of lines and no line
+# holds a character other tools read as a line break (\r, \v, \f, U+0085, U+2028,
+# U+2029, ...) or a NUL byte (prepare_bpe.sh replaces them); after fairseq-preprocess,
+# the binarized data has one sentence per input line in every split and language.
 #
 # The segmentation model and its SEGMENTATION/TOKENIZATION markers in --data
 # (sentencepiece.bpe.model or code) are copied into --dest: evaluate.sh reads them,
@@ -60,9 +65,15 @@ for split in "${SPLIT_LIST[@]}"; do
     done
 done
 [[ ",$SPLITS," == *,train,* ]] || die "--splits: must include train (the dictionary is built from it), got '$SPLITS'"
+[[ ! -e "$DEST" || -d "$DEST" ]] || die "--dest: '$DEST' exists and is not a directory; expected a new directory \
+(--force replaces a directory, never a file)"
 if [[ -e "$DEST" && $FORCE -eq 0 ]]; then
     die "--dest: '$DEST' already exists; expected a new directory (or pass --force to replace it)"
 fi
+for split in "${SPLIT_LIST[@]}"; do
+    "$PY" "$SCRIPTS_DIR/lines.py" check --prog "$PROG" --what "--data ($split data for $SRC-$TGT)" \
+        "$DATA/$split.$SRC" "$DATA/$split.$TGT" || exit 2
+done
 
 # ---- work
 mkdir -p "$(dirname "$DEST")"
@@ -72,6 +83,23 @@ trap 'rm -rf "$TMP"' EXIT
 
 run fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" "${PREFS[@]}" \
     --destdir "$TMP" --joined-dictionary --workers "$WORKERS" "${EXTRA[@]}"
+IDX=()
+for split in "${SPLIT_LIST[@]}"; do
+    for lang in "$SRC" "$TGT"; do
+        IDX+=("$TMP/$split.$SRC-$TGT.$lang.idx")
+        [[ -f "${IDX[-1]}" ]] || die "fairseq-preprocess wrote no $split data for $lang (expected ${IDX[-1]})"
+    done
+done
+mapfile -t N_BIN < <("$PY" "$SCRIPTS_DIR/lines.py" count "${IDX[@]}")
+i=0
+for split in "${SPLIT_LIST[@]}"; do
+    n_in=$(count_lines "$DATA/$split.$SRC")
+    for lang in "$SRC" "$TGT"; do
+        (( ${N_BIN[i]:-0} == n_in )) || die "fairseq-preprocess: binarized ${N_BIN[i]:-no} sentences of \
+'$DATA/$split.$lang' for its $n_in lines; the languages would not be aligned, stopping (nothing was written to --dest)"
+        i=$((i + 1))
+    done
+done
 for f in sentencepiece.bpe.model code SEGMENTATION TOKENIZATION; do
     if [[ -f "$DATA/$f" ]]; then
         run cp "$DATA/$f" "$TMP/$f"

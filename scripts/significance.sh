@@ -64,7 +64,7 @@ require_int --seed "$SEED" 0
 require_float --prob-thresh "$PROB"
 require_choice --tokenize "$TOKENIZE" 13a none
 require_file "$REF" --ref
-n_ref=$(wc -l < "$REF")
+n_ref=$(count_lines "$REF")
 (( n_ref > 0 )) || die "--ref: '$REF' is empty; expected one reference sentence per line"
 HYP_ARGS=()
 NAMES=" "
@@ -77,7 +77,7 @@ check_named() {  # OPTION NAME=HYP
     [[ -n "$path" ]] || die "$opt: expected NAME=HYP, the file after '=' is missing in '$spec'"
     [[ "$NAMES" != *" $name "* ]] || die "$opt: the name '$name' is used twice; expected distinct system names"
     require_file "$path" "$opt $name"
-    n=$(wc -l < "$path")
+    n=$(count_lines "$path")
     (( n == n_ref )) || die "$opt $name: '$path' has $n lines but --ref '$REF' has $n_ref; expected one \
 hypothesis per reference line"
     NAMES+="$name "

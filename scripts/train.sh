@@ -88,7 +88,7 @@ while (( $# )); do
 done
 
 # ---- validate (cheap checks first; the hardware check imports torch, the
-# architecture check fairseq)
+# check of the architecture and all fairseq-train arguments fairseq)
 require_value --arch "$ARCH"
 require_value --data-bin "$DATA_BIN"
 require_value --save-dir "$SAVE_DIR"
@@ -193,7 +193,17 @@ case "$EXTRA_PRECISION" in
 esac
 
 USER_DIR="$(user_dir)"
-check_arch "$ARCH"
+# The recipe's defaults (see the header); arguments after -- come after them.
+RECIPE=(--optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
+    --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3
+    --weight-decay 0.0001 --criterion label_smoothed_cross_entropy
+    --label-smoothing 0.1 --max-tokens 4096 --log-format simple --log-interval 100)
+# The architecture and every fairseq-train argument after --, model options
+# included, parsed as fairseq-train parses them: a bad one stops here with exit
+# status 2, before anything is printed or --save-dir exists.
+check_train_args "$DATA_BIN" --user-dir "$USER_DIR" --task translation --source-lang "$SRC" \
+    --target-lang "$TGT" --arch "$ARCH" "${RECIPE[@]}" --seed "$SEED" --max-update "$MAX_UPDATE" \
+    --save-dir "$SAVE_DIR" "${EXTRA[@]}"
 
 # ---- the command
 WORLD=1
@@ -230,10 +240,7 @@ TRAIN_ARGS=("$DATA_BIN"
     --user-dir "$USER_DIR"
     --task translation --source-lang "$SRC" --target-lang "$TGT"
     --arch "$ARCH"
-    --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
-    --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3
-    --weight-decay 0.0001 --criterion label_smoothed_cross_entropy
-    --label-smoothing 0.1 --max-tokens 4096 --log-format simple --log-interval 100
+    "${RECIPE[@]}"
     --seed "$SEED" --max-update "$MAX_UPDATE" --save-dir "$SAVE_DIR"
     "${DEVICE_ARGS[@]}" "${PRECISION_ARGS[@]}" "${BATCH_ARGS[@]}"
     "${EXTRA[@]}")

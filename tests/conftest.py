@@ -12,12 +12,30 @@
 
 Each fairseq process costs ~4-5 s of start-up (importing fairseq), so a test that
 goes through the CLI should start as few of them as it can.
+
+Time limits: every test has one (``pytest.ini``: 300 s, fixtures included; a slow
+test raises its own with ``@pytest.mark.timeout(N)``). When a test runs past it,
+:func:`pytest_timeout_set_timer` prints ``TIMEOUT: <test id>`` before pytest-timeout
+dumps the threads' stacks and ends the run. With ``FAIRSEQ_LOCALNESS_TEST_STATUS``
+set to a file name, the id of each test is written there when it starts (``running
+<id>``), when it times out (``timeout <id>``) and ``finished`` at the end of the
+session, so a supervisor (``.ci/run``) can name a test that hung or crashed the run.
+
+Commands run by :func:`run_command` (and so :func:`run_fairseq`, :func:`run_script`)
+get a process group of their own, killed as a whole when the command or the test
+runs out of time, so no worker outlives its test.
+
+Process groups: ``torch.distributed.init_process_group`` is refused in the pytest
+process (:func:`_refuse_process_groups`): a test that needs one runs it in a
+subprocess with a timeout, where a hang (gloo waiting for a peer) cannot stop the
+suite.
 """
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -50,6 +68,72 @@ TINY_MODEL_ARGS = [
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long test (still part of `make test`)")
+    _refuse_process_groups()
+
+
+# --------------------------------------------------------------------------- time limits
+STATUS_ENV = "FAIRSEQ_LOCALNESS_TEST_STATUS"
+
+
+def _write_status(text: str) -> None:
+    path = os.environ.get(STATUS_ENV)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _write_status(f"running {nodeid}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _write_status("finished")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's thread method, with the test named first on the terminal and
+    in the status file (pytest-timeout itself prints only the stacks)."""
+    if settings.method != "thread":
+        return None
+    import pytest_timeout
+
+    def expire():
+        capman = item.config.pluginmanager.getplugin("capturemanager")
+        if capman:
+            capman.suspend_global_capture(item)
+        terminal = item.config.get_terminal_writer()
+        terminal.line("")
+        terminal.sep("!", f"TIMEOUT: {item.nodeid} ran longer than {settings.timeout:g} s", red=True)
+        terminal.flush()
+        _write_status(f"timeout {item.nodeid}")
+        for pgid in list(_CHILD_GROUPS):  # the test's commands would outlive the run
+            _kill_group(pgid)
+        pytest_timeout.timeout_timer(item, settings)  # dumps the stacks, os._exit(1)
+
+    timer = threading.Timer(settings.timeout, expire)
+    timer.name = f"pytest_timeout {item.nodeid}"
+    timer.daemon = True
+
+    def cancel():
+        timer.cancel()
+        timer.join()
+
+    item.cancel_timeout = cancel
+    timer.start()
+    return True
+
+
+def _refuse_process_groups():
+    import torch.distributed as dist
+
+    def init_process_group(*args, **kwargs):
+        raise RuntimeError(
+            "tests create torch.distributed process groups in a subprocess (with a timeout), never in the "
+            "pytest process, where a hang would stop the whole suite; see tests/test_distributed.py")
+
+    if dist.is_available():
+        dist.init_process_group = init_process_group
 
 
 # --------------------------------------------------------------------------- commands
@@ -83,6 +167,44 @@ def _failure(cmd, proc) -> str:
     )
 
 
+_CHILD_GROUPS = set()
+"""Process groups of the commands running now (see :func:`run_command`)."""
+
+
+def _kill_group(pgid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_command(cmd: Sequence, cwd: Optional[str] = None, input: Optional[str] = None,
+                env: Optional[dict] = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a process group of
+    its own: past ``timeout`` the whole group (torchrun's workers, a tool's children)
+    is killed and the test fails naming the command; if the test itself runs out of
+    time, the group is killed before the run ends."""
+    cmd = [str(a) for a in cmd]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, start_new_session=True,
+                            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _CHILD_GROUPS.add(proc.pid)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"command ran longer than {timeout:g} s and was killed with its processes:\n  {' '.join(cmd)}\n"
+                    f"--- stderr (end) ---\n{err[-3000:]}", pytrace=False)
+    finally:
+        _CHILD_GROUPS.discard(proc.pid)
+        if proc.poll() is None:
+            _kill_group(proc.pid)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_fairseq(
     tool: str,
     args: Sequence,
@@ -98,9 +220,7 @@ def run_fairseq(
     end of its stdout/stderr.
     """
     cmd = [tool_path(tool)] + [str(a) for a in args]
-    proc = subprocess.run(
-        cmd, cwd=cwd, input=input, capture_output=True, text=True, env=tool_env(env), timeout=timeout
-    )
+    proc = run_command(cmd, cwd=cwd, input=input, env=tool_env(env), timeout=timeout)
     if check and proc.returncode != 0:
         pytest.fail(_failure(cmd, proc), pytrace=False)
     return proc
@@ -110,7 +230,7 @@ def run_script(script: str, args: Sequence, cwd: Optional[str] = None, check: bo
                env: Optional[dict] = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` with bash; like :func:`run_fairseq`."""
     cmd = ["bash", os.path.join(SCRIPTS, script)] + [str(a) for a in args]
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=tool_env(env), timeout=timeout)
+    proc = run_command(cmd, cwd=cwd, env=tool_env(env), timeout=timeout)
     if check and proc.returncode != 0:
         pytest.fail(_failure(cmd, proc), pytrace=False)
     return proc

@@ -158,30 +158,46 @@ def test_torchrun_environment_on_cpu(monkeypatch):
     assert cfg.distributed_no_spawn
 
 
+DDP_SCRIPT = r"""
+import argparse, sys
+import torch
+import torch.distributed as dist
+import fairseq_localness  # noqa: F401  (the fix)
+from fairseq.models.distributed_fairseq_model import DistributedFairseqModel
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+try:
+    args = argparse.Namespace(
+        tpu=False, ddp_backend="pytorch_ddp", device_id=0, broadcast_buffers=False, bucket_cap_mb=25,
+        find_unused_parameters=False, gradient_as_bucket_view=False, ddp_comm_hook="none")
+    wrapped = DistributedFairseqModel(args, torch.nn.Linear(3, 2), dist.group.WORLD, torch.device("cpu"))
+    out = wrapped(torch.ones(4, 3))
+    out.sum().backward()
+    print("output shape", tuple(out.shape))
+finally:
+    dist.destroy_process_group()
+"""
+
+
 def test_ddp_wrapper_accepts_a_cpu_model(tmp_path):
     """fairseq's pytorch_ddp wrapper passes device_ids=[0]; torch refuses that for a
-    CPU model unless the fix drops it (a one-process gloo group)."""
-    import argparse
+    CPU model unless the fix drops it (a one-process gloo group). The group is made
+    in a subprocess with a time limit: never in the pytest process (see conftest)."""
+    import sys
 
-    import torch
+    from conftest import run_command, tool_env
+
+    proc = run_command([sys.executable, "-c", DDP_SCRIPT, tmp_path / "store"], env=tool_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "output shape (4, 2)" in proc.stdout
+
+
+def test_process_groups_are_refused_in_the_pytest_process(tmp_path):
     import torch.distributed as dist
 
-    import fairseq_localness  # noqa: F401
-    from fairseq.models.distributed_fairseq_model import DistributedFairseqModel
-
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    try:
-        args = argparse.Namespace(
-            tpu=False, ddp_backend="pytorch_ddp", device_id=0, broadcast_buffers=False, bucket_cap_mb=25,
-            find_unused_parameters=False, gradient_as_bucket_view=False, ddp_comm_hook="none")
-        wrapped = DistributedFairseqModel(args, torch.nn.Linear(3, 2), dist.group.WORLD, torch.device("cpu"))
-        out = wrapped(torch.ones(4, 3))
-        out.sum().backward()
-        assert out.shape == (4, 2)
-    finally:
-        dist.destroy_process_group()
+    with pytest.raises(RuntimeError, match="in a subprocess"):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    assert not dist.is_initialized()
 
 
 def test_distributed_utils_load_trusted_checkpoints():

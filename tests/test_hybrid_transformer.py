@@ -373,10 +373,12 @@ def test_parameter_fingerprint_baselines_at_base_size():
         (["--hybrid-min-window", "-1"], "--hybrid-min-window must be a finite number >= 0"),
     ],
 )
-def test_invalid_options_fail_at_build_time_naming_the_option(args, message):
-    with pytest.raises(OptionError) as err:
+def test_invalid_options_are_command_line_errors_naming_the_option(args, message, capsys):
+    """On the command line: argparse-style, exit status 2, the message on stderr."""
+    with pytest.raises(SystemExit) as exit_info:
         build_model(ARCH, TINY + args)
-    assert message in str(err.value)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--hybrid-variant", "--hybrid-gate", "--hybrid-neighbor-window"])

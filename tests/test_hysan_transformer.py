@@ -7,7 +7,10 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
+from fairseq.models import ARCH_MODEL_REGISTRY
+
 from fairseq_localness.models._locality import OptionError
+from fairseq_localness.models.hysan_transformer import HysanOptions
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.hysan import (
     ConcatFusion,
@@ -401,18 +404,20 @@ def test_iwslt_small_baseline_has_the_papers_size():
         (["--hysan-decoder-layers", "x"], "--hysan-decoder-layers 'x': cannot parse"),
     ],
 )
-def test_invalid_options_fail_at_build_time_naming_the_option(args, message):
-    with pytest.raises(OptionError) as err:
+def test_invalid_options_are_command_line_errors_naming_the_option(args, message, capsys):
+    """On the command line: argparse-style, exit status 2, the message on stderr."""
+    with pytest.raises(SystemExit) as exit_info:
         build_model(ARCH, TINY + args)
-    assert message in str(err.value)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_messages_list_the_allowed_values():
     with pytest.raises(OptionError) as err:
-        build_model(ARCH, TINY + ["--hysan-decoder-branches", "backward"])
+        HysanOptions(hysan_decoder_branches="backward").branches("decoder")
     assert "allowed: forward, local<k>" in str(err.value)
     with pytest.raises(OptionError) as err:
-        build_model(ARCH, TINY + ["--hysan-encoder-branches", "bw"])
+        HysanOptions(hysan_encoder_branches="bw").branches("encoder")
     assert "allowed: global, forward, backward, local<k>" in str(err.value)
 
 
@@ -422,9 +427,19 @@ def test_unknown_fusion_is_an_argparse_error(capsys):
     assert "--hysan-fusion" in capsys.readouterr().err
 
 
-def test_reduction_is_only_checked_for_the_gated_fusion():
-    model, _ = build_model(ARCH, TINY + ["--hysan-fusion", "sum", "--hysan-gate-reduction", "24"])
+def test_reduction_is_only_checked_for_the_gated_fusion(capsys):
+    """A reduction the gate could not use is no error without the gate; on the command
+    line it is refused as an option without effect."""
+    from model_utils import parse_model_args
+
+    args = parse_model_args(ARCH, TINY + ["--hysan-fusion", "sum"])
+    args.hysan_gate_reduction = 24
+    model = ARCH_MODEL_REGISTRY[ARCH].build_model(args, ToyTask())
     assert isinstance(model.encoder.layers[0].self_attn, AttentionCore)
+    with pytest.raises(SystemExit) as exit_info:
+        build_model(ARCH, TINY + ["--hysan-fusion", "sum", "--hysan-gate-reduction", "24"])
+    assert exit_info.value.code == 2
+    assert "--hysan-gate-reduction applies to --hysan-fusion gated only" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- observability

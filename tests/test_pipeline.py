@@ -180,6 +180,7 @@ def _tiny_demo_config(tmp_path, extra=""):
     return config
 
 
+@pytest.mark.timeout(900)  # the longest test: 225 s measured on 2 loaded cores, over the 300 s default's margin
 def test_demo_runs_end_to_end_on_a_tiny_budget(tmp_path):
     """scripts/demo.sh with the real configuration, shrunk: corpus, segmentation,
     binarization, training (two systems at a time), averaging, decoding, scoring,

@@ -22,6 +22,11 @@ It differs where fairseq's script is unsafe or unclear:
 - every check happens before anything is written: missing files, too few
   checkpoints, mismatched parameter names or shapes, an output that is one of the
   inputs, or a missing output directory stop it with a message saying which;
+- the checkpoints must be of the same model: the same architecture and the same
+  value of every option the architecture's model class defines (``add_args``),
+  dropout rates aside, so a transformer and a hybrid ``local_pattern`` model, whose
+  parameters have the same names and shapes, are not averaged into a model of
+  neither; ``--force`` averages them anyway;
 - the result is written to a temporary file in the output's directory, flushed to
   disk, then renamed over ``--output`` in one step: an interrupted run leaves any
   previous ``--output`` intact and never a truncated file.
@@ -32,7 +37,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -94,8 +99,70 @@ def _describe_key_mismatch(path: str, expected: List[str], found: List[str], fir
     )
 
 
-def average_checkpoints(inputs: List[str]) -> dict:
-    """Load ``inputs`` and return the first one's state with averaged parameters."""
+def model_config(state: dict) -> Tuple[Optional[str], dict]:
+    """The architecture name and the model options saved in a fairseq checkpoint."""
+    cfg = state.get("cfg")
+    model = cfg.get("model") if isinstance(cfg, dict) or hasattr(cfg, "get") else None
+    if model is None:
+        model = state.get("args")
+    if model is None:
+        return None, {}
+    if isinstance(model, argparse.Namespace):
+        values = dict(vars(model))
+    else:
+        try:
+            from omegaconf import OmegaConf
+
+            values = OmegaConf.to_container(model) if OmegaConf.is_config(model) else dict(model)
+        except ImportError:
+            values = dict(model)
+    return values.get("arch") or values.get("_name"), values
+
+
+def _model_and_options(arch: str) -> Tuple[str, Optional[List[str]]]:
+    """The registered model name of architecture ``arch`` (``transformer`` for
+    ``transformer_iwslt_de_en``) and the options (argparse dests) its model class
+    defines; ``(arch, None)`` if the architecture is not registered here."""
+    try:
+        import fairseq_localness  # noqa: F401  (registers this package's models)
+        from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
+    except ImportError:
+        return arch, None
+    cls = ARCH_MODEL_REGISTRY.get(arch)
+    if cls is None or not hasattr(cls, "add_args"):
+        return arch, None
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS, allow_abbrev=False, add_help=False)
+    cls.add_args(parser)
+    names = [a.dest for a in parser._actions if "dropout" not in a.dest and "layerdrop" not in a.dest]
+    return ARCH_MODEL_NAME_REGISTRY.get(arch, arch), names
+
+
+def config_differences(first: dict, other: dict) -> List[str]:
+    """How the model of checkpoint ``other`` differs from that of ``first`` (both
+    loaded states): the architecture, else the options of its model class."""
+    arch_a, a = model_config(first)
+    arch_b, b = model_config(other)
+    if arch_a is None or arch_b is None:
+        return []
+    model_a, names = _model_and_options(arch_a)
+    model_b, _ = _model_and_options(arch_b)
+    if model_a != model_b:
+        return [f"--arch {arch_b} (model {model_b}) vs {arch_a} (model {model_a})"]
+    if names is None:  # not registered here: every option saved with both that no training run changes
+        names = [k for k in a if k in b and k.startswith(("encoder_", "decoder_", "share_"))]
+    missing = object()
+    return [
+        f"--{k.replace('_', '-')} {b.get(k)} vs {a.get(k)}"
+        for k in sorted(set(names))
+        if a.get(k, missing) != b.get(k, missing)
+    ]
+
+
+def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
+    """Load ``inputs`` and return the first one's state with averaged parameters.
+
+    Checkpoints of different models (:func:`config_differences`) are refused unless
+    ``force``."""
     if not inputs:
         raise AverageError("--inputs: expected at least one checkpoint")
     sums: Dict[str, torch.Tensor] = collections.OrderedDict()
@@ -108,7 +175,13 @@ def average_checkpoints(inputs: List[str]) -> dict:
         if keys is None:
             keys = list(params.keys())
             new_state = state
-        elif list(params.keys()) != keys:
+        elif not force and (diff := config_differences(new_state, state)):
+            raise AverageError(
+                f"'{path}' is not the same model as '{inputs[0]}' ({'; '.join(diff[:5])}"
+                f"{' ...' if len(diff) > 5 else ''}); averaging the parameters of different models gives a "
+                f"model of neither. Expected checkpoints of one training run (pass --force to average anyway)"
+            )
+        if list(params.keys()) != keys:
             raise AverageError(_describe_key_mismatch(path, keys, list(params.keys()), inputs[0]))
         for k in keys:
             p = params[k]
@@ -217,6 +290,9 @@ def get_parser() -> argparse.ArgumentParser:
                      help="average the last N checkpoint<epoch>.pt files of the --inputs directory")
     num.add_argument("--num-update-checkpoints", type=int, metavar="N",
                      help="average the last N checkpoint_<epoch>_<update>.pt files of the --inputs directory")
+    p.add_argument("--force", action="store_true",
+                   help="average checkpoints whose model configurations differ (architecture or model "
+                   "options), as long as their parameters have the same names and shapes")
     p.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
                    help="with --num-*-checkpoints: only use checkpoints numbered <= K "
                    "(epochs or updates), e.g. N=10, K=50 averages epochs 41-50")
@@ -228,7 +304,7 @@ def cli_main(argv=None) -> int:
     try:
         inputs = resolve_inputs(args)
         print(f"averaging {len(inputs)} checkpoint(s): {' '.join(inputs)}", flush=True)
-        state = average_checkpoints(inputs)
+        state = average_checkpoints(inputs, force=args.force)
         save_atomic(state, args.output)
     except AverageError as e:
         print(f"fairseq-localness-average: error: {e}", file=sys.stderr)

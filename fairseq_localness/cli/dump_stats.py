@@ -11,6 +11,10 @@ line per (sentence, module) with the statistics of the real (non-padding) tokens
 Attention distributions (``probs_*``, ``Tq x Tk`` per head) are large; they are
 written only with ``--with-attention``.
 
+A model without such modules (fairseq's transformer, or a locality model with every
+layer list set to ``none``) has nothing to dump: that is an error (exit status 2)
+and no file is written, as is a run that recorded nothing.
+
 Example::
 
     fairseq-localness-dump data-bin/demo --path runs/demo/localness/checkpoint_best.pt \\
@@ -51,24 +55,48 @@ def load(args):
     return model, cfg, task, use_cuda
 
 
+def _arch(cfg) -> str:
+    model_cfg = getattr(cfg, "model", None)
+    return str(getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None) or "unknown")
+
+
 def main(args):
     """Write the JSON lines; the per-sentence cutting to real tokens is
     :func:`fairseq_localness.analysis.common.iter_sentence_stats`."""
     from fairseq_localness.analysis.common import iter_sentence_stats
+    from fairseq_localness.modules.observe import Observable
 
     model, cfg, task, use_cuda = load(args)
-    written = 0
+    if not any(isinstance(m, Observable) for m in model.modules()):
+        sys.stderr.write(
+            f"fairseq-localness-dump: error: the model of {args.path} (--arch {_arch(cfg)}) has no module that "
+            "records statistics (Gaussian centres and windows, gates, branch weights): nothing to dump; "
+            "expected a localness_transformer, hybrid_transformer, hysan_transformer or dc_transformer "
+            "checkpoint with at least one locality layer\n")
+        sys.exit(2)
+    written = lines = 0
     tmp = args.output + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as out:
-        for sent in iter_sentence_stats(
-            model, task, args.split, max_sentences=args.max_sentences, batch_size=args.batch_size,
-            with_attention=args.with_attention, use_cuda=use_cuda, show_progress=False,
-        ):
-            for module_name, (side, values) in sent.modules.items():
-                stats = {name: value.tolist() for name, value in values.items()}
-                out.write(json.dumps({"id": sent.id, "module": module_name, "side": side, "stats": stats}) + "\n")
-            written += 1
-    os.replace(tmp, args.output)
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            for sent in iter_sentence_stats(
+                model, task, args.split, max_sentences=args.max_sentences, batch_size=args.batch_size,
+                with_attention=args.with_attention, use_cuda=use_cuda, show_progress=False,
+            ):
+                for module_name, (side, values) in sent.modules.items():
+                    stats = {name: value.tolist() for name, value in values.items()}
+                    out.write(json.dumps({"id": sent.id, "module": module_name, "side": side, "stats": stats})
+                              + "\n")
+                    lines += 1
+                written += 1
+        if not lines:
+            sys.stderr.write(
+                f"fairseq-localness-dump: error: the model of {args.path} (--arch {_arch(cfg)}) recorded no "
+                f"statistics over {written} sentence(s) of '{args.split}': nothing to dump\n")
+            sys.exit(2)
+        os.replace(tmp, args.output)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     logger.info("wrote statistics of %d sentences to %s", written, args.output)
     return written
 

@@ -20,6 +20,16 @@ Formats (``fmt`` of a recipe part):
 Every line read is whitespace-normalized (stripped, inner runs of whitespace,
 including Unicode line separators, collapsed to one space), which also keeps a
 stray carriage return from splitting a line in later tools.
+
+Line-breaking characters. Only ``\n`` ends a line in this package and in the
+scripts, but other tools split lines elsewhere: Python's text files and the CLIs
+built on them (sacremoses, fairseq-preprocess, sentencepiece's Python reader) on
+``\r``, ``str.splitlines`` also on ``\v``, ``\f``, ``\x1c``-``\x1e``, ``\x85``,
+U+2028 and U+2029; and ``grep`` treats a file with a NUL byte as binary. One such
+character in one line shifts every later line of a parallel corpus by one.
+:func:`normalize_line` replaces them (:data:`LINE_BREAKING`, with NUL) by a space; it
+is the one place that does so (:func:`clean_ws` applies it, ``scripts/lines.py``
+applies it in ``prepare_bpe.sh`` and checks for it in ``preprocess.sh``).
 """
 import html
 import re
@@ -32,8 +42,28 @@ _TAG_LINE = re.compile(r"^\s*<(/?)([A-Za-z_][\w.-]*)([^>]*)>(.*)$")
 _KEEP_TEXT_TAGS = ("title", "description")
 
 
+LINE_BREAKING = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+"""The characters other than ``\\n`` at which ``str.splitlines`` (and, for ``\\r``,
+Python's text files) end a line."""
+_BREAKING_RUN = re.compile("[ \t]*[\x00" + LINE_BREAKING + "][ \t\x00" + LINE_BREAKING + "]*")
+
+
+def has_line_breaking(line: str) -> bool:
+    """Whether ``line`` holds a character of :data:`LINE_BREAKING` or NUL."""
+    return _BREAKING_RUN.search(line) is not None
+
+
+def normalize_line(line: str) -> str:
+    """``line`` with each run of line-breaking characters (:data:`LINE_BREAKING`) and
+    NUL bytes, with the spaces around it, replaced by one space, and without spaces at
+    its ends; a line without any of them is returned unchanged."""
+    if not has_line_breaking(line):
+        return line
+    return _BREAKING_RUN.sub(" ", line).strip(" \t")
+
+
 def clean_ws(line: str) -> str:
-    return " ".join(line.split())
+    return " ".join(normalize_line(line).split())
 
 
 def read_lines(path: str) -> Iterator[str]:

@@ -14,12 +14,21 @@ A model class provides
   touches them; it is surfaced to argparse from that one source;
 * ``layer_specs(options, cfg, side)``: one :class:`LayerSpec` per layer of a side.
 
-Options are validated when the model is built, before any training starts; errors
-name the option and the allowed values (:class:`OptionError`).
+Options are validated twice. On the command line (``fairseq-train``, through the
+architecture functions that ``parse_args_and_arch`` applies to the parsed arguments)
+an invalid option, or one that has no effect on the chosen variant, is an
+argparse-style error: ``<prog>: error: <message>`` on stderr and exit status 2, before
+fairseq creates ``--save-dir`` or reads any data. When a model is built (training, or
+loading a checkpoint) invalid options raise :class:`OptionError` and options without
+effect are logged as warnings, so checkpoints trained before a check was added still
+load. Messages name the option and the allowed values.
 """
 import dataclasses
-import re
+import logging
 import math
+import os
+import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
@@ -40,6 +49,8 @@ from fairseq.modules.transformer_layer import (
 from torch import nn
 
 from fairseq_localness.modules.observe import Observable
+
+logger = logging.getLogger(__name__)
 
 
 class OptionError(ValueError):
@@ -66,9 +77,18 @@ def validate_gaussian_windows(options, prefix: str, window_strategy: str):
         raise OptionError(f"{option_flag(f'{prefix}_min_window')} must be a finite number >= 0 (got {floor})")
     if window_strategy == "head" and floor >= value("head_window_max"):
         raise OptionError(
-            f"{option_flag(f'{prefix}_min_window')} ({floor}) must be below "
-            f"{option_flag(f'{prefix}_head_window_max')} ({value('head_window_max')}) for the head window strategy"
+            f"{option_flag(f'{prefix}_min_window')} {floor} must be below "
+            f"{option_flag(f'{prefix}_head_window_max')} {value('head_window_max')}: the head strategy's "
+            f"window lies between the two (eq. 11), so it could not move"
         )
+
+
+def command_line_error(message: str) -> None:
+    """Stop like an argparse error: ``<prog>: error: <message>``, exit status 2."""
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    sys.stderr.flush()
+    raise SystemExit(2)
 
 
 def parse_layers(spec: Optional[str], num_layers: int, option: str) -> List[int]:
@@ -99,6 +119,10 @@ def parse_layers(spec: Optional[str], num_layers: int, option: str) -> List[int]
         if first > last:
             raise OptionError(f"{flag} {spec!r}: empty range {part!r} (start > end)")
         for layer in (first, last):
+            if num_layers < 1:
+                raise OptionError(
+                    f"{flag} {spec!r}: this side has no layers; the only allowed value is 'none'"
+                )
             if not 1 <= layer <= num_layers:
                 raise OptionError(
                     f"{flag} {spec!r}: layer {layer} is out of range; this side has "
@@ -128,6 +152,23 @@ class LocalityOptions(FairseqDataclass):
 
     def validate(self, cfg) -> None:
         """Raise :class:`OptionError` for invalid options (cfg: fairseq's config)."""
+
+    def unused(self, cfg) -> List[str]:
+        """Messages for options given (set to something else than their default) that
+        have no effect with the other options: the variant, window strategy, fusion
+        or mode they belong to is not the chosen one, or no layer uses them."""
+        return []
+
+    def given(self, name: str) -> bool:
+        """Whether option ``name`` differs from its default."""
+        fld = next(f for f in dataclasses.fields(self) if f.name == name)
+        default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()
+        return getattr(self, name) != default
+
+
+def default_layers(count: int, num_layers: int) -> str:
+    """The lowest ``count`` layers of a side, or all of a shallower one ('none' if it has none)."""
+    return f"1-{min(count, num_layers)}" if num_layers >= 1 else "none"
 
 
 SubmoduleBuilder = Callable[[int, object], nn.Module]  # (embed_dim, cfg) -> module
@@ -241,11 +282,45 @@ class LocalityTransformerModel(TransformerModel):
         gen_parser_from_dataclass(parser, cls.options_class())
 
     @classmethod
-    def build_model(cls, args, task):
-        base_architecture(args)
+    def check_args(cls, args) -> LocalityOptions:
+        """Validate the model's options and the sizes they depend on (``args`` after
+        the architecture's defaults are filled in); raises :class:`OptionError`."""
+        for side in ("encoder", "decoder"):
+            layers = getattr(args, f"{side}_layers", None)
+            if layers is not None and layers < 0:
+                raise OptionError(f"--{side}-layers must be >= 0 (got {layers})")
+            dim = getattr(args, f"{side}_embed_dim", None)
+            heads = getattr(args, f"{side}_attention_heads", None)
+            if dim is not None and heads is not None and (heads < 1 or dim % heads):
+                divisors = [h for h in range(1, min(dim, 64) + 1) if dim % h == 0]
+                raise OptionError(
+                    f"--{side}-attention-heads {heads}: must divide --{side}-embed-dim {dim} "
+                    f"(allowed: {', '.join(map(str, divisors))}{', ...' if dim > 64 else ''})"
+                )
         if getattr(args, "cross_self_attention", False):
             raise OptionError("--cross-self-attention is not supported by the locality models")
-        cls.options_class.from_args(args).validate(args)
+        options = cls.options_class.from_args(args)
+        options.validate(args)
+        return options
+
+    @classmethod
+    def check_command_line(cls, args) -> None:
+        """The checks of :meth:`check_args`, and options without effect refused, as an
+        argparse-style error (exit status 2) naming the option."""
+        try:
+            options = cls.check_args(args)
+            unused = options.unused(args)
+            if unused:
+                raise OptionError("; ".join(unused))
+        except OptionError as e:
+            command_line_error(str(e))
+
+    @classmethod
+    def build_model(cls, args, task):
+        base_architecture(args)
+        options = cls.check_args(args)
+        for message in options.unused(args):
+            logger.warning(message)
         return super().build_model(args, task)
 
     @classmethod
@@ -273,9 +348,27 @@ def register_presets(model_name: str, presets: dict):
 
     ``presets`` maps a suffix ("" for the model's base) to a function that fills the
     transformer sizes into ``args`` (fairseq's own architecture functions).
+
+    The registered function fills in the sizes, then, when it is applied to a
+    freshly parsed command line (fairseq's ``parse_args_and_arch``; a config built by
+    fairseq for a model or read from a checkpoint carries ``_name``), checks the
+    model's options with :meth:`LocalityTransformerModel.check_command_line`.
     """
     from fairseq.models import register_model_architecture
 
     for suffix, fill in presets.items():
         arch = model_name + ("_" + suffix if suffix else "")
-        register_model_architecture(model_name, arch)(fill)
+        register_model_architecture(model_name, arch)(_checked_architecture(model_name, fill))
+
+
+def _checked_architecture(model_name: str, fill):
+    def architecture(args):
+        fill(args)
+        if getattr(args, "_name", None) is None:
+            from fairseq.models import MODEL_REGISTRY
+
+            MODEL_REGISTRY[model_name].check_command_line(args)
+
+    architecture.__name__ = getattr(fill, "__name__", "architecture")
+    architecture.__doc__ = fill.__doc__
+    return architecture

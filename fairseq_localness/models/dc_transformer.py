@@ -98,6 +98,16 @@ class DCOptions(LocalityOptions):
         for side in ("encoder", "decoder"):
             self.layers(cfg, side)
 
+    def unused(self, cfg):
+        if self.dc_mode != "none":
+            return []
+        return [
+            f"{option_flag(name)} has no effect with {option_flag('dc_mode')} none (it applies to the DC "
+            f"module of modes enc, dec and full)"
+            for name in ("dc_kernel_size", "dc_log_divergence")
+            if self.given(name)
+        ]
+
 
 def build_dc_module(embed_dim, cfg, *, options: DCOptions, side: str) -> DualContextModule:
     """The DC module of one layer (a :data:`SubmoduleBuilder` for ``self_attention``)."""

@@ -2,8 +2,8 @@
 with the locality baselines of the paper's Table 1 as selectable variants.
 
 In the self-attention of the chosen layers (``--hybrid-encoder-layers``, default
-``1-2``: "the lowest two layers of the encoder", section 4; ``--hybrid-decoder-layers``,
-default none) the attention becomes the ``--hybrid-variant`` (see
+``1-2``: "the lowest two layers of the encoder", section 4, or the one layer of a
+one-layer encoder; ``--hybrid-decoder-layers``, default none) the attention becomes the ``--hybrid-variant`` (see
 :mod:`fairseq_localness.modules.hybrid` for the equations):
 
 ================  =====================  ==============================================
@@ -32,6 +32,7 @@ Presets: ``hybrid_transformer`` (base), ``hybrid_transformer_iwslt_de_en``,
 """
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
@@ -42,6 +43,7 @@ from fairseq_localness.models._locality import (
     LocalityOptions,
     LocalityTransformerModel,
     OptionError,
+    default_layers,
     option_flag,
     parse_layers,
     register_presets,
@@ -65,10 +67,11 @@ class HybridOptions(LocalityOptions):
                   "(Gate), eq. 4-5), concat (HYBRID (Concate)), local_pattern (LOCAL_PATTERN), "
                   "neighbor (NEIGHBOR), local_h (LOCAL_H), local_s (LOCAL_S)"},
     )
-    hybrid_encoder_layers: str = field(
-        default="1-2",
+    hybrid_encoder_layers: Optional[str] = field(
+        default=None,
         metadata={"help": "encoder layers whose self-attention becomes the variant: 1-based list or "
-                  "ranges ('1-2', '1,3'), 'all' or 'none'"},
+                  "ranges ('1-2', '1,3'), 'all' or 'none' (default: the lowest two, 1-2, or the "
+                  "one layer of a one-layer encoder)"},
     )
     hybrid_decoder_layers: str = field(
         default="none", metadata={"help": "decoder layers whose self-attention becomes the variant"}
@@ -109,9 +112,17 @@ class HybridOptions(LocalityOptions):
             min_window=self.hybrid_min_window,
         )
 
+    def layers(self, side: str, num_layers: int):
+        """0-based layers of ``side`` whose self-attention becomes the variant."""
+        option = f"hybrid_{side}_layers"
+        spec = getattr(self, option)
+        if spec is None:
+            spec = default_layers(2, num_layers) if side == "encoder" else "none"
+        return parse_layers(spec, num_layers, option)
+
     def validate(self, cfg):
-        parse_layers(self.hybrid_encoder_layers, cfg.encoder_layers, "hybrid_encoder_layers")
-        parse_layers(self.hybrid_decoder_layers, cfg.decoder_layers, "hybrid_decoder_layers")
+        self.layers("encoder", cfg.encoder_layers)
+        self.layers("decoder", cfg.decoder_layers)
         for name, allowed in (
             ("hybrid_variant", tuple(VARIANTS)),
             ("hybrid_gate", GATE_TYPES),
@@ -132,6 +143,43 @@ class HybridOptions(LocalityOptions):
             )
         neighbor_head = self.hybrid_variant == "neighbor" and self.hybrid_neighbor_window == "head"
         validate_gaussian_windows(self, "hybrid", "head" if neighbor_head else "query")
+
+    # which variants each option applies to
+    _APPLIES_TO = {
+        "hybrid_window_m": ("gate", "concat", "local_pattern"),
+        "hybrid_fixed_window": ("local_h",),
+        "hybrid_neighbor_window": ("neighbor",),
+        "hybrid_min_window": ("neighbor", "local_s"),  # the learned windows
+    }
+
+    def unused(self, cfg):
+        out = []
+        variant = self.hybrid_variant
+        if not (self.layers("encoder", cfg.encoder_layers) or self.layers("decoder", cfg.decoder_layers)):
+            for name in ("hybrid_variant", "hybrid_gate", *self._APPLIES_TO, "hybrid_head_window_max"):
+                if self.given(name):
+                    out.append(
+                        f"{option_flag(name)} has no effect: {option_flag('hybrid_encoder_layers')} and "
+                        f"{option_flag('hybrid_decoder_layers')} select no layer"
+                    )
+            return out
+        for name, variants in self._APPLIES_TO.items():
+            if self.given(name) and variant not in variants:
+                out.append(
+                    f"{option_flag(name)} applies to {option_flag('hybrid_variant')} {_or(variants)} "
+                    f"only (got {option_flag('hybrid_variant')} {variant})"
+                )
+        if self.given("hybrid_head_window_max") and (variant, self.hybrid_neighbor_window) != ("neighbor", "head"):
+            out.append(
+                f"{option_flag('hybrid_head_window_max')} applies to {option_flag('hybrid_variant')} neighbor "
+                f"with {option_flag('hybrid_neighbor_window')} head only (got {option_flag('hybrid_variant')} "
+                f"{variant}, {option_flag('hybrid_neighbor_window')} {self.hybrid_neighbor_window})"
+            )
+        return out
+
+
+def _or(names) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def build_hybrid_attention(embed_dim, cfg, *, options: HybridOptions, side: str) -> AttentionCore:
@@ -157,8 +205,7 @@ class HybridTransformerModel(LocalityTransformerModel):
     @classmethod
     def layer_specs(cls, options: HybridOptions, cfg, side: str):
         num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-        option = f"hybrid_{side}_layers"
-        chosen = parse_layers(getattr(options, option), num_layers, option)
+        chosen = options.layers(side, num_layers)
         build = partial(build_hybrid_attention, options=options, side=side)
         return [LayerSpec(side, i, self_attention=build if i in chosen else None) for i in range(num_layers)]
 

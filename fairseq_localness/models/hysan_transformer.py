@@ -146,6 +146,33 @@ class HysanOptions(LocalityOptions):
                         f"--{side}-embed-dim {dim} (e.g. {', '.join(map(str, divisors))})"
                     )
 
+    def unused(self, cfg):
+        out = []
+        sides = [side for side in ("encoder", "decoder")
+                 if parse_layers(getattr(self, f"hysan_{side}_layers"), getattr(cfg, f"{side}_layers"),
+                                 f"hysan_{side}_layers")]
+        for side in ("encoder", "decoder"):
+            if side not in sides and self.given(f"hysan_{side}_branches"):
+                out.append(
+                    f"{option_flag(f'hysan_{side}_branches')} has no effect: "
+                    f"{option_flag(f'hysan_{side}_layers')} selects no layer"
+                )
+        if not sides:
+            for name in ("hysan_fusion", "hysan_gate_reduction", "hysan_gate_bias"):
+                if self.given(name):
+                    out.append(
+                        f"{option_flag(name)} has no effect: {option_flag('hysan_encoder_layers')} and "
+                        f"{option_flag('hysan_decoder_layers')} select no layer"
+                    )
+        elif self.hysan_fusion != "gated":
+            for name in ("hysan_gate_reduction", "hysan_gate_bias"):
+                if self.given(name):
+                    out.append(
+                        f"{option_flag(name)} applies to {option_flag('hysan_fusion')} gated only "
+                        f"(got {option_flag('hysan_fusion')} {self.hysan_fusion})"
+                    )
+        return out
+
 
 def build_hysan_attention(embed_dim, cfg, *, options: HysanOptions, side: str) -> AttentionCore:
     """One HySAN self-attention sublayer of ``side`` ("encoder" or "decoder")."""

@@ -34,6 +34,7 @@ from fairseq_localness.models._locality import (
     LocalityOptions,
     LocalityTransformerModel,
     OptionError,
+    default_layers,
     option_flag,
     parse_layers,
     register_presets,
@@ -78,7 +79,7 @@ class LocalnessOptions(LocalityOptions):
         """0-based encoder layers with the bias (the paper's Table 2 default: 1-3)."""
         spec = self.localness_encoder_layers
         if spec is None:
-            spec = f"1-{min(3, num_layers)}"
+            spec = default_layers(3, num_layers)
         return parse_layers(spec, num_layers, "localness_encoder_layers")
 
     def validate(self, cfg):
@@ -95,6 +96,41 @@ class LocalnessOptions(LocalityOptions):
             raise OptionError(
                 f"{option_flag('localness_rel_pos_k')} must be >= 1 (got {self.localness_rel_pos_k})"
             )
+
+    def unused(self, cfg):
+        out = []
+        gaussian = (
+            self.encoder_layers(cfg.encoder_layers)
+            or parse_layers(self.localness_decoder_layers, cfg.decoder_layers, "localness_decoder_layers")
+            or parse_layers(self.localness_enc_dec_layers, cfg.decoder_layers, "localness_enc_dec_layers")
+        )
+        window_options = ("localness_window", "localness_fixed_window", "localness_head_window_max",
+                          "localness_min_window")
+        if not gaussian:
+            for name in window_options:
+                if self.given(name):
+                    out.append(
+                        f"{option_flag(name)} has no effect: no layer has the Gaussian bias "
+                        f"({option_flag('localness_encoder_layers')}, {option_flag('localness_decoder_layers')} "
+                        f"and {option_flag('localness_enc_dec_layers')} select none)"
+                    )
+        else:
+            for name, strategy in (("localness_fixed_window", "fixed"), ("localness_head_window_max", "head")):
+                if self.given(name) and self.localness_window != strategy:
+                    out.append(
+                        f"{option_flag(name)} applies to {option_flag('localness_window')} {strategy} only "
+                        f"(got {option_flag('localness_window')} {self.localness_window})"
+                    )
+            if self.given("localness_min_window") and self.localness_window == "fixed":
+                out.append(
+                    f"{option_flag('localness_min_window')} floors learned windows only; "
+                    f"{option_flag('localness_window')} fixed uses {option_flag('localness_fixed_window')} as given"
+                )
+        if self.given("localness_rel_pos_k") and not self.localness_rel_pos:
+            out.append(
+                f"{option_flag('localness_rel_pos_k')} applies with {option_flag('localness_rel_pos')} only"
+            )
+        return out
 
 
 def build_localness_attention(
