@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Binarize a segmented parallel corpus for fairseq with one joined dictionary.
+# Binarize a segmented parallel corpus for fairseq with one joined dictionary (or,
+# with --joint no, one dictionary per language).
 #
 # Usage: preprocess.sh --data DIR --dest DIR --src LANG --tgt LANG [options] [-- EXTRA...]
 #
@@ -8,18 +9,20 @@
 #   --src, --tgt      language codes
 #   --splits LIST     train,valid,test (default); valid and test are optional names
 #                     of fairseq-preprocess's --validpref/--testpref, train is required
+#   --joint yes|no    one dictionary for both languages (yes, the default:
+#                     fairseq-preprocess --joined-dictionary) or one per language (no)
 #   --workers N       fairseq-preprocess workers (default 2)
 #   --force           replace an existing --dest directory
 #   -- EXTRA...       passed to fairseq-preprocess as they are
 #
-# The segmentation model and its SEGMENTATION/TOKENIZATION markers in --data
-# (sentencepiece.bpe.model or code) are copied into --dest: evaluate.sh reads them,
+# The segmentation model(s) and the SEGMENTATION/TOKENIZATION markers in --data
+# (sentencepiece.bpe.model or code; sentencepiece.LANG.model or code.LANG) are copied into --dest: evaluate.sh reads them,
 # and fairseq's hub interface (from_pretrained) finds the model there.
 # --dest is built under a temporary name and renamed at the end (complete or absent).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DATA="" DEST="" SRC="" TGT="" SPLITS=train,valid,test WORKERS=2 FORCE=0
+DATA="" DEST="" SRC="" TGT="" SPLITS=train,valid,test WORKERS=2 FORCE=0 JOINT=yes
 EXTRA=()
 while (( $# )); do
     case "$1" in
@@ -29,6 +32,7 @@ while (( $# )); do
         --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
         --splits) need_value "$1" $#; SPLITS="$2"; shift 2 ;;
         --workers) need_value "$1" $#; WORKERS="$2"; shift 2 ;;
+        --joint) need_value "$1" $#; JOINT="$2"; shift 2 ;;
         --force) FORCE=1; shift ;;
         --) shift; EXTRA=("$@"); break ;;
         -h|--help) usage; exit 0 ;;
@@ -45,6 +49,7 @@ require_lang --src "$SRC"
 require_lang --tgt "$TGT"
 [[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ, both are '$SRC'"
 require_int --workers "$WORKERS" 1
+require_choice --joint "$JOINT" yes no
 require_dir "$DATA" --data
 IFS=, read -r -a SPLIT_LIST <<< "$SPLITS"
 PREFS=()
@@ -70,9 +75,12 @@ TMP="$(mktemp -d "${DEST%/}.tmp.XXXXXX")"
 chmod 755 "$TMP"
 trap 'rm -rf "$TMP"' EXIT
 
+DICT_ARGS=()
+[[ "$JOINT" == yes ]] && DICT_ARGS=(--joined-dictionary)
 run fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" "${PREFS[@]}" \
-    --destdir "$TMP" --joined-dictionary --workers "$WORKERS" "${EXTRA[@]}"
-for f in sentencepiece.bpe.model code SEGMENTATION TOKENIZATION; do
+    --destdir "$TMP" "${DICT_ARGS[@]}" --workers "$WORKERS" "${EXTRA[@]}"
+for f in sentencepiece.bpe.model code "sentencepiece.$SRC.model" "sentencepiece.$TGT.model" "code.$SRC" \
+         "code.$TGT" SEGMENTATION TOKENIZATION; do
     if [[ -f "$DATA/$f" ]]; then
         run cp "$DATA/$f" "$TMP/$f"
     fi
