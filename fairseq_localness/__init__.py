@@ -2,7 +2,7 @@
 
 Load it with ``--user-dir fairseq_localness`` (any fairseq CLI) or ``import
 fairseq_localness``. Importing the package registers the models and their named
-architectures, fixes checkpoint loading on torch >= 2.6 and stops fairseq from
+architectures and the ``adam_l2`` optimizer (:mod:`fairseq_localness.optim`), fixes checkpoint loading on torch >= 2.6 and stops fairseq from
 dropping the sentences of a last, smaller batch and lets torchrun-launched
 training run on the CPU (see :mod:`fairseq_localness.compat`).
 """
@@ -13,5 +13,6 @@ patch_batch_by_size()
 patch_cpu_distributed()
 
 from fairseq_localness import models  # noqa: E402,F401  (registers the models)
+from fairseq_localness import optim  # noqa: E402,F401  (registers --optimizer adam_l2)
 
 __version__ = "0.1.0"

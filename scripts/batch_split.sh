@@ -31,8 +31,10 @@ each); expected at most $t processes"
     local m=$(( t / (w * u) ))
     local e=$(( m * w * u ))
     BATCH_MAX_TOKENS="$m" BATCH_UPDATE_FREQ="$u" BATCH_TOKENS="$e"
+    local bp=$(( (e - t) * 10000 / t )) sign=+  # the difference in hundredths of a percent
+    (( e < t )) && sign=- bp=$(( -bp ))
     local pct
-    pct="$(awk -v e="$e" -v t="$t" 'BEGIN { printf "%+.2f%%", 100 * (e - t) / t }')"
+    printf -v pct '%s%d.%02d%%' "$sign" $(( bp / 100 )) $(( bp % 100 ))
     BATCH_TEXT="$t tokens per update over $w process(es): --update-freq $u = ceil($t / ($cap max tokens x $w)), \
 --max-tokens $m = floor($t / ($w x $u)); $m x $w x $u = $e tokens per update ($pct of $t)"
     if (( longest > 0 && m < longest )); then

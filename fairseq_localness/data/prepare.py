@@ -183,11 +183,14 @@ def plan(recipe: Recipe, request: dict) -> dict:
     alone: the prepared directory's name, the variant and its description, the test
     set, and the files that --download cannot fetch."""
     manual = [s for s in recipe.sources if not s.downloadable]
+    how: Dict[str, List[str]] = {}
+    for s in manual:
+        how.setdefault(s.manual, []).append(s.name)
     return dict(
         NAME=prepared_name(request), VARIANT=request["variant"] or "", VARIANTS=" ".join(recipe.variants),
         VARIANT_DESCRIPTION=recipe.variant_description, TEST=recipe.test_description,
         DOWNLOAD="none" if len(manual) == len(recipe.sources) else "some" if manual else "all",
-        MANUAL="; ".join(f"{s.name} ({s.manual})" for s in manual),
+        MANUAL="; ".join(f"{', '.join(names)} ({text})" for text, names in how.items()),
         BPE_JOINT="yes" if request["bpe_joint"] else "no",
     )
 
@@ -537,6 +540,9 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--bpe")
             s.add_argument("--bpe-size", type=int)
             s.add_argument("--bpe-joint", help="yes (one subword model and dictionary) or no (one per language)")
+        if name == "plan":
+            s.add_argument("--more", action="store_true", help="more requests on standard input, one per line")
+            s.add_argument("--prefer-variant", help="this variant for the datasets that have it")
         if name == "check":
             s.add_argument("--download", action="store_true")
             s.add_argument("--force", action="store_true")
@@ -570,11 +576,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         recipe, request = resolve(args.dataset, args.src, args.tgt, args.bpe, args.bpe_size,
                                   yes_no("--bpe-joint", args.bpe_joint), args.variant)
         out = args.out or default_out(request)
-        if args.cmd in ("check", "plan"):
-            if args.cmd == "plan":
-                settings = plan(recipe, request)
-            else:
-                settings = dict(check(recipe, request, raw_dir, out, args.download, args.force), RAW=raw_dir, OUT=out)
+        if args.cmd == "plan":
+            # with --more, more requests on standard input, one per line (the options of
+            # plan), and one block of assignments each, separated by a line '--' (for the
+            # reproduce drivers, which plan every row in one call)
+            requests = [args] + [_parser().parse_args(["plan"] + shlex.split(line))
+                                 for line in (sys.stdin if args.more else []) if line.strip()]
+            blocks = []
+            for r in requests:
+                variant = r.variant
+                if args.prefer_variant and args.prefer_variant in recipe_for(r.dataset).variants:
+                    variant = variant or args.prefer_variant
+                blocks.append(plan(*resolve(r.dataset, r.src, r.tgt, r.bpe, r.bpe_size,
+                                            yes_no("--bpe-joint", r.bpe_joint), variant)))
+            print("\n--\n".join("\n".join(f"{k}={shlex.quote(v)}" for k, v in b.items()) for b in blocks))
+            return 0
+        if args.cmd == "check":
+            settings = dict(check(recipe, request, raw_dir, out, args.download, args.force), RAW=raw_dir, OUT=out)
             for k, v in settings.items():
                 print(f"{k}={shlex.quote(v)}")
             return 0
