@@ -709,6 +709,25 @@ def test_defaults_under_data(tmp_path):
     assert "STATUS=new" in p.stdout and sorted(os.listdir(root)) == ["downloads", "manifests"]
 
 
+def test_embedded_corpus_goes_to_data_corpus_by_default(tmp_path):
+    """fairseq-localness-corpus without --out writes data/corpus/ (under the repository's
+    git-ignored data/ when run from its top), and --stats reads it from there."""
+    args = [os.path.join(os.path.dirname(sys.executable), "fairseq-localness-corpus"), "--train-size", "40",
+            "--valid-size", "5", "--test-size", "5"]
+    p = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, env=tool_env())
+    assert p.returncode == 0, p.stderr
+    assert {"train.src", "train.tgt", "test.src"} <= set(os.listdir(tmp_path / "data" / "corpus"))
+    p = subprocess.run(args[:1] + ["--stats"], cwd=tmp_path, capture_output=True, text=True, env=tool_env())
+    assert p.returncode == 0 and "train" in p.stdout, p.stderr
+    ignored = subprocess.run(["git", "check-ignore", "data/corpus/train.src", "data/downloads/x/a.tgz",
+                              "data/prepared/x/bin/dict.en.txt"], cwd=os.path.dirname(SCRIPTS),
+                             capture_output=True, text=True)
+    assert len(ignored.stdout.split()) == 3, ignored
+    tracked = subprocess.run(["git", "check-ignore", "data/README.md", "data/manifests/wmt14_en_de.json"],
+                             cwd=os.path.dirname(SCRIPTS), capture_output=True, text=True)
+    assert tracked.stdout == ""
+
+
 # --------------------------------------------------------------------------- bad inputs
 BAD = {  # args (RAW: the wmt14 fake download, EMPTY: an empty directory), message fragments
     "unknown_dataset": ("--dataset wmt15_en_de --raw-dir RAW --out NEW",
