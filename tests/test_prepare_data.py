@@ -709,16 +709,17 @@ def test_defaults_under_data(tmp_path):
     assert "STATUS=new" in p.stdout and sorted(os.listdir(root)) == ["downloads", "manifests"]
 
 
-def test_embedded_corpus_goes_to_data_corpus_by_default(tmp_path):
+def test_embedded_corpus_goes_to_data_corpus_by_default(tmp_path, monkeypatch, capsys):
     """fairseq-localness-corpus without --out writes data/corpus/ (under the repository's
     git-ignored data/ when run from its top), and --stats reads it from there."""
-    args = [os.path.join(os.path.dirname(sys.executable), "fairseq-localness-corpus"), "--train-size", "40",
-            "--valid-size", "5", "--test-size", "5"]
-    p = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, env=tool_env())
-    assert p.returncode == 0, p.stderr
+    from fairseq_localness.corpus import cli_main
+
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["--train-size", "40", "--valid-size", "5", "--test-size", "5"]) in (0, None)
     assert {"train.src", "train.tgt", "test.src"} <= set(os.listdir(tmp_path / "data" / "corpus"))
-    p = subprocess.run(args[:1] + ["--stats"], cwd=tmp_path, capture_output=True, text=True, env=tool_env())
-    assert p.returncode == 0 and "train" in p.stdout, p.stderr
+    capsys.readouterr()
+    assert cli_main(["--stats"]) in (0, None)
+    assert "train" in capsys.readouterr().out
     ignored = subprocess.run(["git", "check-ignore", "data/corpus/train.src", "data/downloads/x/a.tgz",
                               "data/prepared/x/bin/dict.en.txt"], cwd=os.path.dirname(SCRIPTS),
                              capture_output=True, text=True)

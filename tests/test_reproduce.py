@@ -884,6 +884,6 @@ def test_a_dataset_that_cannot_be_prepared_stops_the_run_before_any_work(tmp_pat
     p = reproduce("yang2018_table4.sh", "--only", "en-de.base zh-en.base", "--work-dir", tmp_path / "w",
                   "--data-dir", tmp_path / "data", "--raw-dir", tmp_path / "raw", env={"PYTHON": str(python)})
     assert p.returncode == 2, p.stderr
-    assert "row 'zh-en.base': its data cannot be prepared: --raw-dir: expected a directory at" in p.stderr \
-        or "row 'en-de.base': its data cannot be prepared" in p.stderr
+    assert ("row 'zh-en.base': its data cannot be prepared: --raw-dir: expected a directory at '%s', which does "
+            "not exist (or pass --download" % (tmp_path / "raw" / "wmt17_zh_en")) in p.stderr
     assert not (tmp_path / "w").exists() and not (tmp_path / "data").exists()
