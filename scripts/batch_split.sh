@@ -19,6 +19,7 @@
 #   BATCH_TEXT         the arithmetic, one line
 #   BATCH_ERROR        why no split is possible (empty when there is one); the
 #                      function then returns 1
+set -euo pipefail
 batch_split() {
     local t="$1" w="$2" cap="$3" longest="${4:-0}"
     BATCH_MAX_TOKENS="" BATCH_UPDATE_FREQ="" BATCH_TOKENS="" BATCH_TEXT="" BATCH_ERROR=""
