@@ -1,7 +1,7 @@
 """The embedded default corpus: a synthetic translation task that needs local context.
 
 ``fairseq-localness-corpus --out DIR`` writes a parallel corpus ``train``/``valid``/
-``test`` (``DIR/train.src``, ``DIR/train.tgt``, ...) generated from a small grammar
+``test`` (``DIR/train.src``, ``DIR/train.tgt``, ...; DIR defaults to ``data/corpus``) generated from a small grammar
 with a fixed seed (pure Python ``random.Random(seed)``: the same seed gives
 byte-identical files on every machine). Both languages use invented words; nothing
 in it comes from real text. It is the testbed on which ``make demo`` compares the
@@ -838,6 +838,9 @@ def read_corpus(out_dir: str, src_lang: str = "src", tgt_lang: str = "tgt") -> D
 
 
 # --------------------------------------------------------------------------- CLI
+DEFAULT_OUT = os.path.join("data", "corpus")
+
+
 def get_parser() -> argparse.ArgumentParser:
     d = CorpusConfig()
     p = argparse.ArgumentParser(
@@ -845,7 +848,9 @@ def get_parser() -> argparse.ArgumentParser:
         description="Write the synthetic parallel corpus of fairseq_localness (see the "
         "README, 'The embedded corpus'), or print statistics of one.",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"output directory (default {DEFAULT_OUT}: the repository's data/ folder, git-ignored, "
+                   "when run from its top)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     p.add_argument("--train-size", type=int, default=d.train_size, help=f"default {d.train_size}")
     p.add_argument("--valid-size", type=int, default=d.valid_size, help=f"default {d.valid_size}")

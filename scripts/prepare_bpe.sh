@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # Tokenize (optional) and segment a raw parallel corpus into subwords with one joint
-# model learned on the training data of both languages.
+# model learned on the training data of both languages (or, with --joint no, one
+# model per language learned on its own side).
 #
 # Usage: prepare_bpe.sh --raw DIR --out DIR --src LANG --tgt LANG [options]
 #
 #   --raw DIR         raw text: DIR/{train,valid,test}.{SRC,TGT}, one sentence a line
 #   --out DIR         where the segmented files go (same names), plus the model:
-#                     sentencepiece.bpe.model or code, and SEGMENTATION (the method)
+#                     sentencepiece.bpe.model or code (--joint no: sentencepiece.SRC.model
+#                     and sentencepiece.TGT.model, or code.SRC and code.TGT), and
+#                     SEGMENTATION (the method)
 #   --src, --tgt      language codes (file suffixes)
 #   --method M        sentencepiece (default) or subword-nmt
 #   --vocab-size N    sentencepiece vocabulary size (default 8000; capped on small data)
 #   --merges N        subword-nmt merge operations (default 32000)
 #   --tokenize T      moses (sacremoses, language-specific rules) or none (default;
 #                     right for sentencepiece, which needs no pre-tokenization)
+#   --joint yes|no    one model learned on both languages (yes, the default) or one per
+#                     language with the same --vocab-size/--merges each (distant pairs
+#                     such as Zh-En and Ja-En share few subwords)
 #   --splits LIST     comma-separated splits to segment (default train,valid,test;
 #                     the model is always learned on train)
 #   --force           replace an existing --out directory (never a file)
@@ -30,7 +36,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 RAW="" OUT="" SRC="" TGT="" METHOD=sentencepiece VOCAB=8000 MERGES=32000 TOKENIZE=none
-SPLITS=train,valid,test FORCE=0
+SPLITS=train,valid,test FORCE=0 JOINT=yes
 while (( $# )); do
     case "$1" in
         --raw) need_value "$1" $#; RAW="$2"; shift 2 ;;
@@ -42,6 +48,7 @@ while (( $# )); do
         --merges) need_value "$1" $#; MERGES="$2"; shift 2 ;;
         --tokenize) need_value "$1" $#; TOKENIZE="$2"; shift 2 ;;
         --splits) need_value "$1" $#; SPLITS="$2"; shift 2 ;;
+        --joint) need_value "$1" $#; JOINT="$2"; shift 2 ;;
         --force) FORCE=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown option '$1' (see '${PROG} --help')" ;;
@@ -58,6 +65,7 @@ require_lang --tgt "$TGT"
 [[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ, both are '$SRC'"
 require_choice --method "$METHOD" sentencepiece subword-nmt
 require_choice --tokenize "$TOKENIZE" moses none
+require_choice --joint "$JOINT" yes no
 require_int --vocab-size "$VOCAB" 16
 require_int --merges "$MERGES" 1
 require_dir "$RAW" --raw
@@ -118,8 +126,27 @@ for split in "${SPLIT_LIST[@]}"; do
 done
 rm -f "$TMP"/*.norm.*
 
-# 2. learn one joint model on train (both languages), 3. apply it to every split
-if [[ "$METHOD" == sentencepiece ]]; then
+# 2. learn one joint model on train (both languages), 3. apply it to every split;
+# --joint no: one model per language, learned on and applied to that language only
+if [[ "$JOINT" == no ]]; then
+    for lang in "$SRC" "$TGT"; do
+        if [[ "$METHOD" == sentencepiece ]]; then
+            run "$PY" "$SCRIPTS_DIR/spm.py" train --input "$TMP/train.tok.$lang" \
+                --model-prefix "$TMP/sentencepiece.$lang" --vocab-size "$VOCAB"
+        else
+            run subword-nmt learn-bpe -s "$MERGES" --input "$TMP/train.tok.$lang" --output "$TMP/code.$lang"
+        fi
+        for split in "${SPLIT_LIST[@]}"; do
+            if [[ "$METHOD" == sentencepiece ]]; then
+                run "$PY" "$SCRIPTS_DIR/spm.py" encode --model "$TMP/sentencepiece.$lang.model" \
+                    < "$TMP/$split.tok.$lang" > "$TMP/$split.$lang"
+            else
+                run subword-nmt apply-bpe -c "$TMP/code.$lang" --input "$TMP/$split.tok.$lang" --output "$TMP/$split.$lang"
+            fi
+        done
+    done
+    rm -f "$TMP"/sentencepiece.*.vocab
+elif [[ "$METHOD" == sentencepiece ]]; then
     run "$PY" "$SCRIPTS_DIR/spm.py" train --input "$TMP/train.tok.$SRC" "$TMP/train.tok.$TGT" \
         --model-prefix "$TMP/sentencepiece.bpe" --vocab-size "$VOCAB"
     for split in "${SPLIT_LIST[@]}"; do
@@ -147,4 +174,4 @@ printf '%s\n' "$TOKENIZE" > "$TMP/TOKENIZATION"
 rm -rf "$OUT"
 mv "$TMP" "$OUT"
 trap - EXIT
-echo "${PROG}: wrote $OUT ($METHOD, tokenize=$TOKENIZE)" >&2
+echo "${PROG}: wrote $OUT ($METHOD, joint=$JOINT, tokenize=$TOKENIZE)" >&2

@@ -1,28 +1,40 @@
 #!/usr/bin/env bash
 # Prepare one of the papers' datasets from a local copy of its original download:
-# extract, clean and split (fairseq-localness-prepare), learn and apply a joint
-# subword model (prepare_bpe.sh), binarize (preprocess.sh). docs/data.md has the
-# files, URLs and split definitions of every dataset.
+# extract, clean and split (fairseq-localness-prepare), learn and apply the subword
+# model(s) (prepare_bpe.sh), binarize (preprocess.sh). Each dataset is described by
+# its manifest, data/manifests/NAME.json (files, URLs, sizes and checksums, splits,
+# licence, the tables that use it); docs/data.md explains every dataset.
 #
-# Usage: prepare_data.sh --dataset NAME --raw-dir DIR --out DIR [options]
+# Usage: prepare_data.sh --dataset NAME [--raw-dir DIR] [--out DIR] [options]
 #
 #   --dataset NAME    wmt14_en_de, iwslt14_de_en, iwslt14_es_en, iwslt14_ro_en,
 #                     iwslt15_en_vi, iwslt15_fr_en, wat17_ja_en or wmt17_zh_en
-#   --raw-dir DIR     the original archives/files under their original names (a
-#                     missing one stops the script, listing what it expected and
-#                     where to download it)
-#   --out DIR         the prepared dataset: raw/{train,valid,test}.{SRC,TGT} (cleaned,
+#   --raw-dir DIR     the original archives/files under their original names, one
+#                     directory per dataset (default: data/downloads/NAME; a missing file
+#                     stops the script, listing what it expected and where to get it)
+#   --out DIR         (default: data/prepared/NAME[-VARIANT].SRC-TGT.BPE SIZE[.separate])
+#                     the prepared dataset: raw/{train,valid,test}.{SRC,TGT} (cleaned,
 #                     untokenized; raw/test.TGT is the sacrebleu reference), seg/
 #                     (word-segmented; Japanese and Chinese only), bpe/ (prepare_bpe.sh),
 #                     bin/ (the fairseq data-bin), PREPARED (JSON record of the request,
 #                     split sizes and settings)
+#   --variant V       the dataset's variant of splits and casing, where it has several
+#                     (iwslt14_de_en: paper, the default, Song et al.'s test set with case
+#                     kept; fairseq, fairseq's split, lowercased)
 #   --src, --tgt      the direction (default: the name's order, e.g. de->en for
 #                     iwslt14_de_en); the reverse direction is the only other choice
 #   --bpe M           subword-nmt or sentencepiece (default: the dataset's, see docs/data.md);
 #                     subword-nmt runs on Moses-tokenized text, sentencepiece on raw text
 #   --bpe-size N      merges (subword-nmt) or vocabulary size (sentencepiece);
 #                     default: the dataset's (e.g. 32000 for WMT14, 10000 for IWSLT14 De-En)
-#   --download        download the missing files into --raw-dir first
+#   --bpe-joint yes|no  one subword model and dictionary for both languages (yes), or one
+#                     of each per language with --bpe-size each (no); default: the
+#                     dataset's (no for wat17_ja_en and wmt17_zh_en, yes for the others)
+#   --download        download the missing files into --raw-dir first, with progress
+#                     bars, checked against the published sizes and checksums (not
+#                     possible for ASPEC, CWMT and the WIT3 releases: see docs/data.md)
+#   --check           check everything (options, raw files, tools), print the resolved
+#                     settings and exit: 0 if preparing would start, 2 if not
 #   --workers N       processes for cleaning/segmentation and fairseq-preprocess (default 2)
 #   --force           replace an existing --out
 #
@@ -33,7 +45,8 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DATASET="" RAW="" OUT="" SRC="" TGT="" BPE="" BPE_SIZE="" DOWNLOAD=0 FORCE=0 WORKERS=2
+DATASET="" RAW="" OUT="" SRC="" TGT="" BPE="" BPE_SIZE="" BPE_JOINT="" VARIANT="" DOWNLOAD=0 FORCE=0 WORKERS=2
+CHECK_ONLY=0
 while (( $# )); do
     case "$1" in
         --dataset) need_value "$1" $#; DATASET="$2"; shift 2 ;;
@@ -43,6 +56,9 @@ while (( $# )); do
         --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
         --bpe) need_value "$1" $#; BPE="$2"; shift 2 ;;
         --bpe-size) need_value "$1" $#; BPE_SIZE="$2"; shift 2 ;;
+        --bpe-joint) need_value "$1" $#; BPE_JOINT="$2"; shift 2 ;;
+        --variant) need_value "$1" $#; VARIANT="$2"; shift 2 ;;
+        --check) CHECK_ONLY=1; shift ;;
         --workers) need_value "$1" $#; WORKERS="$2"; shift 2 ;;
         --download) DOWNLOAD=1; shift ;;
         --force) FORCE=1; shift ;;
@@ -53,18 +69,21 @@ done
 
 # ---- validate everything before doing anything
 require_value --dataset "$DATASET"
-require_value --raw-dir "$RAW"
-require_value --out "$OUT"
 [[ -z "$SRC" ]] || require_lang --src "$SRC"
 [[ -z "$TGT" ]] || require_lang --tgt "$TGT"
 [[ -z "$BPE" ]] || require_choice --bpe "$BPE" subword-nmt sentencepiece
 [[ -z "$BPE_SIZE" ]] || require_int --bpe-size "$BPE_SIZE" 1
+[[ -z "$BPE_JOINT" ]] || require_choice --bpe-joint "$BPE_JOINT" yes no
 require_int --workers "$WORKERS" 1
-REQUEST=(--dataset "$DATASET" --raw-dir "$RAW" --out "$OUT")
+REQUEST=(--dataset "$DATASET")
+[[ -z "$RAW" ]] || REQUEST+=(--raw-dir "$RAW")
+[[ -z "$OUT" ]] || REQUEST+=(--out "$OUT")
+[[ -z "$VARIANT" ]] || REQUEST+=(--variant "$VARIANT")
 [[ -z "$SRC" ]] || REQUEST+=(--src "$SRC")
 [[ -z "$TGT" ]] || REQUEST+=(--tgt "$TGT")
 [[ -z "$BPE" ]] || REQUEST+=(--bpe "$BPE")
 [[ -z "$BPE_SIZE" ]] || REQUEST+=(--bpe-size "$BPE_SIZE")
+[[ -z "$BPE_JOINT" ]] || REQUEST+=(--bpe-joint "$BPE_JOINT")
 CHECK=()
 (( DOWNLOAD )) && CHECK+=(--download)
 (( FORCE )) && CHECK+=(--force)
@@ -74,6 +93,10 @@ PREP=("$PY" "$SCRIPTS_DIR/prepare_data.py" --prog "$PROG")
 settings="$("${PREP[@]}" check "${REQUEST[@]}" "${CHECK[@]}")" || exit $?
 STATUS="" MISSING=0 BPE_INPUT=raw TOKENIZE=none
 eval "$settings"
+if (( CHECK_ONLY )); then
+    echo "$settings"
+    exit 0
+fi
 if [[ "$STATUS" == prepared ]]; then
     echo "${PROG}: $OUT already holds $DATASET prepared with these settings (see $OUT/PREPARED); nothing to do (--force redoes it)" >&2
     exit 0
@@ -88,19 +111,32 @@ fi
 if (( DOWNLOAD && MISSING > 0 )); then
     run "${PREP[@]}" download --dataset "$DATASET" --raw-dir "$RAW"
 fi
+RAW_ARGS=(--raw-dir "$RAW" --bpe-joint "$BPE_JOINT")
+[[ -z "$VARIANT" ]] || RAW_ARGS+=(--variant "$VARIANT")
 mkdir -p "$(dirname "$OUT")"
 TMP="$(mktemp -d "${OUT%/}.tmp.XXXXXX")"
 chmod 755 "$TMP"
 trap 'rm -rf "$TMP"' EXIT
 
-run "${PREP[@]}" raw --dataset "$DATASET" --raw-dir "$RAW" --out "$TMP" --src "$SRC" --tgt "$TGT" \
+run "${PREP[@]}" raw --dataset "$DATASET" "${RAW_ARGS[@]}" --out "$TMP" --src "$SRC" --tgt "$TGT" \
     --bpe "$BPE" --bpe-size "$BPE_SIZE" --workers "$WORKERS"
 run bash "$SCRIPTS_DIR/prepare_bpe.sh" --raw "$TMP/$BPE_INPUT" --out "$TMP/bpe" --src "$SRC" --tgt "$TGT" \
-    "${BPE_OPTS[@]}" --tokenize "$TOKENIZE"
+    "${BPE_OPTS[@]}" --tokenize "$TOKENIZE" --joint "$BPE_JOINT"
 run bash "$SCRIPTS_DIR/preprocess.sh" --data "$TMP/bpe" --dest "$TMP/bin" --src "$SRC" --tgt "$TGT" \
-    --workers "$WORKERS"
+    --workers "$WORKERS" --joint "$BPE_JOINT"
 
+# Another run (e.g. a second reproduce script) may have prepared the same request in the
+# meantime and be reading it: keep that one rather than replacing it under its feet.
+if [[ "$STATUS" == new && -e "$OUT" ]]; then
+    now="$("${PREP[@]}" check "${REQUEST[@]}" 2>/dev/null || true)"
+    if grep -qx 'STATUS=prepared' <<< "$now"; then
+        echo "${PROG}: $OUT was prepared with these settings by another run meanwhile; keeping it (this run's copy is discarded)" >&2
+        exit 0
+    fi
+    die "--out: '$OUT' was created by another run while this one prepared the data; it is left as it is and \
+this run's result is discarded (rerun with --force to replace it)"
+fi
 rm -rf "$OUT"
 mv "$TMP" "$OUT"
 trap - EXIT
-echo "${PROG}: wrote $OUT ($DATASET $SRC->$TGT, $BPE $BPE_SIZE; data-bin $OUT/bin, reference $OUT/raw/test.$TGT)" >&2
+echo "${PROG}: wrote $OUT ($DATASET${VARIANT:+ ($VARIANT)} $SRC->$TGT, $BPE $BPE_SIZE$([[ "$BPE_JOINT" == no ]] && echo ", one model per language"); data-bin $OUT/bin, reference $OUT/raw/test.$TGT)" >&2

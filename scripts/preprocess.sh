@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Binarize a segmented parallel corpus for fairseq with one joined dictionary.
+# Binarize a segmented parallel corpus for fairseq with one joined dictionary (or,
+# with --joint no, one dictionary per language).
 #
 # Usage: preprocess.sh --data DIR --dest DIR --src LANG --tgt LANG [options] [-- EXTRA...]
 #
@@ -8,6 +9,8 @@
 #   --src, --tgt      language codes
 #   --splits LIST     train,valid,test (default); valid and test are optional names
 #                     of fairseq-preprocess's --validpref/--testpref, train is required
+#   --joint yes|no    one dictionary for both languages (yes, the default:
+#                     fairseq-preprocess --joined-dictionary) or one per language (no)
 #   --workers N       fairseq-preprocess workers (default 2)
 #   --force           replace an existing --dest directory (never a file)
 #   -- EXTRA...       passed to fairseq-preprocess as they are
@@ -17,14 +20,15 @@
 # U+2029, ...) or a NUL byte (prepare_bpe.sh replaces them); after fairseq-preprocess,
 # the binarized data has one sentence per input line in every split and language.
 #
-# The segmentation model and its SEGMENTATION/TOKENIZATION markers in --data
-# (sentencepiece.bpe.model or code) are copied into --dest: evaluate.sh reads them,
+# The segmentation model(s) and the SEGMENTATION/TOKENIZATION markers in --data
+# (sentencepiece.bpe.model or code; sentencepiece.LANG.model or code.LANG) are copied
+# into --dest: evaluate.sh reads them,
 # and fairseq's hub interface (from_pretrained) finds the model there.
 # --dest is built under a temporary name and renamed at the end (complete or absent).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DATA="" DEST="" SRC="" TGT="" SPLITS=train,valid,test WORKERS=2 FORCE=0
+DATA="" DEST="" SRC="" TGT="" SPLITS=train,valid,test WORKERS=2 FORCE=0 JOINT=yes
 EXTRA=()
 while (( $# )); do
     case "$1" in
@@ -34,6 +38,7 @@ while (( $# )); do
         --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
         --splits) need_value "$1" $#; SPLITS="$2"; shift 2 ;;
         --workers) need_value "$1" $#; WORKERS="$2"; shift 2 ;;
+        --joint) need_value "$1" $#; JOINT="$2"; shift 2 ;;
         --force) FORCE=1; shift ;;
         --) shift; EXTRA=("$@"); break ;;
         -h|--help) usage; exit 0 ;;
@@ -50,6 +55,7 @@ require_lang --src "$SRC"
 require_lang --tgt "$TGT"
 [[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ, both are '$SRC'"
 require_int --workers "$WORKERS" 1
+require_choice --joint "$JOINT" yes no
 require_dir "$DATA" --data
 IFS=, read -r -a SPLIT_LIST <<< "$SPLITS"
 PREFS=()
@@ -81,8 +87,10 @@ TMP="$(mktemp -d "${DEST%/}.tmp.XXXXXX")"
 chmod 755 "$TMP"
 trap 'rm -rf "$TMP"' EXIT
 
+DICT_ARGS=()
+[[ "$JOINT" == yes ]] && DICT_ARGS=(--joined-dictionary)
 run fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" "${PREFS[@]}" \
-    --destdir "$TMP" --joined-dictionary --workers "$WORKERS" "${EXTRA[@]}"
+    --destdir "$TMP" "${DICT_ARGS[@]}" --workers "$WORKERS" "${EXTRA[@]}"
 IDX=()
 for split in "${SPLIT_LIST[@]}"; do
     for lang in "$SRC" "$TGT"; do
@@ -100,7 +108,8 @@ for split in "${SPLIT_LIST[@]}"; do
         i=$((i + 1))
     done
 done
-for f in sentencepiece.bpe.model code SEGMENTATION TOKENIZATION; do
+for f in sentencepiece.bpe.model code "sentencepiece.$SRC.model" "sentencepiece.$TGT.model" "code.$SRC" \
+         "code.$TGT" SEGMENTATION TOKENIZATION; do
     if [[ -f "$DATA/$f" ]]; then
         run cp "$DATA/$f" "$TMP/$f"
     fi

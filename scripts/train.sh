@@ -11,7 +11,8 @@
 #                     this package's (localness_transformer, hybrid_transformer, ...)
 #   --data-bin DIR    preprocess.sh output with train and valid data for SRC-TGT
 #   --save-dir DIR    checkpoints go here; if it holds checkpoint_last.pt, training
-#                     resumes from it (fairseq's behaviour)
+#                     resumes from it (fairseq's behaviour); if that file cannot be read
+#                     (a run killed while saving it), from the newest readable checkpoint
 #   --max-update N    number of updates to train for
 #   --src, --tgt      language pair
 #   --seed N          random seed (default 1)
@@ -37,11 +38,16 @@
 #                     machine cannot do is an error before training.
 #
 # Batch size:
-#   --effective-tokens T   the papers' batch size in tokens per update: sets
-#                     --update-freq = ceil(T / (max_tokens x processes)), with the
-#                     --max-tokens in effect (EXTRA's, else 4096) and processes =
-#                     gpus x nodes (1 for a single process), and prints the computation.
-#                     Giving --update-freq in EXTRA as well is an error.
+#   --effective-tokens T   the papers' batch size in tokens per update, kept whatever
+#                     the number of processes: sets --update-freq u = ceil(T / (cap x
+#                     processes)) and the per-process --max-tokens m = floor(T /
+#                     (processes x u)), where cap is the --max-tokens in effect (EXTRA's,
+#                     else 4096: the most one process may hold) and processes = gpus x
+#                     nodes (1 for a single process); m x processes x u is at most T and
+#                     within a token per process and batch of it. Prints the computation;
+#                     a split whose m cannot hold the longest training pair is an error
+#                     (it names the numbers). --max-tokens-valid stays at cap. Giving
+#                     --update-freq in EXTRA as well is an error.
 #   --dry-run         check everything, print the command, do not train
 #
 #   -- EXTRA...       more fairseq-train arguments. They come after the defaults
@@ -50,7 +56,11 @@
 #
 # Resumption: fairseq restarts from SAVE_DIR/checkpoint_last.pt (model, optimizer,
 # scheduler, data position), so rerunning the same command after an interruption
-# continues where the last saved checkpoint left off.
+# continues where the last saved checkpoint left off. fairseq writes
+# checkpoint_last.pt by copying, so a run killed during a save can leave it truncated;
+# train.sh then resumes from the newest readable checkpoint fairseq wrote in SAVE_DIR
+# (checkpoint_best.pt, checkpointN.pt, checkpoint_E_U.pt; --restore-file), says so, and
+# stops with an error when there is none (the unreadable file is left as it is).
 #
 # Defaults (the Transformer-base recipe of fairseq's translation examples):
 #   --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
@@ -59,6 +69,7 @@
 #   --label-smoothing 0.1 --max-tokens 4096 --log-format simple --log-interval 100
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/batch_split.sh"
 
 ARCH="" DATA_BIN="" SAVE_DIR="" MAX_UPDATE="" SRC="" TGT="" SEED=1
 GPUS=0 CPU=0 NODES=1 NODE_RANK=0 MASTER_ADDR="" MASTER_PORT="" EFF_TOKENS="" PRECISION=auto DRY_RUN=0
@@ -123,12 +134,17 @@ if [[ -n "$EFF_TOKENS" ]]; then
     EFF_TOKENS=$((10#$EFF_TOKENS))
 fi
 # What EXTRA says about batch size and precision (the last occurrence wins in fairseq).
-MAX_TOKENS=4096 EXTRA_UPDATE_FREQ="" EXTRA_PRECISION=""
+MAX_TOKENS=4096 EXTRA_UPDATE_FREQ="" EXTRA_PRECISION="" EXTRA_VALID_BATCH="" EXTRA_RESTORE=""
+MAX_POSITIONS=(1024 1024)
 for (( i = 0; i < ${#EXTRA[@]}; i++ )); do
     a="${EXTRA[i]}"
     case "$a" in
         --max-tokens) MAX_TOKENS="${EXTRA[i+1]:-}" ;;
         --max-tokens=*) MAX_TOKENS="${a#*=}" ;;
+        --max-tokens-valid|--max-tokens-valid=*|--batch-size-valid|--batch-size-valid=*) EXTRA_VALID_BATCH="$a" ;;
+        --max-source-positions) MAX_POSITIONS[0]="${EXTRA[i+1]:-}" ;;
+        --max-target-positions) MAX_POSITIONS[1]="${EXTRA[i+1]:-}" ;;
+        --restore-file|--restore-file=*) EXTRA_RESTORE="$a" ;;
         --update-freq|--update-freq=*) EXTRA_UPDATE_FREQ="$a" ;;
         --fp16|--bf16|--amp|--memory-efficient-fp16|--memory-efficient-bf16) EXTRA_PRECISION="$a" ;;
     esac
@@ -218,10 +234,91 @@ elif (( GPUS == 1 )); then
 fi
 BATCH_ARGS=()
 if [[ -n "$EFF_TOKENS" ]]; then
-    per_update=$(( 10#$MAX_TOKENS * WORLD ))
-    UPDATE_FREQ=$(( (EFF_TOKENS + per_update - 1) / per_update ))
-    BATCH_ARGS=(--update-freq "$UPDATE_FREQ")
-    echo "${PROG}: --effective-tokens $EFF_TOKENS: --update-freq $UPDATE_FREQ = ceil($EFF_TOKENS / ($MAX_TOKENS max tokens x $WORLD process(es))), at most $(( per_update * UPDATE_FREQ )) tokens per update" >&2
+    # the processes that share an update: fairseq starts one per visible GPU when
+    # --gpus is absent on a machine with several
+    BATCH_WORLD=$WORLD
+    (( GPUS == 0 && ! CPU && N_CUDA > 1 )) && BATCH_WORLD=$N_CUDA
+    # the longest training pair fairseq batches (pairs longer than the model's positions
+    # are dropped by fairseq before batching); 0 if the data-bin's format is not mmap
+    LONGEST="$("$PY" - "$DATA_BIN/train.$SRC-$TGT.$SRC.idx" "$DATA_BIN/train.$SRC-$TGT.$TGT.idx" \
+        "${MAX_POSITIONS[@]}" <<'PYEOF' || echo 0
+import struct, sys
+import numpy as np
+
+def sizes(path):
+    with open(path, "rb") as f:
+        if f.read(9) != b"MMIDIDX\x00\x00":
+            return None
+        f.read(9)  # version, dtype code
+        n = struct.unpack("<Q", f.read(8))[0]
+        f.read(8)  # number of documents
+        return np.fromfile(f, dtype=np.int32, count=n)
+
+src, tgt = sizes(sys.argv[1]), sizes(sys.argv[2])
+if src is None or tgt is None or len(src) != len(tgt) or not len(src):
+    print(0)
+else:
+    kept = (src <= int(sys.argv[3])) & (tgt <= int(sys.argv[4]))
+    print(int(np.maximum(src, tgt)[kept].max()) if kept.any() else 0)
+PYEOF
+)"
+    batch_split "$EFF_TOKENS" "$BATCH_WORLD" "$((10#$MAX_TOKENS))" "$LONGEST" \
+        || die "--effective-tokens $EFF_TOKENS: no split over $BATCH_WORLD process(es): $BATCH_ERROR"
+    BATCH_ARGS=(--max-tokens "$BATCH_MAX_TOKENS" --update-freq "$BATCH_UPDATE_FREQ")
+    if [[ -z "$EXTRA_VALID_BATCH" ]] && (( BATCH_MAX_TOKENS < 10#$MAX_TOKENS )); then
+        BATCH_ARGS+=(--max-tokens-valid "$((10#$MAX_TOKENS))")  # validation needs no smaller batches
+    fi
+    echo "${PROG}: --effective-tokens $BATCH_TEXT; longest training pair: ${LONGEST/#0/unknown} tokens" >&2
+fi
+# Resumption: checkpoint_last.pt, or the newest readable checkpoint when it cannot be read.
+RESUME_ARGS=()
+if [[ -z "$EXTRA_RESTORE" && -d "$SAVE_DIR" ]]; then
+    resume="$("$PY" - "$SAVE_DIR" <<'PYEOF'
+import os, re, sys, zipfile
+
+def readable(path):
+    """torch.save's zip format, complete: the central directory at the end, the pickle
+    inside, every member within the file. A file cut short (a kill during fairseq's
+    copy) fails this; an old non-zip checkpoint is loaded to find out."""
+    try:
+        with open(path, "rb") as f:
+            zipped = f.read(4) == b"PK\x03\x04"
+        if zipped:
+            size = os.path.getsize(path)
+            with zipfile.ZipFile(path) as z:
+                infos = z.infolist()
+                return (any(i.filename.endswith("data.pkl") for i in infos)
+                        and all(i.header_offset + i.compress_size <= size for i in infos))
+        import torch
+        torch.load(path, map_location="cpu", weights_only=False)
+        return True
+    except Exception:
+        return False
+
+save_dir = sys.argv[1]
+last = os.path.join(save_dir, "checkpoint_last.pt")
+if not os.path.exists(last):
+    print("none")
+elif readable(last):
+    print("last")
+else:
+    # checkpoints fairseq writes with the full training state (not averages)
+    names = [n for n in os.listdir(save_dir) if re.fullmatch(r"checkpoint(_best|\d+|_\d+_\d+)\.pt", n)]
+    paths = sorted((os.path.join(save_dir, n) for n in names), key=os.path.getmtime, reverse=True)
+    good = next((p for p in paths if readable(p)), None)
+    print("unreadable " + (good or ""))
+PYEOF
+)"
+    case "$resume" in
+        last) echo "${PROG}: resuming from $SAVE_DIR/checkpoint_last.pt" >&2 ;;
+        "unreadable "?*)
+            RESUME_ARGS=(--restore-file "${resume#unreadable }")
+            echo "${PROG}: $SAVE_DIR/checkpoint_last.pt cannot be read (cut short while it was saved?); resuming from the newest readable checkpoint, ${resume#unreadable } (--restore-file)" >&2 ;;
+        unreadable*)
+            die "--save-dir: $SAVE_DIR/checkpoint_last.pt cannot be read (cut short while it was saved?) and no other \
+checkpoint there can be read to resume from; expected a readable checkpoint_*.pt, or remove checkpoint_last.pt to \
+train from the start" ;;
+    esac
 fi
 if [[ -n "$EXTRA_PRECISION" ]]; then
     echo "${PROG}: precision: $EXTRA_PRECISION (from the arguments after --)" >&2
@@ -242,8 +339,8 @@ TRAIN_ARGS=("$DATA_BIN"
     --arch "$ARCH"
     "${RECIPE[@]}"
     --seed "$SEED" --max-update "$MAX_UPDATE" --save-dir "$SAVE_DIR"
-    "${DEVICE_ARGS[@]}" "${PRECISION_ARGS[@]}" "${BATCH_ARGS[@]}"
-    "${EXTRA[@]}")
+    "${DEVICE_ARGS[@]}" "${PRECISION_ARGS[@]}"
+    "${EXTRA[@]}" "${BATCH_ARGS[@]}" "${RESUME_ARGS[@]}")
 if (( WORLD > 1 )); then
     LAUNCH=("$PY" -m torch.distributed.run --nproc_per_node "$GPUS")
     if (( NODES > 1 )) || [[ -n "$MASTER_PORT" ]]; then
@@ -261,9 +358,6 @@ if (( DRY_RUN )); then
     printf -v quoted ' %q' "${CMD[@]}"
     echo "${PROG}: dry run, not training:${quoted}"
     exit 0
-fi
-if [[ -f "$SAVE_DIR/checkpoint_last.pt" ]]; then
-    echo "${PROG}: resuming from $SAVE_DIR/checkpoint_last.pt" >&2
 fi
 
 # ---- work

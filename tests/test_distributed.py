@@ -47,11 +47,11 @@ def test_two_process_cpu_run_writes_a_loadable_checkpoint(two_process_run, tiny_
     assert len(cmd) == 1, commands(p.stderr)
     assert "--nproc_per_node 2 --standalone -m fairseq_cli.train" in cmd[0]
     assert "--cpu --distributed-world-size 2 --distributed-backend gloo" in cmd[0]
-    # --effective-tokens 2000 with --max-tokens 512 on 2 processes
-    assert "--update-freq 2 = ceil(2000 / (512 max tokens x 2 process(es)))" in p.stderr
-    assert "--update-freq 2" in cmd[0]
+    # --effective-tokens 2000 with --max-tokens 512 on 2 processes: 500 x 2 x 2
+    assert "--update-freq 2 = ceil(2000 / (512 max tokens x 2)), --max-tokens 500 = floor(2000 / (2 x 2))" in p.stderr
+    assert "--max-tokens 500 --update-freq 2" in cmd[0]
     assert "training on 2 devices" in log
-    assert "'distributed_world_size': 2" in log and "'update_freq': [2]" in log
+    assert "'distributed_world_size': 2" in log and "'update_freq': [2]" in log and "'max_tokens': 500" in log
     assert "distributed init (rank 1): env://" in log
     checkpoint = save_dir / "checkpoint_last.pt"
     assert checkpoint.is_file()
@@ -90,8 +90,9 @@ def test_multi_node_command_line(tiny_data_bin, tmp_path):
         "--effective-tokens", "32768", "--dry-run", "--", "--max-tokens", "1024"])
     assert ("torch.distributed.run --nproc_per_node 2 --nnodes 2 --node_rank 1 --master_addr 10.1.2.3 "
             "--master_port 29555 -m fairseq_cli.train") in p.stdout
-    assert "--distributed-world-size 4 --distributed-backend gloo --update-freq 8" in p.stdout
-    assert "--update-freq 8 = ceil(32768 / (1024 max tokens x 4 process(es)))" in p.stderr
+    assert "--distributed-world-size 4 --distributed-backend gloo" in p.stdout
+    assert "--max-tokens 1024 --update-freq 8" in p.stdout
+    assert "--update-freq 8 = ceil(32768 / (1024 max tokens x 4)), --max-tokens 1024" in p.stderr
     assert "precision: fp32" in p.stderr
     assert commands(p.stderr) == [] and not save_dir.exists()
 

@@ -4,18 +4,21 @@ from a small fake of its raw download, built here in the original format (IWSLT
 ASPEC's ' ||| '-separated files).
 
 Two datasets go through the whole script (extraction, cleaning, segmentation,
-subword model, fairseq-preprocess), concurrently: iwslt14_de_en (En->De,
-subword-nmt with Moses tokenization) and wmt17_zh_en (jieba segmentation,
-sentencepiece). The others are checked at the level of their split files
-(prepare_raw), which is all that differs between recipes; the later steps are
-the same scripts for every dataset. Bad inputs stop with exit
-status 2 before anything is written.
+subword model, fairseq-preprocess), concurrently: iwslt14_de_en (fairseq's variant,
+En->De, one subword-nmt model with Moses tokenization) and wmt17_zh_en (jieba
+segmentation, one sentencepiece model and dictionary per language). The others are
+checked at the level of their split files (prepare_raw), which is all that differs
+between recipes; the later steps are the same scripts for every dataset. The
+manifests (data/manifests) are checked against the paper configurations that use
+them; downloads are checked against published checksums (on file:// URLs). Bad
+inputs stop with exit status 2 before anything is written.
 """
 import importlib.util
 import io
 import json
 import os
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -312,7 +315,8 @@ def full_runs(tmp_path_factory):
     """The full runs, started together (each is mostly process start-up)."""
     base = tmp_path_factory.mktemp("prepare_full")
     specs = {
-        "iwslt14_de_en": (make_iwslt14_de_en, ["--src", "en", "--tgt", "de", "--bpe-size", "60"]),
+        "iwslt14_de_en": (make_iwslt14_de_en, ["--src", "en", "--tgt", "de", "--bpe-size", "60",
+                                               "--variant", "fairseq"]),
         "wmt17_zh_en": (make_wmt17_zh_en, ["--bpe", "sentencepiece", "--bpe-size", "120"]),
     }
     procs, results = {}, {}
@@ -351,12 +355,16 @@ def check_layout(out, src, tgt, seg, bpe, tokenize):
 
 
 def test_full_iwslt14_de_en_reversed(full_runs):
-    """fairseq's recipe: markup dropped, title/description kept, cleaning, every 23rd
+    """fairseq's variant: markup dropped, title/description kept, cleaning, every 23rd
     pair to valid, test = dev2010 + TEDX.dev2012 + tst2010-2012, lowercased; En->De."""
     r = full_runs["iwslt14_de_en"]
     out, exp = r["out"], r["expected"]
     record = check_layout(out, "en", "de", seg=False, bpe="subword-nmt", tokenize="moses")
     assert record["bpe_size"] == 60 and record["lowercase"] is True
+    assert record["variant"] == "fairseq" and record["bpe_joint"] is True
+    assert "TEDX.dev2012" in record["test_set"] and "lowercased" in record["test_set"]
+    assert os.path.isfile(os.path.join(out, "bin", "code"))
+    assert open(os.path.join(out, "bin", "dict.en.txt")).read() == open(os.path.join(out, "bin", "dict.de.txt")).read()
     cmds = commands(r["stderr"])
     assert any("subword-nmt learn-bpe -s 60" in c for c in cmds)
     assert any(c.startswith("fairseq-preprocess --source-lang en --target-lang de") for c in cmds)
@@ -373,20 +381,24 @@ def test_full_iwslt14_de_en_reversed(full_runs):
     assert "@@" in open(os.path.join(out, "bpe", "train.en"), encoding="utf-8").read()
 
     # the same request again: nothing to do; another one without --force: refused
-    p = prepare(r["raw"], out, "iwslt14_de_en", "--src", "en", "--tgt", "de", "--bpe-size", "60")
+    p = prepare(r["raw"], out, "iwslt14_de_en", "--src", "en", "--tgt", "de", "--bpe-size", "60",
+                "--variant", "fairseq")
     assert "nothing to do" in p.stderr and commands(p.stderr) == []
     before = open(os.path.join(out, "PREPARED")).read()
-    p = prepare(r["raw"], out, "iwslt14_de_en", check=False)
-    assert p.returncode == 2 and "--out:" in p.stderr and "already exists" in p.stderr and "--force" in p.stderr
-    assert "src=en, tgt=de" in p.stderr and commands(p.stderr) == []
+    for other in ([], ["--src", "en", "--tgt", "de", "--bpe-size", "60"]):  # the paper's variant is another request
+        p = prepare(r["raw"], out, "iwslt14_de_en", *other, check=False)
+        assert p.returncode == 2 and "--out:" in p.stderr and "already exists" in p.stderr and "--force" in p.stderr
+        assert "variant=fairseq, src=en, tgt=de" in p.stderr and commands(p.stderr) == []
     assert open(os.path.join(out, "PREPARED")).read() == before
 
 
 def test_full_wmt17_zh_en(full_runs):
-    """SGML test sets, three training sources in order, at most 50 words, jieba."""
+    """SGML test sets, three training sources in order, at most 50 words, jieba; a
+    sentencepiece model and a dictionary per language (the dataset's default)."""
     r = full_runs["wmt17_zh_en"]
     out, exp = r["out"], r["expected"]
     record = check_layout(out, "zh", "en", seg=True, bpe="sentencepiece", tokenize="none")
+    assert record["bpe_joint"] is False and record["variant"] is None
     assert record["segmentation"] == {"zh": "jieba (accurate mode, HMM for unknown words)"}
     assert record["parts"]["train"]["cwmt-casict2011-A"] is None  # optional, absent
     assert record["parts"]["train"]["news-commentary-v12"] == {"read": 4, "kept": 3}
@@ -396,7 +408,20 @@ def test_full_wmt17_zh_en(full_runs):
     seg = lines(os.path.join(out, "seg", "test.zh"))
     assert seg[0] == "newstest 我们 在 第 0 个 房子 里 研究 机器翻译 。"
     assert lines(os.path.join(out, "seg", "test.en")) == lines(os.path.join(out, "raw", "test.en"))
-    assert os.path.isfile(os.path.join(out, "bin", "sentencepiece.bpe.model"))
+    # separate models: each learned on its own side; separate dictionaries
+    import sentencepiece as spm
+
+    assert not os.path.exists(os.path.join(out, "bin", "sentencepiece.bpe.model"))
+    vocab = {}
+    for lang in ("zh", "en"):
+        model = spm.SentencePieceProcessor(model_file=os.path.join(out, "bin", f"sentencepiece.{lang}.model"))
+        vocab[lang] = {model.id_to_piece(i) for i in range(model.get_piece_size())}
+    assert any("房" in p for p in vocab["zh"]) and not any("房" in p for p in vocab["en"])
+    assert any("house" in p for p in vocab["en"]) and not any("house" in p for p in vocab["zh"])
+    dicts = {lang: lines(os.path.join(out, "bin", f"dict.{lang}.txt")) for lang in ("zh", "en")}
+    assert dicts["zh"] != dicts["en"]
+    assert not any("house" in w for w in dicts["zh"])
+    assert any(c.startswith("fairseq-preprocess") and "--joined-dictionary" not in c for c in commands(r["stderr"]))
 
 
 # --------------------------------------------------------------------------- split checks (Python level)
@@ -473,19 +498,66 @@ def test_cleaning_bounds_decide_as_the_tokenizer(dataset, src, tgt):
 
 def test_download_from_url(tmp_path):
     """--download's fetching, on file:// URLs (tests never use the network): one
-    file, and one whose download comes in parts that are concatenated."""
-    from fairseq_localness_data.sources import Source, download
+    file, and one whose download comes in parts that are concatenated; the published
+    sizes and checksums (of the file, of each part) are checked."""
+    import hashlib
+
+    from fairseq_localness_data.sources import Remote, Source, download
 
     (tmp_path / "a.part0").write_bytes(b"first ")
     (tmp_path / "a.part1").write_bytes(b"second")
-    whole = Source("sub/whole.tgz", (tmp_path / "a.part0").as_uri())
+    first, second = (tmp_path / "a.part0").as_uri(), (tmp_path / "a.part1").as_uri()
+    whole = Source("sub/whole.tgz", first, size=6, md5=hashlib.md5(b"first ").hexdigest(),
+                   sha256=hashlib.sha256(b"first ").hexdigest())
     parts = Source("parts.tar.gz", "https://example.org/page",
-                   parts=((tmp_path / "a.part0").as_uri(), (tmp_path / "a.part1").as_uri()))
+                   parts=(Remote(first, size=6, sha1=hashlib.sha1(b"first ").hexdigest()), Remote(second)),
+                   sha1=hashlib.sha1(b"first second").hexdigest())
     raw = tmp_path / "raw"
     download([whole, parts], str(raw))
     assert (raw / "sub" / "whole.tgz").read_bytes() == b"first "
     assert (raw / "parts.tar.gz").read_bytes() == b"first second"
     assert sorted(os.listdir(raw)) == ["parts.tar.gz", "sub"]
+
+
+@pytest.mark.parametrize("bad", ["size", "md5", "part_sha1", "whole_sha1"])
+def test_download_refuses_a_file_that_differs_from_the_published_one(tmp_path, bad):
+    """A size or checksum that does not match: PrepareError naming both values; the
+    file is not created (the bytes stay in NAME.part for inspection)."""
+    import hashlib
+
+    from fairseq_localness_data.sources import PrepareError, Remote, Source, download
+
+    (tmp_path / "a").write_bytes(b"content")
+    url, good_md5 = (tmp_path / "a").as_uri(), hashlib.md5(b"content").hexdigest()
+    source = {
+        "size": Source("f.tgz", url, size=8, md5=good_md5, checksum_from="a test"),
+        "md5": Source("f.tgz", url, size=7, md5="0" * 32, checksum_from="a test"),
+        "part_sha1": Source("f.tgz", "https://example.org", parts=(Remote(url, sha1="1" * 40),)),
+        "whole_sha1": Source("f.tgz", "https://example.org", parts=(Remote(url, size=7),), sha1="2" * 40),
+    }[bad]
+    with pytest.raises(PrepareError) as e:
+        download([source], str(tmp_path / "raw"))
+    expected = {"size": "7 bytes, expected 8", "md5": f"md5 {good_md5}, expected {'0' * 32}",
+                "part_sha1": "expected " + "1" * 40, "whole_sha1": "expected " + "2" * 40}[bad]
+    assert expected in str(e.value) and "does not match what is published for f.tgz" in str(e.value)
+    assert os.listdir(tmp_path / "raw") == ["f.tgz.part"]
+
+
+def test_verify_and_size_warning(tmp_path):
+    """`verify` checks present files against the manifest's checksums (exit 2 on a
+    difference); `check` warns about a file whose size differs from the published one."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    make_wmt14(str(raw))  # fakes: the commoncrawl archive is far from its published size
+    p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare_data.py"), "verify", "--dataset",
+                        "wmt14_en_de", "--raw-dir", str(raw)], capture_output=True, text=True, env=tool_env())
+    assert p.returncode == 2, p.stderr
+    assert "training-parallel-commoncrawl.tgz: differs from what is published" in p.stderr
+    assert "expected 918,311,367" in p.stderr and "dev.tgz: nothing published" in p.stderr
+    p = prepare(str(raw), str(tmp_path / "out"), "wmt14_en_de", "--check")
+    assert "warning: " in p.stderr and "the published size of training-parallel-commoncrawl.tgz is 918,311,367" \
+        in p.stderr
+    assert "STATUS=new" in p.stdout and not (tmp_path / "out").exists()
 
 
 def test_wmt14_reverse_direction(tmp_path):
@@ -531,10 +603,136 @@ def test_default_directions_and_bpe():
     assert P.resolve("iwslt14_de_en", bpe="sentencepiece", bpe_size=8000)[1]["bpe_size"] == 8000
 
 
+def test_iwslt14_de_en_paper_variant(tmp_path):
+    """The default variant: Song et al.'s test set (dev2010, tst2010, tst2011, tst2012;
+    no TEDX.dev2012), case and U+2019 kept; train and valid as in fairseq's recipe."""
+    out, exp, record = run_raw(tmp_path, "iwslt14_de_en", make_iwslt14_de_en)
+    assert record["variant"] == "paper" and record["lowercase"] is False
+    test = [p for name in ("TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012") for p in exp[name]]
+    test = [(s, t.replace("isn't", "isn\u2019t")) for s, t in test]
+    assert split_lines(out, "test", "de", "en") == test
+    kept = exp["train"]
+    assert split_lines(out, "train", "de", "en") == [p for i, p in enumerate(kept, 1) if i % 23]
+    assert split_lines(out, "valid", "de", "en") == [p for i, p in enumerate(kept, 1) if i % 23 == 0]
+    assert record["test_set"] == "dev2010 + tst2010 + tst2011 + tst2012 (Song et al. 2019), cased"
+    # the fairseq variant of the same files: one more test set, lowercased
+    fairseq = P.prepare_raw(*P.resolve("iwslt14_de_en", variant="fairseq"), str(tmp_path / "raw_download"),
+                            str(tmp_path / "fairseq"))
+    assert fairseq["sizes"]["test"] == record["sizes"]["test"] + len(exp["TEDX.dev2012"])
+    assert fairseq["lowercase"] is True and fairseq["variant"] == "fairseq"
+    assert P.prepared_name(P.resolve("iwslt14_de_en", "de", "en", "sentencepiece", 32000)[1]) == \
+        "iwslt14_de_en-paper.de-en.sentencepiece32000"
+    assert P.prepared_name(P.resolve("wmt17_zh_en")[1]) == "wmt17_zh_en.zh-en.subword-nmt32000.separate"
+    assert P.prepared_name(P.resolve("wmt14_en_de", bpe_joint=False)[1]) == "wmt14_en_de.en-de.subword-nmt32000.separate"
+
+
+def _config_datasets():
+    """{dataset: {reproduce script}} from configs/papers and the scripts' rows."""
+    import re
+
+    repo = os.path.dirname(SCRIPTS)
+    code = ('for f in "$1"/*.sh; do unset PAIRS; . "$f"; for p in "${PAIRS[@]}"; do '
+            'echo "$(basename "$f" .sh) ${p%%|*}"; done; done')
+    out = subprocess.run(["bash", "-c", code, "-", os.path.join(repo, "configs", "papers")], capture_output=True,
+                         text=True, check=True).stdout
+    datasets = {}
+    for line in out.splitlines():
+        config, dataset = line.split()
+        datasets.setdefault(config, set()).add(dataset)
+    used = {}
+    for script in sorted(os.listdir(os.path.join(SCRIPTS, "reproduce"))):
+        text = open(os.path.join(SCRIPTS, "reproduce", script)).read()
+        for config in set(re.findall(r'^\s*"[^|"]*\|([A-Za-z0-9_]+)', text, re.M)):
+            for dataset in datasets[config]:
+                used.setdefault(dataset, set()).add(script)
+    return used
+
+
+def test_manifests_describe_every_dataset_the_tables_use():
+    """Every manifest loads; its used_by names exactly the reproduce scripts whose rows
+    use the dataset; every source has a URL, and a manual step or something to check
+    a download against is said where there is one; licences are stated."""
+    used = _config_datasets()
+    assert set(used) <= set(DATA.DATASETS)
+    for name, recipe in DATA.RECIPES.items():
+        assert recipe.licence and recipe.title and recipe.test_description, name
+        assert {u.split()[0] for u in recipe.used_by} == used.get(name, set()), name
+        for source in recipe.sources:
+            assert source.url.startswith(("http://", "https://")), source
+            if source.whole.published or any(p.published for p in source.parts):
+                assert source.checksum_from, source
+    # what the papers' data needs by hand, and what --download can fetch
+    manual = {n: sorted(s.name for s in r.sources if not s.downloadable) for n, r in DATA.RECIPES.items()}
+    assert manual["wmt14_en_de"] == [] and manual["iwslt14_de_en"] == []
+    assert manual["wmt17_zh_en"] == ["cwmt.tgz"]
+    assert len(manual["wat17_ja_en"]) == 4 and manual["iwslt15_en_vi"] == ["en-vi.tgz"]
+    assert all("2020-21" in s.manual for s in DATA.RECIPES["iwslt14_es_en"].sources)
+    # published checksums of the WMT files (from sacrebleu, gluon-nlp and others)
+    wmt14 = {s.name: s for s in DATA.RECIPES["wmt14_en_de"].sources}
+    assert wmt14["test-full.tgz"].md5 == "a8cd784e006feb32ac6f3d9ec7eb389a"
+    un = next(s for s in DATA.RECIPES["wmt17_zh_en"].sources if s.parts)
+    assert [p.size for p in un.parts] == [1073741824, 312943879]
+    # variants
+    assert DATA.RECIPES["iwslt14_de_en"].variants == ("paper", "fairseq")
+    assert [p.name for p in DATA.recipe_for("iwslt14_de_en", "fairseq").test][1] == "TEDX.dev2012"
+    assert DATA.RECIPES["wmt17_zh_en"].bpe_joint is False and DATA.RECIPES["wmt14_en_de"].bpe_joint is True
+
+
+def test_list_and_plan(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare_data.py"), "list", "--dataset",
+                        "wmt17_zh_en"], capture_output=True, text=True, env=tool_env())
+    assert p.returncode == 0, p.stderr
+    assert "used by: yang2018_table4.sh (zh-en.*), song2019_table4.sh" in p.stdout
+    assert "part UNv1.0.en-zh.tar.gz.00: 1,073,741,824 bytes, sha1 1bec5f10297512183e483fdd4984d207700657d1" in p.stdout
+    assert "cwmt.tgz  <-  http://nlp.nju.edu.cn/cwmt-wmt/ (the CWMT corpora are distributed on registration" \
+        in p.stdout
+    p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "prepare_data.py"), "plan", "--dataset",
+                        "iwslt14_de_en", "--bpe", "sentencepiece", "--bpe-size", "32000"],
+                       capture_output=True, text=True, env=tool_env())
+    assert p.returncode == 0, p.stderr
+    assert "NAME=iwslt14_de_en-paper.de-en.sentencepiece32000" in p.stdout and "DOWNLOAD=all" in p.stdout
+    assert "VARIANTS='paper fairseq'" in p.stdout
+
+
+def test_defaults_under_data(tmp_path):
+    """Without --raw-dir and --out: data/downloads/<dataset>/ and data/prepared/<name>
+    next to the manifests (here a copy of them, so the repository stays untouched)."""
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(os.path.join(os.path.dirname(SCRIPTS), "data", "manifests"), root / "manifests")
+    make_wmt14(str(root / "downloads" / "wmt14_en_de"))
+    env = {"FAIRSEQ_LOCALNESS_MANIFESTS": str(root / "manifests")}
+    p = run_script("prepare_data.sh", ["--dataset", "wmt14_en_de", "--check"], env=env)
+    assert f"RAW={root}/downloads/wmt14_en_de" in p.stdout
+    assert f"OUT={root}/prepared/wmt14_en_de.en-de.subword-nmt32000" in p.stdout
+    assert "STATUS=new" in p.stdout and sorted(os.listdir(root)) == ["downloads", "manifests"]
+
+
+def test_embedded_corpus_goes_to_data_corpus_by_default(tmp_path, monkeypatch, capsys):
+    """fairseq-localness-corpus without --out writes data/corpus/ (under the repository's
+    git-ignored data/ when run from its top), and --stats reads it from there."""
+    from fairseq_localness.corpus import cli_main
+
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["--train-size", "40", "--valid-size", "5", "--test-size", "5"]) in (0, None)
+    assert {"train.src", "train.tgt", "test.src"} <= set(os.listdir(tmp_path / "data" / "corpus"))
+    capsys.readouterr()
+    assert cli_main(["--stats"]) in (0, None)
+    assert "train" in capsys.readouterr().out
+    ignored = subprocess.run(["git", "check-ignore", "data/corpus/train.src", "data/downloads/x/a.tgz",
+                              "data/prepared/x/bin/dict.en.txt"], cwd=os.path.dirname(SCRIPTS),
+                             capture_output=True, text=True)
+    assert len(ignored.stdout.split()) == 3, ignored
+    tracked = subprocess.run(["git", "check-ignore", "data/README.md", "data/manifests/wmt14_en_de.json"],
+                             cwd=os.path.dirname(SCRIPTS), capture_output=True, text=True)
+    assert tracked.stdout == ""
+
+
 # --------------------------------------------------------------------------- bad inputs
 BAD = {  # args (RAW: the wmt14 fake download, EMPTY: an empty directory), message fragments
     "unknown_dataset": ("--dataset wmt15_en_de --raw-dir RAW --out NEW",
-                        ["--dataset: expected one of: wmt14_en_de iwslt14_de_en", "got 'wmt15_en_de'"]),
+                        ["--dataset: expected one of: iwslt14_de_en iwslt14_es_en", "wmt14_en_de wmt17_zh_en", "got 'wmt15_en_de'"]),
     "wrong_pair": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --src en --tgt fr",
                    ["--src/--tgt: wmt14_en_de has no en->fr direction",
                     "expected --src en --tgt de or --src de --tgt en"]),
@@ -546,7 +744,7 @@ BAD = {  # args (RAW: the wmt14 fake download, EMPTY: an empty directory), messa
                            "2014-01-test/es-en.tgz  <-  https://wit3.fbk.eu/archive/2014-01-test/texts/es/en/es-en.tgz",
                            "--download"]),
     "missing_one_file": ("--dataset wmt17_zh_en --raw-dir RAW --out NEW",
-                         ["lacks 4 file(s)", "cwmt.tgz", "training-parallel-nc-v12.tgz  <-  http://data.statmt.org"]),
+                         ["lacks 4 file(s)", "cwmt.tgz", "training-parallel-nc-v12.tgz  <-  https://data.statmt.org"]),
     "manual_download": ("--dataset wat17_ja_en --raw-dir EMPTY --out NEW --download",
                         ["ASPEC-JE/train/train-1.txt", "--download cannot fetch", "on application"]),
     "missing_raw_dir": ("--dataset wmt14_en_de --raw-dir /nonexistent --out NEW",
@@ -557,11 +755,19 @@ BAD = {  # args (RAW: the wmt14 fake download, EMPTY: an empty directory), messa
                      ["--bpe-size: expected a whole number >= 1, got '0'"]),
     "small_vocab": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --bpe sentencepiece --bpe-size 8",
                     ["--bpe-size: expected a whole number >= 16 for sentencepiece"]),
-    "missing_out": ("--dataset wmt14_en_de --raw-dir RAW", ["missing required option --out"]),
+    "missing_dataset": ("--raw-dir RAW --out NEW", ["missing required option --dataset"]),
     "out_exists": ("--dataset wmt14_en_de --raw-dir RAW --out EMPTY",
                    ["--out: '", "already exists (not a prepared dataset)", "--force"]),
     "unknown_option": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --lang en",
                        ["unknown option '--lang'"]),
+    "download_wit3": ("--dataset iwslt15_fr_en --raw-dir EMPTY --out NEW --download",
+                      ["--download cannot fetch fr-en.tgz, 2015-01-test/fr-en.tgz", "gone since 2020-21"]),
+    "bad_variant": ("--dataset iwslt14_de_en --raw-dir RAW --out NEW --variant moses",
+                    ["--variant: iwslt14_de_en has the variants paper, fairseq; got 'moses'"]),
+    "variant_of_another_dataset": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --variant fairseq",
+                                   ["--variant: wmt14_en_de has no variants; got 'fairseq'"]),
+    "bad_bpe_joint": ("--dataset wmt14_en_de --raw-dir RAW --out NEW --bpe-joint separate",
+                      ["--bpe-joint: expected one of: yes no; got 'separate'"]),
 }
 
 

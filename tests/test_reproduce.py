@@ -1,12 +1,13 @@
 """scripts/reproduce/*.sh and configs/papers/*.sh: the reproduce scripts' dry runs.
 
 For every paper table, `--dry-run` prints the commands a full run would execute
-(data preparation, one train command per row, averaging, evaluation, significance)
-with the paper's settings, runs nothing and writes nothing; `--only` selects rows; bad
-rows, options and configurations stop with exit status 2 before any command; and the
-results table puts our numbers next to the paper's once result files exist. Every
-train command of every script parses with fairseq's own parser and builds its model
-(at a reduced width, so that the whole check takes seconds).
+(data preparation, one train command per row, averaging or early stopping,
+evaluation, significance) with the paper's settings and the paper's batch on 1, 8 and
+16 GPUs, runs nothing and writes nothing; `--only` selects rows; bad rows, options and
+configurations stop with exit status 2 before any command; and the results table puts
+our numbers next to the paper's once result files exist, the paper's BLEU as the main
+column. Every train command of every script parses with fairseq's own parser and
+builds its model (at a reduced width, so that the whole check takes seconds).
 """
 import json
 import os
@@ -24,44 +25,45 @@ SCRIPTS = ["yang2018_table4.sh", "xu2019_table1.sh", "xu2019_table2.sh", "song20
 
 # What each paper setting must give (from the papers; see the comments in the configs).
 #   dataset, src, tgt, bpe, bpe size, bleu options of evaluate.sh, max updates,
-#   effective tokens, average last, beam, lenpen, lr scheduler, fairseq options
+#   effective tokens, average last, beam, lenpen, lr scheduler, fairseq options; the
+#   main BLEU column (kind), the prepared data's name, early stopping (Xu et al.)
 SETTINGS = {
-    "yang2018_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"),
+    "yang2018_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"), kind="nist",
                                 bleu=["--tok-bleu", "--compound-split"], updates=100000, tokens=32768,
                                 avg=5, beam=4, lenpen="0.6", sched="inverse_sqrt",
                                 opts={"--lr": "7e-4", "--dropout": "0.1", "--warmup-updates": "4000",
                                       "--adam-betas": "(0.9,0.98)", "--label-smoothing": "0.1"}),
-    "yang2018_wmt14_big": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"),
+    "yang2018_wmt14_big": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"), kind="nist",
                                bleu=["--tok-bleu", "--compound-split"], updates=300000, tokens=32768,
                                avg=20, beam=4, lenpen="0.6", sched="inverse_sqrt",
                                opts={"--lr": "5e-4", "--dropout": "0.3"}),
-    "yang2018_wmt17_zh_en_base": dict(data=("wmt17_zh_en", "zh", "en", "subword-nmt", "32000"),
-                                      bleu=["--tok-bleu"], updates=100000, tokens=32768, avg=5, beam=4,
+    "yang2018_wmt17_zh_en_base": dict(data=("wmt17_zh_en", "zh", "en", "subword-nmt", "32000"), kind="nist",
+                                      separate=True, bleu=[], updates=100000, tokens=32768, avg=5, beam=4,
                                       lenpen="0.6", sched="inverse_sqrt", opts={"--lr": "7e-4"}),
-    "yang2018_wmt17_zh_en_big": dict(data=("wmt17_zh_en", "zh", "en", "subword-nmt", "32000"),
-                                     bleu=["--tok-bleu"], updates=300000, tokens=32768, avg=20, beam=4,
+    "yang2018_wmt17_zh_en_big": dict(data=("wmt17_zh_en", "zh", "en", "subword-nmt", "32000"), kind="nist",
+                                     separate=True, bleu=[], updates=300000, tokens=32768, avg=20, beam=4,
                                      lenpen="0.6", sched="inverse_sqrt", opts={"--dropout": "0.3"}),
-    "xu2019_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"),
+    "xu2019_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"), kind="nist", early=True,
                               bleu=["--tok-bleu", "--compound-split"], updates=100000, tokens=25000,
                               avg=5, beam=4, lenpen="0.6", sched="inverse_sqrt",
                               opts={"--dropout": "0.1", "--attention-dropout": "0.1",
                                     "--activation-dropout": "0.1", "--adam-eps": "1e-9"}),
-    "xu2019_wat17_ja_en_base": dict(data=("wat17_ja_en", "ja", "en", "subword-nmt", "32000"),
-                                    bleu=["--tok-bleu"], updates=100000, tokens=25000, avg=5, beam=4,
+    "xu2019_wat17_ja_en_base": dict(data=("wat17_ja_en", "ja", "en", "subword-nmt", "32000"), kind="nist",
+                                    early=True, separate=True, bleu=[], updates=100000, tokens=25000, avg=5, beam=4,
                                     lenpen="0.6", sched="inverse_sqrt", opts={}),
-    "song2019_iwslt14_small": dict(data=("iwslt14_de_en", "de", "en", "sentencepiece", "32000"),
-                                   bleu=["--tok-bleu"], updates=100000, tokens=4096, avg=5, beam=4,
+    "song2019_iwslt14_small": dict(data=("iwslt14_de_en", "de", "en", "sentencepiece", "32000"), kind="sacrebleu",
+                                   variant="paper", bleu=["--tok-bleu"], updates=100000, tokens=4096, avg=5, beam=4,
                                    lenpen="0.6", sched="inverse_sqrt", opts={"--lr": "1e-3"}),
-    "song2019_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "sentencepiece", "32000"),
+    "song2019_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "sentencepiece", "32000"), kind="sacrebleu",
                                 bleu=["--tok-bleu", "--compound-split"], updates=100000, tokens=32768,
                                 avg=5, beam=4, lenpen="0.6", sched="inverse_sqrt", opts={"--lr": "7e-4"}),
-    "song2019_wmt14_big": dict(data=("wmt14_en_de", "en", "de", "sentencepiece", "32000"),
+    "song2019_wmt14_big": dict(data=("wmt14_en_de", "en", "de", "sentencepiece", "32000"), kind="sacrebleu",
                                bleu=["--tok-bleu", "--compound-split"], updates=300000, tokens=32768,
                                avg=20, beam=4, lenpen="0.6", sched="inverse_sqrt", opts={"--lr": "5e-4"}),
-    "song2019_wmt17_zh_en_big": dict(data=("wmt17_zh_en", "zh", "en", "sentencepiece", "32000"),
-                                     bleu=["--tok-bleu"], updates=300000, tokens=32768, avg=20, beam=4,
+    "song2019_wmt17_zh_en_big": dict(data=("wmt17_zh_en", "zh", "en", "sentencepiece", "32000"), kind="sacrebleu",
+                                     separate=True, bleu=[], updates=300000, tokens=32768, avg=20, beam=4,
                                      lenpen="0.6", sched="inverse_sqrt", opts={}),
-    "dc_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"),
+    "dc_wmt14_base": dict(data=("wmt14_en_de", "en", "de", "subword-nmt", "32000"), kind="nist",
                           bleu=["--tok-bleu", "--compound-split"], updates=160000, tokens=4960, avg=5,
                           beam=4, lenpen="0.6", sched="cosine",
                           opts={"--lr-period-updates": "156000", "--warmup-updates": "4000",
@@ -79,7 +81,15 @@ for _pair, (_dataset, _size) in DC_PAIRS.items():
     SETTINGS["dc_iwslt:" + _pair] = dict(
         data=(_dataset, _src, _tgt, "subword-nmt", _size),
         bleu=DC_IWSLT["bleu_vi"] if "vi" in _pair else DC_IWSLT["bleu"],
+        kind="sacrebleu" if "vi" in _pair else "multi-bleu",
         **{k: v for k, v in DC_IWSLT.items() if not k.startswith("bleu")})
+
+
+def data_name(setting):
+    """The prepared data's directory name (fairseq-localness-prepare's prepared_name)."""
+    dataset, src, tgt, bpe, size = setting["data"]
+    variant = "-" + setting["variant"] if setting.get("variant") else ""
+    return f"{dataset}{variant}.{src}-{tgt}.{bpe}{size}" + (".separate" if setting.get("separate") else "")
 
 # The method's options (a row that trains the config's architecture gets them).
 YANG = ["--localness-window", "query", "--localness-encoder-layers", "1-3"]
@@ -190,7 +200,8 @@ ROWS = {
                                          ("full-dc", "full")], bleus)
     ],
 }
-# Rows tested for significance against a baseline (the paper reports it).
+# Rows tested for significance against a baseline (the paper reports it), and the test.
+SIGNIFICANCE_TEST = {"yang2018_table4.sh": "paired-bs", "xu2019_table2.sh": "paired-bs", "dc_table1.sh": "compare-mt"}
 SIGNIFICANCE = {
     "yang2018_table4.sh": {r[0]: r[0].split("+")[0] for r in ROWS["yang2018_table4.sh"] if "+" in r[0]},
     "xu2019_table2.sh": {"en-de.hybrid_gate": "en-de.transformer", "ja-en.hybrid_gate": "ja-en.transformer"},
@@ -215,7 +226,7 @@ def commands(stdout):
 
 
 def by_script(cmds, name):
-    return [c for c in cmds if c[0] == "bash" and c[1].endswith("/" + name)]
+    return [c for c in cmds if (c[0] == "bash" and c[1].endswith("/" + name)) or (len(c) > 1 and c[1].endswith("/" + name))]
 
 
 def opt(cmd, name):
@@ -231,15 +242,32 @@ def dry_run(script, work, *args):
     return p
 
 
+PREPARED = os.path.join(REPO, "data", "prepared")
+DOWNLOADS = os.path.join(REPO, "data", "downloads")
+
+
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
     """The full dry run of every script (work dirs that must stay absent)."""
     base = tmp_path_factory.mktemp("reproduce")
+    before = os.listdir(os.path.join(REPO, "data"))
     runs = {}
     for script in SCRIPTS:
         work = base / script[:-3]
         runs[script] = (work, dry_run(script, work))
+    assert os.listdir(os.path.join(REPO, "data")) == before
     return base, runs
+
+
+def early_stop_tail(setting, tgt):
+    bpe = setting["data"][3]
+    detok = ["--eval-bleu-detok", "moses", "--eval-bleu-detok-args", '{"target_lang": "%s"}' % tgt] \
+        if bpe == "subword-nmt" else ["--eval-bleu-detok", "space"]
+    return (["--eval-bleu", "--eval-bleu-args",
+             '{"beam": %d, "lenpen": %s, "max_len_a": 1, "max_len_b": 50}' % (setting["beam"], setting["lenpen"])]
+            + detok + ["--eval-bleu-remove-bpe", "subword_nmt" if bpe == "subword-nmt" else "sentencepiece",
+                       "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric", "--patience", "10",
+                       "--validate-interval-updates", "1000"])
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -252,23 +280,30 @@ def test_dry_run_prints_the_expected_commands(dry_runs, script):
     assert [opt(c, "--save-dir") for c in train] == [str(work / "runs" / r[0]) for r in rows], \
         "one train command per row, in the table's order"
     average, evaluate = by_script(cmds, "average.sh"), by_script(cmds, "evaluate.sh")
-    assert len(average) == len(evaluate) == len(rows)
+    assert len(evaluate) == len(rows)
+    assert len(average) == sum(not SETTINGS[r[1]].get("early") for r in rows)
+    average = iter(average)
     prepared = {}
     for c in by_script(cmds, "prepare_data.sh"):
         prepared[opt(c, "--out")] = c
-    for (name, setting, arch, tail, _), t, a, e in zip(rows, train, average, evaluate):
+    for (name, setting, arch, tail, _), t, e in zip(rows, train, evaluate):
         s = SETTINGS[setting]
         dataset, src, tgt, bpe, size = s["data"]
-        data = work / "data" / f"{dataset}.{src}-{tgt}.{bpe}{size}"
+        data = os.path.join(PREPARED, data_name(s))
         run = work / "runs" / name
-        # data: prepared once, with the paper's corpus, direction and segmentation
-        prep = prepared[str(data)]
-        assert [opt(prep, o) for o in ("--dataset", "--src", "--tgt", "--bpe", "--bpe-size")] == \
-            [dataset, src, tgt, bpe, size], name
-        assert opt(prep, "--raw-dir") == str(work / "data" / "downloads")
+        # data: prepared once, with the paper's corpus, variant, direction and segmentation,
+        # from the dataset's own directory of downloads
+        prep = prepared[data]
+        assert [opt(prep, o) for o in ("--dataset", "--src", "--tgt", "--bpe", "--bpe-size", "--bpe-joint")] == \
+            [dataset, src, tgt, bpe, size, "no" if s.get("separate") else "yes"], name
+        assert opt(prep, "--raw-dir") == os.path.join(DOWNLOADS, dataset)
+        if s.get("variant"):
+            assert opt(prep, "--variant") == s["variant"]
+        else:
+            assert "--variant" not in prep and "--download" not in prep
         # train
         assert opt(t, "--arch") == arch, name
-        assert opt(t, "--data-bin") == str(data / "bin")
+        assert opt(t, "--data-bin") == os.path.join(data, "bin")
         assert [opt(t, "--src"), opt(t, "--tgt")] == [src, tgt]
         assert opt(t, "--max-update") == str(s["updates"]), name
         assert opt(t, "--effective-tokens") == str(s["tokens"]), name
@@ -280,49 +315,60 @@ def test_dry_run_prints_the_expected_commands(dry_runs, script):
         assert opt(fairseq, "--keep-interval-updates") == str(s["avg"])
         assert "--max-tokens" in fairseq and "--save-interval-updates" in fairseq
         assert fairseq[-2:] == ["--log-file", str(run / "train.log")]
-        assert fairseq[len(fairseq) - 2 - len(tail):-2] == tail, (name, fairseq)
+        early = early_stop_tail(s, tgt) if s.get("early") else []
+        assert fairseq[len(fairseq) - 2 - len(tail) - len(early):-2] == tail + early, (name, fairseq)
         if arch.startswith("transformer"):  # the baselines get none of the method's options
             assert not any(w.startswith(("--localness", "--hybrid", "--hysan", "--dc-")) for w in fairseq)
-        # average
-        assert opt(a, "--save-dir") == str(run) and opt(a, "--last") == str(s["avg"])
-        assert opt(a, "--by") == "update"
-        assert opt(a, "--output") == str(run / f"checkpoint_avg_last{s['avg']}.pt")
+        if setting.startswith("xu2019"):  # the paper's L2 penalty on the loss
+            assert [opt(fairseq, "--optimizer"), opt(fairseq, "--l2-regularization")] == ["adam_l2", "1e-7"]
+        # average (fixed training), or checkpoint_best.pt (early stopping)
+        if s.get("early"):
+            checkpoint = str(run / "checkpoint_best.pt")
+        else:
+            a = next(average)
+            assert opt(a, "--save-dir") == str(run) and opt(a, "--last") == str(s["avg"])
+            assert opt(a, "--by") == "update"
+            checkpoint = str(run / f"checkpoint_avg_last{s['avg']}.pt")
+            assert opt(a, "--output") == checkpoint
         # evaluate
-        assert opt(e, "--checkpoint") == opt(a, "--output")
-        assert opt(e, "--data-bin") == str(data / "bin")
-        assert opt(e, "--ref") == str(data / "raw" / f"test.{tgt}")
+        assert opt(e, "--checkpoint") == checkpoint
+        assert opt(e, "--data-bin") == os.path.join(data, "bin")
+        assert opt(e, "--ref") == os.path.join(data, "raw", f"test.{tgt}")
         assert [opt(e, "--beam"), opt(e, "--lenpen")] == [str(s["beam"]), s["lenpen"]], name
         assert opt(e, "--out") == str(run / "eval")
         bleu_opts = [w for w in e if w in ("--tok-bleu", "--compound-split")]
         assert bleu_opts == s["bleu"], name
         assert e[e.index("--") + 1:] == ["--max-len-a", "1", "--max-len-b", "50"]
     assert len(prepared) == len(by_script(cmds, "prepare_data.sh")), "each corpus is prepared once"
-    assert len(prepared) == len({SETTINGS[r[1]]["data"] for r in rows})
-    # significance: against the baseline row, where the paper reports it
+    assert len(prepared) == len({data_name(SETTINGS[r[1]]) for r in rows})
+    # significance: the paper's test against the baseline row, where the paper reports it
+    test = SIGNIFICANCE_TEST.get(script)
     sig = {opt(c, "--system").split("=")[0]: c for c in by_script(cmds, "significance.sh")}
+    pbs = {opt(c, "--system").split("=")[0]: c for c in by_script(cmds, "paired_bs.py")}
     expected = SIGNIFICANCE.get(script, {})
-    assert set(sig) == set(expected)
+    assert set(sig) == (set(expected) if test == "compare-mt" else set())
+    assert set(pbs) == (set(expected) if test == "paired-bs" else set())
     settings = {r[0]: SETTINGS[r[1]] for r in rows}
     for name, base_row in expected.items():
-        c = sig[name]
-        # on the BLEU the table reports: evaluate.sh's tokenized texts for tokenized BLEU
-        tok = settings[name]["bleu"] != []
-        texts = "hyp.tok_bleu" if tok else "hyp.detok"
-        assert opt(c, "--baseline") == f"{base_row}={work / 'runs' / base_row / 'eval' / texts}"
-        assert opt(c, "--system") == f"{name}={work / 'runs' / name / 'eval' / texts}"
-        if tok:
-            assert opt(c, "--ref") == str(work / "runs" / name / "eval" / "ref.tok_bleu")
-            assert opt(c, "--tokenize") == "none"
+        c = (sig if test == "compare-mt" else pbs)[name]
+        # on the main column's BLEU: NIST BLEU, i.e. sacreBLEU's 13a on the detokenized texts
+        assert settings[name]["kind"] == "nist"
+        assert opt(c, "--baseline") == f"{base_row}={work / 'runs' / base_row / 'eval' / 'hyp.detok'}"
+        assert opt(c, "--system") == f"{name}={work / 'runs' / name / 'eval' / 'hyp.detok'}"
+        assert opt(c, "--ref").endswith("/raw/test." + settings[name]["data"][2])
+        assert opt(c, "--samples") == "1000"
+        if test == "compare-mt":
+            assert "--tokenize" not in c and opt(c, "--out") == str(work / "runs" / name / "significance")
         else:
-            assert opt(c, "--ref").endswith("/raw/test." + settings[name]["data"][2])
-            assert "--tokenize" not in c
-        assert opt(c, "--samples") == "1000" and opt(c, "--out") == str(work / "runs" / name / "significance")
-    # the table: every row with the paper's number and '-' for ours
+            assert opt(c, "--tokenize") == "13a" and opt(c, "--out") == str(work / "runs" / name / "paired_bs")
+    # the table: every row with the paper's number, the paper's metric and '-' for ours
+    kinds = {"nist": "NIST BLEU (mteval-v13a = sacreBLEU 13a)", "sacrebleu": "sacreBLEU",
+             "multi-bleu": "multi-bleu (Moses-tok.)"}
     table = p.stdout[p.stdout.index("# table"):]
-    for name, _, _, _, bleu in rows:
+    for name, setting, _, _, bleu in rows:
         line = next(l for l in table.splitlines() if l.startswith(f"| {name} |"))
         cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[3:6] == [bleu, "-", "-"], cells
+        assert cells[2:6] == [kinds[SETTINGS[setting]["kind"]], bleu, "-", "-"], cells
     # nothing was written
     assert not work.exists()
     assert not os.path.exists(os.path.join(REPO, "runs", "reproduce", script[:-3], "results.md"))
@@ -333,19 +379,76 @@ def test_dry_runs_write_nothing(dry_runs):
     assert list(base.iterdir()) == []
 
 
+def batch_lines(stdout):
+    """{row: (per-process max tokens, processes, update freq, effective)} from a dry run."""
+    import re
+
+    out = {}
+    for line in stdout.splitlines():
+        m = re.match(r"# (\S+): batch: (\d+) tokens per update over (\d+) process\(es\): .*; "
+                     r"(\d+) x (\d+) x (\d+) = (\d+) tokens per update", line)
+        if m:
+            row, t, n, mt, n2, u, e = m.groups()
+            assert n == n2 and int(mt) * int(n) * int(u) == int(e)
+            out[row] = (int(t), int(mt), int(n), int(u), int(e))
+    return out
+
+
+def test_every_dry_run_keeps_the_papers_batch(dry_runs, tmp_path):
+    """Every row of every script, on 1, 8 and 16 GPUs: per-process tokens x GPUs x
+    update-freq is the paper's batch (never above it; below it by under a token per GPU
+    and accumulated batch), and train.sh is asked for exactly that batch. (The 16 dry
+    runs on 8 and 16 GPUs run side by side.)"""
+    _, runs = dry_runs
+    procs = {(script, gpus): subprocess.Popen(
+        ["bash", os.path.join(REPRO, script), "--dry-run", "--work-dir", str(tmp_path / "w"), "--gpus", str(gpus)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tool_env())
+        for script in SCRIPTS for gpus in (8, 16)}
+    outputs = {(script, 1): runs[script][1].stdout for script in SCRIPTS}
+    for key, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (key, stderr)
+        outputs[key] = stdout
+    for (script, gpus), stdout in sorted(outputs.items()):
+        batches = batch_lines(stdout)
+        train = by_script(commands(stdout), "train.sh")
+        assert set(batches) == {r[0] for r in ROWS[script]}, script
+        for (name, setting, *_), t in zip(ROWS[script], train):
+            tokens, per_gpu, n, u, effective = batches[name]
+            cap = int(opt(t, "--max-tokens"))
+            assert tokens == SETTINGS[setting]["tokens"] == int(opt(t, "--effective-tokens"))
+            assert n == gpus == int(opt(t, "--gpus")) and per_gpu <= cap
+            assert tokens - n * u < effective <= tokens, (script, name, batches[name])
+    # the cases the issue measured: 8x and 2x the paper's batch before
+    assert batch_lines(outputs[("dc_table1.sh", 8)])["enc-dc"] == (4960, 620, 8, 1, 4960)
+    assert batch_lines(outputs[("yang2018_table4.sh", 16)])["en-de.base"] == (32768, 2048, 16, 1, 32768)
+    assert batch_lines(outputs[("dc_table2.sh", 16)])["ro-en.enc-dc"] == (2048, 128, 16, 1, 2048)
+    assert not (tmp_path / "w").exists()
+
+
 def test_only_selects_rows_and_passes_the_hardware_options(tmp_path):
     work = tmp_path / "w"
     p = dry_run("dc_table2.sh", work, "--only", "en-ro.enc-dc vi-en.transformer", "--gpus", "4",
-                "--max-tokens", "512", "--seed", "3", "--precision", "bf16", "--raw-dir", tmp_path / "dl")
+                "--max-tokens", "512", "--seed", "3", "--precision", "bf16", "--raw-dir", tmp_path / "dl",
+                "--data-dir", tmp_path / "prep", "--download")
     cmds = commands(p.stdout)
     train = by_script(cmds, "train.sh")
     # in the table's order, not the order given
     assert [os.path.basename(opt(c, "--save-dir")) for c in train] == ["vi-en.transformer", "en-ro.enc-dc"]
     for c in train:
         assert [opt(c, "--gpus"), opt(c, "--seed"), opt(c, "--precision")] == ["4", "3", "bf16"]
-        assert opt(c, "--max-tokens") == "512"  # the last --max-tokens wins
-    assert [opt(c, "--dataset") for c in by_script(cmds, "prepare_data.sh")] == ["iwslt15_en_vi", "iwslt14_ro_en"]
-    assert {opt(c, "--raw-dir") for c in by_script(cmds, "prepare_data.sh")} == {str(tmp_path / "dl")}
+        assert opt(c, "--max-tokens") == "512"  # the last --max-tokens wins: the cap per GPU
+    assert "# vi-en.transformer: batch: 2048 tokens per update over 4 process(es): --update-freq 1 = " \
+           "ceil(2048 / (512 max tokens x 4))" in p.stdout
+    prep = by_script(cmds, "prepare_data.sh")
+    assert [opt(c, "--dataset") for c in prep] == ["iwslt15_en_vi", "iwslt14_ro_en"]
+    # each dataset has its own directory of downloads under --raw-dir; --download is passed on
+    assert [opt(c, "--raw-dir") for c in prep] == [str(tmp_path / "dl" / "iwslt15_en_vi"),
+                                                  str(tmp_path / "dl" / "iwslt14_ro_en")]
+    assert all("--download" in c and opt(c, "--out").startswith(str(tmp_path / "prep")) for c in prep)
+    # the WIT3 releases need a manual step: the dry run says so
+    assert "# iwslt15_en_vi: raw files in %s; manual step (--download cannot fetch): en-vi.tgz" \
+        % (tmp_path / "dl" / "iwslt15_en_vi") in p.stdout
     assert len(by_script(cmds, "evaluate.sh")) == 2
     # --cpu: train and translate on the CPU
     cmds = commands(dry_run("dc_table1.sh", work, "--only", "enc-dc", "--cpu").stdout)
@@ -360,6 +463,52 @@ def test_only_selects_rows_and_passes_the_hardware_options(tmp_path):
     assert not work.exists()
 
 
+def test_each_dataset_has_its_own_download_directory(tmp_path):
+    """Yang et al.'s table needs WMT14 and WMT17, which both ship a dev.tgz: each gets
+    its own directory under the raw root, or the one given for it."""
+    p = dry_run("yang2018_table4.sh", tmp_path / "w", "--raw-dir", tmp_path / "raw",
+                "--raw-dir", f"wmt17_zh_en={tmp_path / 'zh'}")
+    raw = {opt(c, "--dataset"): opt(c, "--raw-dir") for c in by_script(commands(p.stdout), "prepare_data.sh")}
+    assert raw == {"wmt17_zh_en": str(tmp_path / "zh"), "wmt14_en_de": str(tmp_path / "raw" / "wmt14_en_de")}
+    assert "# wmt17_zh_en: raw files in %s; manual step (--download cannot fetch): cwmt.tgz" % (tmp_path / "zh") \
+        in p.stdout
+
+
+def test_choices_where_the_paper_is_silent_are_selectable(tmp_path):
+    work = tmp_path / "w"
+    # IWSLT14 De-En: fairseq's split and lowercasing instead of the paper's test set
+    p = dry_run("song2019_table2.sh", work, "--only", "iwslt.hysan_gated", "--variant", "fairseq")
+    (prep,) = by_script(commands(p.stdout), "prepare_data.sh")
+    assert opt(prep, "--variant") == "fairseq" and opt(prep, "--out").endswith(
+        "/iwslt14_de_en-fairseq.de-en.sentencepiece32000")
+    assert "Test set: iwslt14_de_en (fairseq): dev2010 + TEDX.dev2012 + tst2010 + tst2011 + tst2012" in p.stdout
+    p = dry_run("song2019_table2.sh", work, "--only", "iwslt.hysan_gated")
+    assert "Test set: iwslt14_de_en (paper): dev2010 + tst2010 + tst2011 + tst2012 (Song et al. 2019), cased" \
+        in p.stdout
+    # Xu et al.'s early stopping, or fixed steps and averaging as the alternative
+    p = dry_run("xu2019_table1.sh", work, "--only", "en-de.hybrid_gate", "--training", "fixed")
+    cmds = commands(p.stdout)
+    (t,), (a,), (e,) = by_script(cmds, "train.sh"), by_script(cmds, "average.sh"), by_script(cmds, "evaluate.sh")
+    assert "--eval-bleu" not in t and opt(e, "--checkpoint") == opt(a, "--output")
+    assert "Training: 100000 updates, average of the last 5 checkpoints (an alternative to the paper's)" in p.stdout
+    p = dry_run("xu2019_table1.sh", work, "--only", "en-de.hybrid_gate", "--patience", "5")
+    assert opt(by_script(commands(p.stdout), "train.sh")[0], "--patience") == "5"
+    assert "early stopping on dev BLEU (patience 5 validations, one every 1000 updates; at most 100000 " \
+           "updates), checkpoint_best.pt (the paper's)" in p.stdout
+    # the BLEU of the main column; the significance tests
+    p = dry_run("dc_table1.sh", work, "--bleu", "tok-compound", "--significance", "both", "--only",
+                "transformer enc-dc")
+    cmds = commands(p.stdout)
+    (s,), (b,) = by_script(cmds, "significance.sh"), by_script(cmds, "paired_bs.py")
+    for c in (s, b):  # on the tokenized texts of the main column's BLEU
+        assert opt(c, "--ref").endswith("/runs/enc-dc/eval/ref.tok_bleu") and opt(c, "--tokenize") == "none"
+    assert "| enc-dc | en-de | tok. BLEU, compound split | 29.26 | - | - | 73.86M |" in p.stdout
+    assert "p (paired bootstrap) | p (compare-mt) |" in p.stdout
+    p = dry_run("dc_table1.sh", work, "--significance", "none")
+    assert by_script(commands(p.stdout), "significance.sh") == [] and "p (compare-mt)" not in p.stdout
+    assert not work.exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--only", "en-de.base nope"], "--only: no row 'nope'"),
     (["--gpus", "0"], "--gpus: expected a whole number >= 1"),
@@ -367,6 +516,12 @@ def test_only_selects_rows_and_passes_the_hardware_options(tmp_path):
     (["--cpu", "--gpus", "2"], "--cpu and --gpus 2"),
     (["--frobnicate"], "unknown option '--frobnicate'"),
     (["--dry-run", "--table"], "--dry-run and --table"),
+    (["--raw-dir", "wmt15_en_de=/x"], "--raw-dir DATASET=DIR: dataset: expected one of: iwslt14_de_en"),
+    (["--bleu", "chrf"], "--bleu: expected one of: nist sacrebleu multi-bleu tok-compound"),
+    (["--training", "longer"], "--training: expected one of: paper fixed early-stop"),
+    (["--significance", "t-test"], "--significance: expected one of: paper paired-bs compare-mt both none"),
+    (["--variant", "fairseq"], "--variant: no dataset of Yang et al. (2018), Table 4 has a variant 'fairseq'"),
+    (["--gpus", "40000"], "the paper's batch: a batch of 32768 tokens per update cannot be split over 40000 processes"),
 ])
 def test_bad_options_fail_before_any_command(tmp_path, args, message):
     p = reproduce("yang2018_table4.sh", "--dry-run", "--work-dir", tmp_path / "w", *args)
@@ -378,10 +533,10 @@ def test_bad_options_fail_before_any_command(tmp_path, args, message):
         assert "en-de.base+localness" in p.stderr  # the names that exist
 
 
-def _table_script(tmp_path, rows, significance=0):
+def _table_script(tmp_path, rows, significance="none"):
     script = tmp_path / "table.sh"
     script.write_text(
-        "set -euo pipefail\nTABLE_TITLE='Test table'\nTABLE_SIGNIFICANCE=%d\nTABLE_ROWS=(\n%s\n)\n"
+        "set -euo pipefail\nTABLE_TITLE='Test table'\nTABLE_SIGNIFICANCE=%s\nTABLE_ROWS=(\n%s\n)\n"
         ". %s\nreproduce_main \"$@\"\n"
         % (significance, "\n".join(shlex.quote(r) for r in rows), shlex.quote(os.path.join(REPRO, "common.sh"))))
     return script
@@ -404,6 +559,7 @@ GOOD = "a|dc_wmt14_base|--arch transformer_wmt_en_de|28.37|||"
     ("a|dc_wmt14_base|--dc-mode enc|29.0|||", "row name 'a' appears twice"),
     ("b c|dc_wmt14_base||29.0|||", "name 'b c'"),
     ("b|dc_wmt14_base|--max-update 5|29.0|||", "'--max-update' is set by the reproduce driver"),
+    ("b|dc_wmt14_base|--patience 5|29.0|||", "'--patience' is set by the reproduce driver"),
     ("b|dc_wmt14_base|--dc-mode enc|29.0||||x", "expected 7 fields"),
 ])
 def test_bad_rows_fail_cleanly(tmp_path, row, message):
@@ -416,9 +572,13 @@ def test_bad_rows_fail_cleanly(tmp_path, row, message):
 @pytest.mark.parametrize("change, message", [
     ("BEAM=0", "BEAM: expected a whole number >= 1"),
     ("unset ARCH", "ARCH is not set"),
+    ("unset PAPER_BLEU", "PAPER_BLEU is not set"),
     ("BPE=wordpiece", "BPE: expected one of: subword-nmt sentencepiece"),
-    ("PAIRS=('wmt15_en_de|en|de|32000|tok')", "dataset: expected one of: wmt14_en_de"),
-    ("PAIRS=('wmt14_en_de|en|de|32000|chrf')", "bleu kind: expected one of: sacrebleu tok tok-compound"),
+    ("BPE_JOINT=maybe", "BPE_JOINT: expected one of: yes no"),
+    ("TRAINING=forever", "TRAINING: expected one of: fixed early-stop"),
+    ("PAIRS=('wmt15_en_de|en|de|32000|nist')", "dataset: expected one of: iwslt14_de_en"),
+    ("PAIRS=('wmt14_en_de|en|de|32000|chrf')", "bleu kind: expected one of: nist sacrebleu multi-bleu tok-compound"),
+    ("PAIRS=('wmt14_en_de|en|de|32000|nist+ter')", "extra bleu kind: expected one of: nist"),
     ("TRAIN_ARGS+=(--update-freq 8)", "TRAIN_ARGS: '--update-freq' is set by the reproduce driver"),
     ("TRAIN_ARGS=(--max-tokens 4096)", "TRAIN_ARGS has no --save-interval-updates"),
     ("AVERAGE_LAST=20", "--keep-interval-updates in TRAIN_ARGS: expected a whole number >= 20"),
@@ -435,39 +595,47 @@ def test_bad_configurations_fail_cleanly(tmp_path, change, message):
     assert commands(p.stdout) == []
 
 
+def _result(runs, name, tok=None, sacre=None, params=None, ups=None, p=None, pbs=None):
+    (runs / name / "eval").mkdir(parents=True)
+    if tok is not None:
+        (runs / name / "eval" / "tok_bleu.json").write_text(json.dumps({"score": tok}))
+    (runs / name / "eval" / "bleu.json").write_text(json.dumps(
+        {"score": sacre, "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0"}))
+    (runs / name / "train.log").write_text(
+        f"2026 | INFO | fairseq_cli.train | num. shared model params: {params:,} (num. trained: {params:,})\n"
+        f"2026 | INFO | train | epoch 001 | loss 4.1 | ups {ups} | num_updates 1000\n"
+        f"2026 | INFO | train | epoch 002 | loss 3.9 | ups {ups + 0.2:.2f} | num_updates 2000\n")
+    if p is not None:
+        (runs / name / "significance").mkdir()
+        (runs / name / "significance" / "significance.json").write_text(json.dumps(
+            {"baseline": "transformer", "samples": 1000, "systems": {},
+             "comparisons": [{"baseline": "transformer", "system": name, "p_value": p}]}))
+    if pbs is not None:
+        (runs / name / "paired_bs").mkdir()
+        (runs / name / "paired_bs" / "paired_bs.json").write_text(json.dumps({"p_value": pbs, "samples": 1000}))
+
+
 def test_table_puts_our_numbers_next_to_the_papers(tmp_path):
     work = tmp_path / "w"
     runs = work / "runs"
-
-    def result(name, tok=None, sacre=None, params=None, ups=None, p=None):
-        (runs / name / "eval").mkdir(parents=True)
-        if tok is not None:
-            (runs / name / "eval" / "tok_bleu.json").write_text(json.dumps({"score": tok}))
-        (runs / name / "eval" / "bleu.json").write_text(json.dumps(
-            {"score": sacre, "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0"}))
-        (runs / name / "train.log").write_text(
-            f"2026 | INFO | fairseq_cli.train | num. shared model params: {params:,} (num. trained: {params:,})\n"
-            f"2026 | INFO | train | epoch 001 | loss 4.1 | ups {ups} | num_updates 1000\n"
-            f"2026 | INFO | train | epoch 002 | loss 3.9 | ups {ups + 0.2:.2f} | num_updates 2000\n")
-        if p is not None:
-            (runs / name / "significance").mkdir()
-            (runs / name / "significance" / "significance.json").write_text(json.dumps(
-                {"baseline": "transformer", "samples": 1000, "systems": {},
-                 "comparisons": [{"baseline": "transformer", "system": name, "p_value": p}]}))
-
-    result("transformer", tok=28.0, sacre=27.1, params=60_524_544, ups=3.0)
-    result("enc-dc", tok=29.40, sacre=28.3, params=73_128_960, ups=2.4, p=0.004)
+    _result(runs, "transformer", tok=28.0, sacre=27.1, params=60_524_544, ups=3.0)
+    _result(runs, "enc-dc", tok=29.40, sacre=28.3, params=73_128_960, ups=2.4, p=0.004)
     p = reproduce("dc_table1.sh", "--table", "--work-dir", work)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert lines[0] == ("| row | pair | metric | paper BLEU | our BLEU | delta | paper params | our params "
-                        "| paper speed | our speed | p (vs. baseline) |")
-    assert "| transformer | en-de | tok. BLEU, compound split | 28.37 | 28.00 | -0.37 | 61.2M | 60.52M "\
-           "| 3.66 | 3.10 | - |" in lines
-    assert "| enc-dc | en-de | tok. BLEU, compound split | 29.26 | 29.40 | +0.14 | 73.86M | 73.13M "\
-           "| 3.0 | 2.50 | 0.004 |" in lines
-    assert "| dec-dc | en-de | tok. BLEU, compound split | 28.86 | - | - | 73.86M | - | 3.08 | - | - |" in lines
+    assert lines[0] == ("| row | pair | metric | paper BLEU | our BLEU | delta | tok. BLEU, compound split (extra) "
+                        "| paper params | our params | paper speed | our speed | p (compare-mt) |")
+    assert "| transformer | en-de | NIST BLEU (mteval-v13a = sacreBLEU 13a) | 28.37 | 27.10 | -1.27 | 28.00 "\
+           "| 61.2M | 60.52M | 3.66 | 3.10 | - |" in lines
+    assert "| enc-dc | en-de | NIST BLEU (mteval-v13a = sacreBLEU 13a) | 29.26 | 28.30 | -0.96 | 29.40 "\
+           "| 73.86M | 73.13M | 3.0 | 2.50 | 0.004 |" in lines
+    assert "| dec-dc | en-de | NIST BLEU (mteval-v13a = sacreBLEU 13a) | 28.86 | - | - | - | 73.86M | - | 3.08 "\
+           "| - | - |" in lines
     assert "2 of 4 rows have results" in p.stdout
+    assert 'dc_wmt14_base (4 rows): BLEU as the paper states it: "the 4-gram case-sensitive NIST BLEU metric is ' \
+           'employed as the evaluation metric for the En->De task"; main column: NIST BLEU (mteval-v13a = sacreBLEU ' \
+           '13a); extra column: tok. BLEU, compound split. Test set: wmt14_en_de: newstest2014 (full, 3003 ' \
+           'sentences), cased.' in p.stdout
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0" in p.stdout
     assert (work / "results.md").read_text() == p.stdout
 
@@ -481,12 +649,31 @@ def test_table_puts_our_numbers_next_to_the_papers(tmp_path):
     # parameter differences ('+' in the paper's column) are differences for us too
     result_dir = tmp_path / "song"
     runs = result_dir / "runs"
-    result("iwslt.transformer", tok=31.0, sacre=30.0, params=11_878_400, ups=5.0)
-    result("iwslt.hysan_gated", tok=32.0, sacre=31.0, params=11_911_168, ups=4.0)
+    _result(runs, "iwslt.transformer", tok=31.0, sacre=30.0, params=11_878_400, ups=5.0)
+    _result(runs, "iwslt.hysan_gated", tok=32.0, sacre=31.0, params=11_911_168, ups=4.0)
     p = reproduce("song2019_table2.sh", "--table", "--work-dir", result_dir)
     assert p.returncode == 0, p.stderr
-    assert "| iwslt.transformer | de-en | tok. BLEU | 31.27 | 31.00 | -0.27 | 11.9M | 11.88M |" in p.stdout
-    assert "| iwslt.hysan_gated | de-en | tok. BLEU | 32.28 | 32.00 | -0.28 | +32K | +32,768 |" in p.stdout
+    assert "| iwslt.transformer | de-en | sacreBLEU | 31.27 | 30.00 | -1.27 | 31.00 | 11.9M | 11.88M |" in p.stdout
+    assert "| iwslt.hysan_gated | de-en | sacreBLEU | 32.28 | 31.00 | -1.28 | 32.00 | +32K | +32,768 |" in p.stdout
+    assert "extra column: multi-bleu (Moses-tok.)" in p.stdout
+    # Xu et al.: a count that differs because our run shares the embeddings is marked;
+    # the paper's significance test (Koehn's paired bootstrap)
+    result_dir = tmp_path / "xu"
+    runs = result_dir / "runs"
+    _result(runs, "en-de.transformer", tok=27.5, sacre=27.0, params=60_524_544, ups=1.0)
+    _result(runs, "en-de.hybrid_gate", tok=28.4, sacre=27.9, params=60_524_554, ups=1.0, pbs=0.002)
+    p = reproduce("xu2019_table2.sh", "--table", "--work-dir", result_dir)
+    assert p.returncode == 0, p.stderr
+    assert "| en-de.hybrid_gate | en-de | NIST BLEU (mteval-v13a = sacreBLEU 13a) | 28.31 | 27.90 | -0.41 | 28.40 "\
+           "| 0.002 |" in p.stdout
+    assert "p (paired bootstrap): Koehn (2004), 1000 full-size resamples" in p.stdout
+    assert "Training: early stopping on dev BLEU (patience 10 validations" in p.stdout
+    p = reproduce("xu2019_table1.sh", "--table", "--work-dir", result_dir)
+    assert "| en-de.transformer | en-de | NIST BLEU (mteval-v13a = sacreBLEU 13a) | 27.67 | 27.00 | -0.67 | 27.50 "\
+           "| 88.0M | 60.52M (shared emb.) |" in p.stdout
+    assert "| en-de.hybrid_gate | en-de | NIST BLEU (mteval-v13a = sacreBLEU 13a) | 28.31 | 27.90 | -0.41 | 28.40 "\
+           "| +0.0M | +10 |" in p.stdout
+    assert "(shared emb.): our run shares one embedding matrix" in p.stdout
 
 
 def test_every_train_command_parses_and_builds(dry_runs):
@@ -521,6 +708,9 @@ def test_every_train_command_parses_and_builds(dry_runs):
             args = options.parse_args_and_arch(
                 options.get_training_parser(), ["/dev/null", "--task", "translation", "--arch", arch, *fairseq, *narrow])
             assert args.max_tokens and args.lr_scheduler in ("inverse_sqrt", "cosine")
+            if "--eval-bleu" in fairseq:
+                assert args.eval_bleu and args.patience == 10 and args.best_checkpoint_metric == "bleu"
+                assert json.loads(args.eval_bleu_args)["beam"] == 4
             # one model per class, depth and locality options (the presets' widths and
             # heads do not change what the options are checked against)
             key = (ARCH_MODEL_REGISTRY[arch].__name__, args.encoder_layers, args.decoder_layers,
@@ -532,6 +722,84 @@ def test_every_train_command_parses_and_builds(dry_runs):
             model = ARCH_MODEL_REGISTRY[arch].build_model(args, ToyTask())
             assert sum(p.numel() for p in model.parameters()) > 0, (arch, fairseq)
     assert len(parsed) >= 40 and len(built) >= 15, (len(parsed), len(built))
+
+
+def test_adam_l2_is_an_l2_penalty_on_the_loss():
+    """--optimizer adam_l2 --l2-regularization L (Xu et al.'s L2 1e-7): the same steps as
+    torch.optim.Adam(weight_decay=L), whose weight decay is added to the gradient;
+    fairseq's own --weight-decay (decoupled, AdamW) gives other steps."""
+    import torch
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.optim import build_optimizer
+
+    import fairseq_localness  # noqa: F401
+
+    def build(*opts):
+        args = options.parse_args_and_arch(options.get_training_parser(), [
+            "/dev/null", "--task", "translation", "--arch", "transformer", "--lr", "0.01",
+            "--adam-betas", "(0.9,0.98)", "--cpu", *opts])
+        return convert_namespace_to_omegaconf(args).optimizer
+
+    torch.manual_seed(0)
+    start = torch.randn(6)
+    weights = [torch.nn.Parameter(start.clone()) for _ in range(3)]
+    ours = build_optimizer(build("--optimizer", "adam_l2", "--l2-regularization", "0.1"), [weights[0]])
+    ref = torch.optim.Adam([weights[1]], lr=0.01, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.1)
+    adamw = build_optimizer(build("--optimizer", "adam", "--weight-decay", "0.1"), [weights[2]])
+    for _ in range(4):
+        g = torch.randn(6)
+        for w in weights:
+            w.grad = g.clone()
+        for o in (ours, ref, adamw):
+            o.step()
+    assert torch.allclose(weights[0], weights[1], atol=1e-7)
+    assert not torch.allclose(weights[0], weights[2], atol=1e-4)
+    # with mixed precision's scaled gradients (scale = 1/loss scale) the penalty scales too
+    w = torch.nn.Parameter(start.clone())
+    scaled = build_optimizer(build("--optimizer", "adam_l2", "--l2-regularization", "0.1"), [w])
+    w_ref = torch.nn.Parameter(start.clone())
+    ref = torch.optim.Adam([w_ref], lr=0.01, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.1)
+    g = torch.randn(6)
+    w.grad, w_ref.grad = g * 8, g.clone()
+    scaled._optimizer.step = (lambda step: (lambda closure=None, scale=1.0: (
+        [setattr(p, "grad", p.grad / scale) for p in scaled.params], step(closure))))(scaled._optimizer.step)
+    scaled.step(scale=8.0)
+    ref.step()
+    assert torch.allclose(w, w_ref, atol=1e-7)
+
+
+def test_paired_bootstrap(tmp_path):
+    """paired_bs.py: Koehn's test through sacrebleu --paired-bs; a clearly better system
+    gets a small p; bad inputs exit with a message."""
+    import random
+
+    rng = random.Random(0)
+    words = "the a cat dog sat on mat house tree green big small".split()
+    refs = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(200)]
+    base = [" ".join(w if rng.random() < 0.5 else "x" for w in r.split()) for r in refs]
+    better = [" ".join(w if rng.random() < 0.9 else "x" for w in r.split()) for r in refs]
+    for name, text in (("ref", refs), ("base", base), ("better", better)):
+        (tmp_path / name).write_text("\n".join(text) + "\n")
+    script = os.path.join(REPRO, "paired_bs.py")
+    p = subprocess.run([sys.executable, script, "--ref", tmp_path / "ref", "--baseline", f"b={tmp_path / 'base'}",
+                        "--system", f"s={tmp_path / 'better'}", "--samples", "200", "--out", tmp_path / "out"],
+                       capture_output=True, text=True, env=tool_env())
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "out" / "paired_bs.json").read_text())
+    assert result["samples"] == 200 and result["tokenize"] == "13a" and "Koehn 2004" in result["test"]
+    assert result["system"]["bleu"] > result["baseline"]["bleu"] and result["p_value"] < 0.01
+    assert "--paired-bs" in result["command"]
+    p = subprocess.run([sys.executable, script, "--ref", tmp_path / "ref", "--baseline", f"b={tmp_path / 'base'}",
+                        "--system", f"s={tmp_path / 'base'}", "--samples", "50", "--out", tmp_path / "same"],
+                       capture_output=True, text=True, env=tool_env())
+    same = json.loads((tmp_path / "same" / "paired_bs.json").read_text())  # one file as both: runs on a copy
+    assert same["system"]["bleu"] == same["baseline"]["bleu"] and 0 < same["p_value"] <= 1
+    (tmp_path / "short").write_text("one line\n")
+    p = subprocess.run([sys.executable, script, "--ref", tmp_path / "ref", "--baseline", f"b={tmp_path / 'base'}",
+                        "--system", f"s={tmp_path / 'short'}", "--out", tmp_path / "bad"],
+                       capture_output=True, text=True, env=tool_env())
+    assert p.returncode != 0 and "has 1 lines, --ref has 200" in p.stderr and not (tmp_path / "bad").exists()
 
 
 STUBS = {
@@ -551,14 +819,15 @@ STUBS = {
 
 
 def test_a_run_follows_its_dry_run_and_resumes(tmp_path):
-    """With stand-ins for the pipeline steps: a real run executes what the dry run
-    printed, in order; a rerun skips what is up to date; a run directory trained with
-    other settings is refused."""
-    stubs, calls, work = tmp_path / "steps", tmp_path / "calls", tmp_path / "w"
+    """With stand-ins for the pipeline steps: a real run checks that every dataset can
+    be prepared, then executes what the dry run printed, in order; a rerun skips what is
+    up to date; a run directory trained with other settings is refused."""
+    stubs, calls, checks, work = tmp_path / "steps", tmp_path / "calls", tmp_path / "checks", tmp_path / "w"
     stubs.mkdir()
     for name, body in STUBS.items():
         (stubs / name).write_text(
-            'set -eu\necho "' + name + ' $*" >> "$CALLS"\n'
+            'set -eu\nif [[ " $* " == *" --check "* ]]; then echo "' + name + ' $*" >> "$CHECKS"; exit 0; fi\n'
+            'echo "' + name + ' $*" >> "$CALLS"\n'
             'arg() { local want=$1 prev=; for a in "${ARGS[@]}"; do [[ $prev == "$want" ]] && echo "$a"; prev=$a; '
             'done; return 0; }\nARGS=("$@")\n' + body + "\n")
     # the driver's early architecture check imports fairseq (seconds per run); stood in
@@ -567,8 +836,8 @@ def test_a_run_follows_its_dry_run_and_resumes(tmp_path):
     python.write_text('#!/bin/bash\n[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
                       f'exec {shlex.quote(sys.executable)} "$@"\n')
     python.chmod(0o755)
-    env = {"REPRODUCE_PIPELINE_DIR": str(stubs), "CALLS": str(calls), "PYTHON": str(python)}
-    only = ["--only", "transformer enc-dc", "--work-dir", work]
+    env = {"REPRODUCE_PIPELINE_DIR": str(stubs), "CALLS": str(calls), "CHECKS": str(checks), "PYTHON": str(python)}
+    only = ["--only", "transformer enc-dc", "--work-dir", work, "--data-dir", tmp_path / "data"]
     planned = [" ".join(c[1:]).replace(str(stubs) + "/", "")
                for c in commands(reproduce("dc_table1.sh", "--dry-run", *only, env=env).stdout) if c[0] == "bash"]
     p = reproduce("dc_table1.sh", *only, env=env)
@@ -577,9 +846,12 @@ def test_a_run_follows_its_dry_run_and_resumes(tmp_path):
     assert [r.split()[0] for r in ran] == ["prepare_data.sh", "train.sh", "average.sh", "evaluate.sh",
                                           "train.sh", "average.sh", "evaluate.sh", "significance.sh"]
     assert [shlex.split(r) for r in ran] == [shlex.split(c) for c in planned]
+    # the data was checked first, with the options it is then prepared with
+    (check,) = checks.read_text().splitlines()
+    assert shlex.split(check) == shlex.split(ran[0]) + ["--check"]
     table = (work / "results.md").read_text()
-    assert "| enc-dc | en-de | tok. BLEU, compound split | 29.26 | 21.50 | -7.76 | 73.86M | 1,000 | 3.0 | 2.50 | 0.010 |" \
-        in table
+    assert "| enc-dc | en-de | NIST BLEU (mteval-v13a = sacreBLEU 13a) | 29.26 | 20.50 | -8.76 | 21.50 | 73.86M "\
+           "| 1,000 | 3.0 | 2.50 | 0.010 |" in table
     assert table in p.stdout
     assert (work / "runs" / "enc-dc" / "SYSTEM").read_text().startswith("arch dc_transformer_wmt_en_de\n")
     # rerun: everything is up to date
@@ -589,7 +861,7 @@ def test_a_run_follows_its_dry_run_and_resumes(tmp_path):
     assert not calls.exists(), calls.read_text()
     # more training in one run (a newer checkpoint_last.pt): resume, average, evaluate, test again
     ckpt = work / "runs" / "enc-dc" / "checkpoint_last.pt"
-    later = os.path.getmtime(work / "runs" / "enc-dc" / "eval" / "tok_bleu.json") + 10
+    later = os.path.getmtime(work / "runs" / "enc-dc" / "eval" / "bleu.json") + 10
     os.utime(ckpt, (later, later))
     p = reproduce("dc_table1.sh", *only, env=env)
     assert [r.split()[0] for r in calls.read_text().splitlines()] == \
@@ -599,3 +871,19 @@ def test_a_run_follows_its_dry_run_and_resumes(tmp_path):
     p = reproduce("dc_table1.sh", *only, "--seed", "2", env=env)
     assert p.returncode == 2 and "was trained with other settings" in p.stderr
     assert not calls.exists()
+
+
+def test_a_dataset_that_cannot_be_prepared_stops_the_run_before_any_work(tmp_path):
+    """A real run checks every dataset it has to prepare before it starts: missing raw
+    files (here the WMT17 ones of Yang et al.'s Zh-En rows) stop it with exit status 2
+    and prepare_data.sh's message, before the En-De rows train."""
+    python = tmp_path / "python"
+    python.write_text('#!/bin/bash\n[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
+                      f'exec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    p = reproduce("yang2018_table4.sh", "--only", "en-de.base zh-en.base", "--work-dir", tmp_path / "w",
+                  "--data-dir", tmp_path / "data", "--raw-dir", tmp_path / "raw", env={"PYTHON": str(python)})
+    assert p.returncode == 2, p.stderr
+    assert ("row 'zh-en.base': its data cannot be prepared: --raw-dir: expected a directory at '%s', which does "
+            "not exist (or pass --download" % (tmp_path / "raw" / "wmt17_zh_en")) in p.stderr
+    assert not (tmp_path / "w").exists() and not (tmp_path / "data").exists()

@@ -18,20 +18,22 @@ DESCRIPTION="Dual Contextual module, IWSLT {Vi,Es,Fr,Ro}<->En, 4 layers, d=256"
 # consist of ... 34k, 21k, 32k and 31k subword tokens" (vocabulary sizes; we learn as
 # many merges). BLEU: "The translation quality for En<->Vi is reported based on the
 # case-sensitive BLEU score computed with sacreBLEU. Finally, for the other IWSLT
-# translation tasks, the case-sensitive BLEU metric evaluated with multi-bleu.pl".
+# translation tasks, the case-sensitive BLEU metric evaluated with multi-bleu.pl":
+# sacreBLEU for En<->Vi, multi-bleu style BLEU on Moses-tokenized text for the others.
 # Each direction is prepared and trained on its own (the data-bin of a pair is checked
 # for that direction by train.sh and evaluate.sh).
 #   dataset|src|tgt|bpe size|bleu kind
 PAIRS=(
     "iwslt15_en_vi|vi|en|21000|sacrebleu"
     "iwslt15_en_vi|en|vi|21000|sacrebleu"
-    "iwslt14_es_en|es|en|34000|tok"
-    "iwslt14_es_en|en|es|34000|tok"
-    "iwslt15_fr_en|fr|en|31000|tok"
-    "iwslt15_fr_en|en|fr|31000|tok"
-    "iwslt14_ro_en|ro|en|32000|tok"
-    "iwslt14_ro_en|en|ro|32000|tok"
+    "iwslt14_es_en|es|en|34000|multi-bleu"
+    "iwslt14_es_en|en|es|34000|multi-bleu"
+    "iwslt15_fr_en|fr|en|31000|multi-bleu"
+    "iwslt15_fr_en|en|fr|31000|multi-bleu"
+    "iwslt14_ro_en|ro|en|32000|multi-bleu"
+    "iwslt14_ro_en|en|ro|32000|multi-bleu"
 )
+PAPER_BLEU="En<->Vi: the case-sensitive BLEU score computed with sacreBLEU; the other IWSLT tasks: the case-sensitive BLEU metric evaluated with multi-bleu.pl"
 BPE=subword-nmt
 
 # Model (section 5.2): "For the low-resource (IWSLT) tasks, the model consists of
@@ -59,7 +61,8 @@ TRAIN_ARGS=(
     --save-interval-updates 1000 --keep-interval-updates 5 --no-epoch-checkpoints
 )
 # "For the IWSLT tasks, the models are trained with a batch size of 2048 tokens and the
-# number of training iterations is 200k."
+# number of training iterations is 200k." (The number of GPUs is not given: 2048 is
+# taken as the whole batch, split over --gpus by the driver.)
 MAX_UPDATE=200000
 EFFECTIVE_TOKENS=2048
 # Not stated; SPEC.md: the last 5 checkpoints.

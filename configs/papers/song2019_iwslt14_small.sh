@@ -6,10 +6,15 @@ DESCRIPTION="Song et al. 2019, IWSLT14 De-En, small"
 # Data: "we tokenize the data which comes from TED and TEDx talks, and remains 160K
 # training sentences and 7K development sentences. We concatenate dev2010, tst2010,
 # tst2011 and tst2012 as the test set. We preprocess corpus with a 32000 word-piece
-# shared vocabulary" (fairseq's IWSLT14 recipe has the same splits). BLEU: not
-# described; tokenized BLEU, the usual report on this task.
-#   dataset|src|tgt|bpe size|bleu kind
-PAIRS=("iwslt14_de_en|de|en|32000|tok")
+# shared vocabulary". The iwslt14_de_en dataset's default variant, "paper", is this
+# test set with case kept (the paper does not mention lowercasing); --variant fairseq
+# gives fairseq's prepare-iwslt14.sh split (TEDX.dev2012 added, lowercased) instead.
+# Train and valid: fairseq's recipe (the same 160K / 7K). BLEU: the paper says only
+# "BLEU (Papineni et al. 2002)": sacreBLEU (with its signature) as the main column,
+# tokenized multi-bleu style BLEU, the usual report on this task, as an extra one.
+#   dataset|src|tgt|bpe size|bleu kind[+extra kind]
+PAIRS=("iwslt14_de_en|de|en|32000|sacrebleu+multi-bleu")
+PAPER_BLEU="We report our results by BLEU (Papineni et al. 2002) scores"
 BPE=sentencepiece
 
 # Model: "the model is set as 2 hidden layers with 256 dimensions"; 4 heads ("small");

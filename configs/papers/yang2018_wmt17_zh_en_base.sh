@@ -8,11 +8,14 @@ DESCRIPTION="Yang et al. 2018, WMT17 Zh-En, Transformer-Base"
 # 20.62 million sentence pairs. We used newsdev2017 as the development set and
 # newstest2017 as the test set. The Chinese sentences were segmented by ... Jieba ...
 # BPE ... with 32K merge operations for both language pairs." (Segmentation and the
-# length filter belong to prepare_data.sh's wmt17_zh_en recipe.) BLEU: tokenized
-# 4-gram NIST BLEU; no compound splitting for English.
-PAIRS=("wmt17_zh_en|zh|en|32000|tok")
+# length filter belong to prepare_data.sh's wmt17_zh_en recipe.) Chinese and English
+# share few subwords: 32K merges learned on each side, a dictionary per language
+# (BPE_JOINT=no; the paper does not say whether its BPE was joint). BLEU: 4-gram NIST
+# BLEU (mteval-v13a = sacreBLEU 13a, cased) as for En-De; no compound splitting for English.
+PAIRS=("wmt17_zh_en|zh|en|32000|nist")
+BPE_JOINT=no
 
-# Chinese and English share few subwords: the source keeps its own embedding, the
-# decoder's input and output embeddings are tied (the paper's Zh-En model, 107.9M, is
+# Separate vocabularies: the source keeps its own embedding, the decoder's input and
+# output embeddings are tied (the paper's Zh-En model, 107.9M, is
 # larger than its En-De one, 88.0M, by about one more embedding matrix).
 MODEL_ARGS=(--share-decoder-input-output-embed)

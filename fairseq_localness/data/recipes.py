@@ -1,17 +1,39 @@
-"""One recipe per dataset: its files with URLs, its splits, cleaning, segmentation
-and subword defaults. docs/data.md explains each and where the choices come from.
+"""One recipe per dataset, read from its manifest ``data/manifests/<name>.json``: its
+files with URLs, sizes and checksums, its splits, cleaning, segmentation, subword
+defaults, licence and the paper tables that use it. docs/data.md explains each
+dataset and where the choices come from; data/README.md describes the manifest's
+fields.
+
+A dataset may have *variants* (``variants`` in the manifest): named sets of overrides
+of its splits and casing, e.g. IWSLT14 De-En's ``paper`` (Song et al. 2019's test set,
+case kept) and ``fairseq`` (fairseq's split, lowercased). :func:`recipe_for` gives the
+recipe of one variant; :data:`RECIPES` holds each dataset's default variant.
 
 Member path patterns may use ``{lang}`` (the language of that side, renamed through
 the part's ``lang_names``), ``{src}`` and ``{tgt}`` (the direction being prepared):
 ``newstest2017-{src}{tgt}-src.{src}.sgm`` is ``newstest2017-zhen-src.zh.sgm`` for
-Zh->En and ``newstest2017-enzh-src.en.sgm`` for En->Zh.
+Zh->En and ``newstest2017-enzh-src.en.sgm`` for En->Zh. A part with ``"repeat": [a,
+b]`` stands for one part per number i = a..b, with ``{i}`` replaced in its name and
+patterns.
 """
+import copy
+import glob
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple, Union
 
-from .sources import Member, Source
+from .sources import Member, PrepareError, Remote, Source
 
 Pattern = Union[str, Tuple[str, ...]]  # alternatives, tried in order
+
+#: Where the manifests are: ``data/manifests`` at the top of the repository (this
+#: package is fairseq_localness/data), or $FAIRSEQ_LOCALNESS_MANIFESTS.
+MANIFEST_DIR = os.environ.get("FAIRSEQ_LOCALNESS_MANIFESTS") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "manifests")
+
+FORMATS = ("text", "tags", "xml", "sgm", "aspec")
+SPLIT_NAMES = ("train", "valid", "test")
 
 
 @dataclass(frozen=True)
@@ -51,7 +73,6 @@ class Clean:
     ratio: Optional[float] = None
     aggressive_dash: bool = True  # Moses tokens as with -a (prepare_bpe.sh's) or without it
 
-
     def describe(self) -> str:
         out = f"{self.min_len}..{self.max_len if self.max_len else 'any'} tokens per side"
         if self.ratio:
@@ -71,6 +92,7 @@ class Recipe:
     splits_from: str  # where the split definitions come from
     bpe: str = "subword-nmt"
     bpe_size: int = 32000
+    bpe_joint: bool = True  # one subword model and dictionary for both languages
     bpe_from: str = ""
     clean: Clean = Clean()
     valid_every: Optional[int] = None  # every N-th cleaned training pair is moved to valid
@@ -79,6 +101,13 @@ class Recipe:
     eval_apostrophe: bool = False  # U+2019 -> ' in valid/test (fairseq's recipes)
     segment: Tuple[Tuple[str, str], ...] = ()  # (language, segmenter)
     notes: Tuple[str, ...] = field(default=())
+    test_description: str = ""  # the test set in a few words (printed under results tables)
+    licence: str = ""
+    used_by: Tuple[str, ...] = ()  # reproduce scripts (and rows) that use the dataset
+    variant: Optional[str] = None  # this recipe's variant (None: the dataset has none)
+    variants: Tuple[str, ...] = ()  # every variant of the dataset, the default first
+    variant_description: str = ""
+    manifest: str = ""
 
     @property
     def pairs(self) -> Tuple[Tuple[str, str], Tuple[str, str]]:
@@ -89,211 +118,161 @@ class Recipe:
     def segmenters(self) -> Dict[str, str]:
         return dict(self.segment)
 
+    @property
+    def default_variant(self) -> Optional[str]:
+        return self.variants[0] if self.variants else None
+
     def parts(self, split: str) -> Tuple[Part, ...]:
         return getattr(self, split)
 
 
-# --------------------------------------------------------------------------- WMT14 En-De
-_EUROPARL = Source("training-parallel-europarl-v7.tgz", "http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz")
-_COMMONCRAWL = Source("training-parallel-commoncrawl.tgz", "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz")
-_NC9 = Source("training-parallel-nc-v9.tgz", "http://www.statmt.org/wmt14/training-parallel-nc-v9.tgz")
-_WMT14_DEV = Source("dev.tgz", "http://www.statmt.org/wmt14/dev.tgz")
-_WMT14_TEST = Source("test-full.tgz", "http://www.statmt.org/wmt14/test-full.tgz")
-
-WMT14_EN_DE = Recipe(
-    name="wmt14_en_de",
-    langs=("en", "de"),
-    title="WMT14 English-German",
-    sources=(_EUROPARL, _COMMONCRAWL, _NC9, _WMT14_DEV, _WMT14_TEST),
-    train=(
-        Part("europarl-v7", "text", (_EUROPARL,), "europarl-v7.de-en.{lang}"),
-        Part("commoncrawl", "text", (_COMMONCRAWL,), "commoncrawl.de-en.{lang}"),
-        Part("news-commentary-v9", "text", (_NC9,), "news-commentary-v9.de-en.{lang}"),
-    ),
-    valid=(Part("newstest2013", "sgm", (_WMT14_DEV,),
-                ("newstest2013-src.{src}.sgm", "newstest2013-ref.{src}.sgm"),
-                ("newstest2013-ref.{tgt}.sgm", "newstest2013-src.{tgt}.sgm")),),
-    test=(Part("newstest2014", "sgm", (_WMT14_TEST,),
-               "newstest2014-deen-src.{src}.sgm", "newstest2014-deen-ref.{tgt}.sgm"),),
-    splits_from="training corpora of fairseq's prepare-wmt14en2de.sh --icml17 (Europarl v7, "
-    "Common Crawl, News Commentary v9); newstest2013 valid and newstest2014 (full) test as in "
-    "Vaswani et al. 2017, Yang et al. 2018, Xu et al. 2019 and the DC paper",
-    bpe_size=32000,
-    bpe_from="32K joint BPE merges (Yang et al. 2018; Xu et al. 2019; DC paper's 32k vocabulary)",
-    clean=Clean(1, 250, 1.5),
-    normalize_train=True,
-    notes=("Training data: Moses punctuation normalization and removal of non-printing "
-           "characters, then clean-corpus-n 1..250 tokens with ratio 1.5, as fairseq's recipe "
-           "(which counts BPE tokens; counted here on Moses tokens, before BPE).",
-           "valid and test are kept verbatim (no normalization), so raw/test.* are the "
-           "references sacrebleu's wmt14/full uses."),
-)
-
-# --------------------------------------------------------------------------- IWSLT14 De-En (fairseq)
-_IWSLT14_DE_EN = Source("de-en.tgz", "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",
-                        description="IWSLT 2014 (WIT3 2014-01) German-English, as mirrored for "
-                        "fairseq's prepare-iwslt14.sh")
-
-IWSLT14_DE_EN = Recipe(
-    name="iwslt14_de_en",
-    langs=("de", "en"),
-    title="IWSLT14 German-English (fairseq recipe)",
-    sources=(_IWSLT14_DE_EN,),
-    train=(Part("train.tags", "tags", (_IWSLT14_DE_EN,), "train.tags.de-en.{lang}"),),
-    valid=(),
-    test=tuple(Part(name, "xml", (_IWSLT14_DE_EN,), f"IWSLT14.{name}.de-en.{{lang}}.xml")
-               for name in ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")),
-    splits_from="fairseq examples/translation/prepare-iwslt14.sh: train.tags cleaned, every "
-    "23rd pair to valid, test = dev2010 + TEDX.dev2012 + tst2010 + tst2011 + tst2012 "
-    "(Song et al. 2019 use this split: 160K train, 7K valid)",
-    bpe_size=10000,
-    bpe_from="fairseq's prepare-iwslt14.sh (BPE_TOKENS=10000)",
-    clean=Clean(1, 175, 1.5, aggressive_dash=False),  # the recipe's tokenizer.perl runs without -a
-    valid_every=23,
-    lowercase=True,
-    eval_apostrophe=True,
-    notes=("Lowercased, as fairseq's recipe (so raw/test.* references are lowercase too).",
-           "Training pairs are cleaned to 1..175 Moses tokens with ratio 1.5 before the "
-           "valid split, as clean-corpus-n in the recipe; U+2019 becomes ' in the test sets."),
-)
+# --------------------------------------------------------------------------- manifests
+def _bad(path: str, msg: str) -> PrepareError:
+    return PrepareError(f"manifest {path}: {msg}")
 
 
-# --------------------------------------------------------------------------- the DC paper's IWSLT tasks
-def _wit3(release: str, a: str, b: str, subdir: bool) -> Source:
-    name = f"{a}-{b}.tgz"
-    return Source(f"{release}/{name}" if subdir else name,
-                  f"https://wit3.fbk.eu/archive/{release}/texts/{a}/{b}/{name}",
-                  description=f"WIT3 release {release}, {a}-{b}")
+def _remote(path: str, d: dict, where: str) -> Remote:
+    if not isinstance(d, dict) or not isinstance(d.get("url"), str):
+        raise _bad(path, f"{where}: expected an object with a 'url'")
+    return Remote(url=d["url"], size=d.get("size"), md5=d.get("md5", ""), sha1=d.get("sha1", ""),
+                  sha256=d.get("sha256", ""))
 
 
-def _iwslt(name, lang, release, train_src, test_src, valid_sets, test_sets, bpe_size, size_note, year):
-    pair = f"{lang}-en" if lang != "vi" else "en-vi"
-    sources = (train_src,) + ((test_src,) if test_src else ())
-
-    def xml(tst):
-        return Part(tst, "xml", sources, f"IWSLT*.TED.{tst}.{pair}.{{lang}}.xml")
-
-    langs = ("en", "vi") if lang == "vi" else (lang, "en")
-    return Recipe(
-        name=name,
-        langs=langs,
-        title=f"IWSLT{year} {'English-Vietnamese' if lang == 'vi' else {'es': 'Spanish', 'ro': 'Romanian', 'fr': 'French'}[lang] + '-English'} (DC paper)",
-        sources=sources,
-        train=(Part("train.tags", "tags", sources, f"train.tags.{pair}.{{lang}}"),),
-        valid=tuple(xml(t) for t in valid_sets),
-        test=tuple(xml(t) for t in test_sets),
-        splits_from=f"DC paper section 5.1: valid = {' + '.join(valid_sets)}, test = {' + '.join(test_sets)}"
-        f" ({size_note})",
-        bpe_size=bpe_size,
-        bpe_from=f"DC paper section 5.1: {bpe_size // 1000}k joint subword vocabulary (subword-nmt); "
-        "used here as the number of merges",
-        clean=Clean(1, None, None),
-        notes=("No length cleaning (pairs with an empty side are dropped): the paper states none, "
-               "and its training sizes are those of the full train.tags files.",),
-    )
+def _sources(path: str, m: dict) -> Dict[str, Source]:
+    out = {}
+    for sid, d in (m.get("sources") or {}).items():
+        where = f"sources.{sid}"
+        if not isinstance(d, dict) or not isinstance(d.get("file"), str) or not isinstance(d.get("url"), str):
+            raise _bad(path, f"{where}: expected an object with 'file' and 'url'")
+        own = _remote(path, d, where)
+        out[sid] = Source(
+            name=d["file"], url=d["url"], manual=d.get("manual", ""),
+            parts=tuple(_remote(path, p, f"{where}.parts[{i}]") for i, p in enumerate(d.get("parts") or [])),
+            alternatives=tuple(d.get("alternatives") or ()), description=d.get("description", ""),
+            size=own.size, md5=own.md5, sha1=own.sha1, sha256=own.sha256,
+            checksum_from=d.get("checksum_from", ""))
+    if not out:
+        raise _bad(path, "'sources' is empty; expected the files of the dataset")
+    return out
 
 
-_ES_2014 = _wit3("2014-01", "es", "en", False)
-_ES_2014_TEST = _wit3("2014-01-test", "es", "en", True)
-_RO_2014 = _wit3("2014-01", "ro", "en", False)
-_RO_2014_TEST = _wit3("2014-01-test", "ro", "en", True)
-_VI_2015 = _wit3("2015-01", "en", "vi", False)
-_FR_2015 = _wit3("2015-01", "fr", "en", False)
-_FR_2015_TEST = _wit3("2015-01-test", "fr", "en", True)
+def _parts(path: str, split: str, items, sources: Dict[str, Source]) -> Tuple[Part, ...]:
+    parts = []
+    for k, d in enumerate(items or []):
+        where = f"splits.{split}[{k}]"
+        if not isinstance(d, dict) or "name" not in d or d.get("format") not in FORMATS:
+            raise _bad(path, f"{where}: expected an object with 'name' and 'format' (one of {', '.join(FORMATS)})")
+        unknown = [s for s in d.get("from", []) if s not in sources]
+        if unknown or not d.get("from"):
+            raise _bad(path, f"{where}: 'from' names {unknown or 'no source'}; expected some of: {', '.join(sources)}")
+        first, last = d.get("repeat") or (None, None)
+        numbers = range(first, last + 1) if first is not None else [None]
+        for i in numbers:
+            def sub(p):
+                if p is None or i is None:
+                    return p
+                return p.replace("{i}", str(i)) if isinstance(p, str) else tuple(x.replace("{i}", str(i)) for x in p)
 
-IWSLT14_ES_EN = _iwslt("iwslt14_es_en", "es", "2014-01", _ES_2014, _ES_2014_TEST,
-                       ("tst2010", "tst2011", "tst2012", "dev2010"), ("tst2014",), 34000, "183k training pairs", 14)
-IWSLT14_RO_EN = _iwslt("iwslt14_ro_en", "ro", "2014-01", _RO_2014, _RO_2014_TEST,
-                       ("tst2010", "tst2011", "tst2012", "dev2010"), ("tst2014",), 32000, "182k training pairs", 14)
-IWSLT15_EN_VI = _iwslt("iwslt15_en_vi", "vi", "2015-01", _VI_2015, None,
-                       ("tst2012",), ("tst2013",), 21000, "133k training pairs, tst2012 1553, tst2013 ~1.2k", 15)
-IWSLT15_FR_EN = _iwslt("iwslt15_fr_en", "fr", "2015-01", _FR_2015, _FR_2015_TEST,
-                       ("tst2013",), ("tst2014", "tst2015"), 31000, "207k training pairs", 15)
+            def pat(p):
+                return tuple(p) if isinstance(p, list) else p
 
-# --------------------------------------------------------------------------- WAT17 Ja-En (ASPEC)
-_ASPEC_MANUAL = "ASPEC is distributed on application, not by download; unpack ASPEC-JE here"
+            parts.append(Part(
+                name=sub(d["name"]), fmt=d["format"], sources=tuple(sources[s] for s in d["from"]),
+                src=sub(pat(d.get("src", ""))), tgt=sub(pat(d.get("tgt"))),
+                lang_names=tuple(sorted((d.get("lang_names") or {}).items())),
+                optional=bool(d.get("optional", False))))
+    return tuple(parts)
 
 
-def _aspec(rel: str) -> Source:
-    return Source(f"ASPEC-JE/{rel}", "https://jipsti.jst.go.jp/aspec/", manual=_ASPEC_MANUAL,
-                  alternatives=(f"ASPEC/ASPEC-JE/{rel}",))
+def _recipe(path: str, m: dict, variant: Optional[str], variants: Tuple[str, ...], description: str) -> Recipe:
+    try:
+        sources = _sources(path, m)
+        splits = m.get("splits") or {}
+        parts = {s: _parts(path, s, splits.get(s), sources) for s in SPLIT_NAMES}
+        bpe = m.get("bpe") or {}
+        clean = m.get("clean") or {}
+        langs = tuple(m["langs"])
+        if len(langs) != 2:
+            raise _bad(path, f"'langs': expected two language codes, got {m['langs']}")
+        return Recipe(
+            name=m["name"], langs=langs, title=m["title"], sources=tuple(sources.values()),
+            train=parts["train"], valid=parts["valid"], test=parts["test"], splits_from=m["splits_from"],
+            bpe=bpe.get("method", "subword-nmt"), bpe_size=int(bpe.get("size", 32000)),
+            bpe_joint=bool(bpe.get("joint", True)), bpe_from=bpe.get("from", ""),
+            clean=Clean(clean.get("min_len", 1), clean.get("max_len"), clean.get("ratio"),
+                        clean.get("aggressive_dash", True)),
+            valid_every=m.get("valid_every"), lowercase=bool(m.get("lowercase", False)),
+            normalize_train=bool(m.get("normalize_train", False)),
+            eval_apostrophe=bool(m.get("eval_apostrophe", False)),
+            segment=tuple(sorted((m.get("segment") or {}).items())), notes=tuple(m.get("notes") or ()),
+            test_description=m.get("test_description", ""), licence=m.get("licence", ""),
+            used_by=tuple(m.get("used_by") or ()), variant=variant, variants=variants,
+            variant_description=description, manifest=path)
+    except KeyError as e:
+        raise _bad(path, f"missing field {e}")
 
 
-_ASPEC_TRAIN1, _ASPEC_TRAIN2 = _aspec("train/train-1.txt"), _aspec("train/train-2.txt")
-_ASPEC_DEV, _ASPEC_TEST = _aspec("dev/dev.txt"), _aspec("test/test.txt")
+def load_manifest(path: str) -> Dict[Optional[str], Recipe]:
+    """The recipes of one manifest, by variant (the key None holds the default)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            m = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PrepareError(f"manifest {path}: cannot be read ({e})")
+    variants = m.get("variants") or {}
+    if not variants:
+        r = _recipe(path, m, None, (), "")
+        return {None: r}
+    default = m.get("default_variant")
+    if default not in variants:
+        raise _bad(path, f"'default_variant' is '{default}'; expected one of: {', '.join(variants)}")
+    order = (default,) + tuple(v for v in variants if v != default)
+    out = {}
+    for name, over in variants.items():
+        merged = copy.deepcopy(m)
+        for key, value in over.items():
+            if key == "description":
+                continue
+            if key == "splits":
+                merged["splits"] = dict(merged.get("splits") or {}, **value)
+            else:
+                merged[key] = value
+        out[name] = _recipe(path, merged, name, order, over.get("description", ""))
+    out[None] = out[default]
+    return out
 
-WAT17_JA_EN = Recipe(
-    name="wat17_ja_en",
-    langs=("ja", "en"),
-    title="WAT17 Japanese-English (ASPEC-JE)",
-    sources=(_ASPEC_TRAIN1, _ASPEC_TRAIN2, _ASPEC_DEV, _ASPEC_TEST),
-    train=(Part("train-1", "aspec", (_ASPEC_TRAIN1,)), Part("train-2", "aspec", (_ASPEC_TRAIN2,))),
-    valid=(Part("dev", "aspec", (_ASPEC_DEV,)),),
-    test=(Part("test", "aspec", (_ASPEC_TEST,)),),
-    splits_from="Xu et al. 2019 (after Morishita et al. 2017): the first two sections of the "
-    "ASPEC-JE training data (train-1.txt, train-2.txt: 2M pairs); WAT's dev and test sets",
-    bpe_size=32000,
-    bpe_from="32K BPE merges (Xu et al. 2019)",
-    clean=Clean(1, None, None),
-    segment=(("ja", "mecab"),),
-    notes=("Japanese is word-segmented with MeCab (fugashi + UniDic-lite from PyPI); the paper "
-           "used KyTea, which PyPI does not ship with a model.",
-           "No length cleaning (pairs with an empty side are dropped): the paper states none."),
-)
 
-# --------------------------------------------------------------------------- WMT17 Zh-En
-_NC12 = Source("training-parallel-nc-v12.tgz", "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz")
-_UN = Source("UNv1.0.en-zh.tar.gz", "https://conferences.unite.un.org/uncorpus",
-             parts=("https://stuncorpusprod.blob.core.windows.net/corpusfiles/UNv1.0.en-zh.tar.gz.00",
-                    "https://stuncorpusprod.blob.core.windows.net/corpusfiles/UNv1.0.en-zh.tar.gz.01"),
-             description="United Nations Parallel Corpus v1.0, English-Chinese")
-_CWMT = Source("cwmt.tgz", "http://nlp.nju.edu.cn/cwmt-wmt/",
-               manual="the CWMT corpora are distributed on registration; pack them as cwmt.tgz "
-               "(cwmt/casia2015/..., cwmt/datum2017/..., as WMT17 lists them)")
-_WMT17_DEV = Source("dev.tgz", "http://data.statmt.org/wmt17/translation-task/dev.tgz")
-_WMT17_TEST = Source("test.tgz", "http://data.statmt.org/wmt17/translation-task/test.tgz")
+def load_all(directory: str = MANIFEST_DIR) -> Dict[str, Dict[Optional[str], Recipe]]:
+    paths = sorted(glob.glob(os.path.join(directory, "*.json")))
+    if not paths:
+        raise PrepareError(f"no dataset manifests in {directory} (expected data/manifests/<dataset>.json "
+                           "of the repository, or $FAIRSEQ_LOCALNESS_MANIFESTS)")
+    out = {}
+    for p in paths:
+        recipes = load_manifest(p)
+        name = recipes[None].name
+        if name != os.path.basename(p)[:-5]:
+            raise _bad(p, f"'name' is '{name}'; expected the file's name")
+        out[name] = recipes
+    return out
 
-_CWMT_PARTS = (
-    Part("cwmt-casia2015", "text", (_CWMT,), "casia2015/casia2015_{lang}.txt", lang_names=(("zh", "ch"),)),
-    Part("cwmt-casict2011-A", "text", (_CWMT,), "casict2011/casict-A_{lang}.txt", lang_names=(("zh", "ch"),),
-         optional=True),
-    Part("cwmt-casict2011-B", "text", (_CWMT,), "casict2011/casict-B_{lang}.txt", lang_names=(("zh", "ch"),),
-         optional=True),
-    Part("cwmt-casict2015", "text", (_CWMT,), "casict2015/casict2015_{lang}.txt", lang_names=(("zh", "ch"),)),
-    Part("cwmt-datum2015", "text", (_CWMT,), "datum2015/datum_{lang}.txt", lang_names=(("zh", "ch"),)),
-) + tuple(
-    Part(f"cwmt-datum2017-Book{i}", "text", (_CWMT,), f"datum2017/Book{i}_{{lang}}.txt", lang_names=(("zh", "cn"),))
-    for i in range(1, 21)
-) + (
-    Part("cwmt-neu2017", "text", (_CWMT,), "neu2017/NEU_{lang}.txt", lang_names=(("zh", "cn"),)),
-)
 
-WMT17_ZH_EN = Recipe(
-    name="wmt17_zh_en",
-    langs=("zh", "en"),
-    title="WMT17 Chinese-English",
-    sources=(_NC12, _UN, _CWMT, _WMT17_DEV, _WMT17_TEST),
-    train=(Part("news-commentary-v12", "text", (_NC12,), "news-commentary-v12.zh-en.{lang}"),
-           Part("UNv1.0", "text", (_UN,), "en-zh/UNv1.0.en-zh.{lang}")) + _CWMT_PARTS,
-    valid=(Part("newsdev2017", "sgm", (_WMT17_DEV,),
-                "newsdev2017-{src}{tgt}-src.{src}.sgm", "newsdev2017-{src}{tgt}-ref.{tgt}.sgm"),),
-    test=(Part("newstest2017", "sgm", (_WMT17_TEST,),
-               "newstest2017-{src}{tgt}-src.{src}.sgm", "newstest2017-{src}{tgt}-ref.{tgt}.sgm"),),
-    splits_from="Yang et al. 2018: all WMT17 parallel data (News Commentary v12, UN v1.0, CWMT), "
-    "sentences of at most 50 words, newsdev2017 valid, newstest2017 test",
-    bpe_size=32000,
-    bpe_from="32K BPE merges (Yang et al. 2018)",
-    clean=Clean(1, 50, None),
-    segment=(("zh", "jieba"),),
-    notes=("Chinese is word-segmented with jieba (Yang et al. 2018); English gets Moses "
-           "tokenization in prepare_bpe.sh. The 50-word limit counts segmented words and "
-           "Moses tokens.",
-           "Song et al. 2019 select data after Hassan et al. 2018 (18M pairs); that selection "
-           "is not reproduced."),
-)
-
-RECIPES: Dict[str, Recipe] = {r.name: r for r in (
-    WMT14_EN_DE, IWSLT14_DE_EN, IWSLT14_ES_EN, IWSLT14_RO_EN, IWSLT15_EN_VI, IWSLT15_FR_EN,
-    WAT17_JA_EN, WMT17_ZH_EN,
-)}
+ALL: Dict[str, Dict[Optional[str], Recipe]] = load_all()
+#: Each dataset's recipe (its default variant).
+RECIPES: Dict[str, Recipe] = {name: variants[None] for name, variants in ALL.items()}
 DATASETS = tuple(RECIPES)
+
+
+def recipe_for(dataset: str, variant: Optional[str] = None) -> Recipe:
+    """The recipe of a dataset's variant (None: the default); PrepareError names the
+    datasets or variants that exist."""
+    if dataset not in ALL:
+        raise PrepareError(f"--dataset: expected one of: {' '.join(DATASETS)}; got '{dataset}'")
+    recipes = ALL[dataset]
+    if variant is None:
+        return recipes[None]
+    if variant not in recipes:
+        have = recipes[None].variants
+        raise PrepareError(f"--variant: {dataset} " + (f"has the variants {', '.join(have)}" if have else
+                                                        "has no variants") + f"; got '{variant}'")
+    return recipes[variant]

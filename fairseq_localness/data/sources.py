@@ -7,8 +7,14 @@ refer to the texts inside archives by member path patterns (:class:`Member`): a
 pattern matches a member whose path is the pattern or ends with ``/`` + the pattern
 (``fnmatch`` wildcards allowed), so the archive's top-level directory does not
 matter.
+
+Downloads (:func:`download`) stream into ``NAME.part`` with a progress bar (tqdm),
+compute the checksums the manifest publishes for the file (md5, sha1, sha256) and its
+size on the way, and rename the file into place only when they match.
 """
 import fnmatch
+import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -16,7 +22,11 @@ import tarfile
 import urllib.request
 import zipfile
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Dict, Iterable, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger(__name__)
+
+CHECKSUMS = ("md5", "sha1", "sha256")
 
 
 class PrepareError(Exception):
@@ -27,25 +37,76 @@ class PrepareError(Exception):
 ARCHIVE_SUFFIXES = (".tgz", ".tar.gz", ".tar", ".zip")
 
 
+def progress(iterable=None, **kwargs):
+    """A tqdm progress bar on stderr: redrawn every second on a terminal, every 30
+    seconds otherwise (a log file gets a line now and then, not thousands).
+    ``TQDM_DISABLE=1`` turns the bars off (tqdm's own environment variable)."""
+    from tqdm import tqdm
+
+    interactive = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+    kwargs.setdefault("mininterval", 1.0 if interactive else 30.0)
+    kwargs.setdefault("file", sys.stderr)
+    kwargs.setdefault("dynamic_ncols", interactive)
+    return tqdm(iterable, **kwargs)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """One URL and what is published about the file behind it (size in bytes,
+    checksums as lower-case hex; empty where nothing is published)."""
+
+    url: str
+    size: Optional[int] = None
+    md5: str = ""
+    sha1: str = ""
+    sha256: str = ""
+
+    @property
+    def checksums(self) -> Dict[str, str]:
+        return {a: getattr(self, a).lower() for a in CHECKSUMS if getattr(self, a)}
+
+    @property
+    def published(self) -> bool:
+        return bool(self.size or self.checksums)
+
+
 @dataclass(frozen=True)
 class Source:
     """One downloaded file.
 
     ``name``: its path relative to ``--raw-dir`` (the download's own file name; a
     subdirectory only where two releases use the same file name).
-    ``url``: where it is downloaded from; ``parts``: URLs whose concatenation is the
-    file (a download split in pieces). ``manual``: how to obtain it when it cannot
-    be downloaded by a script (registration or application); ``--download`` then
-    stops and says so. ``alternatives``: other accepted paths relative to
-    ``--raw-dir`` (e.g. with the distribution's top-level directory).
+    ``url``: where it is downloaded from; ``parts``: the pieces (:class:`Remote`,
+    each with its own size and checksums) whose concatenation is the file.
+    ``manual``: how to obtain it when it cannot be downloaded by a script
+    (registration, application, or an address that no longer exists); ``--download``
+    then stops and says so. ``alternatives``: other accepted paths relative to
+    ``--raw-dir`` (e.g. with the distribution's top-level directory). ``size``,
+    ``md5``, ``sha1``, ``sha256``: the published size and checksums of the whole
+    file (where there are), ``checksum_from`` where they were published.
     """
 
     name: str
     url: str
-    parts: Tuple[str, ...] = ()
+    parts: Tuple[Remote, ...] = ()
     manual: str = ""
     alternatives: Tuple[str, ...] = ()
     description: str = ""
+    size: Optional[int] = None
+    md5: str = ""
+    sha1: str = ""
+    sha256: str = ""
+    checksum_from: str = ""
+
+    @property
+    def whole(self) -> Remote:
+        """The file as a whole (its URL is a download only when there are no parts)."""
+        return Remote(self.url, self.size, self.md5, self.sha1, self.sha256)
+
+    @property
+    def remotes(self) -> Tuple[Remote, ...]:
+        """What --download fetches, in order."""
+        return self.parts or (self.whole,)
 
     @property
     def is_archive(self) -> bool:
@@ -66,9 +127,22 @@ class Source:
     def describe(self) -> str:
         where = self.url if self.downloadable else f"{self.url} ({self.manual})"
         if self.parts:
-            where += " (download the parts " + ", ".join(self.parts) + " and concatenate them)"
+            where += " (download the parts " + ", ".join(p.url for p in self.parts) + " and concatenate them)"
         alt = "".join(f" or {a}" for a in self.alternatives)
         return f"{self.name}{alt}  <-  {where}"
+
+    def check_size(self, path: str) -> Optional[str]:
+        """A warning when the file's size differs from the published one (a truncated
+        or different download), else None. Cheap: one stat."""
+        size = self.size or (sum(p.size for p in self.parts) if self.parts and all(p.size for p in self.parts)
+                             else None)
+        if size is None:
+            return None
+        have = os.path.getsize(path)
+        if have == size:
+            return None
+        return (f"{path} has {have:,} bytes; the published size of {self.name} is {size:,} "
+                f"({self.checksum_from or 'see its manifest'}): a truncated or different download?")
 
 
 @dataclass(frozen=True)
@@ -171,7 +245,7 @@ class RawFiles:
     def _extract_from(self, source: Source, names: set) -> None:
         path = self._path(source)
         dest_root = os.path.join(self.work_dir, source.name.replace("/", "__"))
-        print(f"+ extract {len(names)} file(s) from {path}", file=sys.stderr)
+        logger.info("extracting %d file(s) from %s", len(names), path)
 
         def target(name: str) -> str:
             dest = os.path.normpath(os.path.join(dest_root, name.lstrip("./")))
@@ -182,31 +256,136 @@ class RawFiles:
 
         if source.name.endswith(".zip"):
             with zipfile.ZipFile(path) as z:
-                for name in names:
-                    dest = target(name)
-                    with z.open(name) as src, open(dest, "wb") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
-                    self._extracted[(source.name, name)] = dest
+                total = sum(z.getinfo(n).file_size for n in names)
+                with progress(total=total, unit="B", unit_scale=True, desc=f"extract {source.name}") as bar:
+                    for name in names:
+                        dest = target(name)
+                        with z.open(name) as src, open(dest, "wb") as dst:
+                            _copy(src, dst, bar)
+                        self._extracted[(source.name, name)] = dest
             return
-        with tarfile.open(path, "r:*") as t:
-            for m in t:
-                if m.isfile() and m.name in names:
-                    dest = target(m.name)
-                    with t.extractfile(m) as src, open(dest, "wb") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
-                    self._extracted[(source.name, m.name)] = dest
+        # a compressed tar is read from the start: the bar counts the archive's bytes read
+        with open(path, "rb") as raw, progress(total=os.path.getsize(path), unit="B", unit_scale=True,
+                                               desc=f"extract {source.name}") as bar:
+            counted = _CountingReader(raw, bar)
+            with tarfile.open(fileobj=counted, mode="r:*") as t:
+                for m in t:
+                    if m.isfile() and m.name in names:
+                        dest = target(m.name)
+                        with t.extractfile(m) as src, open(dest, "wb") as dst:
+                            shutil.copyfileobj(src, dst, 1 << 20)
+                        self._extracted[(source.name, m.name)] = dest
+
+
+class _CountingReader:
+    """A binary file that reports its reads to a progress bar."""
+
+    def __init__(self, f: BinaryIO, bar):
+        self.f, self.bar = f, bar
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.bar.update(len(data))
+        return data
+
+    def readinto(self, b) -> int:
+        n = self.f.readinto(b)
+        self.bar.update(n or 0)
+        return n
+
+    def seek(self, *args):
+        return self.f.seek(*args)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def seekable(self) -> bool:
+        return self.f.seekable()
+
+    def readable(self) -> bool:
+        return True
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, bar, hashes: Optional[Dict[str, "hashlib._Hash"]] = None) -> int:
+    """Copy src to dst in 1 MiB blocks, updating the bar and the hashes; the bytes copied."""
+    n = 0
+    while True:
+        block = src.read(1 << 20)
+        if not block:
+            return n
+        dst.write(block)
+        for h in (hashes or {}).values():
+            h.update(block)
+        n += len(block)
+        bar.update(len(block))
+
+
+def _problems(remote: Remote, size: int, hashes: Dict[str, "hashlib._Hash"]) -> List[str]:
+    """How a file of `size` bytes with these hashes differs from what is published."""
+    out = []
+    if remote.size is not None and size != remote.size:
+        out.append(f"{size:,} bytes, expected {remote.size:,}")
+    for algo, want in remote.checksums.items():
+        got = hashes[algo].hexdigest()
+        if got != want:
+            out.append(f"{algo} {got}, expected {want}")
+    return out
+
+
+def _check(what: str, remote: Remote, size: int, hashes: Dict[str, "hashlib._Hash"], source: Source,
+           keep: str) -> None:
+    problems = _problems(remote, size, hashes)
+    if problems:
+        raise PrepareError(f"--download: {what} does not match what is published for {source.name} "
+                           f"({source.checksum_from or 'its manifest'}): {'; '.join(problems)}. "
+                           f"The download is kept as {keep}; delete it and try again, or get the file another way.")
+    if remote.published:
+        checked = (["size"] if remote.size is not None else []) + sorted(remote.checksums)
+        logger.info("%s: %s as published", what, ", ".join(checked))
+
+
+class _Sink:
+    def write(self, block: bytes) -> None:
+        pass
 
 
 def download(sources: Sequence[Source], raw_dir: str) -> None:
-    """Download the given sources into raw_dir (each under a temporary name first)."""
+    """Download the given sources into raw_dir: each into NAME.part (the parts of a
+    split download one after the other), with a progress bar, checked against the
+    published sizes and checksums, then renamed to NAME. A mismatch stops with a
+    PrepareError and leaves NAME.part for inspection (NAME is not created)."""
     for s in sources:
         dest = os.path.join(raw_dir, s.name)
         os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
         tmp = dest + ".part"
-        urls = s.parts or (s.url,)
+        whole = {a: hashlib.new(a) for a in s.whole.checksums}
+        total = 0
         with open(tmp, "wb") as out:
-            for url in urls:
-                print(f"+ download {url} -> {dest}", file=sys.stderr)
-                with urllib.request.urlopen(url) as r:  # noqa: S310 (URLs are the recipes' own)
-                    shutil.copyfileobj(r, out, 1 << 20)
+            for remote in s.remotes:
+                logger.info("downloading %s -> %s", remote.url, dest)
+                own = {a: hashlib.new(a) for a in remote.checksums} if s.parts else {}
+                with urllib.request.urlopen(remote.url) as r:  # noqa: S310 (URLs are the manifests' own)
+                    length = (getattr(r, "headers", None) or {}).get("Content-Length")
+                    expected = remote.size or (int(length) if length and str(length).isdigit() else None)
+                    with progress(total=expected, unit="B", unit_scale=True,
+                                  desc=os.path.basename(remote.url)) as bar:
+                        n = _copy(r, out, bar, {**{"part " + a: h for a, h in own.items()}, **whole})
+                total += n
+                if s.parts:
+                    _check(remote.url, remote, n, own, s, tmp)
+        _check(dest if s.parts else s.url, s.whole, total, whole, s, tmp)
         os.replace(tmp, dest)
+
+
+def verify(source: Source, path: str) -> List[str]:
+    """Check a file against the published size and checksums of its source (reads it
+    once, with a progress bar); the differences found (empty: it matches, or nothing
+    is published)."""
+    whole = source.whole
+    if not whole.published:
+        return []
+    hashes = {a: hashlib.new(a) for a in whole.checksums}
+    with open(path, "rb") as f, progress(total=os.path.getsize(path), unit="B", unit_scale=True,
+                                         desc=f"verify {source.name}") as bar:
+        n = _copy(f, _Sink(), bar, hashes)
+    return _problems(whole, n, hashes)

@@ -5,7 +5,9 @@
 #   TABLE_ROWS=(   # the table's rows, in the paper's order, one entry per system:
 #       "<name>|<config>[:<src>-<tgt>]|<extra args>|<paper BLEU>|<baseline row>|<paper params>|<paper speed>"
 #   )
-#   TABLE_SIGNIFICANCE=1   # paired bootstrap against the baseline row (the paper reports it)
+#   TABLE_SIGNIFICANCE=paired-bs   # the significance test the paper reports against the
+#                                  # baseline row: paired-bs (Koehn 2004's paired
+#                                  # bootstrap, full-size resamples), compare-mt, or none
 #
 # then sources this file and calls `reproduce_main "$@"`.
 #
@@ -19,32 +21,44 @@
 #                 config's METHOD_ARGS (options the other architecture does not have)
 #   paper BLEU    the paper's number (a float, or '-' when the paper has none)
 #   baseline row  an earlier row: the reference for parameter differences ('+0.4M'
-#                 in the params column) and, with TABLE_SIGNIFICANCE=1, the baseline
-#                 of the significance test; empty for none
+#                 in the params column) and of the significance tests; empty for none
 #   paper params  as the paper prints it (e.g. 88.0M, +0.4M), or empty
 #   paper speed   training speed as the paper prints it (steps/s), or empty
 #
-# Per selected row: prepare the data (once per dataset, direction and segmentation),
-# train (train.sh; rerunning resumes), average the last checkpoints, evaluate, and run
-# the significance test; then print the Markdown table of the paper's numbers next to
-# ours (WORK/results.md). Steps whose outputs are up to date are skipped, so a rerun
-# continues where the last one stopped. Everything is validated before the first
+# Per selected row: prepare the data (once per dataset, variant, direction and
+# segmentation; the raw files of each dataset in their own directory), train
+# (train.sh with the paper's batch split over the processes; rerunning resumes), average
+# the last checkpoints (or take the best one, where the paper early-stops), evaluate,
+# and run the significance tests; then print the Markdown table of the paper's numbers
+# next to ours (WORK/results.md). Steps whose outputs are up to date are skipped, so a
+# rerun continues where the last one stopped. Everything is validated before the first
 # command: a bad option, row or configuration stops with exit status 2.
 . "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/../batch_split.sh"
 
+REPRO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # (REPRODUCE_CONFIG_DIR: another directory of configurations; REPRODUCE_PIPELINE_DIR:
 # another directory of the pipeline steps prepare_data.sh ... significance.sh. For tests.)
 CONFIG_DIR="${REPRODUCE_CONFIG_DIR:-$REPO_DIR/configs/papers}"
 PIPELINE_DIR="${REPRODUCE_PIPELINE_DIR:-$SCRIPTS_DIR}"
-# The datasets scripts/prepare_data.sh knows.
-DATASETS=(wmt14_en_de iwslt14_de_en iwslt14_es_en iwslt14_ro_en iwslt15_en_vi iwslt15_fr_en wat17_ja_en wmt17_zh_en)
-BLEU_KINDS=(sacrebleu tok tok-compound)
-# What a configuration file defines (reset before each one is read).
+# The datasets: one manifest each in data/manifests (scripts/prepare_data.sh reads them).
+DATASETS=()
+for _m in "$REPO_DIR"/data/manifests/*.json; do _m="${_m##*/}"; DATASETS+=("${_m%.json}"); done
+unset _m
+BLEU_KINDS=(nist sacrebleu multi-bleu tok-compound)
+TRAININGS=(fixed early-stop)
+TESTS=(paired-bs compare-mt)
+# What a configuration file defines (reset before each one is read), and the optional
+# ones with their defaults.
 CONFIG_VARS=(DESCRIPTION PAIRS BPE ARCH MODEL_ARGS METHOD_ARGS TRAIN_ARGS MAX_UPDATE
-             EFFECTIVE_TOKENS AVERAGE_LAST BEAM LENPEN GENERATE_ARGS)
+             EFFECTIVE_TOKENS AVERAGE_LAST BEAM LENPEN GENERATE_ARGS PAPER_BLEU)
+config_defaults() {
+    BPE_JOINT=yes TRAINING=fixed PATIENCE=10 PAPER_EMBEDDINGS=shared
+}
 # Options the driver and train.sh set themselves; a configuration or row must not.
 RESERVED_OPTS=(--max-update --update-freq --seed --save-dir --arch --cpu --log-file
-               --source-lang --target-lang --user-dir --task --fp16 --bf16)
+               --source-lang --target-lang --user-dir --task --fp16 --bf16 --restore-file
+               --eval-bleu --patience --best-checkpoint-metric)
 
 # ------------------------------------------------------------------ configurations
 # config_names: the configurations that exist, for error messages.
@@ -81,7 +95,7 @@ check_reserved() {
         for r in "${RESERVED_OPTS[@]}"; do
             [[ "$w" == "$r" ]] && die "$where: '$r' is set by the reproduce driver and train.sh \
 (--max-update from MAX_UPDATE, --update-freq from EFFECTIVE_TOKENS, --seed/--cpu/--precision \
-from the command line, the architecture from ARCH or a row's leading --arch); remove it"
+from the command line, the architecture from ARCH or a row's leading --arch, early stopping from TRAINING); remove it"
         done
     done
     return 0
@@ -94,6 +108,7 @@ load_config() {
     [[ "$name" =~ ^[A-Za-z0-9_.-]+$ && -f "$CFG_FILE" ]] \
         || die "no configuration '$name' (expected $CONFIG_DIR/$name.sh); configurations: $(config_names)"
     unset "${CONFIG_VARS[@]}"
+    config_defaults
     # shellcheck disable=SC1090
     . "$CFG_FILE"
     local v
@@ -101,46 +116,63 @@ load_config() {
         declare -p "$v" &>/dev/null || cfg_die "$v is not set (every configuration sets: ${CONFIG_VARS[*]})"
     done
     require_choice "$CFG_FILE: BPE" "$BPE" subword-nmt sentencepiece
+    require_choice "$CFG_FILE: BPE_JOINT" "$BPE_JOINT" yes no
+    require_choice "$CFG_FILE: TRAINING" "$TRAINING" "${TRAININGS[@]}"
+    require_choice "$CFG_FILE: PAPER_EMBEDDINGS" "$PAPER_EMBEDDINGS" shared separate
     [[ -n "$ARCH" ]] || cfg_die "ARCH is empty"
+    [[ -n "$PAPER_BLEU" ]] || cfg_die "PAPER_BLEU is empty; expected the paper's words on its BLEU"
     require_int "$CFG_FILE: MAX_UPDATE" "$MAX_UPDATE" 1
     require_int "$CFG_FILE: EFFECTIVE_TOKENS" "$EFFECTIVE_TOKENS" 1
     require_int "$CFG_FILE: AVERAGE_LAST" "$AVERAGE_LAST" 1
+    require_int "$CFG_FILE: PATIENCE" "$PATIENCE" 1
     require_int "$CFG_FILE: BEAM" "$BEAM" 1
     require_float "$CFG_FILE: LENPEN" "$LENPEN"
-    (( ${#PAIRS[@]} )) || cfg_die "PAIRS is empty; expected entries 'dataset|src|tgt|bpe size|bleu kind'"
-    local entry dataset src tgt size kind keys=" "
+    (( ${#PAIRS[@]} )) || cfg_die "PAIRS is empty; expected entries 'dataset|src|tgt|bpe size|bleu kind[+extra kind]'"
+    local entry dataset src tgt size kinds kind extra keys=" "
     for entry in "${PAIRS[@]}"; do
-        IFS='|' read -r dataset src tgt size kind <<< "$entry"
+        IFS='|' read -r dataset src tgt size kinds <<< "$entry"
         require_choice "$CFG_FILE: PAIRS entry '$entry': dataset" "$dataset" "${DATASETS[@]}"
         require_lang "$CFG_FILE: PAIRS entry '$entry': source language" "$src"
         require_lang "$CFG_FILE: PAIRS entry '$entry': target language" "$tgt"
         require_int "$CFG_FILE: PAIRS entry '$entry': bpe size" "$size" 1
+        kind="${kinds%%+*}" extra=""
+        [[ "$kinds" == *+* ]] && extra="${kinds#*+}"
         require_choice "$CFG_FILE: PAIRS entry '$entry': bleu kind" "$kind" "${BLEU_KINDS[@]}"
+        [[ -z "$extra" ]] || require_choice "$CFG_FILE: PAIRS entry '$entry': extra bleu kind" "$extra" "${BLEU_KINDS[@]}"
         [[ "$keys" != *" $src-$tgt "* ]] || cfg_die "PAIRS lists the direction $src-$tgt twice"
         keys+="$src-$tgt "
     done
     check_reserved "$CFG_FILE: MODEL_ARGS" "${MODEL_ARGS[@]}"
     check_reserved "$CFG_FILE: METHOD_ARGS" "${METHOD_ARGS[@]}"
     check_reserved "$CFG_FILE: TRAIN_ARGS" "${TRAIN_ARGS[@]}"
-    local mt siu kiu
-    mt="$(opt_value --max-tokens "${TRAIN_ARGS[@]}")"
-    siu="$(opt_value --save-interval-updates "${TRAIN_ARGS[@]}")"
-    kiu="$(opt_value --keep-interval-updates "${TRAIN_ARGS[@]}")"
-    [[ -n "$mt" ]] || cfg_die "TRAIN_ARGS has no --max-tokens (the batch per GPU; EFFECTIVE_TOKENS sets --update-freq from it)"
+    local mt="" siu="" kiu="" prev="" w
+    for w in "${TRAIN_ARGS[@]}"; do  # (no subshells: configurations are loaded once per row and step)
+        case "$prev" in
+            --max-tokens) mt="$w" ;;
+            --save-interval-updates) siu="$w" ;;
+            --keep-interval-updates) kiu="$w" ;;
+        esac
+        prev="$w"
+    done
+    [[ -n "$mt" ]] || cfg_die "TRAIN_ARGS has no --max-tokens (the most tokens per process and batch; EFFECTIVE_TOKENS is split within it)"
+    require_int "$CFG_FILE: --max-tokens in TRAIN_ARGS" "$mt" 1
     [[ -n "$siu" ]] || cfg_die "TRAIN_ARGS has no --save-interval-updates (the last AVERAGE_LAST update checkpoints are averaged)"
     require_int "$CFG_FILE: --keep-interval-updates in TRAIN_ARGS" "${kiu:-0}" "$AVERAGE_LAST"
+    CFG_MAX_TOKENS="$mt" CFG_SAVE_INTERVAL="$siu"
 }
 
-# pair_of SPEC: sets P_DATASET P_SRC P_TGT P_BPE_SIZE P_KIND from the loaded
+# pair_of SPEC: sets P_DATASET P_SRC P_TGT P_BPE_SIZE P_KIND P_EXTRA from the loaded
 # configuration's PAIRS: SPEC is 'src-tgt', or empty when there is one pair.
 pair_of() {
-    local want="$1" entry dataset src tgt size kind found="" keys=()
+    local want="$1" entry dataset src tgt size kinds found="" keys=()
     for entry in "${PAIRS[@]}"; do
-        IFS='|' read -r dataset src tgt size kind <<< "$entry"
+        IFS='|' read -r dataset src tgt size kinds <<< "$entry"
         keys+=("$src-$tgt")
         if [[ -z "$want" || "$want" == "$src-$tgt" ]]; then
             [[ -z "$found" ]] || return 2
-            found=1 P_DATASET="$dataset" P_SRC="$src" P_TGT="$tgt" P_BPE_SIZE="$size" P_KIND="$kind"
+            found=1 P_DATASET="$dataset" P_SRC="$src" P_TGT="$tgt" P_BPE_SIZE="$size"
+            P_KIND="${kinds%%+*}" P_EXTRA=""
+            [[ "$kinds" == *+* ]] && P_EXTRA="${kinds#*+}"
         fi
     done
     [[ -n "$found" ]] || { PAIR_KEYS="${keys[*]}"; return 1; }
@@ -150,21 +182,35 @@ pair_of() {
 reproduce_usage_common() {
     cat <<'EOF'
 Options (every reproduce script):
-  --dry-run          print every command (one per line, runnable) and the table, run
-                     nothing, write nothing
+  --dry-run          print every command (one per line, runnable), the batch arithmetic
+                     and the table, run nothing, write nothing
   --table            only print the table from the results that exist (and write
                      WORK/results.md)
   --work-dir DIR     where runs and results go (default: runs/reproduce/<script name>)
-  --data-dir DIR     prepared corpora (default: WORK/data); give several tables the
-                     same one to prepare each corpus once
-  --raw-dir DIR      local copies of the downloads, passed to prepare_data.sh
-                     (default: DATA/downloads)
+  --data-dir DIR     prepared corpora (default: data/prepared, shared by every table)
+  --raw-dir DIR      the root of the raw downloads: each dataset's files in DIR/<dataset>/
+                     (default: data/downloads)
+  --raw-dir DATASET=DIR  one dataset's raw files in DIR (repeatable)
+  --download         let prepare_data.sh download what is missing (not possible for
+                     ASPEC, CWMT and the WIT3 IWSLT releases: the dry run says which)
+  --variant V        the datasets' variant V where they have one (iwslt14_de_en: paper,
+                     the default, or fairseq: fairseq's split, lowercased)
+  --bleu KIND        the main column's BLEU for every row: nist, sacrebleu, multi-bleu or
+                     tok-compound (default: the metric each paper names)
+  --training T       paper (default: each configuration's), fixed (MAX_UPDATE updates,
+                     average of the last checkpoints) or early-stop (stop when dev BLEU
+                     has not improved for --patience validations, take checkpoint_best.pt)
+  --patience N       validations without improvement before early stopping (default: the
+                     configuration's, 10)
+  --significance S   paper (default: the test the paper reports), paired-bs (Koehn 2004,
+                     full-size resamples, sacrebleu), compare-mt, both, or none
   --only "A B"       only these rows (names from the table below)
-  --gpus N           GPUs per run (default 1); the paper's batch is kept through
-                     --update-freq (train.sh --effective-tokens)
+  --gpus N           processes per run (default 1); the paper's batch is kept: per-process
+                     --max-tokens and --update-freq are derived from it (train.sh
+                     --effective-tokens), the dry run prints the arithmetic
   --cpu              train and translate on the CPU (smoke runs)
-  --max-tokens N     batch per GPU, replacing the configuration's (the effective batch
-                     stays the paper's)
+  --max-tokens N     the most tokens one process may hold (replaces the configuration's;
+                     the batch per update stays the paper's)
   --precision P      auto (default of train.sh), fp32, fp16 or bf16
   --seed N           training seed (default 1)
   --list             print the rows and exit
@@ -172,9 +218,11 @@ EOF
 }
 
 reproduce_parse_args() {
-    DRY_RUN=0 TABLE_ONLY=0 LIST_ONLY=0 WORK="" DATA_DIR="" RAW_DIR="" ONLY="" GPUS=1 CPU=0
-    MAX_TOKENS="" PRECISION="" SEED=1
-    local script_name
+    DRY_RUN=0 TABLE_ONLY=0 LIST_ONLY=0 WORK="" DATA_DIR="" RAW_ROOT="" ONLY="" GPUS=1 CPU=0
+    MAX_TOKENS="" PRECISION="" SEED=1 DOWNLOAD=0 VARIANT="" BLEU_OVERRIDE="" TRAINING_CHOICE=paper
+    PATIENCE_OVERRIDE="" SIGNIFICANCE=paper
+    declare -gA RAW_DIRS=()
+    local script_name spec
     script_name="$(basename "$0" .sh)"
     while (( $# )); do
         case "$1" in
@@ -183,7 +231,21 @@ reproduce_parse_args() {
             --list) LIST_ONLY=1; shift ;;
             --work-dir) need_value "$1" $#; WORK="$2"; shift 2 ;;
             --data-dir) need_value "$1" $#; DATA_DIR="$2"; shift 2 ;;
-            --raw-dir) need_value "$1" $#; RAW_DIR="$2"; shift 2 ;;
+            --raw-dir)
+                need_value "$1" $#; spec="$2"; shift 2
+                if [[ "$spec" == *=* && "${spec%%=*}" =~ ^[a-z0-9_]+$ ]]; then
+                    require_choice "--raw-dir DATASET=DIR: dataset" "${spec%%=*}" "${DATASETS[@]}"
+                    [[ -n "${spec#*=}" ]] || die "--raw-dir ${spec%%=*}=: expected a directory after '='"
+                    RAW_DIRS["${spec%%=*}"]="${spec#*=}"
+                else
+                    RAW_ROOT="$spec"
+                fi ;;
+            --download) DOWNLOAD=1; shift ;;
+            --variant) need_value "$1" $#; VARIANT="$2"; shift 2 ;;
+            --bleu) need_value "$1" $#; BLEU_OVERRIDE="$2"; shift 2 ;;
+            --training) need_value "$1" $#; TRAINING_CHOICE="$2"; shift 2 ;;
+            --patience) need_value "$1" $#; PATIENCE_OVERRIDE="$2"; shift 2 ;;
+            --significance) need_value "$1" $#; SIGNIFICANCE="$2"; shift 2 ;;
             --only) need_value "$1" $#; ONLY="$2"; shift 2 ;;
             --gpus) need_value "$1" $#; GPUS="$2"; shift 2 ;;
             --cpu) CPU=1; shift ;;
@@ -196,17 +258,38 @@ reproduce_parse_args() {
     done
     (( DRY_RUN + TABLE_ONLY <= 1 )) || die "--dry-run and --table: expected one of them, not both"
     require_int --gpus "$GPUS" 1
+    GPUS=$((10#$GPUS))
     require_int --seed "$SEED" 0
     [[ -z "$MAX_TOKENS" ]] || require_int --max-tokens "$MAX_TOKENS" 1
     [[ -z "$PRECISION" ]] || require_choice --precision "$PRECISION" auto fp32 fp16 bf16
+    [[ -z "$VARIANT" ]] || [[ "$VARIANT" =~ ^[A-Za-z0-9_-]+$ ]] || die "--variant: expected a variant name, got '$VARIANT'"
+    [[ -z "$BLEU_OVERRIDE" ]] || require_choice --bleu "$BLEU_OVERRIDE" "${BLEU_KINDS[@]}"
+    require_choice --training "$TRAINING_CHOICE" paper "${TRAININGS[@]}"
+    [[ -z "$PATIENCE_OVERRIDE" ]] || require_int --patience "$PATIENCE_OVERRIDE" 1
+    require_choice --significance "$SIGNIFICANCE" paper "${TESTS[@]}" both none
     (( CPU == 0 || GPUS == 1 )) || die "--cpu and --gpus $GPUS: expected one of them, not both"
     WORK="${WORK:-$REPO_DIR/runs/reproduce/$script_name}"
     WORK="${WORK%/}"
-    DATA_DIR="${DATA_DIR:-$WORK/data}"
+    DATA_DIR="${DATA_DIR:-$REPO_DIR/data/prepared}"
     DATA_DIR="${DATA_DIR%/}"
-    RAW_DIR="${RAW_DIR:-$DATA_DIR/downloads}"
+    RAW_ROOT="${RAW_ROOT:-$REPO_DIR/data/downloads}"
+    RAW_ROOT="${RAW_ROOT%/}"
     [[ ! -e "$WORK" || -d "$WORK" ]] || die "--work-dir: '$WORK' exists and is not a directory"
     [[ ! -e "$DATA_DIR" || -d "$DATA_DIR" ]] || die "--data-dir: '$DATA_DIR' exists and is not a directory"
+    # the significance tests to run
+    local paper_test="${TABLE_SIGNIFICANCE:-none}"
+    case "$paper_test" in 0) paper_test=none ;; 1) paper_test=compare-mt ;; esac
+    case "$SIGNIFICANCE" in
+        paper) RUN_TESTS="${paper_test/none/}" ;;
+        both) RUN_TESTS="paired-bs compare-mt" ;;
+        none) RUN_TESTS="" ;;
+        *) RUN_TESTS="$SIGNIFICANCE" ;;
+    esac
+}
+
+# raw_dir_of DATASET: where prepare_data.sh finds the dataset's raw files.
+raw_dir_of() {
+    echo "${RAW_DIRS[$1]:-$RAW_ROOT/$1}"
 }
 
 list_rows() {
@@ -218,13 +301,43 @@ list_rows() {
     done
 }
 
+# ------------------------------------------------------------------ data plans
+# plan_specs SPEC...: each SPEC the prepare_data.py options of one request (a string);
+# sets PLANS[SPEC] to the shell assignments of its plan (NAME, VARIANT, VARIANTS, TEST,
+# DOWNLOAD, MANUAL: see fairseq-localness-prepare plan), read from the datasets'
+# manifests in one Python call (no fairseq import); with --variant, the datasets that
+# have that variant get it (--prefer-variant).
+declare -A PLANS=()
+plan_specs() {
+    local specs=("$@") first=() prefer=() out block k=0
+    read -r -a first <<< "${specs[0]}"
+    [[ -n "$VARIANT_CHOICE" ]] && prefer=(--prefer-variant "$VARIANT_CHOICE")
+    out="$(printf '%s\n' "${specs[@]:1}" | "$PY" "$SCRIPTS_DIR/prepare_data.py" --prog "$PROG" plan \
+        "${first[@]}" "${prefer[@]}" --more)" || exit 2
+    while IFS= read -r -d $'\034' block; do
+        PLANS["${specs[$k]}"]="$block"
+        k=$((k + 1))
+    done < <(awk -v RS='\n--\n' '{ printf "%s\034", $0 }' <<< "$out")
+    (( k == ${#specs[@]} )) || die "prepare_data.py plan: expected ${#specs[@]} plans, got $k"
+}
+
+# plan_of SPEC: PLAN_NAME, PLAN_VARIANT, PLAN_VARIANTS, PLAN_TEST, PLAN_DOWNLOAD, PLAN_MANUAL.
+plan_of() {
+    local NAME="" VARIANT="" VARIANTS="" TEST="" DOWNLOAD="" MANUAL="" VARIANT_DESCRIPTION="" BPE_JOINT=""
+    eval "${PLANS[$1]}"
+    PLAN_NAME="$NAME" PLAN_VARIANT="$VARIANT" PLAN_VARIANTS="$VARIANTS" PLAN_TEST="$TEST"
+    PLAN_DOWNLOAD="$DOWNLOAD" PLAN_MANUAL="$MANUAL"
+}
+
 # ------------------------------------------------------------------ rows
 # Parse and check every row (not only the selected ones), loading its configuration.
 reproduce_load_rows() {
     R_NAME=() R_CFG=() R_PAIR=() R_EXTRA=() R_BLEU=() R_BASE=() R_PARAMS=() R_SPEED=()
-    R_ARCH=() R_KIND=() R_DATA=() R_SRC=() R_TGT=() R_RUN=()
+    R_ARCH=() R_KIND=() R_XKIND=() R_DATASET=() R_VARIANT=() R_TEST=() R_DATA=() R_SRC=() R_TGT=()
+    R_RUN=() R_TRAINING=() R_PAPER_BLEU=() R_SHARES=() R_DOWNLOAD=() R_MANUAL=() R_SPEC=()
+    VARIANT_CHOICE="$VARIANT"
     (( ${#TABLE_ROWS[@]} )) || die "TABLE_ROWS is empty"
-    local entry name cfgspec extra bleu base params speed more cfg pair i
+    local entry name cfgspec extra bleu base params speed more cfg pair i variant_used=0
     for entry in "${TABLE_ROWS[@]}"; do
         IFS='|' read -r name cfgspec extra bleu base params speed more <<< "$entry"
         [[ -z "$more" ]] || die "row '$entry': expected 7 fields 'name|config|extra args|paper BLEU|baseline|params|speed'"
@@ -249,12 +362,43 @@ reproduce_load_rows() {
             words=("${words[@]:2}")
         fi
         check_reserved "row '$name' (extra args)" "${words[@]}"
+        # the BLEU of the main column (--bleu replaces the paper's) and the extra one; one
+        # tokenized BLEU per row (evaluate.sh writes one)
+        local kind="${BLEU_OVERRIDE:-$P_KIND}" xkind="$P_EXTRA"
+        [[ "$xkind" == "$kind" ]] && xkind=""
+        if [[ "$xkind" == multi-bleu || "$xkind" == tok-compound ]] && [[ "$kind" == multi-bleu || "$kind" == tok-compound ]]; then
+            xkind=""
+        fi
+        local training="$TRAINING"
+        [[ "$TRAINING_CHOICE" != paper ]] && training="$TRAINING_CHOICE"
+        R_SPEC+=("--dataset $P_DATASET --src $P_SRC --tgt $P_TGT --bpe $BPE --bpe-size $P_BPE_SIZE --bpe-joint $BPE_JOINT")
+        # our run shares the embeddings where the paper's parameter count has separate ones
+        local shares=0
+        [[ " ${MODEL_ARGS[*]} " == *" --share-all-embeddings "* && "$PAPER_EMBEDDINGS" == separate ]] && shares=1
         R_NAME+=("$name") R_CFG+=("$cfg") R_PAIR+=("$pair") R_EXTRA+=("${words[*]}")
         R_BLEU+=("$bleu") R_BASE+=("$base") R_PARAMS+=("$params") R_SPEED+=("$speed")
-        R_ARCH+=("$arch") R_KIND+=("$P_KIND") R_SRC+=("$P_SRC") R_TGT+=("$P_TGT")
-        R_DATA+=("$DATA_DIR/$P_DATASET.$P_SRC-$P_TGT.$BPE$P_BPE_SIZE")
-        R_RUN+=("$WORK/runs/$name")
+        R_ARCH+=("$arch") R_KIND+=("$kind") R_XKIND+=("$xkind") R_SRC+=("$P_SRC") R_TGT+=("$P_TGT")
+        R_DATASET+=("$P_DATASET") R_RUN+=("$WORK/runs/$name") R_TRAINING+=("$training")
+        R_PAPER_BLEU+=("$PAPER_BLEU") R_SHARES+=("$shares")
     done
+    # the data of every row: its prepared directory, variant, test set and downloads
+    local specs=() spec
+    for spec in "${R_SPEC[@]}"; do
+        [[ -n "${PLANS[$spec]:-}" ]] && continue
+        PLANS[$spec]=pending
+        specs+=("$spec")
+    done
+    plan_specs "${specs[@]}"
+    for i in "${!R_NAME[@]}"; do
+        plan_of "${R_SPEC[$i]}"
+        [[ -n "$VARIANT" && "$PLAN_VARIANT" == "$VARIANT" ]] && variant_used=1
+        R_VARIANT+=("$PLAN_VARIANT") R_TEST+=("$PLAN_TEST") R_DOWNLOAD+=("$PLAN_DOWNLOAD") R_MANUAL+=("$PLAN_MANUAL")
+        R_DATA+=("$DATA_DIR/$PLAN_NAME")
+    done
+    if [[ -n "$VARIANT" ]] && (( ! variant_used )); then
+        die "--variant: no dataset of ${TABLE_TITLE%%:*} has a variant '$VARIANT' (see \
+'scripts/prepare_data.py list' for the datasets' variants)"
+    fi
     # --only
     SELECTED=()
     if [[ -n "$ONLY" ]]; then
@@ -292,29 +436,70 @@ note() {
     fi
 }
 
-# The result files of row i.
-score_json() {  # i
-    case "${R_KIND[$1]}" in
-        sacrebleu) echo "${R_RUN[$1]}/eval/bleu.json" ;;
-        *) echo "${R_RUN[$1]}/eval/tok_bleu.json" ;;
+# kind_json KIND RUN_DIR: sets KIND_JSON, the score file of a BLEU kind ("" for none).
+kind_json() {
+    case "$1" in
+        nist|sacrebleu) KIND_JSON="$2/eval/bleu.json" ;;
+        "") KIND_JSON="" ;;
+        *) KIND_JSON="$2/eval/tok_bleu.json" ;;
     esac
 }
-avg_ckpt() {  # i (uses the loaded configuration's AVERAGE_LAST)
-    echo "${R_RUN[$1]}/checkpoint_avg_last${AVERAGE_LAST}.pt"
+# row_files i: the result files of row i (with its configuration loaded): ROW_SCORE
+# (the main column's score), ROW_XSCORE (the extra column's), ROW_CKPT (the checkpoint
+# that is translated: the average of the last AVERAGE_LAST, or checkpoint_best.pt),
+# and TRAINING_TEXT (the training in words). Globals, no subshells (set for every row).
+row_files() {
+    local i="$1" run="${R_RUN[$1]}" whose="the paper's"
+    kind_json "${R_KIND[$i]}" "$run"
+    ROW_SCORE="$KIND_JSON"
+    kind_json "${R_XKIND[$i]}" "$run"
+    ROW_XSCORE="$KIND_JSON"
+    [[ "${R_TRAINING[$i]}" != "$TRAINING" ]] && whose="an alternative to the paper's"
+    if [[ "${R_TRAINING[$i]}" == early-stop ]]; then
+        ROW_CKPT="$run/checkpoint_best.pt"
+        TRAINING_TEXT="early stopping on dev BLEU (patience ${PATIENCE_OVERRIDE:-$PATIENCE} validations, one every \
+$CFG_SAVE_INTERVAL updates; at most $MAX_UPDATE updates), checkpoint_best.pt ($whose)"
+    else
+        ROW_CKPT="$run/checkpoint_avg_last${AVERAGE_LAST}.pt"
+        TRAINING_TEXT="$MAX_UPDATE updates, average of the last $AVERAGE_LAST checkpoints ($whose)"
+    fi
 }
 
-# What makes a run what it is; a run directory trained with another one is refused.
-system_signature() {  # i words...
+# early_stop_args i: fairseq-train's options for early stopping on development BLEU
+# (fairseq's --eval-bleu with the paper's beam and length penalty on the detokenized
+# output, sacreBLEU as the papers' NIST BLEU; validation at each checkpoint).
+early_stop_args() {
+    local i="$1" detok=space remove=sentencepiece gen prev="" w
+    [[ "$BPE" == subword-nmt ]] && detok=moses remove=subword_nmt
+    gen="{\"beam\": $BEAM, \"lenpen\": $LENPEN"
+    for w in "${GENERATE_ARGS[@]}"; do
+        case "$prev" in
+            --max-len-a) gen+=", \"max_len_a\": $w" ;;
+            --max-len-b) gen+=", \"max_len_b\": $w" ;;
+        esac
+        prev="$w"
+    done
+    gen+="}"
+    EARLY_ARGS=(--eval-bleu --eval-bleu-args "$gen" --eval-bleu-detok "$detok")
+    [[ "$detok" == moses ]] && EARLY_ARGS+=(--eval-bleu-detok-args "{\"target_lang\": \"${R_TGT[$i]}\"}")
+    EARLY_ARGS+=(--eval-bleu-remove-bpe "$remove" --best-checkpoint-metric bleu --maximize-best-checkpoint-metric
+                 --patience "${PATIENCE_OVERRIDE:-$PATIENCE}" --validate-interval-updates "$CFG_SAVE_INTERVAL")
+}
+
+# system_signature i words...: SIGNATURE, what makes a run what it is; a run directory
+# trained with another one is refused.
+system_signature() {
     local i="$1"
     shift
-    printf '%s\n' "arch ${R_ARCH[$i]}" "data $(basename "${R_DATA[$i]}")" "pair ${R_SRC[$i]}-${R_TGT[$i]}" \
+    printf -v SIGNATURE '%s\n' "arch ${R_ARCH[$i]}" "data ${R_DATA[$i]##*/}" "pair ${R_SRC[$i]}-${R_TGT[$i]}" \
         "max-update $MAX_UPDATE" "effective-tokens $EFFECTIVE_TOKENS" "seed $SEED" "args $*"
+    SIGNATURE="${SIGNATURE%$'\n'}"
 }
 
 # load_row i: load row i's configuration and direction; sets FAIRSEQ_ARGS (the
 # fairseq-train options: the configuration's, the method's unless the row trains
-# another architecture, then the row's) and SIGNATURE; stops if the row's run
-# directory was trained with other settings.
+# another architecture, then the row's, then early stopping's) and SIGNATURE; stops if
+# the row's run directory was trained with other settings.
 load_row() {  # i
     local i="$1" run_dir="${R_RUN[$1]}"
     load_config "${R_CFG[$i]}"
@@ -322,31 +507,50 @@ load_row() {  # i
     local extra=() method=()
     read -r -a extra <<< "${R_EXTRA[$i]}"
     [[ "${R_ARCH[$i]}" == "$ARCH" ]] && method=("${METHOD_ARGS[@]}")
-    FAIRSEQ_ARGS=("${MODEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${method[@]}" "${extra[@]}")
-    SIGNATURE="$(system_signature "$i" "${FAIRSEQ_ARGS[@]}")"
+    EARLY_ARGS=()
+    [[ "${R_TRAINING[$i]}" == early-stop ]] && early_stop_args "$i"
+    FAIRSEQ_ARGS=("${MODEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${method[@]}" "${extra[@]}" "${EARLY_ARGS[@]}")
+    system_signature "$i" "${FAIRSEQ_ARGS[@]}"
     if [[ -f "$run_dir/SYSTEM" ]] && [[ "$(cat "$run_dir/SYSTEM")" != "$SIGNATURE" ]]; then
         die "row '${R_NAME[$i]}': $run_dir was trained with other settings (see $run_dir/SYSTEM); \
 use another --work-dir, or remove that directory to train again"
     fi
+    # the paper's batch over the processes (train.sh computes the same, and also checks
+    # that the longest training pair fits)
+    BATCH_PROCS=$GPUS
+    (( CPU )) && BATCH_PROCS=1
+    batch_split "$EFFECTIVE_TOKENS" "$BATCH_PROCS" "${MAX_TOKENS:-$CFG_MAX_TOKENS}" \
+        || die "row '${R_NAME[$i]}' (${R_CFG[$i]}): the paper's batch: $BATCH_ERROR"
+}
+
+# prepare_args i: prepare_data.sh's options for row i's data.
+prepare_args() {
+    local i="$1"
+    PREP_ARGS=(--dataset "${R_DATASET[$i]}" --raw-dir "$(raw_dir_of "${R_DATASET[$i]}")" --out "${R_DATA[$i]}"
+               --src "${R_SRC[$i]}" --tgt "${R_TGT[$i]}" --bpe "$BPE" --bpe-size "$P_BPE_SIZE" --bpe-joint "$BPE_JOINT")
+    [[ -n "${R_VARIANT[$i]}" ]] && PREP_ARGS+=(--variant "${R_VARIANT[$i]}")
+    (( DOWNLOAD )) && PREP_ARGS+=(--download)
+    return 0
 }
 
 run_row() {  # i
     local i="$1" name="${R_NAME[$1]}" run_dir="${R_RUN[$1]}" data="${R_DATA[$1]}"
-    local src="${R_SRC[$1]}" tgt="${R_TGT[$1]}" kind="${R_KIND[$1]}"
+    local src="${R_SRC[$1]}" tgt="${R_TGT[$1]}" kind="${R_KIND[$1]}" xkind="${R_XKIND[$1]}"
     load_row "$i"
     local fairseq_args=("${FAIRSEQ_ARGS[@]}") signature="$SIGNATURE"
-    note "=== $name: ${R_ARCH[$i]}, ${R_CFG[$i]} ($P_DATASET $src-$tgt) ==="
+    note "=== $name: ${R_ARCH[$i]}, ${R_CFG[$i]} (${R_DATASET[$i]}${R_VARIANT[$i]:+ ${R_VARIANT[$i]}} $src-$tgt) ==="
+    row_files "$i"
+    note "$name: batch: $BATCH_TEXT"
+    note "$name: training: $TRAINING_TEXT"
 
-    # data: once per dataset, direction and segmentation
+    # data: once per dataset, variant, direction and segmentation
     if [[ ! -f "$data/PREPARED" && " $PREPARED_THIS_RUN " != *" $data "* ]]; then
-        emit bash "$PIPELINE_DIR/prepare_data.sh" --dataset "$P_DATASET" --raw-dir "$RAW_DIR" --out "$data" \
-            --src "$src" --tgt "$tgt" --bpe "$BPE" --bpe-size "$P_BPE_SIZE"
+        prepare_args "$i"
+        emit bash "$PIPELINE_DIR/prepare_data.sh" "${PREP_ARGS[@]}"
         PREPARED_THIS_RUN+=" $data"
     fi
 
-    local score avg hw=() prec=() maxtok=() gen_extra=()
-    score="$(score_json "$i")"
-    avg="$(avg_ckpt "$i")"
+    local score="$ROW_SCORE" ckpt="$ROW_CKPT" xscore="$ROW_XSCORE" hw=() prec=() maxtok=() gen_extra=()
     if (( CPU )); then
         hw=(--cpu) gen_extra=(--cpu)
     else
@@ -354,7 +558,8 @@ run_row() {  # i
     fi
     [[ -n "$PRECISION" ]] && prec=(--precision "$PRECISION")
     [[ -n "$MAX_TOKENS" ]] && maxtok=(--max-tokens "$MAX_TOKENS")
-    if [[ -f "$score" && "$score" -nt "$run_dir/checkpoint_last.pt" && "$score" -nt "$avg" ]]; then
+    if [[ -f "$score" && "$score" -nt "$run_dir/checkpoint_last.pt" && "$score" -nt "$ckpt" \
+          && ( -z "$xscore" || -f "$xscore" ) ]]; then
         note "$name: trained and evaluated ($score)"
     else
         emit mkdir -p "$run_dir"
@@ -363,185 +568,82 @@ run_row() {  # i
             --max-update "$MAX_UPDATE" --src "$src" --tgt "$tgt" --seed "$SEED" "${hw[@]}" \
             --effective-tokens "$EFFECTIVE_TOKENS" "${prec[@]}" \
             -- "${fairseq_args[@]}" "${maxtok[@]}" --log-file "$run_dir/train.log"
-        if [[ ! -f "$avg" || "$run_dir/checkpoint_last.pt" -nt "$avg" ]]; then
+        if [[ "${R_TRAINING[$i]}" != early-stop ]] && [[ ! -f "$ckpt" || "$run_dir/checkpoint_last.pt" -nt "$ckpt" ]]; then
             emit bash "$PIPELINE_DIR/average.sh" --save-dir "$run_dir" --last "$AVERAGE_LAST" --by update \
-                --output "$avg"
+                --output "$ckpt"
         fi
-        local bleu_opts=()
-        case "$kind" in
-            tok) bleu_opts=(--tok-bleu) ;;
-            tok-compound) bleu_opts=(--tok-bleu --compound-split) ;;
-        esac
+        # sacreBLEU (bleu.json) always; one tokenized BLEU (tok_bleu.json) where the main
+        # or the extra column reports it
+        local bleu_opts=() k
+        for k in "$kind" "$xkind"; do
+            case "$k" in
+                multi-bleu) bleu_opts=(--tok-bleu) ;;
+                tok-compound) bleu_opts=(--tok-bleu --compound-split) ;;
+            esac
+        done
         local gen=("${GENERATE_ARGS[@]}" "${gen_extra[@]}")
         local tail=()
         (( ${#gen[@]} )) && tail=(-- "${gen[@]}")
-        emit bash "$PIPELINE_DIR/evaluate.sh" --data-bin "$data/bin" --checkpoint "$avg" --src "$src" --tgt "$tgt" \
+        emit bash "$PIPELINE_DIR/evaluate.sh" --data-bin "$data/bin" --checkpoint "$ckpt" --src "$src" --tgt "$tgt" \
             --ref "$data/raw/test.$tgt" --subset test --beam "$BEAM" --lenpen "$LENPEN" --out "$run_dir/eval" \
             "${bleu_opts[@]}" "${tail[@]}"
     fi
 
-    # significance against the baseline row, on the BLEU the table reports: sacreBLEU's
+    # significance against the baseline row, on the main column's BLEU: sacreBLEU's
     # tokenization of the detokenized output, or evaluate.sh's tokenized texts as they are
     local base="${R_BASE[$i]}"
-    if (( ${TABLE_SIGNIFICANCE:-0} )) && [[ -n "$base" ]]; then
-        local b j sig="$run_dir/significance/significance.json" texts=hyp.detok ref="$data/raw/test.$tgt"
-        local tokenize=()
-        if [[ "$kind" != sacrebleu ]]; then
-            texts=hyp.tok_bleu ref="$run_dir/eval/ref.tok_bleu" tokenize=(--tokenize none)
+    if [[ -n "$RUN_TESTS" && -n "$base" ]]; then
+        local b j texts=hyp.detok ref="$data/raw/test.$tgt" tok=13a tokenize=()
+        if [[ "$kind" == multi-bleu || "$kind" == tok-compound ]]; then
+            texts=hyp.tok_bleu ref="$run_dir/eval/ref.tok_bleu" tok=none tokenize=(--tokenize none)
         fi
         for j in "${!R_NAME[@]}"; do [[ "${R_NAME[$j]}" == "$base" ]] && b="$j"; done
-        local base_hyp="${R_RUN[$b]}/eval/$texts" hyp="$run_dir/eval/$texts"
+        local base_hyp="${R_RUN[$b]}/eval/$texts" hyp="$run_dir/eval/$texts" test out
         if [[ " ${SELECTED[*]} " != *" $b "* && ! -f "$base_hyp" ]]; then
             note "$name: no significance test: the baseline row '$base' is not selected and has no translation yet"
-        elif [[ -f "$sig" && "$sig" -nt "$hyp" && "$sig" -nt "$base_hyp" ]]; then
-            note "$name: significance test done ($sig)"
         else
-            emit bash "$PIPELINE_DIR/significance.sh" --ref "$ref" --baseline "$base=$base_hyp" \
-                --system "$name=$hyp" --samples 1000 "${tokenize[@]}" --out "$run_dir/significance"
+            for test in $RUN_TESTS; do
+                if [[ "$test" == compare-mt ]]; then
+                    out="$run_dir/significance/significance.json"
+                else
+                    out="$run_dir/paired_bs/paired_bs.json"
+                fi
+                if [[ -f "$out" && "$out" -nt "$hyp" && "$out" -nt "$base_hyp" ]]; then
+                    note "$name: $test significance test done ($out)"
+                elif [[ "$test" == compare-mt ]]; then
+                    emit bash "$PIPELINE_DIR/significance.sh" --ref "$ref" --baseline "$base=$base_hyp" \
+                        --system "$name=$hyp" --samples 1000 "${tokenize[@]}" --out "$run_dir/significance"
+                else
+                    emit "$PY" "$REPRO_DIR/paired_bs.py" --ref "$ref" --baseline "$base=$base_hyp" \
+                        --system "$name=$hyp" --samples 1000 --tokenize "$tok" --out "$run_dir/paired_bs"
+                fi
+            done
         fi
     fi
 }
 
 # ------------------------------------------------------------------ table
 # Print the Markdown table (paper's numbers next to ours, from the result files that
-# exist); written to WORK/results.md unless --dry-run.
+# exist; scripts/reproduce/results_table.py); written to WORK/results.md unless --dry-run.
 print_table() {
-    local rows=() i
+    local i out="" rows
+    printf -v rows '%s\t' name pair paper_bleu kind extra score extra_score sacrebleu paper_params paper_speed \
+        log baseline compare_mt paired_bs config paper_metric test training shares_embeddings
+    rows="${rows%$'\t'}"$'\n'
     for i in "${!R_NAME[@]}"; do
-        rows+=("$(printf '%s\t' "${R_NAME[$i]}" "${R_BLEU[$i]}" "${R_KIND[$i]}" "$(score_json "$i")" \
+        load_config "${R_CFG[$i]}"
+        row_files "$i"
+        local line
+        printf -v line '%s\t' "${R_NAME[$i]}" "${R_SRC[$i]}-${R_TGT[$i]}" "${R_BLEU[$i]}" "${R_KIND[$i]}" \
+            "${R_XKIND[$i]}" "$ROW_SCORE" "$ROW_XSCORE" \
             "${R_RUN[$i]}/eval/bleu.json" "${R_PARAMS[$i]}" "${R_SPEED[$i]}" "${R_RUN[$i]}/train.log" \
-            "${R_BASE[$i]}" "${R_RUN[$i]}/significance/significance.json" "${R_SRC[$i]}-${R_TGT[$i]}")")
+            "${R_BASE[$i]}" "${R_RUN[$i]}/significance/significance.json" "${R_RUN[$i]}/paired_bs/paired_bs.json" \
+            "${R_CFG[$i]}" "$PAPER_BLEU" "${R_DATASET[$i]}${R_VARIANT[$i]:+ (${R_VARIANT[$i]})}: ${R_TEST[$i]}" \
+            "$TRAINING_TEXT" "${R_SHARES[$i]}"
+        rows+="${line%$'\t'}"$'\n'
     done
-    local out=""
     (( DRY_RUN )) || { mkdir -p "$WORK"; out="$WORK/results.md"; }
-    "$PY" - "$TABLE_TITLE" "${TABLE_SIGNIFICANCE:-0}" "$out" "${rows[@]}" <<'EOF'
-import json, os, re, sys
-
-title, with_sig, out = sys.argv[1:4]
-rows = [r.split("\t")[:11] for r in sys.argv[4:]]
-KIND = {"sacrebleu": "sacreBLEU", "tok": "tok. BLEU", "tok-compound": "tok. BLEU, compound split"}
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def params_of(log):
-    try:
-        text = open(log, errors="replace").read()
-    except OSError:
-        return None
-    m = re.findall(r"num\. shared model params: ([0-9,]+)", text)
-    return int(m[-1].replace(",", "")) if m else None
-
-
-def speed_of(log):
-    """Updates per second, mean over the epoch summaries (train_inner if none)."""
-    try:
-        lines = open(log, errors="replace").read().splitlines()
-    except OSError:
-        return None
-    ups = [float(m.group(1)) for l in lines if "| train |" in l for m in [re.search(r"\bups[ =]([0-9.]+)", l)] if m]
-    if not ups:
-        ups = [float(m.group(1)) for l in lines if "train_inner" in l for m in [re.search(r"\bups[ =]([0-9.]+)", l)] if m]
-    return sum(ups) / len(ups) if ups else None
-
-
-def p_value(obj, name=None):
-    """The p-value of `name` against the baseline in significance.json (its
-    "comparisons"), else the first p-value found in it."""
-    if isinstance(obj, dict) and name is not None:
-        for c in obj.get("comparisons") or []:
-            if isinstance(c, dict) and c.get("system") == name and isinstance(c.get("p_value"), (int, float)):
-                return c["p_value"]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if re.fullmatch(r"p(_?value)?", k, re.I) and isinstance(v, (int, float)):
-                return v
-        for v in obj.values():
-            p = p_value(v)
-            if p is not None:
-                return p
-    elif isinstance(obj, list):
-        for v in obj:
-            p = p_value(v)
-            if p is not None:
-                return p
-    return None
-
-
-def millions(n):
-    return "%.2fM" % (n / 1e6) if abs(n) >= 1e5 else "{:,}".format(n)
-
-
-has_params = any(r[5] for r in rows)
-has_speed = any(r[6] for r in rows)
-has_sig = with_sig == "1" and any(r[8] for r in rows)
-ours_params = {r[0]: params_of(r[7]) for r in rows}
-head = ["row", "pair", "metric", "paper BLEU", "our BLEU", "delta"]
-if has_params:
-    head += ["paper params", "our params"]
-if has_speed:
-    head += ["paper speed", "our speed"]
-if has_sig:
-    head += ["p (vs. baseline)"]
-lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 3 else "---:" for i in range(len(head))) + "|"]
-signatures = set()
-done = 0
-for name, paper, kind, score_path, sacre_path, pparams, pspeed, log, base, sig_path, pair in rows:
-    score = load(score_path)
-    ours = "%.2f" % score["score"] if score and "score" in score else "-"
-    sacre = load(sacre_path)
-    if sacre and "signature" in sacre:
-        signatures.add(sacre["signature"])
-    delta = "-"
-    if ours != "-":
-        done += 1
-        if paper != "-":
-            delta = "%+.2f" % (float(ours) - float(paper))
-    cells = [name, pair, KIND[kind], paper, ours, delta]
-    if has_params:
-        n = ours_params.get(name)
-        if n is None:
-            mine = "-"
-        elif pparams.startswith("+") and base and ours_params.get(base) is not None:
-            mine = "+" + millions(n - ours_params[base]) if n >= ours_params[base] else "-" + millions(ours_params[base] - n)
-        else:
-            mine = millions(n)
-        cells += [pparams or "-", mine]
-    if has_speed:
-        s = speed_of(log)
-        cells += [pspeed or "-", "%.2f" % s if s is not None else "-"]
-    if has_sig:
-        p = p_value(load(sig_path), name) if base else None
-        cells += ["%.3f" % p if p is not None else "-"]
-    lines.append("| " + " | ".join(cells) + " |")
-notes = [
-    "",
-    "%s. Our numbers: %d of %d rows have results ('-': not run yet). delta = ours - paper."
-    % (title, done, len(rows)),
-]
-if has_speed:
-    notes.append("Speed: training updates per second (the paper's on its hardware; ours as "
-                 "trained here, mean of fairseq's 'ups' per epoch).")
-if has_sig:
-    notes.append("p: paired bootstrap resampling against the row's baseline (significance.sh, "
-                 "1000 samples).")
-if any(r[5].startswith("+") for r in rows):
-    notes.append("Params: for rows whose paper number starts with '+', ours is the difference "
-                 "from the row's baseline too.")
-for s in sorted(signatures):
-    notes.append("sacreBLEU signature: " + s)
-text = "\n".join(lines + notes) + "\n"
-print(text, end="")
-if out:
-    with open(out, "w") as f:
-        f.write(text)
-EOF
+    "$PY" "$REPRO_DIR/results_table.py" --title "$TABLE_TITLE" --tests "$RUN_TESTS" --out "$out" <<< "${rows%$'\n'}"
 }
 
 # ------------------------------------------------------------------ main
@@ -557,14 +659,20 @@ reproduce_main() {
         echo "(written to $WORK/results.md)" >&2
         return 0
     fi
-    # the pipeline steps exist and the architectures are registered (train.sh checks
-    # them again; skipped by --dry-run, which imports nothing)
+    local names=() i
+    for i in "${SELECTED[@]}"; do
+        names+=("${R_NAME[$i]}")
+        load_row "$i"  # a run directory trained with other settings, or no batch split, stops us here
+    done
+    # the pipeline steps exist, the architectures are registered and every dataset still
+    # to prepare has its raw files (or can download them); skipped by --dry-run, which
+    # imports nothing and looks at no raw file
     if (( ! DRY_RUN )); then
         local step
-        for step in prepare_data train average evaluate $( (( ${TABLE_SIGNIFICANCE:-0} )) && echo significance); do
+        for step in prepare_data train average evaluate $( [[ " $RUN_TESTS " == *" compare-mt "* ]] && echo significance); do
             require_file "$PIPELINE_DIR/$step.sh" "pipeline step $step"
         done
-        local archs=() i unknown
+        local archs=() unknown
         for i in "${SELECTED[@]}"; do archs+=("${R_ARCH[$i]}"); done
         unknown="$("$PY" -c '
 import sys
@@ -574,15 +682,30 @@ print(" ".join(sorted({a for a in sys.argv[1:] if a not in ARCH_MODEL_REGISTRY})
 ' "${archs[@]}" 2>/dev/null)" || die "importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why"
         [[ -z "$unknown" ]] || die "architecture(s) not registered with fairseq: $unknown \
 (see the ARCH of the configurations and the rows' --arch)"
+        local checked=" " msg
+        for i in "${SELECTED[@]}"; do
+            [[ -f "${R_DATA[$i]}/PREPARED" || "$checked" == *" ${R_DATA[$i]} "* ]] && continue
+            checked+="${R_DATA[$i]} "
+            load_config "${R_CFG[$i]}"
+            pair_of "${R_PAIR[$i]}"
+            prepare_args "$i"
+            msg="$(bash "$PIPELINE_DIR/prepare_data.sh" "${PREP_ARGS[@]}" --check 2>&1 >/dev/null)" \
+                || die "row '${R_NAME[$i]}': its data cannot be prepared: ${msg#prepare_data.sh: error: }"
+        done
     fi
-    local names=() i
-    for i in "${SELECTED[@]}"; do
-        names+=("${R_NAME[$i]}")
-        load_row "$i"  # a run directory trained with other settings stops us here
-    done
     note "${TABLE_TITLE}"
     note "rows: ${names[*]}"
-    note "work dir: $WORK; data: $DATA_DIR; downloads: $RAW_DIR; $( (( CPU )) && echo "CPU" || echo "$GPUS GPU(s)"); seed $SEED"
+    note "work dir: $WORK; prepared data: $DATA_DIR; downloads: $RAW_ROOT/<dataset>; $( (( CPU )) && echo "CPU" || echo "$GPUS GPU(s)"); seed $SEED"
+    # the raw files of each dataset: where they go, and what --download cannot fetch
+    local seen=" "
+    for i in "${SELECTED[@]}"; do
+        [[ "$seen" == *" ${R_DATASET[$i]} "* ]] && continue
+        seen+="${R_DATASET[$i]} "
+        case "${R_DOWNLOAD[$i]}" in
+            all) note "${R_DATASET[$i]}: raw files in $(raw_dir_of "${R_DATASET[$i]}")$( (( DOWNLOAD )) && echo "; --download fetches the missing ones" || echo "; --download can fetch them")" ;;
+            *) note "${R_DATASET[$i]}: raw files in $(raw_dir_of "${R_DATASET[$i]}"); manual step (--download cannot fetch): ${R_MANUAL[$i]}" ;;
+        esac
+    done
     PREPARED_THIS_RUN=""
     for i in "${SELECTED[@]}"; do
         run_row "$i"

@@ -11,7 +11,7 @@
 set -euo pipefail
 
 TABLE_TITLE="Dual Contextual module, Table 1: WMT14 En-De test set"
-TABLE_SIGNIFICANCE=1
+TABLE_SIGNIFICANCE=compare-mt
 # name|config|extra args|paper BLEU|baseline row|paper params|paper speed
 TABLE_ROWS=(
     "transformer|dc_wmt14_base|--arch transformer_wmt_en_de|28.37||61.2M|3.66"

@@ -10,7 +10,7 @@
 set -euo pipefail
 
 TABLE_TITLE="Dual Contextual module, Table 2: IWSLT {Vi,Es,Fr,Ro}<->En test sets"
-TABLE_SIGNIFICANCE=0
+TABLE_SIGNIFICANCE=none
 # name|config|extra args|paper BLEU|baseline row|paper params|paper speed
 TABLE_ROWS=(
     "vi-en.transformer|dc_iwslt:vi-en|--dc-mode none|29.03|||"

@@ -11,7 +11,7 @@
 set -euo pipefail
 
 TABLE_TITLE="Song et al. (2019), Table 2: fusion methods on IWSLT14 De-En (small), WMT14 En-De (base, big)"
-TABLE_SIGNIFICANCE=0
+TABLE_SIGNIFICANCE=none
 # name|config|extra args|paper BLEU|baseline row|paper params|paper speed
 # (the paper prints '-' for sum: no extra parameters, written +0 here)
 TABLE_ROWS=(

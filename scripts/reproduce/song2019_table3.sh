@@ -11,7 +11,7 @@
 set -euo pipefail
 
 TABLE_TITLE="Song et al. (2019), Table 3: WMT14 En-De test set"
-TABLE_SIGNIFICANCE=0
+TABLE_SIGNIFICANCE=none
 # name|config|extra args|paper BLEU|baseline row|paper params|paper speed
 TABLE_ROWS=(
     "base.transformer|song2019_wmt14_base|--arch transformer_wmt_en_de|27.3|||"

@@ -13,7 +13,7 @@
 set -euo pipefail
 
 TABLE_TITLE="Xu et al. (2019), Table 1: WMT14 En-De test set"
-TABLE_SIGNIFICANCE=0
+TABLE_SIGNIFICANCE=none
 # name|config|extra args|paper BLEU|baseline row|paper params|paper speed
 TABLE_ROWS=(
     "en-de.transformer|xu2019_wmt14_base|--arch transformer_wmt_en_de|27.67||88.0M|"

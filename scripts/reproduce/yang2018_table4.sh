@@ -2,16 +2,17 @@
 # Yang et al. (2018), "Modeling Localness for Self-Attention Networks", Table 4:
 # Transformer-Base and -Big with localness (query-specific windows, encoder layers
 # 1-3) and relative positions (Shaw et al. 2018), on WMT17 Zh-En and WMT14 En-De test
-# sets; significance over the conventional self-attention counterpart (paired
-# bootstrap). The rows of other systems (GNMT, ConvS2S, Vaswani et al., Hassan et al.)
-# are not reproduced. Settings: configs/papers/yang2018_*.sh; docs/reproduce.md.
+# sets; significance over the conventional self-attention counterpart ("tested by
+# bootstrap resampling (Koehn, 2004)": paired bootstrap with full-size resamples).
+# The rows of other systems (GNMT, ConvS2S, Vaswani et al., Hassan et al.) are not
+# reproduced. Settings: configs/papers/yang2018_*.sh; docs/reproduce.md.
 #
 # Usage: yang2018_table4.sh [--dry-run] [--work-dir DIR] [--raw-dir DIR] [--gpus N]
 #                           [--only "ROW ..."] [--cpu] [--table] [--list] [options]
 set -euo pipefail
 
 TABLE_TITLE="Yang et al. (2018), Table 4: WMT17 Zh-En and WMT14 En-De test sets"
-TABLE_SIGNIFICANCE=1
+TABLE_SIGNIFICANCE=paired-bs
 # name|config|extra args|paper BLEU|baseline row|paper params|paper speed
 TABLE_ROWS=(
     "zh-en.base|yang2018_wmt17_zh_en_base|--arch transformer_wmt_en_de|24.13||107.9M|"

@@ -1,0 +1,230 @@
+"""scripts/train.sh: the paper's batch kept on any number of processes, and resuming
+from a checkpoint_last.pt that a killed run left unreadable.
+
+The batch: for every paper configuration (configs/papers) and 1, 2, 8 and 16
+processes (--cpu stands in for GPUs), `train.sh --dry-run --effective-tokens T`
+prints a command whose --max-tokens x processes x --update-freq is the paper's batch
+(at most T, and within a token per process and batch of it), or refuses with exit
+status 2 when no split is possible. These dry runs use a stand-in data-bin (the
+dictionaries and index files train.sh reads) and a stand-in for the architecture
+check (it imports fairseq, seconds per call; tests/test_pipeline.py covers it).
+
+Resumption: a truncated checkpoint_last.pt makes train.sh resume from the newest
+readable checkpoint (by dry run on stand-in checkpoints, and once for real).
+"""
+import os
+import shlex
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, SCRIPTS, run_script, tool_env
+
+PROCESSES = (1, 2, 8, 16)
+
+
+def write_idx(path, sizes):
+    """A fairseq mmap index (MMIDIDX) with these sentence sizes."""
+    import numpy as np
+
+    sizes = np.asarray(sizes, dtype=np.int32)
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1]) * 2]).astype(np.int64)
+    with open(path, "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 4))  # version, dtype code (unused here)
+        f.write(struct.pack("<Q", len(sizes)) + struct.pack("<Q", len(sizes) + 1))
+        f.write(sizes.tobytes() + pointers.tobytes() + np.arange(len(sizes) + 1, dtype=np.int64).tobytes())
+
+
+def fake_data_bin(path, longest, src="en", tgt="de"):
+    """What train.sh reads of a data-bin: the dictionaries and the train/valid index
+    files; the longest training pair has `longest` tokens (one longer pair exceeds
+    fairseq's 1024 positions and is not counted)."""
+    os.makedirs(path, exist_ok=True)
+    for lang in (src, tgt):
+        with open(os.path.join(path, f"dict.{lang}.txt"), "w") as f:
+            f.write("a 1\n")
+    write_idx(os.path.join(path, f"train.{src}-{tgt}.{src}.idx"), [10, longest, 30, 2000])
+    write_idx(os.path.join(path, f"train.{src}-{tgt}.{tgt}.idx"), [12, longest - 5, 31, 1900])
+    for lang in (src, tgt):
+        write_idx(os.path.join(path, f"valid.{src}-{tgt}.{lang}.idx"), [5, 6])
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def stub_env(tmp_path_factory):
+    """PYTHON: this Python, except that the architecture check (which imports fairseq)
+    passes at once."""
+    d = tmp_path_factory.mktemp("stub")
+    python = d / "python"
+    python.write_text('#!/bin/bash\n[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
+                      f'exec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    return {"PYTHON": str(python)}
+
+
+def config_batches():
+    """{configuration: (EFFECTIVE_TOKENS, --max-tokens)} of every paper setting."""
+    code = ('for f in "$1"/*.sh; do unset EFFECTIVE_TOKENS TRAIN_ARGS; . "$f"; mt=; prev=; '
+            'for w in "${TRAIN_ARGS[@]}"; do [[ $prev == --max-tokens ]] && mt=$w; prev=$w; done; '
+            'echo "$(basename "$f" .sh) $EFFECTIVE_TOKENS $mt"; done')
+    out = subprocess.run(["bash", "-c", code, "-", os.path.join(REPO, "configs", "papers")],
+                         capture_output=True, text=True, check=True).stdout
+    return {name: (int(t), int(m)) for name, t, m in (line.split() for line in out.splitlines())}
+
+
+def dry_run(data_bin, save_dir, processes, tokens, cap, env, *extra):
+    return run_script("train.sh", [
+        "--arch", "transformer", "--data-bin", data_bin, "--save-dir", save_dir, "--max-update", "10",
+        "--src", "en", "--tgt", "de", "--cpu", "--gpus", str(processes), "--effective-tokens", str(tokens),
+        "--dry-run", "--", "--max-tokens", str(cap), *extra], env=env, check=False)
+
+
+def last(cmd, option):
+    idx = [i for i, w in enumerate(cmd) if w == option]
+    return cmd[idx[-1] + 1] if idx else None
+
+
+def fairseq_command(stdout):
+    line = next(l for l in stdout.splitlines() if "dry run, not training:" in l)
+    return shlex.split(line.split("dry run, not training:", 1)[1])
+
+
+def test_every_paper_batch_is_kept_on_1_2_8_and_16_processes(tmp_path, stub_env):
+    batches = config_batches()
+    assert len(batches) == 12 and batches["dc_wmt14_base"] == (4960, 4960)
+    data_bin = fake_data_bin(tmp_path / "bin", longest=100)
+    seen = {}
+    for name, (tokens, cap) in sorted(batches.items()):
+        for n in PROCESSES:
+            if (tokens, cap, n) in seen:
+                continue
+            p = dry_run(data_bin, tmp_path / "ckpt", n, tokens, cap, stub_env)
+            assert p.returncode == 0, (name, n, p.stderr)
+            cmd = fairseq_command(p.stdout)
+            m, u = int(last(cmd, "--max-tokens")), int(last(cmd, "--update-freq"))
+            world = int(last(cmd, "--distributed-world-size"))
+            assert world == n
+            effective = m * world * u
+            # the paper's batch: never above it, below it by less than one token per
+            # process and accumulated batch (far under a percent), one process within the cap
+            assert tokens - world * u < effective <= tokens and m <= cap, (name, n, m, u)
+            assert f"{m} x {n} x {u} = {effective} tokens per update" in p.stderr
+            assert "longest training pair: 100 tokens" in p.stderr
+            if m < cap:  # validation keeps the configuration's batch
+                assert last(cmd, "--max-tokens-valid") == str(cap)
+            seen[(tokens, cap, n)] = (m, u)
+    # the rows the issue measured: the DC batch and the 8 x 4096 batch on many GPUs
+    assert seen[(4960, 4960, 8)] == (620, 1) and seen[(4960, 4960, 16)] == (310, 1)
+    assert seen[(32768, 4096, 1)] == (4096, 8) and seen[(32768, 4096, 16)] == (2048, 1)
+    assert seen[(25000, 3125, 1)] == (3125, 8) and seen[(25000, 3125, 16)] == (1562, 1)
+    assert seen[(2048, 2048, 16)] == (128, 1) and seen[(4096, 4096, 8)] == (512, 1)
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("case", ["too_many_processes", "share_below_longest_pair", "cap_below_longest_pair"])
+def test_no_possible_split_is_refused_naming_the_numbers(tmp_path, stub_env, case):
+    data_bin = fake_data_bin(tmp_path / "bin", longest=200)
+    processes, tokens, cap, fragments = {
+        "too_many_processes": (16, 8, 8, ["a batch of 8 tokens per update cannot be split over 16 processes",
+                                          "expected at most 8 processes"]),
+        "share_below_longest_pair": (16, 2048, 2048, ["2048 tokens per update over 16 processes leaves 128 tokens "
+                                                      "per process", "the longest training pair has 200 tokens",
+                                                      "expected at most 10 processes"]),
+        "cap_below_longest_pair": (1, 4096, 150, ["--max-tokens 150 is smaller than the longest training pair "
+                                                  "(200 tokens)", "expected --max-tokens >= 200"]),
+    }[case]
+    p = dry_run(data_bin, tmp_path / "ckpt", processes, tokens, cap, stub_env)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("train.sh: error: --effective-tokens"), p.stderr
+    for fragment in fragments:
+        assert fragment in p.stderr, (fragment, p.stderr)
+    assert "dry run, not training" not in p.stdout and not (tmp_path / "ckpt").exists()
+
+
+# --------------------------------------------------------------------------- resumption
+def save(path, updates, truncate_to=None):
+    import torch
+
+    torch.save({"model": {"w": torch.zeros(64, 64)}, "optimizer_history": [{"num_updates": updates}]}, path)
+    if truncate_to is not None:
+        with open(path, "r+b") as f:
+            f.truncate(truncate_to)
+
+
+def resume_dry_run(data_bin, save_dir, env):
+    return run_script("train.sh", ["--arch", "transformer", "--data-bin", data_bin, "--save-dir", save_dir,
+                                   "--max-update", "10", "--src", "en", "--tgt", "de", "--cpu", "--dry-run"],
+                      env=env, check=False)
+
+
+def test_an_unreadable_checkpoint_last_resumes_from_the_newest_readable_one(tmp_path, stub_env):
+    data_bin = fake_data_bin(tmp_path / "bin", longest=100)
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for i, (name, updates) in enumerate([("checkpoint_1_2.pt", 2), ("checkpoint_1_4.pt", 4),
+                                         ("checkpoint_best.pt", 2), ("checkpoint_avg_last2.pt", 3),
+                                         ("checkpoint_last.pt", 4)]):
+        save(d / name, updates)
+        os.utime(d / name, (1000 + i, 1000 + i))  # written in this order
+    os.utime(d / "checkpoint_best.pt", (999, 999))  # the best so far: an earlier update
+    # readable: fairseq's own resume, nothing added
+    p = resume_dry_run(data_bin, d, stub_env)
+    assert p.returncode == 0, p.stderr
+    assert f"resuming from {d}/checkpoint_last.pt" in p.stderr
+    assert "--restore-file" not in fairseq_command(p.stdout)
+    # cut short during a save: the newest readable checkpoint that fairseq wrote (not
+    # the average, which has averaged weights)
+    size = os.path.getsize(d / "checkpoint_last.pt")
+    with open(d / "checkpoint_last.pt", "r+b") as f:
+        f.truncate(size // 2)
+    p = resume_dry_run(data_bin, d, stub_env)
+    assert p.returncode == 0, p.stderr
+    assert last(fairseq_command(p.stdout), "--restore-file") == str(d / "checkpoint_1_4.pt")
+    assert f"{d}/checkpoint_last.pt cannot be read" in p.stderr and "checkpoint_1_4.pt (--restore-file)" in p.stderr
+    # the newest one is broken too: the next
+    save(d / "checkpoint_1_4.pt", 4, truncate_to=100)
+    os.utime(d / "checkpoint_1_4.pt", (1003, 1003))
+    p = resume_dry_run(data_bin, d, stub_env)
+    assert last(fairseq_command(p.stdout), "--restore-file") == str(d / "checkpoint_1_2.pt")
+    # none left: an error, and nothing is removed
+    for name in ("checkpoint_1_2.pt", "checkpoint_best.pt"):
+        os.remove(d / name)
+    p = resume_dry_run(data_bin, d, stub_env)
+    assert p.returncode == 2, p.stderr
+    assert "checkpoint_last.pt cannot be read" in p.stderr and "no other checkpoint there can be read" in p.stderr
+    assert sorted(os.listdir(d)) == ["checkpoint_1_4.pt", "checkpoint_avg_last2.pt", "checkpoint_last.pt"]
+
+
+def test_a_truncated_checkpoint_last_resumes_a_real_run(tiny_data_bin, tmp_path):
+    """Train 2 updates (a checkpoint per update), cut checkpoint_last.pt short as a kill
+    during fairseq's copy would, rerun for 3 updates: it continues from update 2."""
+    import torch
+
+    save_dir = tmp_path / "ckpt"
+    args = ["--arch", "transformer", "--data-bin", tiny_data_bin.data_bin, "--save-dir", save_dir,
+            "--src", tiny_data_bin.src, "--tgt", tiny_data_bin.tgt, "--cpu", "--", "--encoder-layers", "1",
+            "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+            "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+            "--decoder-attention-heads", "2", "--max-tokens", "512", "--num-workers", "0",
+            "--save-interval-updates", "1", "--no-epoch-checkpoints", "--disable-validation"]
+    run_script("train.sh", ["--max-update", "2"] + args)
+    last_pt = save_dir / "checkpoint_last.pt"
+    assert (save_dir / "checkpoint_1_2.pt").is_file()
+    with open(last_pt, "r+b") as f:
+        f.truncate(os.path.getsize(last_pt) // 3)
+    with pytest.raises(Exception):
+        torch.load(last_pt, map_location="cpu", weights_only=False)
+    p = run_script("train.sh", ["--max-update", "3"] + args)
+    log = p.stdout + p.stderr
+    assert "resuming from the newest readable checkpoint" in p.stderr and "checkpoint_1_2.pt" in p.stderr
+    assert "Loaded checkpoint" in log and "(epoch 1 @ 2 updates)" in log
+    state = torch.load(last_pt, map_location="cpu", weights_only=False)  # readable again
+    assert state["optimizer_history"][-1]["num_updates"] == 3
+
+
+def test_help_promises_the_resume_and_the_split():
+    text = run_script("train.sh", ["--help"]).stdout
+    for fragment in ("newest readable checkpoint", "--effective-tokens T", "m x processes x u is at most T"):
+        assert fragment in text, fragment
