@@ -75,3 +75,126 @@ def copy_shared_weights(src_model, dst_model):
         if name in dst_state and dst_state[name].shape == value.shape:
             dst_state[name] = value.clone()
     dst_model.load_state_dict(dst_state)
+
+
+# ------------------------------------------------------------------ model contract
+# The checks every model, variant and placement must pass (tests/test_contract.py uses
+# them on trained checkpoints; the per-model tests on freshly built models).
+def set_attention_impl(model, impl: str) -> None:
+    """Force every attention core of ``model`` onto ``"eager"`` (the reference) or
+    back to ``"auto"`` (the fast paths where they apply)."""
+    from fairseq_localness.modules.attention import AttentionCore
+
+    for module in model.modules():
+        if isinstance(module, AttentionCore):
+            module.attention_impl = impl
+
+
+def decoding_batch(task, lengths=(6, 3, 5), beam: int = 2, seed: int = 1):
+    """Source sentences repeated ``beam`` times (as beam search holds them) and random
+    target prefixes of one length (prefix 0 is end-of-sentence)."""
+    src, lens, prev, _ = random_batch(task, list(lengths), seed=seed)
+    src, lens = src.repeat_interleave(beam, 0), lens.repeat_interleave(beam, 0)
+    g = torch.Generator().manual_seed(seed + 4)
+    d = task.target_dictionary
+    body = torch.randint(d.nspecial, len(d), (prev.size(0) * beam, prev.size(1) - 1), generator=g)
+    prev = torch.cat([prev[:, :1].repeat_interleave(beam, 0), body], 1)
+    return src, lens, prev
+
+
+def check_incremental_equals_full(model, task, reorder_at: int = 2, atol: float = 1e-5):
+    """Step-by-step decoding == one teacher-forced pass, with a beam-search reorder
+    mid-sequence.
+
+    Beam search only moves hypotheses within a sentence (fairseq's own encoder-decoder
+    attention relies on that), so the batch is sentences x beam and the new order maps
+    each row to a beam of the same sentence; rows are duplicated and swapped.
+    """
+    src, lens, prev = decoding_batch(task, beam=2)
+    # 3 sentences x beam 2: a beam duplicated (rows 0, 1 <- 1), one swapped (2 <-> 3),
+    # one kept twice (4, 5 <- 4)
+    order = torch.tensor([1, 1, 3, 2, 4, 4])
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lens)
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            steps.append(out)
+            if t == reorder_at:
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+                prev, full = prev[order], full[order]
+                steps = [s[order] for s in steps]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=atol, rtol=1e-4)
+
+
+def check_batch_invariance(model, task, lengths=(4, 9, 7), atol: float = 1e-5):
+    """Each sentence alone == the same sentence inside a batch with longer ones: the
+    source left-padded (fairseq's default), the target right-padded, compared on the
+    encoder states and the decoder's log-probabilities at every real position."""
+    src, lens, _, tgt = random_batch(task, list(lengths), seed=2)
+    d = task.target_dictionary
+    # targets of different real lengths, right-padded as fairseq's collater does
+    tgt_lens = [max(2, n - 1) for n in lengths]
+    prev = torch.full((len(lengths), max(tgt_lens)), d.pad(), dtype=torch.long)
+    for b, n in enumerate(tgt_lens):
+        prev[b, 0] = d.eos()
+        prev[b, 1:n] = tgt[b, : n - 1]
+    with torch.no_grad():
+        enc_batch = model.encoder(src, src_lengths=lens)
+        dec_batch = model.get_normalized_probs(model.decoder(prev, encoder_out=enc_batch), log_probs=True)
+        for b, (n, m) in enumerate(zip(lengths, tgt_lens)):
+            alone_src, alone_prev = src[b : b + 1, src.size(1) - n :], prev[b : b + 1, :m]
+            enc_alone = model.encoder(alone_src, src_lengths=lens[b : b + 1])
+            torch.testing.assert_close(
+                enc_batch["encoder_out"][0][src.size(1) - n :, b : b + 1], enc_alone["encoder_out"][0],
+                atol=atol, rtol=1e-4,
+            )
+            dec_alone = model.get_normalized_probs(model.decoder(alone_prev, encoder_out=enc_alone), log_probs=True)
+            torch.testing.assert_close(dec_batch[b : b + 1, :m], dec_alone, atol=atol, rtol=1e-4)
+
+
+def loss_and_grads(model, task, dtype=torch.float32, lengths=(5, 8, 3)):
+    """Forward and backward of the summed NLL on a padded batch in ``dtype`` (a copy
+    of ``model`` in training mode): returns the log-probs and every gradient."""
+    import copy
+
+    m = copy.deepcopy(model).to(dtype).train()
+    src, lens, prev, tgt = random_batch(task, list(lengths), seed=3)
+    pad = task.target_dictionary.pad()
+    prev[0, -2:], tgt[0, -2:] = pad, pad  # right padding in the target of sentence 0
+    lprobs = m.get_normalized_probs(m(src, lens, prev), log_probs=True)
+    nll = -lprobs.float().gather(-1, tgt.unsqueeze(-1)).squeeze(-1).masked_fill(tgt.eq(pad), 0.0).sum()
+    nll.backward()
+    grads = {name: p.grad for name, p in m.named_parameters() if p.requires_grad}
+    return lprobs, grads
+
+
+def check_finite(model, task, dtype):
+    """Outputs and gradients are finite in ``dtype`` (padded rows included), and every
+    trainable parameter gets a gradient."""
+    lprobs, grads = loss_and_grads(model, task, dtype)
+    assert bool(torch.isfinite(lprobs).all()), f"non-finite outputs in {dtype}"
+    missing = [name for name, g in grads.items() if g is None]
+    assert not missing, f"parameters without gradient in {dtype}: {missing[:5]}"
+    bad = [name for name, g in grads.items() if not bool(torch.isfinite(g).all())]
+    assert not bad, f"non-finite gradients in {dtype}: {bad[:5]}"
+
+
+def check_fast_path_equals_eager(model, task, dtype=torch.float32):
+    """The fast attention paths give what the eager reference gives: outputs and
+    gradients, fp32 within 1e-5, half precision within its precision."""
+    tol = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=5e-2, rtol=5e-2),
+           torch.float16: dict(atol=1e-2, rtol=1e-2)}[dtype]
+    results = {}
+    for impl in ("eager", "auto"):
+        set_attention_impl(model, impl)
+        results[impl] = loss_and_grads(model, task, dtype)
+    set_attention_impl(model, "auto")
+    (ref, ref_grads), (fast, fast_grads) = results["eager"], results["auto"]
+    torch.testing.assert_close(fast.float(), ref.float(), **tol)
+    for name, g in ref_grads.items():
+        if g is not None:
+            scale = max(1.0, g.float().abs().max().item())
+            torch.testing.assert_close(fast_grads[name].float() / scale, g.float() / scale, **tol, msg=name)

@@ -226,38 +226,6 @@ def test_layers_outside_the_range_are_fairseq_layers():
 
 
 # ---------------------------------------------------------------- decoding
-def check_incremental_equals_full(model, task, beam=2):
-    """Step-by-step decoding through the fairseq decoder == one teacher-forced pass,
-    with a beam-search reorder (within each sentence's beam) mid-sequence."""
-    src, lens, prev, _ = random_batch(task, [6, 3, 5], seed=1)
-    src, lens = src.repeat_interleave(beam, 0), lens.repeat_interleave(beam, 0)
-    g = torch.Generator().manual_seed(5)
-    prev = torch.cat([prev[:, :1].repeat_interleave(beam, 0),
-                      torch.randint(4, len(task.target_dictionary), (prev.size(0) * beam, prev.size(1) - 1),
-                                    generator=g)], 1)
-    order = torch.tensor([1, 1, 3, 2, 4, 4])
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=lens)
-        full, _ = model.decoder(prev, encoder_out=enc)
-        state, steps = {}, []
-        for t in range(prev.size(1)):
-            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
-            steps.append(out)
-            if t == 2:
-                model.decoder.reorder_incremental_state_scripting(state, order)
-                enc = model.encoder.reorder_encoder_out(enc, order)
-                prev, full = prev[order], full[order]
-                steps = [s[order] for s in steps]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
-
-
-@pytest.mark.parametrize("mode", ["dec", "full"])
-@pytest.mark.parametrize("kernel_size", [2, 3])
-def test_incremental_decoding_equals_full_forward_with_beam_reordering(mode, kernel_size):
-    model, task = build_model(ARCH, TINY + MODES[mode] + ["--dc-kernel-size", str(kernel_size)])
-    check_incremental_equals_full(model, task)
-
-
 @pytest.mark.parametrize("kernel_size", [1, 2, 4])
 def test_decoder_layer_fed_several_steps_at_once_with_reordering(kernel_size):
     """fairseq's decoder feeds one step at a time; the layer also accepts chunks."""

@@ -276,26 +276,6 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("setting", list(SETTINGS))
-def test_incremental_decoding_equals_full_forward_with_beam_reordering(setting):
-    model, task = build_model(ARCH, TINY + DECODER + SETTINGS[setting])
-    src, lens, prev, _ = random_batch(task, [6, 3, 5], seed=1)
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=lens)
-        full, _ = model.decoder(prev, encoder_out=enc)
-        state, steps = {}, []
-        for t in range(prev.size(1)):
-            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
-            steps.append(out)
-            if t == 2:  # beam search: reorder and duplicate hypotheses mid-sequence
-                order = torch.tensor([2, 0, 0, 1])
-                model.decoder.reorder_incremental_state_scripting(state, order)
-                enc = model.encoder.reorder_encoder_out(enc, order)
-                prev, full = prev[order], full[order]
-                steps = [s[order] for s in steps]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
-
-
 @pytest.mark.parametrize("setting", ["gate", "concat", "local_s"])
 def test_sentence_does_not_change_when_batched_with_longer_ones(setting):
     model, task = build_model(ARCH, TINY + DECODER + SETTINGS[setting])

@@ -291,34 +291,6 @@ CONFIGS = {
 }
 
 
-def check_incremental_equals_full(model, task, beam=2):
-    """Step-by-step decoding == one teacher-forced pass, with a beam reorder at step 3."""
-    src, lens, prev, _ = random_batch(task, [6, 3, 5], seed=1)
-    src, lens = src.repeat_interleave(beam, 0), lens.repeat_interleave(beam, 0)
-    prev = torch.cat([prev[:, :1].repeat_interleave(beam, 0),
-                      torch.randint(4, len(task.target_dictionary), (prev.size(0) * beam, prev.size(1) - 1))], 1)
-    order = torch.tensor([1, 1, 3, 2, 4, 4])
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=lens)
-        full, _ = model.decoder(prev, encoder_out=enc)
-        state, steps = {}, []
-        for t in range(prev.size(1)):
-            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
-            steps.append(out)
-            if t == 2:
-                model.decoder.reorder_incremental_state_scripting(state, order)
-                enc = model.encoder.reorder_encoder_out(enc, order)
-                prev, full = prev[order], full[order]
-                steps = [s[order] for s in steps]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
-
-
-@pytest.mark.parametrize("config", list(CONFIGS))
-def test_incremental_decoding_equals_full_forward_with_beam_reordering(config):
-    model, task = build_model(ARCH, TINY + CONFIGS[config])
-    check_incremental_equals_full(model, task)
-
-
 @pytest.mark.parametrize("config", ["e1_gated", "e2_concat"])
 def test_sentence_does_not_change_when_batched_with_longer_ones(config):
     model, task = build_model(ARCH, TINY + CONFIGS[config])
