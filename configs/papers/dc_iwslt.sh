@@ -65,7 +65,7 @@ TRAIN_ARGS=(
 # taken as the whole batch, split over --gpus by the driver.)
 MAX_UPDATE=200000
 EFFECTIVE_TOKENS=2048
-# Not stated; SPEC.md: the last 5 checkpoints.
+# Not stated; Vaswani et al.'s base recipe: the last 5 checkpoints.
 AVERAGE_LAST=5
 # "for the IWSLT tasks, the beam size and length penalty are 6 and 1.1, respectively."
 # Maximum output length not stated: input + 50.

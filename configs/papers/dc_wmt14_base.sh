@@ -1,5 +1,5 @@
-# "Dual contextual module for neural machine translation" (papers/dual-contextual-
-# module.txt): WMT14 En-De, base (Table 1). Sourced by bash (scripts/reproduce/
+# "Dual contextual module for neural machine translation" (Ampomah, McClean and
+# Hawe 2021): WMT14 En-De, base (Table 1). Sourced by bash (scripts/reproduce/
 # common.sh); the variables are described in docs/reproduce.md. Quotes are from the
 # paper's section 5; where it is silent we follow fairseq's standard recipe and say so.
 DESCRIPTION="Dual Contextual module, WMT14 En-De, base"
@@ -49,7 +49,7 @@ TRAIN_ARGS=(
 # given; 4960 is taken as the whole batch.)
 MAX_UPDATE=160000
 EFFECTIVE_TOKENS=4960
-# Not stated; SPEC.md: the last 5 checkpoints of a base model.
+# Not stated; Vaswani et al.: the last 5 checkpoints of a base model.
 AVERAGE_LAST=5
 # "For the En->De task, a beam-size of 4 and a length penalty of 0.6 is employed."
 # Maximum output length not stated: input + 50 (Vaswani et al.).

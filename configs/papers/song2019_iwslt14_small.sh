@@ -23,7 +23,7 @@ BPE=sentencepiece
 ARCH=hysan_transformer_iwslt_small
 MODEL_ARGS=(--share-all-embeddings)
 # "our next experiments mainly adopt e1 as the default setting" and "Gated sum is our
-# preferred method" (the branches: SPEC.md 1.3; r = 16 is not stated).
+# preferred method" (the branches: docs/hysan_transformer.md; r = 16 is not stated).
 METHOD_ARGS=(
     --hysan-encoder-branches global,forward,backward,local1 --hysan-decoder-branches forward,local1
     --hysan-encoder-layers all --hysan-decoder-layers all --hysan-fusion gated --hysan-gate-reduction 16

@@ -22,9 +22,9 @@ BPE=sentencepiece
 ARCH=hysan_transformer_wmt_en_de
 MODEL_ARGS=(--share-all-embeddings)
 # "our next experiments mainly adopt e1 as the default setting" (encoder global,
-# forward, backward, local1; decoder forward, local1; every layer, SPEC.md 1.3) with
+# forward, backward, local1; decoder forward, local1; every layer, docs/hysan_transformer.md) with
 # "Gated sum ... our preferred method"; the squeeze gate's r = 16 is not stated
-# (SPEC.md's reading of Table 2's parameter counts). Table 2 rows change the fusion.
+# (the reading of Table 2's parameter counts in docs/hysan_transformer.md). Table 2 rows change the fusion.
 METHOD_ARGS=(
     --hysan-encoder-branches global,forward,backward,local1 --hysan-decoder-branches forward,local1
     --hysan-encoder-layers all --hysan-decoder-layers all --hysan-fusion gated --hysan-gate-reduction 16

@@ -52,7 +52,7 @@ MAX_UPDATE=100000
 # "All the models were trained on eight NVIDIA P40 GPUs, each of which is allocated a
 # batch of 4096 tokens": 8 x 4096.
 EFFECTIVE_TOKENS=32768
-# Not stated; Vaswani et al. (and SPEC.md): the last 5 checkpoints of a base model.
+# Not stated; Vaswani et al.: the last 5 checkpoints of a base model.
 AVERAGE_LAST=5
 # Not stated; Vaswani et al.: beam 4, length penalty 0.6, maximum output length
 # input + 50. (fairseq's --lenpen divides by length^0.6, not GNMT's ((5+len)/6)^0.6.)

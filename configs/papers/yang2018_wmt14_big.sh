@@ -19,5 +19,5 @@ TRAIN_ARGS=(
 )
 # Not stated; Vaswani et al.'s big model: 300K steps.
 MAX_UPDATE=300000
-# Not stated; Vaswani et al. (and SPEC.md): the last 20 checkpoints of a big model.
+# Not stated; Vaswani et al.: the last 20 checkpoints of a big model.
 AVERAGE_LAST=20

@@ -1,4 +1,4 @@
-"""``dc_transformer``: the Dual Contextual module (dual-contextual-module.txt) in place
+"""``dc_transformer``: the Dual Contextual module (Ampomah et al. 2021) in place
 of the self-attention sublayer of chosen encoder and/or decoder layers.
 
 :class:`~fairseq_localness.modules.dual_context.DualContextModule` (eq. 6-9: a Local

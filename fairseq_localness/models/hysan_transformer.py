@@ -19,8 +19,8 @@ Options (all prefixed ``--hysan-``):
   layer lists or ranges, ``all`` or ``none``; the other layers keep fairseq's
   attention.
 
-The defaults are the paper's "e1" setting with gated sum, in every layer (SPEC.md
-1.3). "NoPos" is fairseq's ``--no-token-positional-embeddings``.
+The defaults are the paper's "e1" setting with gated sum, in every layer
+(docs/hysan_transformer.md: Table 2's parameter counts pin it). "NoPos" is fairseq's ``--no-token-positional-embeddings``.
 
 With ``--hysan-encoder-branches global --hysan-decoder-branches forward
 --hysan-fusion sum`` (or both layer lists ``none``) the model computes exactly what

@@ -11,7 +11,7 @@ Inputs and outputs follow fairseq's :class:`~fairseq.modules.MultiheadAttention`
 drop-in replacement inside fairseq's transformer layers, and its parameters carry
 fairseq's names (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``).
 
-What it adds (DESIGN.md, tiers 1 and 3):
+What it adds (the core and the branch/fusion tiers of the README's "Architecture"):
 
 * The energies ``e = (Q W_q / sqrt(Dh)) (K W_k)^T`` are computed once and feed one or
   several *branches*. A branch is one softmax over those energies with its own boolean

@@ -1,4 +1,4 @@
-"""Masked branches: windows and directions over real token positions (DESIGN.md tier 2).
+"""Masked branches: windows and directions over real token positions (the bias/mask tier of the README's "Architecture").
 
 Shape notation as in :mod:`.attention`. Every mask is a function of the real query
 and key positions (never of indices into a padded batch), returns a boolean tensor

@@ -1,4 +1,5 @@
-"""The Dual Contextual (DC) module (dual-contextual-module.txt, Sect. 4, eq. 6-9, Fig. 1-2)
+"""The Dual Contextual (DC) module (Ampomah, McClean and Hawe 2021, "Dual contextual
+module for neural machine translation", Sect. 4, eq. 6-9, Fig. 1-2)
 and the Jensen-Shannon divergence between its two attention units (Sect. 7.2, eq. 10-13).
 
 Shape notation (as in :mod:`.attention`):

@@ -27,7 +27,7 @@ Fusions (Table 1 of the paper):
 * :class:`GateFusion`: eq. 4-5, one scalar per token (``HYBRID (Gate)``, the default),
   or one scalar per token and head (``per_head=True``, an option the paper does not
   evaluate). ``W`` is a ``Linear(C, G)`` with a bias: ``C + 1`` parameters per layer
-  for the per-token gate (SPEC.md 1.2; the paper's eq. 5 writes no bias).
+  for the per-token gate (docs/hybrid_transformer.md; the paper's eq. 5 writes no bias).
 * :class:`ConcatFusion`: ``[global_i; local_i]`` projected back to C
   (``HYBRID (Concate)``): the core's output projection becomes ``Linear(2C, C)``, so
   the fusion adds ``C^2`` parameters per layer.

@@ -32,7 +32,7 @@ heads merged (``Tq x B x C``), before the layer's output projection ``W_o`` (eq.
   ``SG(x) = sigmoid(f2(ReLU(f1(x))))``, ``f1: C -> C/r``, ``f2: C/r -> C``, one gate per
   sublayer shared by its branches (:class:`SqueezeGate`, :class:`GatedSumFusion`).
 
-Reading of the paper (SPEC.md 1.3), with the reasons:
+Reading of the paper (docs/hysan_transformer.md), with the reasons:
 
 * The fusion sits *before* ``W_o``, which all branches share: Table 2 gives ``sum``
   no extra parameters, so the branches cannot have an output projection each.
