@@ -54,7 +54,13 @@
 #   --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
 #   --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3
 #   --weight-decay 0.0001 --criterion label_smoothed_cross_entropy
-#   --label-smoothing 0.1 --max-tokens 4096 --log-format simple --log-interval 100
+#   --label-smoothing 0.1 --max-tokens 4096 --log-format json --log-interval 100
+#
+# Logs: --log-format json, so every training and validation record (train_inner,
+# train, valid) is one JSON object after fairseq's logger prefix, which
+# `fairseq-localness-analysis learning_curves` / `efficiency` and the demo's and
+# reproduce scripts' tables read. TensorBoard: give `-- --tensorboard-logdir DIR`
+# (tensorboardX is installed with this package) for event files of every metric.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -235,7 +241,7 @@ TRAIN_ARGS=("$DATA_BIN"
     --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
     --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3
     --weight-decay 0.0001 --criterion label_smoothed_cross_entropy
-    --label-smoothing 0.1 --max-tokens 4096 --log-format simple --log-interval 100
+    --label-smoothing 0.1 --max-tokens 4096 --log-format json --log-interval 100
     --seed "$SEED" --max-update "$MAX_UPDATE" --save-dir "$SAVE_DIR"
     "${DEVICE_ARGS[@]}" "${PRECISION_ARGS[@]}" "${BATCH_ARGS[@]}"
     "${EXTRA[@]}")
