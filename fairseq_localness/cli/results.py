@@ -44,9 +44,10 @@ between seeds enters the test: a difference that lies within the seed-to-seed sp
 is then not significant, whereas resampling sentences alone treats the trained models
 as given. The p-value is sacreBLEU's for ``--paired-bs`` (after Moses'
 ``bootstrap-hypothesis-difference-significance.pl``): the share of resamples whose
-absolute difference, centred on the resamples' mean, exceeds the observed one, as
-``(count + 1) / (samples + 1)``; with one seed per system it is exactly sacreBLEU's
-(same resamples for the same ``--bootstrap-seed``). A system is marked ``better`` or
+absolute difference, centred on the resamples' mean, reaches the observed one, as
+``(count + 1) / (samples + 1)``; with one seed per system it is sacreBLEU's (same
+resamples for the same ``--bootstrap-seed``; only two identical outputs differ: p = 1
+here, 1 / (samples + 1) in sacreBLEU, which counts strictly larger values). A system is marked ``better`` or
 ``worse`` only where p < ``--alpha``. The same test runs per seed (the system's run
 against the baseline's run with the same seed), and the table counts the seeds whose
 own test is significant in either direction.
@@ -298,8 +299,10 @@ def paired_bootstrap(metric, system: Sequence, baseline: Sequence, samples: int 
 
     Returns the observed mean BLEU of both sides, their difference, the 95% percentile
     interval of the resampled difference, and the p-value
-    ``(#{|d_i| - mean|d| > |d_obs|} + 1) / (samples + 1)`` (sacreBLEU's ``--paired-bs``,
-    after Moses' bootstrap-hypothesis-difference-significance.pl).
+    ``(#{|d_i| - mean|d| >= |d_obs|} + 1) / (samples + 1)`` (sacreBLEU's ``--paired-bs``,
+    after Moses' bootstrap-hypothesis-difference-significance.pl, except that a tie
+    counts as extreme: sacreBLEU counts only larger values, which gives two identical
+    systems p = 1 / (samples + 1) instead of 1).
     """
     import numpy as np
 
@@ -331,14 +334,14 @@ def paired_bootstrap(metric, system: Sequence, baseline: Sequence, samples: int 
     diffs = sys_scores - base_scores
     absd = np.abs(diffs)
     shifted = absd - absd.mean()
-    p = (int(np.sum(shifted > abs(observed))) + 1) / (samples + 1)
+    p = (int(np.sum(shifted >= abs(observed))) + 1) / (samples + 1)
     return {"bleu": sys_bleu, "baseline_bleu": base_bleu, "delta": observed, "p_value": p,
             "ci95": [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))],
             "seeds": len(system), "baseline_seeds": len(baseline)}
 
 
 def verdict(delta: float, p: float, alpha: float) -> str:
-    if p < alpha:
+    if p < alpha and delta != 0:
         return "better" if delta > 0 else "worse"
     return "n.s."
 

@@ -167,13 +167,18 @@ Options (every reproduce script):
                      stays the paper's)
   --precision P      auto (default of train.sh), fp32, fp16 or bf16
   --seed N           training seed (default 1)
+  --seeds A,B,...    train every row once per seed, in WORK/runs/<row>/seed<N>/; the
+                     table (fairseq-localness-results) shows the mean ± standard
+                     deviation over the seeds, and with significance a paired bootstrap
+                     of each row against its baseline on the seeds' pooled translations
+                     (and how many seeds pass the same test on their own)
   --list             print the rows and exit
 EOF
 }
 
 reproduce_parse_args() {
     DRY_RUN=0 TABLE_ONLY=0 LIST_ONLY=0 WORK="" DATA_DIR="" RAW_DIR="" ONLY="" GPUS=1 CPU=0
-    MAX_TOKENS="" PRECISION="" SEED=1
+    MAX_TOKENS="" PRECISION="" SEED=1 SEEDS_SPEC="" SEED_GIVEN=0
     local script_name
     script_name="$(basename "$0" .sh)"
     while (( $# )); do
@@ -189,7 +194,8 @@ reproduce_parse_args() {
             --cpu) CPU=1; shift ;;
             --max-tokens) need_value "$1" $#; MAX_TOKENS="$2"; shift 2 ;;
             --precision) need_value "$1" $#; PRECISION="$2"; shift 2 ;;
-            --seed) need_value "$1" $#; SEED="$2"; shift 2 ;;
+            --seed) need_value "$1" $#; SEED="$2"; SEED_GIVEN=1; shift 2 ;;
+            --seeds) need_value "$1" $#; SEEDS_SPEC="$2"; shift 2 ;;
             -h|--help) usage; echo; reproduce_usage_common; echo; list_rows; exit 0 ;;
             *) die "unknown option '$1' (see '${PROG} --help')" ;;
         esac
@@ -197,6 +203,18 @@ reproduce_parse_args() {
     (( DRY_RUN + TABLE_ONLY <= 1 )) || die "--dry-run and --table: expected one of them, not both"
     require_int --gpus "$GPUS" 1
     require_int --seed "$SEED" 0
+    SEEDS=("$((10#$SEED))")
+    if [[ -n "$SEEDS_SPEC" ]]; then
+        (( ! SEED_GIVEN )) || die "--seed and --seeds: expected one of them, not both"
+        [[ "$SEEDS_SPEC" =~ ^[0-9]+(,[0-9]+)*$ ]] \
+            || die "--seeds: expected a comma-separated list of seeds (whole numbers, e.g. 1,2,3), got '$SEEDS_SPEC'"
+        IFS=, read -r -a SEEDS <<< "$SEEDS_SPEC"
+        local k
+        for k in "${!SEEDS[@]}"; do SEEDS[$k]=$((10#${SEEDS[$k]})); done
+        [[ "$(printf '%s\n' "${SEEDS[@]}" | sort -u | wc -l)" == "${#SEEDS[@]}" ]] \
+            || die "--seeds: '$SEEDS_SPEC' names a seed twice; expected distinct seeds"
+        SEED="${SEEDS[0]}"
+    fi
     [[ -z "$MAX_TOKENS" ]] || require_int --max-tokens "$MAX_TOKENS" 1
     [[ -z "$PRECISION" ]] || require_choice --precision "$PRECISION" auto fp32 fp16 bf16
     (( CPU == 0 || GPUS == 1 )) || die "--cpu and --gpus $GPUS: expected one of them, not both"
@@ -439,15 +457,18 @@ def params_of(log):
     return int(m[-1].replace(",", "")) if m else None
 
 
+UPS = re.compile(r'\b(?:train_)?ups"?[ =:]+"?([0-9.]+)')  # simple (ups 2.5, ups=2.5) and json ("train_ups": "2.5")
+
+
 def speed_of(log):
     """Updates per second, mean over the epoch summaries (train_inner if none)."""
     try:
         lines = open(log, errors="replace").read().splitlines()
     except OSError:
         return None
-    ups = [float(m.group(1)) for l in lines if "| train |" in l for m in [re.search(r"\bups[ =]([0-9.]+)", l)] if m]
+    ups = [float(m.group(1)) for l in lines if "| train |" in l for m in [UPS.search(l)] if m]
     if not ups:
-        ups = [float(m.group(1)) for l in lines if "train_inner" in l for m in [re.search(r"\bups[ =]([0-9.]+)", l)] if m]
+        ups = [float(m.group(1)) for l in lines if "train_inner" in l for m in [UPS.search(l)] if m]
     return sum(ups) / len(ups) if ups else None
 
 
@@ -544,6 +565,63 @@ if out:
 EOF
 }
 
+# ------------------------------------------------------------------ several seeds
+# --seeds A,B,...: every selected row once per seed, each seed's run in
+# WORK/runs/<row>/seed<N>/ with the steps of one seed (significance.sh against the
+# baseline's run with the same seed); then the table of all seeds.
+use_seed() {  # N: the rows' run directories (and --seed) of seed N
+    local i
+    SEED="$1"
+    for i in "${!R_NAME[@]}"; do R_RUN[$i]="$WORK/runs/${R_NAME[$i]}/seed$SEED"; done
+}
+
+# The table over the seeds (fairseq-localness-results, layout reproduce): every row's
+# runs with the files its BLEU comes from; written to WORK/results.{md,json,tsv} unless
+# --dry-run.
+seeds_table() {
+    local i seed hyp score ref tokenize out=()
+    (( DRY_RUN )) || out=(--out "$WORK")
+    {
+        printf '%s\t' system seed dir hyp score ref tokenize baseline pair metric paper_bleu paper_params
+        printf 'paper_speed\n'
+        for i in "${!R_NAME[@]}"; do
+            hyp=eval/hyp.detok score=eval/bleu.json ref="${R_DATA[$i]}/raw/test.${R_TGT[$i]}" tokenize=13a
+            if [[ "${R_KIND[$i]}" != sacrebleu ]]; then
+                hyp=eval/hyp.tok_bleu score=eval/tok_bleu.json ref=eval/ref.tok_bleu tokenize=none
+            fi
+            for seed in "${SEEDS[@]}"; do
+                printf '%s\t' "${R_NAME[$i]}" "$seed" "$WORK/runs/${R_NAME[$i]}/seed$seed" "$hyp" "$score" "$ref" \
+                    "$tokenize" "${R_BASE[$i]}" "${R_SRC[$i]}-${R_TGT[$i]}" "${R_KIND[$i]}" "${R_BLEU[$i]}" \
+                    "${R_PARAMS[$i]}"
+                printf '%s\n' "${R_SPEED[$i]}"
+            done
+        done
+    } | "$PY" -m fairseq_localness.cli.results --layout reproduce --runs - --title "$TABLE_TITLE" \
+        $( (( ${TABLE_SIGNIFICANCE:-0} )) && echo --significance ) "${out[@]}"
+}
+
+run_seeds() {
+    local seed i names=()
+    for seed in "${SEEDS[@]}"; do  # a run directory trained with other settings stops us here
+        use_seed "$seed"
+        for i in "${SELECTED[@]}"; do load_row "$i"; done
+    done
+    for i in "${SELECTED[@]}"; do names+=("${R_NAME[$i]}"); done
+    note "${TABLE_TITLE}"
+    note "rows: ${names[*]}; seeds: ${SEEDS[*]}"
+    note "work dir: $WORK; data: $DATA_DIR; downloads: $RAW_DIR; $( (( CPU )) && echo "CPU" || echo "$GPUS GPU(s)")"
+    PREPARED_THIS_RUN=""
+    for seed in "${SEEDS[@]}"; do
+        use_seed "$seed"
+        note "--- seed $seed"
+        for i in "${SELECTED[@]}"; do
+            run_row "$i"
+        done
+    done
+    (( DRY_RUN )) && echo "# table (from the results that exist now):"
+    seeds_table
+}
+
 # ------------------------------------------------------------------ main
 reproduce_main() {
     reproduce_parse_args "$@"
@@ -553,7 +631,7 @@ reproduce_main() {
     fi
     reproduce_load_rows
     if (( TABLE_ONLY )); then
-        print_table
+        if (( ${#SEEDS[@]} > 1 )); then seeds_table; else print_table; fi
         echo "(written to $WORK/results.md)" >&2
         return 0
     fi
@@ -574,6 +652,10 @@ print(" ".join(sorted({a for a in sys.argv[1:] if a not in ARCH_MODEL_REGISTRY})
 ' "${archs[@]}" 2>/dev/null)" || die "importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why"
         [[ -z "$unknown" ]] || die "architecture(s) not registered with fairseq: $unknown \
 (see the ARCH of the configurations and the rows' --arch)"
+    fi
+    if (( ${#SEEDS[@]} > 1 )); then
+        run_seeds
+        return
     fi
     local names=() i
     for i in "${SELECTED[@]}"; do
