@@ -29,9 +29,19 @@ class AnalysisError(Exception):
 
 
 # --------------------------------------------------------------------------- CLI helpers
+class _CurrentStderr(logging.StreamHandler):
+    """A handler writing to ``sys.stderr`` as it is when a record comes (not as it was
+    when the handler was made: a caller, e.g. a test harness, may have replaced it)."""
+
+    def emit(self, record):
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def setup_logging():
     logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
+        handlers=[_CurrentStderr()],
         force=True,  # importing fairseq may already have configured the root logger
     )
     for noisy in ("matplotlib", "PIL", "fairseq.tasks.text_to_speech"):
