@@ -28,29 +28,32 @@ and any other column, a property of the system shown by the layout (``arch``;
 ``pair``, ``metric``, ``paper_bleu``, ``paper_params``, ``paper_speed`` for the
 reproduce tables), which must be the same on each of its lines.
 
-From each run: BLEU (the score JSON), the targeted accuracy per phenomenon
+From each run: BLEU (recomputed from the hypotheses as the test computes it, with full
+precision, and checked against the score JSON, which sacrebleu rounds to one decimal;
+the score JSON's value where there is no reference), the targeted accuracy per phenomenon
 (``eval/phenomena.json`` of the embedded corpus, when present), and from
 ``train.log`` (read with :mod:`fairseq_localness.analysis.logs`) the parameters,
 training time, updates and updates per second.
 
-The paired test (``--samples`` resamples of the test set): paired bootstrap
-resampling (Koehn, 2004, "Statistical Significance Tests for Machine Translation
-Evaluation") on the seed-pooled outputs. Each resample draws test sentences with
-replacement, the same sentences for the system and its baseline; a sentence brings the
-translations of all seeds of a system, and BLEU is computed over them as one corpus
-(sacreBLEU's sufficient statistics summed over the seeds). Unless ``--fixed-seeds``,
-each resample also draws each system's seeds with replacement, so that the spread
-between seeds enters the test: a difference that lies within the seed-to-seed spread
-is then not significant, whereas resampling sentences alone treats the trained models
-as given. The p-value is sacreBLEU's for ``--paired-bs`` (after Moses'
+The paired test (``--samples`` resamples of the test set): paired bootstrap resampling
+(Koehn, 2004, "Statistical Significance Tests for Machine Translation Evaluation") on
+the seed-pooled outputs. The statistic is a system's BLEU averaged over its seeds, each
+seed's translations scored as one corpus (sacreBLEU's sufficient statistics), so the
+observed difference is the difference of the table's mean BLEU. Each resample draws
+test sentences with replacement, the same sentences for the system and its baseline
+(paired), and every seed's translations of them; unless ``--fixed-seeds``, it also
+draws each system's seeds with replacement, so that the spread between seeds enters
+the test: a difference that lies within the seed-to-seed spread is then not
+significant, whereas resampling sentences alone treats the trained models as given.
+The p-value is sacreBLEU's for ``--paired-bs`` (after Moses'
 ``bootstrap-hypothesis-difference-significance.pl``): the share of resamples whose
 absolute difference, centred on the resamples' mean, reaches the observed one, as
 ``(count + 1) / (samples + 1)``; with one seed per system it is sacreBLEU's (same
 resamples for the same ``--bootstrap-seed``; only two identical outputs differ: p = 1
-here, 1 / (samples + 1) in sacreBLEU, which counts strictly larger values). A system is marked ``better`` or
-``worse`` only where p < ``--alpha``. The same test runs per seed (the system's run
-against the baseline's run with the same seed), and the table counts the seeds whose
-own test is significant in either direction.
+here, 1 / (samples + 1) in sacreBLEU, which counts strictly larger values). A system is
+marked ``better`` or ``worse`` only where p < ``--alpha``. The same test runs per seed
+(the system's run against the baseline's run with the same seed), and the table counts
+the seeds whose own test is significant in either direction.
 
 Outputs in ``--out``: ``results.md`` (the table; below it, with several seeds, every
 seed's numbers), ``results.json`` (everything: per-seed numbers, mean, standard
@@ -199,13 +202,12 @@ def read_run(run: Run):
             log = parse_log(log_path)
         except AnalysisError as e:
             raise ResultsError(str(e))
-        records = log.of_kind("train_inner") or log.of_kind("train")
-        epochs = log.of_kind("train")
+        records = log.of_kind("train") or log.of_kind("train_inner")  # per epoch, else per log interval
         run.values["params"] = float(log.params) if log.params is not None else None
         run.values["train_seconds"] = log.train_seconds
         run.values["updates"] = float(log.last_update) if log.last_update is not None else None
-        ups = [r["ups"] for r in (epochs or records) if "ups" in r]
-        wps = [r["wps"] for r in (epochs or records) if "wps" in r]
+        ups = [r["ups"] for r in records if "ups" in r]
+        wps = [r["wps"] for r in records if "wps" in r]
         run.values["ups"] = sum(ups) / len(ups) if ups else None
         run.values["wps"] = sum(wps) / len(wps) if wps else None
 
