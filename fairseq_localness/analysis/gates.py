@@ -29,7 +29,7 @@ Example (the first encoder layer of a hybrid model, tags of the embedded corpus)
     python -m fairseq_localness.analysis.pos_tags --input runs/demo/data/raw/valid.src \\
         --output valid.pos --words-output valid.words
     python -m fairseq_localness.analysis.gates runs/demo/data/bin \\
-        --path runs/demo/systems/hybrid-gate/checkpoint_best.pt --split valid \\
+        --path runs/demo/systems/hybrid-gate/seed1/checkpoint_best.pt --split valid \\
         --pos-tags valid.pos --pos-words valid.words --output-dir analysis/gates
 """
 import argparse
