@@ -190,18 +190,26 @@ def test_bad_manifests_fail_cleanly(tmp_path, change, message):
         text = f.read()
     with open(runs, "w") as f:
         f.write(change(text))
+    with pytest.raises(R.ResultsError) as e:
+        R.run(args("--runs", runs, "--ref", ref, "--out", tmp_path / "out"))
+    assert message in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_command_line_error_is_a_message_and_status_2(tmp_path):
+    runs, ref = demo_like(str(tmp_path), {"transformer": {1: 0.5}, "good": {1: 0.1}}, phen=False)
     p = subprocess.run([sys.executable, "-m", "fairseq_localness.cli.results", "--runs", runs, "--ref", ref,
-                        "--out", str(tmp_path / "out")], capture_output=True, text=True, env=tool_env())
+                        "--baseline", "nope", "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                       env=tool_env())
     assert p.returncode == 2, p.stderr
-    assert p.stderr.strip().splitlines()[-1].startswith("fairseq-localness-results: error: ")
-    assert message in p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        "fairseq-localness-results: error: --runs %s: system 'transformer': baseline 'nope' is not one of the systems "
+        "(transformer, good)" % runs)
     assert not (tmp_path / "out").exists()
 
 
 def test_inconsistent_files_fail_cleanly(tmp_path):
     runs, ref = demo_like(str(tmp_path), {"transformer": {1: 0.5}, "good": {1: 0.1}}, phen=False)
-    with pytest.raises(R.ResultsError, match="'nope' is not one of the systems"):
-        R.run(args("--runs", runs, "--ref", ref, "--baseline", "nope"))
     short = tmp_path / "short.txt"
     short.write_text("one line\n")
     with pytest.raises(R.ResultsError, match="has 300 lines but the reference .*short.txt has 1"):
