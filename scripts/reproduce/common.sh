@@ -586,6 +586,7 @@ seeds_table() {
         printf 'paper_speed\n'
         for i in "${!R_NAME[@]}"; do
             hyp=eval/hyp.detok score=eval/bleu.json ref="${R_DATA[$i]}/raw/test.${R_TGT[$i]}" tokenize=13a
+            [[ "$ref" == /* ]] || ref="$PWD/$ref"  # (a relative ref would be read from the run directory)
             if [[ "${R_KIND[$i]}" != sacrebleu ]]; then
                 hyp=eval/hyp.tok_bleu score=eval/tok_bleu.json ref=eval/ref.tok_bleu tokenize=none
             fi
