@@ -47,6 +47,9 @@ OUT="${OUT%/}"
 
 # ---- validate
 require_dir "$DEMO_DIR" --demo-dir
+if [[ ! -f "$DEMO_DIR/runs.tsv" && -f "$DEMO_DIR/results.tsv" ]]; then
+    die "--demo-dir: '$DEMO_DIR' is a demo of an earlier layout (systems/<name>/, no runs.tsv); run 'make demo' again"
+fi
 require_file "$DEMO_DIR/runs.tsv" "--demo-dir (a finished demo has runs.tsv)"
 require_dir "$DEMO_DIR/data/bin" "--demo-dir"
 [[ ! -e "$OUT" || $FORCE == 1 ]] || die "--out: '$OUT' exists; use --force to replace it"
