@@ -276,3 +276,12 @@ def test_demo_failure_keeps_previous_results(tmp_path):
     assert "broken (seed 1) failed" in p.stderr and "dc-kernel-size" in p.stderr
     assert "transformer (transformer, seed 1) started" not in p.stderr  # stopped at the first failure
     assert (demo_dir / "results.md").read_text() == "previous results\n"
+
+
+def test_analyze_demo_names_a_demo_of_the_earlier_layout(tmp_path):
+    old = tmp_path / "demo"
+    (old / "systems" / "transformer").mkdir(parents=True)
+    (old / "results.tsv").write_text("system\tarch\tparams\tbleu\ttrain_seconds\tupdates\n")
+    p = run_script("analyze_demo.sh", ["--demo-dir", str(old)], check=False)
+    assert p.returncode == 2 and "earlier layout" in p.stderr and "run 'make demo' again" in p.stderr
+    assert sorted(os.listdir(old)) == ["results.tsv", "systems"]
