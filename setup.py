@@ -48,6 +48,10 @@ setup(
         "compare-mt",
         "six",  # compare-mt imports it without declaring it
         "matplotlib",
+        # fairseq's --tensorboard-logdir writes through it (torch.utils.tensorboard
+        # needs the full tensorboard package); without it every fairseq command
+        # prints "Please install tensorboardX"
+        "tensorboardX>=2.6",
     ],
     extras_require={
         # word segmentation for scripts/prepare_data.sh: Japanese (MeCab with the
@@ -63,6 +67,7 @@ setup(
             "fairseq-localness-analysis=fairseq_localness.analysis.__main__:cli_main",
             "fairseq-localness-bench=fairseq_localness.cli.benchmark:main",
             "fairseq-localness-prepare=fairseq_localness.data.prepare:cli_main",
+            "fairseq-localness-results=fairseq_localness.cli.results:cli_main",
         ]
     },
 )

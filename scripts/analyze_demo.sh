@@ -4,17 +4,19 @@
 #
 # Usage: analyze_demo.sh [--demo-dir DIR] [--out DIR] [--src L --tgt L] [--force]
 #
-#   --demo-dir DIR    a finished `make demo` run (default: runs/demo), with
-#                     systems/<name>/{train.log,checkpoint_avg.pt,eval/hyp.detok}
+#   --demo-dir DIR    a finished `make demo` run (default: runs/demo), with runs.tsv
+#                     and systems/<name>/seed<N>/{train.log,checkpoint_avg.pt,eval/hyp.detok}
 #   --out DIR         where the tools write (default: DEMO_DIR/analysis); one folder
 #                     per tool, each with its CSV/JSON and PNG
 #   --src, --tgt      the demo's language codes (default: src, tgt as in configs/demo.sh)
 #   --force           replace an existing --out directory
 #
 # Tools and the demo systems they read (a tool whose systems are missing is skipped,
-# with a message):
+# with a message). A demo with several seeds (DEMO_SEEDS): efficiency and
+# learning_curves read every seed's log (mean and spread over the seeds); the other
+# tools read each system's first seed.
 #   bleu_breakdown    every system against `transformer` (DC Fig. 5, Yang Fig. 4)
-#   efficiency        every system's training log (the papers' Param./Speed columns)
+#   efficiency        every system's training logs (the papers' Param./Speed columns)
 #   learning_curves   every system's validation loss (Song Fig. 4)
 #   gates             hybrid-gate, per layer and per POS tag (Xu Fig. 3, Fig. 4)
 #   windows           localness, localness-relpos (Yang Fig. 3, Fig. 2)
@@ -45,17 +47,29 @@ OUT="${OUT%/}"
 
 # ---- validate
 require_dir "$DEMO_DIR" --demo-dir
-require_file "$DEMO_DIR/results.tsv" "--demo-dir (a finished demo has results.tsv)"
+if [[ ! -f "$DEMO_DIR/runs.tsv" && -f "$DEMO_DIR/results.tsv" ]]; then
+    die "--demo-dir: '$DEMO_DIR' is a demo of an earlier layout (systems/<name>/, no runs.tsv); run 'make demo' again"
+fi
+require_file "$DEMO_DIR/runs.tsv" "--demo-dir (a finished demo has runs.tsv)"
 require_dir "$DEMO_DIR/data/bin" "--demo-dir"
 [[ ! -e "$OUT" || $FORCE == 1 ]] || die "--out: '$OUT' exists; use --force to replace it"
 require_lang --src "$SRC"
 require_lang --tgt "$TGT"
 require_file "$DEMO_DIR/data/raw/test.$TGT" "--demo-dir (reference)"
-SYSTEMS=()
-while IFS=$'\t' read -r name _; do
-    [[ "$name" == system ]] || SYSTEMS+=("$name")
-done < "$DEMO_DIR/results.tsv"
-CKPT() { echo "$DEMO_DIR/systems/$1/checkpoint_avg.pt"; }
+# runs.tsv: system, seed, run directory (relative to DEMO_DIR), ...; one line per run
+SYSTEMS=() RUN_DIRS=()    # every run, as "name<TAB>dir"
+declare -A FIRST=()       # each system's first run directory
+while IFS=$'\t' read -r name seed dir _; do
+    [[ "$name" == system ]] && continue
+    [[ "$dir" == /* ]] || dir="$DEMO_DIR/$dir"
+    RUN_DIRS+=("$name"$'\t'"$dir")
+    if [[ -z "${FIRST[$name]:-}" ]]; then
+        SYSTEMS+=("$name")
+        FIRST[$name]="$dir"
+    fi
+done < "$DEMO_DIR/runs.tsv"
+(( ${#SYSTEMS[@]} )) || die "--demo-dir: $DEMO_DIR/runs.tsv lists no runs"
+CKPT() { echo "${FIRST[$1]:-$DEMO_DIR/systems/$1}/checkpoint_avg.pt"; }
 have() { [[ -f "$(CKPT "$1")" ]]; }
 skip() { echo "${PROG}: skipping $1: the demo has no $2" >&2; }
 
@@ -76,12 +90,14 @@ pick() {
     done
 }
 
-# ---- from the hypotheses and logs: every system
+# ---- from the hypotheses and logs: every system (logs: every seed)
 hyps=() eff=() curves=()
 for s in "${SYSTEMS[@]}"; do
-    hyps+=(--hyp "$s=$DEMO_DIR/systems/$s/eval/hyp.detok")
-    eff+=(--system "$s=$DEMO_DIR/systems/$s/train.log")
-    curves+=(--log "$s=$DEMO_DIR/systems/$s/train.log")
+    hyps+=(--hyp "$s=${FIRST[$s]}/eval/hyp.detok")
+done
+for entry in "${RUN_DIRS[@]}"; do
+    eff+=(--system "${entry%%$'\t'*}=${entry#*$'\t'}/train.log")
+    curves+=(--log "${entry%%$'\t'*}=${entry#*$'\t'}/train.log")
 done
 baseline=()
 [[ " ${SYSTEMS[*]} " == *" transformer "* ]] && baseline=(--baseline transformer)

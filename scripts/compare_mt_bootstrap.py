@@ -7,14 +7,19 @@
 The first --hyp is the baseline. The texts are tokenized first (--tokenize 13a,
 the default: sacrebleu's default tokenizer, so compare-mt's BLEU on whitespace tokens is
 sacrebleu's BLEU; --tokenize none: the files are already tokenized, e.g. the
-*.tok_bleu files of evaluate.sh --tok-bleu) into DIR/inputs/. Then compare-mt runs,
-in this process, exactly as the command line it prints (``compare-mt REF HYP...
---sys_names ... --compare_scores score_type=bleu,bootstrap=N,prob_thresh=P --seed S
---output_directory DIR``), with all its default reports. Its text report goes to
-DIR/compare_mt.txt, its HTML report to DIR/index.html (figures next to it). One fix:
-where a system's full-corpus BLEU lies outside its own bootstrap interval (near-zero
-BLEU, tiny test sets), compare-mt's score figure would fail on a negative error bar;
-such bars are drawn with length 0 instead (the numbers are unchanged).
+*.tok_bleu files of evaluate.sh --tok-bleu) into DIR/inputs/. Then compare-mt's
+reports are made through its Python API (``compare_mt.compare_mt_main``'s
+``generate_*_report`` functions and ``reporters.generate_html_report``), the same
+reports with the same settings as its command line ``compare-mt REF HYP...
+--sys_names ... --compare_scores score_type=bleu,bootstrap=N,prob_thresh=P
+score_type=length --seed S --output_directory DIR`` (which is logged): the BLEU
+scores with the paired bootstrap, lengths, word accuracy by frequency, sentence
+buckets, characteristic n-grams and sentence examples. Their text goes to
+DIR/compare_mt.txt, the HTML report to DIR/index.html (figures next to it). One
+difference: where a system's full-corpus BLEU lies outside its own bootstrap interval
+(near-zero BLEU, tiny test sets), compare-mt's score figure would fail on a negative
+error bar; the score report here is compare-mt's ScoreReport with a figure that draws
+such bars with length 0 (the numbers are unchanged).
 
 compare-mt draws, N times, a sample of half the sentences (with replacement) and
 scores every system on it. For each pair of systems (s1 = the earlier one) it counts
@@ -40,6 +45,7 @@ import argparse
 import contextlib
 import io
 import json
+import logging
 import os
 import re
 import shlex
@@ -47,6 +53,7 @@ import sys
 from typing import Dict, List, Tuple
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+logger = logging.getLogger("compare_mt_bootstrap")
 
 
 def parse_named(specs: List[str]) -> List[Tuple[str, str]]:
@@ -66,51 +73,71 @@ def tokenize_13a(lines: List[str]) -> List[str]:
     return [tok(line.rstrip("\n")) for line in lines]
 
 
-def run_compare_mt(argv: List[str], text_report: str):
-    """Run compare-mt's main with ``argv``; its stdout goes to ``text_report``.
-    Returns the BLEU score reports it produced (compare-mt's ScoreReport objects)."""
+# compare-mt's default reports (its command line's defaults), after the BLEU score report
+DEFAULT_REPORTS = [
+    ("Aggregate Scores", "generate_score_report", {"score_type": "length"}, True),
+    ("Word Accuracies", "generate_word_accuracy_report", {"bucket_type": "freq"}, False),
+    ("Sentence Buckets", "generate_sentence_bucketed_report",
+     {"bucket_type": "length", "statistic_type": "score", "score_measure": "bleu"}, True),
+    ("Sentence Buckets", "generate_sentence_bucketed_report", {"bucket_type": "lengthdiff"}, True),
+    ("Sentence Buckets", "generate_sentence_bucketed_report", {"bucket_type": "score", "score_measure": "sentbleu"},
+     True),
+    ("Characteristic N-grams", "generate_ngram_report", {"compare_type": "match"}, False),
+    ("Sentence Examples", "generate_sentence_examples", {"score_type": "sentbleu"}, True),
+]
+FIG_SIZE = (6.0, 4.5)  # compare-mt's default --fig_size
+
+
+def score_report_with_clipped_bars(report):
+    """The same report as compare-mt's ScoreReport whose figure draws an error bar that
+    would be negative (the full-corpus score outside its bootstrap interval) with length 0."""
+    import numpy as np
+    from compare_mt import reporters
+
+    class ClippedScoreReport(reporters.ScoreReport):
+        def plot(self, output_directory, output_fig_file, output_fig_format="pdf"):
+            errs = None
+            if self.wins:
+                errs = [np.clip(np.array([[score - st["lower_bound"]], [st["upper_bound"] - score]]), 0.0, None)
+                        for score, st in zip(self.scores, self.sys_stats)]
+            reporters.make_bar_chart([[score] for score in self.scores], output_directory, output_fig_file,
+                                     output_fig_format=output_fig_format, errs=errs, ylabel=self.scorer.name())
+
+    clipped = ClippedScoreReport.__new__(ClippedScoreReport)
+    clipped.__dict__.update(report.__dict__)
+    return clipped
+
+
+def run_compare_mt(ref_path: str, hyp_paths: List[str], names: List[str], samples: int, prob_thresh: float,
+                   seed: int, out_dir: str, text_report: str):
+    """compare-mt's reports through its API; returns the BLEU score report (its
+    ScoreReport, with the bootstrap's win rates)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    from compare_mt import compare_mt_main
+    import numpy as np
+    from compare_mt import compare_mt_main, corpus_utils, reporters
 
-    from compare_mt import reporters
-
-    captured = []
-    original = compare_mt_main.generate_score_report
-    original_chart = reporters.make_bar_chart
-
-    def make_bar_chart(datas, *args, errs=None, **kwargs):
-        # compare-mt draws the bootstrap interval as an error bar around the full-corpus
-        # score; when that score lies outside the interval (a system near 0 BLEU, a
-        # small test set) the bar length is negative and matplotlib refuses it.
-        if errs is not None:
-            import numpy as np
-
-            errs = [np.clip(np.asarray(e, dtype=float), 0.0, None) for e in errs]
-        return original_chart(datas, *args, errs=errs, **kwargs)
-
-    reporters.make_bar_chart = make_bar_chart
-
-    def generate_score_report(*args, **kwargs):
-        report = original(*args, **kwargs)
-        captured.append(report)
-        return report
-
-    compare_mt_main.generate_score_report = generate_score_report
-    saved_argv = sys.argv
+    np.random.seed(seed)  # what compare-mt's --seed does
+    reporters.sys_names = list(names)  # compare-mt's reports read the names and figure size from here
+    reporters.fig_size = FIG_SIZE
+    ref = corpus_utils.load_tokens(ref_path)
+    outs = [corpus_utils.load_tokens(p) for p in hyp_paths]
     buf = io.StringIO()
-    try:
-        sys.argv = ["compare-mt"] + argv
-        with contextlib.redirect_stdout(buf):
-            compare_mt_main.main()
-    finally:
-        sys.argv = saved_argv
-        compare_mt_main.generate_score_report = original
-        reporters.make_bar_chart = original_chart
+    with contextlib.redirect_stdout(buf):  # each report prints its text
+        bleu = compare_mt_main.generate_score_report(ref, outs, None, score_type="bleu", bootstrap=samples,
+                                                     prob_thresh=prob_thresh)
+        sections: Dict[str, list] = {"Aggregate Scores": [score_report_with_clipped_bars(bleu)]}
+        for section, func, kwargs, use_src in DEFAULT_REPORTS:
+            if section in ("Characteristic N-grams", "Sentence Examples") and len(outs) < 2:
+                continue
+            f = getattr(compare_mt_main, func)
+            report = f(ref, outs, None, **kwargs) if use_src else f(ref, outs, **kwargs)
+            sections.setdefault(section, []).append(report)
+    reporters.generate_html_report(list(sections.items()), out_dir, "compare-mt Analysis Report")
     with open(text_report, "w", encoding="utf-8") as f:
         f.write(buf.getvalue())
-    return captured
+    return bleu
 
 
 def summarize(report, names: List[str], files: Dict[str, str], args) -> Dict:
@@ -147,15 +174,15 @@ def main(argv=None):
     p.add_argument("--prob-thresh", type=float, default=0.05)
     p.add_argument("--tokenize", choices=["13a", "none"], default="13a")
     args = p.parse_args(argv)
+    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stderr, force=True)
     try:
         named = parse_named(args.hyp)
     except ValueError as e:
-        print(f"compare_mt_bootstrap.py: error: {e}", file=sys.stderr)
+        logger.error("compare_mt_bootstrap.py: error: %s", e)
         return 2
     names = [n for n, _ in named]
     if len(set(names)) != len(names) or len(names) < 2:
-        print(f"compare_mt_bootstrap.py: error: expected two or more systems with distinct names, got {names}",
-              file=sys.stderr)
+        logger.error("compare_mt_bootstrap.py: error: expected two or more systems with distinct names, got %s", names)
         return 2
     files = dict(named)
 
@@ -171,26 +198,27 @@ def main(argv=None):
         with open(paths[key], "w", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in lines)
 
-    cm_argv = [paths["ref"]] + [paths[n] for n in names] + [
+    equivalent = [paths["ref"]] + [paths[n] for n in names] + [
         "--sys_names", *names,
         "--compare_scores", f"score_type=bleu,bootstrap={args.samples},prob_thresh={args.prob_thresh}",
-        "--seed", str(args.seed), "--output_directory", args.out]
-    print("+ compare-mt " + " ".join(shlex.quote(a) for a in cm_argv), file=sys.stderr, flush=True)
-    reports = run_compare_mt(cm_argv, os.path.join(args.out, "compare_mt.txt"))
-    if len(reports) != 1 or reports[0].wins is None:
-        print("compare_mt_bootstrap.py: error: compare-mt produced no bootstrap BLEU report", file=sys.stderr)
+        "score_type=length", "--seed", str(args.seed), "--output_directory", args.out]
+    logger.info("compare-mt (its API), the reports of: compare-mt %s", " ".join(shlex.quote(a) for a in equivalent))
+    report = run_compare_mt(paths["ref"], [paths[n] for n in names], names, args.samples, args.prob_thresh,
+                            args.seed, args.out, os.path.join(args.out, "compare_mt.txt"))
+    if report.wins is None:
+        logger.error("compare_mt_bootstrap.py: error: compare-mt produced no bootstrap BLEU report")
         return 1
-    summary = summarize(reports[0], names, files, args)
+    summary = summarize(report, names, files, args)
     with open(os.path.join(args.out, "significance.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
         f.write("\n")
     for c in summary["comparisons"]:
         a, b = c["baseline"], c["system"]
-        print(f"{b} vs {a}: BLEU {summary['systems'][b]['bleu']:.2f} vs {summary['systems'][a]['bleu']:.2f}; "
-              f"{b} better in {100 * c['win']:.1f}% of {args.samples} samples, {a} in {100 * c['loss']:.1f}%, "
-              f"tied in {100 * c['tie']:.1f}%; p = {c['p_value']:.4f}; "
-              f"{'significant: ' + c['better'] + ' is better' if c['better'] else 'not significant'} "
-              f"(threshold {args.prob_thresh})")
+        logger.info(f"{b} vs {a}: BLEU {summary['systems'][b]['bleu']:.2f} vs {summary['systems'][a]['bleu']:.2f}; "
+                    f"{b} better in {100 * c['win']:.1f}% of {args.samples} samples, {a} in {100 * c['loss']:.1f}%, "
+                    f"tied in {100 * c['tie']:.1f}%; p = {c['p_value']:.4f}; "
+                    f"{'significant: ' + c['better'] + ' is better' if c['better'] else 'not significant'} "
+                    f"(threshold {args.prob_thresh})")
     return 0
 
 

@@ -2,17 +2,29 @@
 # The demo (`make demo`): train the systems of configs/demo.sh on the embedded
 # corpus with the same model size and update budget, average its last checkpoints,
 # translate the test set, and print a Markdown table (system, parameters, BLEU,
-# targeted accuracy per phenomenon of the corpus, training time), also written to
-# DEMO_DIR/results.md.
+# targeted accuracy per phenomenon of the corpus, training time, and each system
+# against the transformer: BLEU difference, p-value of a paired bootstrap test and
+# whether it is significantly better or worse), also written to DEMO_DIR/results.md.
 #
 # Usage: demo.sh            (settings in configs/demo.sh; environment overrides:)
 #   DEMO_DIR=runs/demo      where everything goes (git-ignored)
 #   DEMO_ONLY="a b"         run these systems (names from configs/demo.sh; default:
 #                           its DEMO_DEFAULT; "all": every system it lists)
+#   DEMO_SEEDS=N            train each system N times, with seeds 1..N (or a list:
+#                           DEMO_SEEDS=1,5,7); the table then shows each column's mean
+#                           ± standard deviation over the seeds and the number of seeds,
+#                           and the test pools the seeds' translations (default: one
+#                           run, with DEMO_SEED of configs/demo.sh, 1)
 #   DEMO_MAX_UPDATE=N       updates per system (default in configs/demo.sh)
-#   DEMO_JOBS=N             systems trained at the same time (default: 2 on a machine
+#   DEMO_JOBS=N             runs trained at the same time (default: 2 on a machine
 #                           with 2 or more cores, else 1); the cores are shared out
 #   DEMO_CONFIG=FILE        another configuration file
+#
+# Results (fairseq-localness-results): DEMO_DIR/results.md (the table; with several
+# seeds, every seed's numbers below it), results.json (per seed, mean, standard
+# deviation, the tests), results.tsv (one line per run), runs.tsv (the runs).
+# Each run's commands and logs: DEMO_DIR/systems/<name>/seed<N>/ (demo.log,
+# train.log, eval/).
 #
 # Rerunnable: each run builds everything in DEMO_DIR.partial/ and replaces DEMO_DIR
 # only when all systems are done, so an interrupted run leaves the previous results
@@ -39,6 +51,23 @@ require_int DEMO_AVERAGE_LAST "$DEMO_AVERAGE_LAST" 1
 NCORES=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 DEMO_JOBS="${DEMO_JOBS:-$(( NCORES >= 2 ? 2 : 1 ))}"
 require_int DEMO_JOBS "$DEMO_JOBS" 1
+require_int DEMO_SEED "$DEMO_SEED" 0
+# DEMO_SEEDS: a count N (seeds 1..N) or a comma-separated list of seeds
+SEEDS=()
+if [[ -z "${DEMO_SEEDS:-}" ]]; then
+    SEEDS=("$((10#$DEMO_SEED))")
+elif [[ "$DEMO_SEEDS" =~ ^[0-9]+$ ]]; then
+    require_int DEMO_SEEDS "$DEMO_SEEDS" 1
+    for (( s = 1; s <= 10#$DEMO_SEEDS; s++ )); do SEEDS+=("$s"); done
+elif [[ "$DEMO_SEEDS" =~ ^[0-9]+(,[0-9]+)+$ ]]; then
+    IFS=, read -r -a SEEDS <<< "$DEMO_SEEDS"
+    for i in "${!SEEDS[@]}"; do SEEDS[$i]=$((10#${SEEDS[$i]})); done
+    [[ "$(printf '%s\n' "${SEEDS[@]}" | sort -u | wc -l)" == "${#SEEDS[@]}" ]] \
+        || die "DEMO_SEEDS: '$DEMO_SEEDS' names a seed twice; expected distinct seeds"
+else
+    die "DEMO_SEEDS: expected a number of seeds (e.g. 3: seeds 1,2,3) or a comma-separated list of seeds \
+(e.g. 1,5,7), got '$DEMO_SEEDS'"
+fi
 DEMO_ONLY="${DEMO_ONLY:-${DEMO_DEFAULT:-all}}"
 [[ "$DEMO_ONLY" == all ]] && DEMO_ONLY=""
 NAMES=() ARCHS=() EXTRAS=()
@@ -63,7 +92,7 @@ for arch in $(printf '%s\n' "${ARCHS[@]}" | sort -u); do
 done
 
 WORK="$DEMO_DIR.partial"
-echo "${PROG}: systems: ${NAMES[*]}; ${DEMO_MAX_UPDATE} updates each; building in $WORK" >&2
+echo "${PROG}: systems: ${NAMES[*]}; seed(s) ${SEEDS[*]}; ${DEMO_MAX_UPDATE} updates each; building in $WORK" >&2
 run rm -rf "$WORK"
 mkdir -p "$WORK"
 T_START=$(date +%s)
@@ -76,15 +105,15 @@ run bash "$SCRIPTS_DIR/preprocess.sh" --data "$WORK/data/bpe" --dest "$WORK/data
     --src "$DEMO_SRC" --tgt "$DEMO_TGT"
 
 # ---- systems
-# One system: train, average, translate, score; its commands and their output go to
-# $dir/demo.log, its row of the table to $dir/row.tsv.
+# One run (a system and a seed): train, average, translate, score; its commands and
+# their output go to $dir/demo.log.
 run_system() {
-    local name="$1" arch="$2" extra_str="$3" dir="$WORK/systems/$1"
+    local name="$1" arch="$2" extra_str="$3" seed="$4" dir="$5"
     local -a extra
     read -r -a extra <<< "$extra_str"
     exec >> "$dir/demo.log" 2>&1
     run bash "$SCRIPTS_DIR/train.sh" --arch "$arch" --data-bin "$WORK/data/bin" --save-dir "$dir" \
-        --max-update "$DEMO_MAX_UPDATE" --src "$DEMO_SRC" --tgt "$DEMO_TGT" --seed "$DEMO_SEED" \
+        --max-update "$DEMO_MAX_UPDATE" --src "$DEMO_SRC" --tgt "$DEMO_TGT" --seed "$seed" \
         -- "${DEMO_MODEL_ARGS[@]}" "${DEMO_TRAIN_ARGS[@]}" "${extra[@]}" > "$dir/train.log" 2>&1 \
         || { tail -20 "$dir/train.log"; return 1; }
     # When the last update ends an epoch, fairseq saves it only as checkpoint_last.pt
@@ -106,20 +135,13 @@ run_system() {
         --beam "$DEMO_BEAM" --lenpen "$DEMO_LENPEN" --out "$dir/eval"
     run fairseq-localness-corpus --out "$WORK/data/raw" --src "$DEMO_SRC" --tgt "$DEMO_TGT" \
         --score "$dir/eval/hyp.detok" > "$dir/eval/phenomena.json"
-    local params seconds updates bleu
-    params=$(sed -n 's/.*num\. shared model params: \([0-9,]*\).*/\1/p' "$dir/train.log" | head -1 | tr -d ,)
-    seconds=$(sed -n 's/.*done training in \([0-9.]*\) seconds.*/\1/p' "$dir/train.log" | tail -1)
-    updates=$(sed -n 's/.*num_updates \([0-9]*\).*/\1/p' "$dir/train.log" | tail -1)
-    bleu=$("$PY" -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["score"])' "$dir/eval/bleu.json")
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$arch" "${params:-?}" "$bleu" "${seconds:-?}" "${updates:-?}" \
-        > "$dir/row.tsv"
 }
 
-# Systems run DEMO_JOBS at a time, each with an equal share of the cores as torch
+# Runs go DEMO_JOBS at a time, each with an equal share of the cores as torch
 # threads (tiny models use one core poorly, so two single-threaded runs on two cores
 # finish sooner than the same runs one after the other with two threads each).
 THREADS=$(( NCORES / DEMO_JOBS > 0 ? NCORES / DEMO_JOBS : 1 ))
-echo "${PROG}: ${DEMO_JOBS} system(s) at a time, ${THREADS} torch thread(s) each; logs in $WORK/systems/<name>/" >&2
+echo "${PROG}: ${DEMO_JOBS} run(s) at a time, ${THREADS} torch thread(s) each; logs in $WORK/systems/<name>/seed<N>/" >&2
 declare -A PID_OF=()
 kill_tree() {    # a running system and every process it started
     local child
@@ -128,64 +150,53 @@ kill_tree() {    # a running system and every process it started
     done
     kill "$1" 2>/dev/null || true
 }
-finish_one() {   # wait for any running system; report it; stop everything if it failed
-    local pid name status=0
+finish_one() {   # wait for any running run; report it; stop everything if it failed
+    local pid job status=0 bleu seconds
     wait -n -p pid "${!PID_OF[@]}" || status=$?
-    name="${PID_OF[$pid]}"
+    job="${PID_OF[$pid]}"
     unset "PID_OF[$pid]"
+    local dir="$WORK/systems/${job% *}/seed${job#* }"
     if (( status != 0 )); then
-        echo "${PROG}: $name failed (exit status $status); its log, $WORK/systems/$name/demo.log, ends:" >&2
-        tail -25 "$WORK/systems/$name/demo.log" >&2
+        echo "${PROG}: ${job% *} (seed ${job#* }) failed (exit status $status); its log, $dir/demo.log, ends:" >&2
+        tail -25 "$dir/demo.log" >&2
         for pid in "${!PID_OF[@]}"; do
             kill_tree "$pid"
         done
         exit 1
     fi
-    IFS=$'\t' read -r _ _ params bleu seconds updates < "$WORK/systems/$name/row.tsv"
-    echo "${PROG}: $name done: BLEU $bleu, $params parameters, trained $updates updates in ${seconds} s" >&2
+    bleu=$("$PY" -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["score"])' "$dir/eval/bleu.json")
+    seconds=$(sed -n 's/.*done training in \([0-9.]*\) seconds.*/\1/p' "$dir/train.log" | tail -1)
+    echo "${PROG}: ${job% *} (seed ${job#* }) done: BLEU $bleu, trained in ${seconds:-?} s" >&2
 }
-for i in "${!NAMES[@]}"; do
-    (( ${#PID_OF[@]} < DEMO_JOBS )) || finish_one
-    name="${NAMES[$i]}"
-    mkdir -p "$WORK/systems/$name"
-    echo "${PROG}: $name (${ARCHS[$i]}) started" >&2
-    OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS run_system "$name" "${ARCHS[$i]}" "${EXTRAS[$i]}" &
-    PID_OF[$!]="$name"
+# seed by seed, so that a partial run has every system of the first seeds
+printf 'system\tseed\tdir\tarch\n' > "$WORK/runs.tsv"
+for seed in "${SEEDS[@]}"; do
+    for i in "${!NAMES[@]}"; do
+        (( ${#PID_OF[@]} < DEMO_JOBS )) || finish_one
+        name="${NAMES[$i]}" dir="$WORK/systems/${NAMES[$i]}/seed$seed"
+        mkdir -p "$dir"
+        # (run directories relative to runs.tsv: valid after $WORK becomes $DEMO_DIR)
+        printf '%s\t%s\t%s\t%s\n' "$name" "$seed" "systems/$name/seed$seed" "${ARCHS[$i]}" >> "$WORK/runs.tsv"
+        echo "${PROG}: $name (${ARCHS[$i]}, seed $seed) started" >&2
+        OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS \
+            run_system "$name" "${ARCHS[$i]}" "${EXTRAS[$i]}" "$seed" "$dir" &
+        PID_OF[$!]="$name $seed"
+    done
 done
 while (( ${#PID_OF[@]} )); do
     finish_one
 done
-printf 'system\tarch\tparams\tbleu\ttrain_seconds\tupdates\n' > "$WORK/results.tsv"
-for name in "${NAMES[@]}"; do
-    cat "$WORK/systems/$name/row.tsv" >> "$WORK/results.tsv"
-done
 
-# ---- table
-"$PY" - "$WORK" "$DEMO_MAX_UPDATE" <<'EOF'
-import csv, json, os, sys
-work, updates = sys.argv[1:]
-rows = list(csv.DictReader(open(os.path.join(work, "results.tsv")), delimiter="\t"))
-phen = ["reorder", "gender", "polysemy", "long_agreement", "attractor"]
-lines = [
-    "| system | arch | params | BLEU | " + " | ".join(p.replace("_", " ") for p in phen) + " | train time (s) |",
-    "|---|---|---:|---:|" + "---:|" * len(phen) + "---:|",
-]
-for r in rows:
-    params = "{:,}".format(int(r["params"])) if r["params"].isdigit() else r["params"]
-    scores = json.load(open(os.path.join(work, "systems", r["system"], "eval", "phenomena.json")))
-    acc = ["%.1f" % (100 * scores[p]["accuracy"]) if scores[p]["accuracy"] is not None else "-" for p in phen]
-    lines.append("| %s | %s | %s | %s | %s | %s |" % (
-        r["system"], r["arch"], params, r["bleu"], " | ".join(acc), r["train_seconds"]))
-lines += [
-    "",
-    "Test set of the embedded corpus (500 sentences). BLEU: sacrebleu %s. Phenomenon "
-    "columns: targeted accuracy (%%) of the words each phenomenon decides "
-    "(fairseq_localness.corpus.score_checks). %s updates per system, average of the last "
-    "checkpoints; train time as reported by fairseq-train."
-    % (json.load(open(os.path.join(work, "systems", rows[0]["system"], "eval", "bleu.json")))["signature"], updates),
-]
-open(os.path.join(work, "results.md"), "w").write("\n".join(lines) + "\n")
-EOF
+# ---- table: mean ± sd over the seeds, paired bootstrap against the transformer
+# (the first system when the transformer is not run)
+BASELINE="${NAMES[0]}"
+[[ " ${NAMES[*]} " == *" transformer "* ]] && BASELINE=transformer
+run fairseq-localness-results --layout demo --runs "$WORK/runs.tsv" --ref "$WORK/data/raw/test.$DEMO_TGT" \
+    --baseline "$BASELINE" --out "$WORK" \
+    --note "Test set of the embedded corpus ($(wc -l < "$WORK/data/raw/test.$DEMO_TGT") sentences). Phenomenon \
+columns: targeted accuracy (%) of the words each phenomenon decides (fairseq_localness.corpus.score_checks). \
+$DEMO_MAX_UPDATE updates per system, average of the last checkpoints; train time as reported by fairseq-train." \
+    > /dev/null
 
 run rm -rf "$DEMO_DIR.old"
 if [[ -e "$DEMO_DIR" ]]; then

@@ -142,6 +142,11 @@ def test_gates_of_a_forced_constant_gate_per_layer_and_pos(trained, tmp_path):
         assert sum(int(r["words"]) for r in layer_rows) == n_words
         assert all(float(r["mean"]) == pytest.approx(c, abs=1e-6) for r in layer_rows)
     assert json.load(open(out / "gates.json"))["sentences"] == len(sources)
+    # Xu Fig. 4: bars from 0 (the gate's range), so their lengths compare
+    fig = gates.per_pos_figure([dict(r, mean=float(r["mean"]), words=int(r["words"])) for r in pos_rows], "enc3", "t")
+    assert fig.axes[0].get_ylim() == (0.0, 1.0)
+    assert [round(b.get_height(), 6) for b in fig.axes[0].patches] == [0.8] * len({r["tag"] for r in pos_rows})
+    C.pyplot().close(fig)
 
 
 def test_gates_of_a_trained_model_match_the_recorded_masked_mean(trained, tmp_path):
@@ -301,6 +306,20 @@ def test_heatmaps_show_each_branch_with_its_mask(trained, tmp_path):
                     for j, v in enumerate(row):
                         if not allowed[branch](i, j):
                             assert v == 0.0, f"{branch}[{i}][{j}] = {v} outside its mask"
+    # every panel has its colorbar, from 0 to the panel's largest weight
+    import torch as _torch
+
+    maps = {label: {b: _torch.tensor(m) for b, m in saved["sentences"][0]["models"][label].items()}
+            for label in ("hysan", "hybrid")}
+    fig = heatmaps.sentence_figure(saved["sentences"][0]["tokens"], maps, ["hysan", "hybrid"], "t", 40)
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>" and ax.images]
+    assert len(panels) == 6 and len(bars) == 6
+    for ax, bar in zip(panels, bars):
+        lo, hi = ax.images[0].get_clim()
+        assert lo == 0.0 and hi == pytest.approx(float(ax.images[0].get_array().max()))
+        assert bar.get_ylim() == pytest.approx((lo, hi))
+    C.pyplot().close(fig)
     with pytest.raises(C.AnalysisError, match="--layer 4"):
         heatmaps.main(heatmaps.get_parser().parse_args(
             [data.data_bin, "--path", trained.checkpoint("hysan"), "--ids", "0", "--layer", "4",
@@ -432,6 +451,64 @@ def test_log_parsing_learning_curves_and_efficiency(trained, tmp_path):
     # 3 gated layers (d + 1 each) over the same transformer (d = 32, 3 layers)
     assert rows["dc"]["params"] - rows["hybrid"]["params"] == 3 * (8 * 32 * 32 + 7 * 32) - 3 * 33
     assert "| hybrid |" in (out / "efficiency.md").read_text()
+
+
+def _seed_log(path, params, valid, ups):
+    """A JSON-format log: validation loss per update, and training speed."""
+    lines = [f"2026 | INFO | fairseq_cli.train | num. shared model params: {params:,} (num. trained: {params:,})"]
+    for u, v in valid:
+        lines.append(f'2026 | INFO | valid | {{"epoch": 1, "valid_loss": "{v}", "valid_num_updates": "{u}"}}')
+    for x in ups:
+        lines.append(f'2026 | INFO | train_inner | {{"epoch": 1, "loss": "5", "ups": "{x}", "wps": "{100 * x}", '
+                     f'"num_updates": "10"}}')
+    lines.append("2026 | INFO | fairseq_cli.train | done training in 10.0 seconds")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_several_runs_per_system_give_mean_and_band(tmp_path):
+    """learning_curves and efficiency: the same NAME several times is one system's runs
+    (its seeds): the mean over them with the standard deviation as band / error bar."""
+    a1 = _seed_log(tmp_path / "a1.log", 1000, [(10, 6.0), (20, 5.0)], [1.0, 3.0])  # ups mean 2
+    a2 = _seed_log(tmp_path / "a2.log", 1000, [(10, 4.0), (20, 3.0)], [4.0])  # ups 4
+    b1 = _seed_log(tmp_path / "b1.log", 1500, [(5, 7.0), (15, 5.0), (25, 3.0)], [1.0])
+    b2 = _seed_log(tmp_path / "b2.log", 1500, [(10, 6.0), (20, 4.0)], [1.0])
+    out = tmp_path / "curves"
+    best = learning_curves.main(learning_curves.get_parser().parse_args(
+        ["--log", f"a={a1}", "--log", f"b={b1}", "--log", f"a={a2}", "--log", f"b={b2}", "--output-dir", str(out)]))
+    assert_png(out / "learning_curves.png")
+    assert best["a"]["runs"] == 2 and best["a"]["best_loss"] == 4.0 and best["a"]["best_loss_sd"] == pytest.approx(
+        math.sqrt(2.0))  # best losses 5 and 3
+    assert [r["best_loss_update"] for r in best["a"]["per_run"]] == [20, 20]
+    means = {(r["system"], int(r["num_updates"])): r for r in C.read_csv(out / "learning_curves_mean.csv")}
+    assert float(means[("a", 10)]["mean"]) == 5.0
+    assert float(means[("a", 10)]["sd"]) == pytest.approx(math.sqrt(2), rel=1e-5)  # CSV: 6 digits
+    # b's runs validated at different updates: interpolated onto the updates in their common range
+    assert sorted(u for s, u in means if s == "b") == [10, 15, 20]
+    assert float(means[("b", 15)]["mean"]) == pytest.approx((5.0 + 5.0) / 2)  # b2 at 15: between 6 and 4
+    assert float(means[("b", 10)]["mean"]) == pytest.approx((6.0 + 6.0) / 2)  # b1 at 10: between 7 and 5
+    rows = C.read_csv(out / "learning_curves.csv")
+    assert {(r["system"], r["run"]) for r in rows} == {("a", "1"), ("a", "2"), ("b", "1"), ("b", "2")}
+    assert learning_curves.mean_band([[(1, 2.0)]]) == [(1, 2.0, 0.0, 1)]
+
+    out = tmp_path / "eff"
+    result = efficiency.main(efficiency.get_parser().parse_args(
+        ["--system", f"a={a1}", "--system", f"a={a2}", "--system", f"b={b1}", "--system", f"b={b2}",
+         "--output-dir", str(out)]))
+    assert_png(out / "efficiency.png")
+    rows = {r["system"]: r for r in result["rows"]}
+    assert rows["a"]["runs"] == 2 and rows["a"]["ups"] == 3.0 and rows["a"]["ups_sd"] == pytest.approx(math.sqrt(2))
+    assert rows["b"]["speed_ratio"] == pytest.approx(1 / 3) and rows["b"]["speed_ratio_sd"] == 0.0
+    assert rows["b"]["params_delta"] == 500
+    assert "| a | 2 | 1,000 |" in (out / "efficiency.md").read_text()
+    assert "3.000 ± 1.414" in (out / "efficiency.md").read_text()
+    assert len(C.read_csv(out / "efficiency_runs.csv")) == 4
+    with pytest.raises(C.AnalysisError, match="different parameter counts"):
+        efficiency.main(efficiency.get_parser().parse_args(
+            ["--system", f"a={a1}", "--system", f"a={b1}", "--output-dir", str(tmp_path / "x")]))
+    with pytest.raises(C.AnalysisError, match="is given twice"):
+        efficiency.main(efficiency.get_parser().parse_args(
+            ["--system", f"a={a1}", "--system", f"a={a1}", "--output-dir", str(tmp_path / "x")]))
 
 
 # --------------------------------------------------------------------------- window sweep (Xu Fig. 2)

@@ -1,6 +1,7 @@
 """The pipeline scripts (scripts/*.sh): end to end in a few updates, and bad inputs
 rejected up front (exit status 2, a message naming the option/file and what was
 expected, no command run, nothing written)."""
+import json
 import os
 
 import pytest
@@ -37,13 +38,30 @@ def test_pipeline_end_to_end(tiny_data_bin, tmp_path):
     assert (data_bin / "dict.src.txt").read_text() == (data_bin / "dict.tgt.txt").read_text()
     assert (data_bin / "code").is_file() and (data_bin / "TOKENIZATION").read_text().strip() == "moses"
 
+    tb = tmp_path / "tb"
     p = run_script("train.sh", ["--arch", "transformer", "--data-bin", data_bin, "--save-dir", ckpts,
                                 "--max-update", "3", *lang, "--",
                                 *TINY_MODEL_ARGS, "--max-tokens", "1024", "--save-interval-updates", "1",
-                                "--no-epoch-checkpoints", "--num-workers", "0", "--warmup-updates", "1"])
+                                "--no-epoch-checkpoints", "--num-workers", "0", "--warmup-updates", "1",
+                                "--log-interval", "1", "--tensorboard-logdir", tb])
     train_cmd = [c for c in commands(p.stderr) if c.startswith("fairseq-train")]
-    assert len(train_cmd) == 1 and "--user-dir" in train_cmd[0]
+    assert len(train_cmd) == 1 and "--user-dir" in train_cmd[0] and "--log-format json" in train_cmd[0]
     assert (ckpts / "checkpoint_1_3.pt").is_file()
+    # the training records are JSON objects after fairseq's logger prefix, and the
+    # analysis tools read them
+    records = {kind: json.loads(line.split(f"| {kind} | ", 1)[1]) for line in p.stdout.splitlines()
+               for kind in ("train_inner", "valid", "train") if f"| {kind} | {{" in line}
+    assert set(records) == {"train_inner", "valid", "train"}
+    assert records["train"]["train_num_updates"] == "3" and "valid_loss" in records["valid"]
+    from fairseq_localness.analysis.logs import parse_log
+
+    (tmp_path / "train.log").write_text(p.stdout)
+    log = parse_log(str(tmp_path / "train.log"))
+    assert log.last_update == 3 and log.params and [r["num_updates"] for r in log.of_kind("train_inner")] == [1, 2, 3]
+    # TensorBoard event files through tensorboardX, and no request to install it
+    for kind in ("train_inner", "valid", "train"):
+        assert any(f.startswith("events.out.tfevents") for f in os.listdir(tb / kind)), kind
+    assert "install tensorboardX" not in p.stdout + p.stderr
 
     p = run_script("average.sh", ["--save-dir", ckpts, "--last", "2", "--by", "update"])
     assert (ckpts / "checkpoint_avg_last2.pt").is_file()
@@ -143,11 +161,19 @@ def test_bad_input_fails_cleanly(case, bad_input_env, tmp_path):
     assert sorted(os.listdir(tmp_path)) == before
 
 
-def test_demo_rejects_unknown_system(tmp_path):
+@pytest.mark.parametrize("env, message", [
+    ({"DEMO_ONLY": "nonexistent"}, "DEMO_ONLY: no system 'nonexistent'"),
+    ({"DEMO_SEEDS": "0"}, "DEMO_SEEDS: expected a whole number >= 1, got '0'"),
+    ({"DEMO_SEEDS": "1,2,1"}, "DEMO_SEEDS: '1,2,1' names a seed twice"),
+    ({"DEMO_SEEDS": "three"}, "DEMO_SEEDS: expected a number of seeds (e.g. 3: seeds 1,2,3) or a comma-separated"),
+])
+def test_demo_rejects_bad_settings(tmp_path, env, message):
     demo_dir = tmp_path / "demo"
-    p = run_script("demo.sh", [], check=False, env={"DEMO_ONLY": "nonexistent", "DEMO_DIR": str(demo_dir)})
+    p = run_script("demo.sh", [], check=False, env={**env, "DEMO_DIR": str(demo_dir)})
     assert p.returncode == 2
-    assert "DEMO_ONLY: no system 'nonexistent'" in p.stderr and "transformer" in p.stderr
+    assert p.stderr.startswith("demo.sh: error: ") and message in p.stderr, p.stderr
+    if "DEMO_ONLY" in env:
+        assert "transformer" in p.stderr  # the names that exist
     assert not demo_dir.exists() and not (tmp_path / "demo.partial").exists()
 
 
@@ -182,30 +208,42 @@ def _tiny_demo_config(tmp_path, extra=""):
 
 @pytest.mark.timeout(900)  # the longest test: 225 s measured on 2 loaded cores, over the 300 s default's margin
 def test_demo_runs_end_to_end_on_a_tiny_budget(tmp_path):
-    """scripts/demo.sh with the real configuration, shrunk: corpus, segmentation,
-    binarization, training (two systems at a time), averaging, decoding, scoring,
-    table in configuration order; an older run in DEMO_DIR is replaced only at the end."""
+    """scripts/demo.sh with the real configuration, shrunk, and two seeds: corpus,
+    segmentation, binarization, training (two runs at a time), averaging, decoding,
+    scoring, the table of mean ± sd over the seeds with the paired test against the
+    transformer, in configuration order; every seed's numbers kept; an older run in
+    DEMO_DIR is replaced only at the end."""
     config = _tiny_demo_config(tmp_path)
     demo_dir = tmp_path / "demo"
     demo_dir.mkdir()
     (demo_dir / "old-run").write_text("previous results\n")
     p = run_script("demo.sh", [], env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir),
                                        "DEMO_MAX_UPDATE": "4", "DEMO_ONLY": "enc-dc transformer",
-                                       "DEMO_JOBS": "2"})
+                                       "DEMO_JOBS": "2", "DEMO_SEEDS": "2"})
     table = (demo_dir / "results.md").read_text()
-    assert table.splitlines()[0] == ("| system | arch | params | BLEU | reorder | gender | polysemy | "
-                                     "long agreement | attractor | train time (s) |")
-    assert table.splitlines()[2].startswith("| transformer | transformer | ")
-    assert table.splitlines()[3].startswith("| enc-dc | dc_transformer | ")
+    lines = table.splitlines()
+    assert lines[0] == ("| system | arch | params | seeds | BLEU | reorder | gender | polysemy | long agreement | "
+                        "attractor | train time (s) | Δ BLEU | p | vs transformer | seeds better / worse |")
+    assert lines[2].startswith("| transformer | transformer | ") and lines[2].endswith("| baseline | - |")
+    assert lines[3].startswith("| enc-dc | dc_transformer | ") and "| 2 | " in lines[3] and " ± " in lines[3]
     assert table in p.stdout
-    assert "2 system(s) at a time" in p.stderr
+    assert "2 run(s) at a time" in p.stderr and "seed(s) 1 2" in p.stderr
     assert not (demo_dir / "old-run").exists() and not (tmp_path / "demo.partial").exists()
+    result = json.loads((demo_dir / "results.json").read_text())
+    assert [(e["system"], e["seeds_done"]) for e in result["systems"]] == [("transformer", [1, 2]), ("enc-dc", [1, 2])]
+    assert result["systems"][1]["comparison"]["baseline"] == "transformer"
+    assert result["systems"][1]["comparison"]["seeds_tested"] == 2
     for name in ("transformer", "enc-dc"):
-        assert (demo_dir / "systems" / name / "checkpoint_avg.pt").is_file()
-        assert (demo_dir / "systems" / name / "eval" / "phenomena.json").is_file()
-        assert "| train | epoch" in (demo_dir / "systems" / name / "train.log").read_text()
+        for seed in (1, 2):
+            run = demo_dir / "systems" / name / f"seed{seed}"
+            assert (run / "checkpoint_avg.pt").is_file()
+            assert (run / "eval" / "phenomena.json").is_file()
+            assert '| train | {"epoch": ' in (run / "train.log").read_text()
+            assert f"| {name} | {seed} |" in table  # every seed's row below the table
+    assert (demo_dir / "runs.tsv").read_text().splitlines()[1] == "transformer\t1\tsystems/transformer/seed1\ttransformer"
 
-    # the analyses of the finished demo: the tools its systems allow, the others skipped
+    # the analyses of the finished demo: the tools its systems allow, the others skipped;
+    # efficiency and learning curves over both seeds
     p = run_script("analyze_demo.sh", ["--demo-dir", str(demo_dir)])
     out = demo_dir / "analysis"
     for png in ("bleu_breakdown/bleu_by_length.png", "bleu_breakdown/bleu_by_ngram.png",
@@ -216,6 +254,10 @@ def test_demo_runs_end_to_end_on_a_tiny_budget(tmp_path):
         assert f"skipping {tool}" in p.stderr and not (out / tool).exists()
     divergence = (out / "divergence" / "divergence.csv").read_text()
     assert "enc-dc" in divergence and "enc1" in divergence
+    assert "systems/enc-dc/seed1/checkpoint_avg.pt" in p.stderr  # the checkpoint tools read the first seed
+    curves = json.loads((out / "learning_curves" / "learning_curves.json").read_text())
+    assert curves["enc-dc"]["runs"] == 2 and len(curves["enc-dc"]["per_run"]) == 2
+    assert "| enc-dc | 2 |" in (out / "efficiency" / "efficiency.md").read_text()
     p = run_script("analyze_demo.sh", ["--demo-dir", str(demo_dir)], check=False)
     assert p.returncode == 2 and "--force" in p.stderr
 
@@ -232,6 +274,15 @@ def test_demo_failure_keeps_previous_results(tmp_path):
                    env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir), "DEMO_MAX_UPDATE": "2",
                         "DEMO_JOBS": "1", "DEMO_ONLY": "all"})
     assert p.returncode == 1
-    assert "broken failed" in p.stderr and "dc-kernel-size" in p.stderr
-    assert "transformer (transformer) started" not in p.stderr  # stopped at the first failure
+    assert "broken (seed 1) failed" in p.stderr and "dc-kernel-size" in p.stderr
+    assert "transformer (transformer, seed 1) started" not in p.stderr  # stopped at the first failure
     assert (demo_dir / "results.md").read_text() == "previous results\n"
+
+
+def test_analyze_demo_names_a_demo_of_the_earlier_layout(tmp_path):
+    old = tmp_path / "demo"
+    (old / "systems" / "transformer").mkdir(parents=True)
+    (old / "results.tsv").write_text("system\tarch\tparams\tbleu\ttrain_seconds\tupdates\n")
+    p = run_script("analyze_demo.sh", ["--demo-dir", str(old)], check=False)
+    assert p.returncode == 2 and "earlier layout" in p.stderr and "run 'make demo' again" in p.stderr
+    assert sorted(os.listdir(old)) == ["results.tsv", "systems"]

@@ -33,8 +33,8 @@ Example (two of the demo's systems)::
 
     python -m fairseq_localness.analysis.bleu_breakdown --ref runs/demo/data/raw/test.tgt \\
         --src runs/demo/data/bpe/test.src --buckets 8,10,12,14 \\
-        --hyp transformer=runs/demo/systems/transformer/eval/hyp.detok \\
-        --hyp localness=runs/demo/systems/localness/eval/hyp.detok --output-dir analysis/bleu
+        --hyp transformer=runs/demo/systems/transformer/seed1/eval/hyp.detok \\
+        --hyp localness=runs/demo/systems/localness/seed1/eval/hyp.detok --output-dir analysis/bleu
 """
 import argparse
 from typing import Dict, List, Sequence, Tuple

@@ -29,9 +29,19 @@ class AnalysisError(Exception):
 
 
 # --------------------------------------------------------------------------- CLI helpers
+class _CurrentStderr(logging.StreamHandler):
+    """A handler writing to ``sys.stderr`` as it is when a record comes (not as it was
+    when the handler was made: a caller, e.g. a test harness, may have replaced it)."""
+
+    def emit(self, record):
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def setup_logging():
     logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
+        handlers=[_CurrentStderr()],
         force=True,  # importing fairseq may already have configured the root logger
     )
     for noisy in ("matplotlib", "PIL", "fairseq.tasks.text_to_speech"):
@@ -51,7 +61,7 @@ def run_main(prog: str, main, args):
     try:
         return main(args)
     except AnalysisError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        logger.error("%s: error: %s", prog, e)
         sys.exit(2)
 
 
@@ -128,9 +138,10 @@ def labels_for(paths: Sequence[str], labels: Optional[Sequence[str]]) -> List[st
     return names
 
 
-def parse_named(values: Sequence[str], option: str) -> List[Tuple[str, str]]:
+def parse_named(values: Sequence[str], option: str, repeats: bool = False) -> List[Tuple[str, str]]:
     """``["name=path", ...]`` -> ``[(name, path), ...]``; a bare ``path`` is named after
-    its file (or its directory if the file names coincide)."""
+    its file. With ``repeats``, a name may come several times (the runs of one system,
+    e.g. its seeds); otherwise names must be unique."""
     out = []
     for v in values:
         if "=" in v and not os.path.exists(v):
@@ -141,9 +152,22 @@ def parse_named(values: Sequence[str], option: str) -> List[Tuple[str, str]]:
             name, path = os.path.splitext(os.path.basename(v))[0], v
         out.append((name, path))
     names = [n for n, _ in out]
-    if len(set(names)) < len(names):
+    if not repeats and len(set(names)) < len(names):
         raise AnalysisError(f"{option}: the names {names} are not unique; give NAME=FILE")
+    if repeats:
+        paths = [os.path.abspath(p) for _, p in out]
+        dup = next((p for p in paths if paths.count(p) > 1), None)
+        if dup is not None:
+            raise AnalysisError(f"{option}: {dup!r} is given twice; expected each run once")
     return out
+
+
+def group_named(named: Sequence[Tuple[str, str]]) -> List[Tuple[str, List[str]]]:
+    """``[(name, path), ...]`` -> ``[(name, [path, ...]), ...]`` in first-seen order."""
+    groups: Dict[str, List[str]] = {}
+    for name, path in named:
+        groups.setdefault(name, []).append(path)
+    return list(groups.items())
 
 
 def require_file(path: str, what: str):

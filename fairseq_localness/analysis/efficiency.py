@@ -10,20 +10,32 @@ For each system (``--system NAME=LOG``; a directory stands for its ``train.log``
 * ``ups``: updates per second, likewise; ``speed_ratio`` = ``ups`` / baseline's;
 * ``updates``, ``train_seconds`` (fairseq's ``done training in ... seconds``).
 
+Several runs of one system (its seeds): ``--system NAME=LOG`` once per run with the
+same NAME. Its row then reports the mean over the runs, with the standard deviation
+(n - 1 in the denominator) of ``wps``, ``ups``, ``speed_ratio`` and ``train_seconds``
+(``speed_ratio``: mean ``ups`` over the baseline's mean ``ups``; its spread, that of
+the system's runs' ``ups`` divided by the same), and the plot draws it as an error
+bar; the runs must agree on the parameter count. ``efficiency_runs.csv`` keeps every
+run's numbers.
+
 The baseline is ``--baseline`` or the first system. Speeds are comparable only
 between runs on the same hardware with the same batch size (the papers measure on
 one machine); for a controlled measurement use ``fairseq-localness-bench`` (``make
 bench``), which times every system in one process.
 
-Outputs in ``--output-dir``: ``efficiency.csv``, ``efficiency.md`` (a Markdown
-table) and ``efficiency.png`` (parameters and speed relative to the baseline).
+Outputs in ``--output-dir``: ``efficiency.csv`` (one row per system),
+``efficiency_runs.csv`` (one row per run), ``efficiency.md`` (a Markdown table) and
+``efficiency.png`` (parameters and speed relative to the baseline).
 
 Example::
 
-    python -m fairseq_localness.analysis.efficiency --system transformer=runs/demo/systems/transformer \\
-        --system enc-dc=runs/demo/systems/enc-dc --output-dir analysis/efficiency
+    fairseq-localness-analysis efficiency --system transformer=runs/demo/systems/transformer/seed1 \\
+        --system transformer=runs/demo/systems/transformer/seed2 \\
+        --system enc-dc=runs/demo/systems/enc-dc/seed1 --system enc-dc=runs/demo/systems/enc-dc/seed2 \\
+        --output-dir analysis/efficiency
 """
 import argparse
+import math
 from typing import Dict, List, Optional
 
 from fairseq_localness.analysis import common as C
@@ -33,7 +45,8 @@ from fairseq_localness.analysis.logs import parse_log
 def get_parser():
     p = argparse.ArgumentParser(prog="fairseq-localness-analysis efficiency", description=__doc__.split("\n\n")[0])
     p.add_argument("--system", action="append", required=True, metavar="NAME=LOG",
-                   help="a system's fairseq-train log (or a directory with train.log); repeatable")
+                   help="a run's fairseq-train log (or a directory with train.log); repeatable; the same NAME "
+                   "several times: runs of one system (e.g. seeds), reported as mean and standard deviation")
     p.add_argument("--baseline", default=None, help="name of the baseline system (default: the first)")
     C.add_output_args(p)
     return p
@@ -43,7 +56,15 @@ def _mean(values: List[float]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
-def system_row(name: str, path: str) -> Dict:
+def _sd(values: List[float]) -> Optional[float]:
+    if len(values) < 2:
+        return None
+    m = sum(values) / len(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def run_row(name: str, path: str) -> Dict:
+    """One run: parameters, mean wps/ups over its records, updates, training time."""
     log = parse_log(path)
     if log.params is None:
         raise C.AnalysisError(f"{name}: {log.path} has no 'num. model params' line (is it a fairseq-train log?)")
@@ -56,21 +77,45 @@ def system_row(name: str, path: str) -> Dict:
     }
 
 
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
+def system_row(name: str, paths: List[str]) -> Dict:
+    """A system over its runs: the mean (and, with several runs, the standard deviation)."""
+    runs = [run_row(name, p) for p in paths]
+    params = {r["params"] for r in runs}
+    if len(params) > 1:
+        raise C.AnalysisError(f"{name}: its runs have different parameter counts ({sorted(params)}): "
+                              + ", ".join(r["log"] for r in runs) + "; expected runs of one model")
+    row = {"system": name, "runs": len(runs), "params": runs[0]["params"], "log": ";".join(r["log"] for r in runs),
+           "_runs": runs}
+    for key in ("wps", "ups", "updates", "train_seconds"):
+        vals = [r[key] for r in runs if r[key] is not None]
+        row[key] = _mean(vals) if len(vals) == len(runs) else None
+        row[key + "_sd"] = _sd(vals) if len(vals) == len(runs) else None
+    return row
+
+
+def _fmt(v, spec: str, sd=None) -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) + ("" if sd is None else " ± " + format(sd, spec))
 
 
 def markdown(rows: List[Dict], baseline: str) -> str:
+    multi = any(r["runs"] > 1 for r in rows)
     lines = [
-        f"| system | params | Δ params vs {baseline} | wps | ups | speed vs {baseline} | updates | train time (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| system |{' runs |' if multi else ''} params | Δ params vs {baseline} | wps | ups | speed vs {baseline} "
+        "| updates | train time (s) |",
+        "|---|" + ("---:|" if multi else "") + "---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         delta = f"{r['params_delta']:+,} ({r['params_delta_pct']:+.1f}%)"
         lines.append(
-            f"| {r['system']} | {r['params']:,} | {delta} | {_fmt(r['wps'], '.1f')} | {_fmt(r['ups'], '.3f')} | "
-            f"{_fmt(r['speed_ratio'], '.2f')} | {_fmt(r['updates'], 'd')} | {_fmt(r['train_seconds'], '.1f')} |"
+            f"| {r['system']} |{' %d |' % r['runs'] if multi else ''} {r['params']:,} | {delta} "
+            f"| {_fmt(r['wps'], '.1f', r['wps_sd'])} | {_fmt(r['ups'], '.3f', r['ups_sd'])} "
+            f"| {_fmt(r['speed_ratio'], '.2f', r['speed_ratio_sd'])} | {_fmt(r['updates'], '.0f')} "
+            f"| {_fmt(r['train_seconds'], '.1f', r['train_seconds_sd'])} |"
         )
+    if multi:
+        lines += ["", "mean ± standard deviation over each system's runs"]
     return "\n".join(lines) + "\n"
 
 
@@ -82,10 +127,12 @@ def plot(rows: List[Dict], baseline: str, path: str):
     ax1.set_ylabel("parameters (M)")
     ax1.set_title("Param.", fontsize=9)
     ratios = [r["speed_ratio"] if r["speed_ratio"] is not None else 0.0 for r in rows]
-    ax2.bar(range(len(rows)), ratios, color=["C7" if n == baseline else "C1" for n in names])
+    errs = [r["speed_ratio_sd"] or 0.0 for r in rows]
+    ax2.bar(range(len(rows)), ratios, color=["C7" if n == baseline else "C1" for n in names],
+            yerr=errs if any(errs) else None, capsize=3)
     ax2.axhline(1.0, color="black", lw=0.8)
     ax2.set_ylabel(f"updates/s relative to {baseline}")
-    ax2.set_title("Speed", fontsize=9)
+    ax2.set_title("Speed" + (" (mean ± sd over runs)" if any(r["runs"] > 1 for r in rows) else ""), fontsize=9)
     for ax in (ax1, ax2):
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
@@ -95,8 +142,8 @@ def plot(rows: List[Dict], baseline: str, path: str):
 
 def main(args):
     out_dir = C.ensure_dir(args.output_dir)
-    systems = C.parse_named(args.system, "--system")
-    rows = [system_row(name, path) for name, path in systems]
+    systems = C.group_named(C.parse_named(args.system, "--system", repeats=True))
+    rows = [system_row(name, paths) for name, paths in systems]
     baseline = args.baseline or rows[0]["system"]
     base = next((r for r in rows if r["system"] == baseline), None)
     if base is None:
@@ -105,13 +152,17 @@ def main(args):
         r["params_delta"] = r["params"] - base["params"]
         r["params_delta_pct"] = 100.0 * r["params_delta"] / base["params"]
         r["speed_ratio"] = r["ups"] / base["ups"] if r["ups"] and base["ups"] else None
-    cols = ["system", "params", "params_delta", "params_delta_pct", "wps", "ups", "speed_ratio", "updates",
-            "train_seconds", "log"]
+        r["speed_ratio_sd"] = r["ups_sd"] / base["ups"] if r["ups_sd"] is not None and base["ups"] else None
+    runs = [dict(run, run=k) for r in rows for k, run in enumerate(r.pop("_runs"), start=1)]
+    cols = ["system", "runs", "params", "params_delta", "params_delta_pct", "wps", "wps_sd", "ups", "ups_sd",
+            "speed_ratio", "speed_ratio_sd", "updates", "updates_sd", "train_seconds", "train_seconds_sd", "log"]
     C.write_csv(f"{out_dir}/efficiency.csv", rows, cols)
+    C.write_csv(f"{out_dir}/efficiency_runs.csv", runs,
+                ["system", "run", "params", "wps", "ups", "updates", "train_seconds", "log"])
     with open(f"{out_dir}/efficiency.md", "w", encoding="utf-8") as f:
         f.write(markdown(rows, baseline))
     plot(rows, baseline, f"{out_dir}/efficiency.png")
-    return {"baseline": baseline, "rows": rows}
+    return {"baseline": baseline, "rows": rows, "runs": runs}
 
 
 def cli_main(argv=None):

@@ -29,7 +29,7 @@ Example (the first encoder layer of a hybrid model, tags of the embedded corpus)
     python -m fairseq_localness.analysis.pos_tags --input runs/demo/data/raw/valid.src \\
         --output valid.pos --words-output valid.words
     python -m fairseq_localness.analysis.gates runs/demo/data/bin \\
-        --path runs/demo/systems/hybrid-gate/checkpoint_best.pt --split valid \\
+        --path runs/demo/systems/hybrid-gate/seed1/checkpoint_best.pt --split valid \\
         --pos-tags valid.pos --pos-words valid.words --output-dir analysis/gates
 """
 import argparse
@@ -168,6 +168,12 @@ def plot_per_layer(rows: List[dict], path: str, title: str):
 
 
 def plot_per_pos(rows: List[dict], path: str, layer: str, title: str):
+    return C.save_figure(per_pos_figure(rows, layer, title), path)
+
+
+def per_pos_figure(rows: List[dict], layer: str, title: str):
+    """Xu et al. Fig. 4: mean gate per POS tag of one layer, bars from 0 (the value on
+    each bar), tags in decreasing order of the first series' gate."""
     plt = C.pyplot()
     rows = [r for r in rows if r["layer"] == layer]
     series = list(dict.fromkeys(r["series"] for r in rows))
@@ -184,10 +190,9 @@ def plot_per_pos(rows: List[dict], path: str, layer: str, title: str):
                 xs.append(i + (k - (len(series) - 1) / 2) * width)
                 ys.append(r["mean"])
         ax.bar(xs, ys, width=width * 0.95, color=f"C{k}", label=s if len(series) > 1 else None)
-    lo = min((r["mean"] for r in rows), default=0.0)
-    hi = max((r["mean"] for r in rows), default=1.0)
-    pad = max(0.02, 0.15 * (hi - lo))
-    ax.set_ylim(max(0.0, lo - pad), min(1.0, hi + pad))
+        for x, y in zip(xs, ys):
+            ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=6)
+    ax.set_ylim(0.0, 1.0)  # gates lie in [0, 1]; bars from 0 keep their lengths comparable
     ax.set_xticks(range(len(order)))
     counts = {t: sum(r["words"] for r in rows if r["tag"] == t and r["series"] == series[0]) for t in order}
     ax.set_xticklabels([f"{t}\n({counts[t]})" for t in order], fontsize=8)
@@ -196,7 +201,7 @@ def plot_per_pos(rows: List[dict], path: str, layer: str, title: str):
     ax.set_title(title, fontsize=9)
     if len(series) > 1:
         ax.legend(fontsize=7)
-    return C.save_figure(fig, path)
+    return fig
 
 
 def main(args):

@@ -91,12 +91,19 @@ def recorded_layers(model) -> List[int]:
 
 def plot_sentence(tokens: List[str], maps: Dict[str, Dict[str, "object"]], labels: List[str], path: str,
                   title: str, max_shown: int):
+    return C.save_figure(sentence_figure(tokens, maps, labels, title, max_shown), path)
+
+
+def sentence_figure(tokens: List[str], maps: Dict[str, Dict[str, "object"]], labels: List[str], title: str,
+                    max_shown: int):
+    """One panel per model (rows) and branch (columns), each with its colorbar: the
+    colour scale of a panel runs from 0 to that branch's largest weight."""
     plt = C.pyplot()
     branches = list(dict.fromkeys(b for label in labels for b in maps[label]))
     n = len(tokens)
     size = min(3.2, max(2.0, 0.18 * n))
-    fig, axes = plt.subplots(len(labels), len(branches), figsize=(size * len(branches) + 0.8, size * len(labels) + 0.6),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(labels), len(branches), figsize=((size + 0.5) * len(branches) + 0.8,
+                                                                  size * len(labels) + 0.6), squeeze=False)
     for i, label in enumerate(labels):
         for j, branch in enumerate(branches):
             ax = axes[i][j]
@@ -104,7 +111,10 @@ def plot_sentence(tokens: List[str], maps: Dict[str, Dict[str, "object"]], label
             if m is None:
                 ax.axis("off")
                 continue
-            ax.imshow(m.numpy(), cmap="Blues", vmin=0.0, vmax=max(float(m.max()), 1e-6), aspect="equal")
+            im = ax.imshow(m.numpy(), cmap="Blues", vmin=0.0, vmax=max(float(m.max()), 1e-6), aspect="equal")
+            cbar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+            cbar.ax.tick_params(labelsize=5)
+            cbar.set_label("attention weight", fontsize=5)
             if n <= max_shown:
                 ax.set_xticks(range(n))
                 ax.set_yticks(range(n))
@@ -116,7 +126,7 @@ def plot_sentence(tokens: List[str], maps: Dict[str, Dict[str, "object"]], label
             ax.set_title(f"{label}: {branch}" if len(labels) > 1 else branch, fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    return C.save_figure(fig, path)
+    return fig
 
 
 def main(args):

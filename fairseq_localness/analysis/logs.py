@@ -1,19 +1,24 @@
-"""Reading fairseq-train logs (``--log-format simple`` or ``json``, the lines fairseq
-writes to stderr / ``--log-file``): training and validation records, the parameter
-count, the training time. Used by ``learning_curves`` and ``efficiency``.
+"""Reading fairseq-train logs (the lines fairseq writes to stdout / ``--log-file``):
+training and validation records, the parameter count, the training time. Used by
+``learning_curves``, ``efficiency`` and ``fairseq-localness-results``.
 
-Lines understood (``simple``)::
+The records are read as JSON: ``scripts/train.sh`` trains with ``--log-format json``,
+so each ``train_inner`` / ``train`` / ``valid`` record is one JSON object after
+fairseq's logger prefix (the tag prefixed to every key, e.g. ``valid_loss``, is
+removed; values become numbers)::
+
+    ... | INFO | train_inner | {"epoch": 1, "update": 0.25, "loss": "7.46", "wps": "35191.2", "ups": "47.64", "num_updates": "10", ...}
+    ... | INFO | valid | {"epoch": 1, "valid_loss": "6.629", "valid_bleu": "3.25", "valid_num_updates": "25"}
+    ... | INFO | train | {"epoch": 1, "train_loss": "7.161", "train_wps": "680.9", "train_ups": "0.35", "train_num_updates": "40"}
+
+plus two plain lines of ``fairseq_cli.train``::
 
     ... | INFO | fairseq_cli.train | num. shared model params: 245,760 (num. trained: 245,760)
-    ... | INFO | train_inner | epoch 002:     10 / 40 loss=6.983, ..., num_updates=50, ...
-    ... | INFO | valid | epoch 001 | valid on 'valid' subset | loss 6.629 | ... | num_updates 25
-    ... | INFO | train | epoch 001 | loss 7.161 | ... | wps 680.9 | ups 0.35 | ... | num_updates 40
     ... | INFO | fairseq_cli.train | done training in 947.1 seconds
 
-and the same records as JSON objects (``json``: ``{"epoch": 1, "valid_loss": "6.6",
-..., "valid_num_updates": "25"}``, prefixes stripped). fairseq's default ``tqdm``
-progress bar does not write parseable records: train with ``--log-format simple``
-(as ``scripts/train.sh`` does) or ``json``.
+Logs written with ``--log-format simple`` (``epoch 001 | loss 7.161 | ... |
+num_updates 40``, ``loss=6.983, ..., num_updates=50``) are read too. fairseq's
+default ``tqdm`` progress bar does not write parseable records.
 """
 import json
 import os

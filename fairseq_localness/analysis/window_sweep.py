@@ -6,7 +6,7 @@ the mean gate (the weight of the local pattern, eq. 4-5) over the gated layers.
 For every ``m`` of ``--window-m`` the driver:
 
 1. trains into ``--save-root/m<m>/`` with ``fairseq-train DATA --user-dir
-   fairseq_localness --arch <--arch> --hybrid-window-m <m> --save-dir ...`` plus
+   <installed package directory> --arch <--arch> --hybrid-window-m <m> --save-dir ...`` plus
    every argument after ``--`` (the training recipe, the same for every ``m``),
    logging to ``m<m>/train.log``; a directory whose ``--checkpoint`` file already
    exists is not trained again (so an interrupted sweep resumes, and checkpoints

@@ -33,6 +33,7 @@ It differs where fairseq's script is unsafe or unclear:
 """
 import argparse
 import collections
+import logging
 import os
 import re
 import sys
@@ -40,6 +41,8 @@ import tempfile
 from typing import Dict, List, Optional, Tuple
 
 import torch
+
+logger = logging.getLogger("fairseq_localness.average")
 
 
 class AverageError(Exception):
@@ -299,17 +302,32 @@ def get_parser() -> argparse.ArgumentParser:
     return p
 
 
+def setup_logging():
+    """Progress to stdout (as fairseq's command lines log), warnings and errors to
+    stderr, as plain messages."""
+    out = logging.StreamHandler(sys.stdout)
+    out.addFilter(lambda record: record.levelno < logging.WARNING)
+    err = logging.StreamHandler(sys.stderr)
+    err.setLevel(logging.WARNING)
+    logger.handlers[:] = [out, err]
+    for h in logger.handlers:
+        h.setFormatter(logging.Formatter("%(message)s"))
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def cli_main(argv=None) -> int:
     args = get_parser().parse_args(argv)
+    setup_logging()
     try:
         inputs = resolve_inputs(args)
-        print(f"averaging {len(inputs)} checkpoint(s): {' '.join(inputs)}", flush=True)
+        logger.info("averaging %d checkpoint(s): %s", len(inputs), " ".join(inputs))
         state = average_checkpoints(inputs, force=args.force)
         save_atomic(state, args.output)
     except AverageError as e:
-        print(f"fairseq-localness-average: error: {e}", file=sys.stderr)
+        logger.error("fairseq-localness-average: error: %s", e)
         return 2
-    print(f"wrote the averaged checkpoint to {args.output}")
+    logger.info("wrote the averaged checkpoint to %s", args.output)
     return 0
 
 
