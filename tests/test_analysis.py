@@ -200,7 +200,7 @@ def test_subword_to_word_alignment():
 def test_windows_per_layer_and_head_with_known_centres_and_windows(trained, tmp_path):
     data = trained.data
 
-    def half(model):  # U_p = U_d = 0  =>  P = D = I * sigmoid(0) = I / 2 (eq. 6-9)
+    def half(model):  # U_p = U_d = 0  =>  P = I / 2, D = F + (I - F) / 2 with the floor F = 1 (eq. 6-9)
         for i in range(3):
             model[f"encoder.layers.{i}.self_attn.branches.0.u_p.weight"].zero_()
             model[f"encoder.layers.{i}.self_attn.branches.0.u_d.weight"].zero_()
@@ -216,11 +216,12 @@ def test_windows_per_layer_and_head_with_known_centres_and_windows(trained, tmp_
     lengths = [len(s) for s in sources]
     rows = {(r["model"], r["layer"]): r for r in C.read_csv(out / "windows_per_layer.csv")}
     assert {layer for _, layer in rows} == {"enc1", "enc2", "enc3"}
-    expected_window = sum(n * n / 2 for n in lengths) / sum(lengths)  # mean of I/2 over the tokens
+    expected_window = sum(n * (n + 1) / 2 for n in lengths) / sum(lengths)  # mean of (I + 1)/2 over the tokens
+    expected_rel = sum((n + 1) / 2 for n in lengths) / sum(lengths)  # mean of D / I
     for layer in ("enc1", "enc2", "enc3"):
         half_row, trained_row = rows[("half", layer)], rows[("trained", layer)]
         assert int(half_row["values"]) == 4 * sum(lengths)  # heads x real tokens
-        assert float(half_row["window_rel_mean"]) == pytest.approx(0.5, abs=1e-6)
+        assert float(half_row["window_rel_mean"]) == pytest.approx(expected_rel, abs=1e-6)
         assert float(half_row["centre_rel_mean"]) == pytest.approx(0.5, abs=1e-6)
         assert float(half_row["window_mean"]) == pytest.approx(expected_window, rel=1e-5)
         assert 0.0 < float(trained_row["window_rel_mean"]) < 1.0
@@ -232,7 +233,7 @@ def test_windows_per_layer_and_head_with_known_centres_and_windows(trained, tmp_
     for p in points:
         assert 0.0 < float(p["P"]) < float(p["I"]) and 1.0 <= float(p["D"]) <= float(p["I"])
         if p["model"] == "half":
-            assert float(p["D"]) == pytest.approx(float(p["I"]) / 2, rel=1e-6)
+            assert float(p["D"]) == pytest.approx((float(p["I"]) + 1) / 2, rel=1e-6)  # F + (I - F) / 2
 
 
 # --------------------------------------------------------------------------- divergence (DC Fig. 4)
