@@ -17,6 +17,8 @@ VENV_FLAGS ?=
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.fairseq_localness-installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (auto: one per core; 0: no workers, one process)
+TEST_JOBS   ?= auto
 BENCH_ARGS  ?= --quick
 
 .PHONY: install demo analysis test bench clean-venv
@@ -41,7 +43,7 @@ analysis: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/analyze_demo.sh --force
 
 test: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS) tests
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS) tests
 
 bench: install
 	$(VENV)/bin/fairseq-localness-bench $(BENCH_ARGS)

@@ -57,7 +57,8 @@ setup(
         # word segmentation for scripts/prepare_data.sh: Japanese (MeCab with the
         # UniDic-lite dictionary) and Chinese (jieba)
         "segment": SEGMENT,
-        "test": ["pytest", "pytest-timeout"] + SEGMENT,
+        # pytest-xdist: `make test` runs one worker per core
+        "test": ["pytest", "pytest-timeout", "pytest-xdist"] + SEGMENT,
     },
     entry_points={
         "console_scripts": [

@@ -69,14 +69,29 @@ TINY_MODEL_ARGS = [
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long test (still part of `make test`)")
     _refuse_process_groups()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `make test` runs one worker per core (pytest-xdist): one torch thread each,
+        # as the commands the tests start have (tool_env), so workers do not fight.
+        import torch
+
+        torch.set_num_threads(1)
 
 
 # --------------------------------------------------------------------------- time limits
 STATUS_ENV = "FAIRSEQ_LOCALNESS_TEST_STATUS"
 
 
-def _write_status(text: str) -> None:
+def _status_path() -> Optional[str]:
+    """The status file of this process: ``$FAIRSEQ_LOCALNESS_TEST_STATUS`` itself, or
+    ``<it>.<worker>`` in a pytest-xdist worker (``gw0``, ``gw1``, ...), so parallel
+    workers do not overwrite each other's state."""
     path = os.environ.get(STATUS_ENV)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{path}.{worker}" if path and worker else path
+
+
+def _write_status(text: str) -> None:
+    path = _status_path()
     if path:
         with open(path, "w") as f:
             f.write(text + "\n")

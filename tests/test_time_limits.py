@@ -99,3 +99,19 @@ def test_a_command_past_its_timeout_is_killed_with_its_children(tmp_path):
         time.sleep(0.1)
     else:
         raise AssertionError(f"the command's child {pid} is still running")
+
+
+def test_a_hung_test_is_named_with_parallel_workers(tmp_path):
+    """`make test` runs pytest-xdist workers: a worker's hung test still ends that
+    worker at its limit, the run fails, and .ci/supervise names the test from the
+    worker's own status file."""
+    pytest.importorskip("xdist")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [os.path.join(REPO, ".ci", "supervise"), "--",
+         *_pytest(tmp_path, "-o", "timeout=3", "-n", "2", "-p", "xdist")],
+        capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=120)
+    assert time.monotonic() - start < 90
+    assert proc.returncode == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert ("supervise: TIMEOUT: test_hang.py::test_hangs ran past its time limit and was stopped; "
+            "the run fails") in proc.stderr, proc.stderr[-2000:]
