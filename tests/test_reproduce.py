@@ -1036,29 +1036,45 @@ def test_a_run_over_two_seeds_trains_every_row_per_seed_and_tables_mean_sd_and_t
 
 def test_seeds_use_a_one_seed_run_of_the_same_seed(tmp_path):
     """A table run with one seed first, then with --seeds 2: the one-seed run in
-    WORK/runs/<row>/ (trained with seed 1) is seed 1's run, not trained again; the
-    other seeds go to WORK/runs/<row>/seed<N>/."""
+    WORK/runs/<row>/ (trained with seed 1 and the row's settings) is seed 1's run, not
+    trained again; the other seeds go to WORK/runs/<row>/seed<N>/. A one-seed run with
+    another seed (or other settings) is not a seed's run: seed 1 is trained in seed1/."""
     work = tmp_path / "w"
     runs = work / "runs"
-    _seed_fixtures(tmp_path, {"transformer": ("transformer", 1), "transformer/seed2": ("transformer", 2),
-                              "enc-dc/seed1": ("enc-dc", 1), "enc-dc/seed2": ("enc-dc", 2)})
+    _seed_fixtures(tmp_path, {"transformer": ("transformer", 1), "transformer/seed1": ("transformer", 1),
+                              "transformer/seed2": ("transformer", 2), "enc-dc/seed1": ("enc-dc", 1),
+                              "enc-dc/seed2": ("enc-dc", 2)})
     env = dict(_stub_steps(tmp_path, SEED_STUBS), FIXTURES=str(tmp_path / "fixtures"), RUNS=str(runs))
     common = ["--work-dir", work, "--data-dir", tmp_path / "data"]
     p = reproduce("dc_table1.sh", "--only", "transformer", *common, env=env)
     assert p.returncode == 0, p.stderr
     assert (runs / "transformer" / "checkpoint_last.pt").exists()
-    (tmp_path / "calls").unlink()
-    p = reproduce("dc_table1.sh", "--seeds", "2", "--only", "transformer enc-dc", *common, env=env)
+
+    def trained():
+        calls = tmp_path / "calls"
+        out = [opt(shlex.split(r), "--save-dir") for r in calls.read_text().splitlines() if r.startswith("train.sh")]
+        calls.unlink()
+        return out
+
+    trained()
+    seeds = ["--seeds", "2", "--only", "transformer enc-dc", *common]
+    p = reproduce("dc_table1.sh", *seeds, env=env)
     assert p.returncode == 0, p.stderr
-    trained = [opt(shlex.split(r), "--save-dir") for r in (tmp_path / "calls").read_text().splitlines()
-               if r.startswith("train.sh")]
-    assert trained == [str(runs / "enc-dc" / "seed1"), str(runs / "transformer" / "seed2"),
-                       str(runs / "enc-dc" / "seed2")]
+    assert trained() == [str(runs / "enc-dc" / "seed1"), str(runs / "transformer" / "seed2"),
+                         str(runs / "enc-dc" / "seed2")]
     assert f"seed 1: the one-seed run in {runs / 'transformer'} is this seed's run" in p.stderr
     assert not (runs / "transformer" / "seed1").exists()
     saved = json.loads((work / "results.json").read_text())
     assert [r["dir"] for r in saved["systems"][0]["runs"]] == ["runs/transformer", "runs/transformer/seed2"]
     assert _cells((work / "results.md").read_text(), "transformer")[3] == "2 of 2"
+    # the one-seed run as if trained with seed 7: seed 1 gets its own run
+    system = runs / "transformer" / "SYSTEM"
+    system.write_text(system.read_text().replace("\nseed 1\n", "\nseed 7\n"))
+    p = reproduce("dc_table1.sh", *seeds, env=env)
+    assert p.returncode == 0, p.stderr
+    assert trained() == [str(runs / "transformer" / "seed1")]
+    saved = json.loads((work / "results.json").read_text())
+    assert [r["dir"] for r in saved["systems"][0]["runs"]] == ["runs/transformer/seed1", "runs/transformer/seed2"]
 
 
 def test_seeds_dry_run_lists_every_seeds_runs(tmp_path):

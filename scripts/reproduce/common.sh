@@ -221,14 +221,14 @@ Options (every reproduce script):
   --seed N           training seed (default 1)
   --seeds S          train every selected row once per seed: S is a number of seeds N
                      (seeds 1..N) or a comma-separated list of distinct seeds (1,5,7);
-                     each seed's run in WORK/runs/<row>/seed<N>/ (a one-seed run of one
-                     of these seeds in WORK/runs/<row>/ is used as it is). The table
-                     shows per row the number of seeds, each column's mean ± standard
-                     deviation, and, where --significance asks for a test, Koehn's
-                     paired bootstrap against the baseline row on the seeds' pooled
-                     translations (seeds resampled too; better/worse only where
-                     p < 0.05) and how many seeds pass it on their own
-                     (fairseq-localness-results); every seed's numbers in
+                     each seed's run in WORK/runs/<row>/seed<N>/ (a one-seed run in
+                     WORK/runs/<row>/ with one of these seeds and the row's settings is
+                     that seed's run). The table shows per row the number of seeds,
+                     each column's mean ± standard deviation, and, where --significance
+                     asks for a test, Koehn's paired bootstrap against the baseline row
+                     on the seeds' pooled translations (seeds resampled too;
+                     better/worse only where p < 0.05) and how many seeds pass it on
+                     their own (fairseq-localness-results); every seed's numbers in
                      WORK/results.md and WORK/results.json. Not with --seed; --seeds 1
                      is the default single run
   --list             print the rows and exit
@@ -443,17 +443,21 @@ reproduce_load_rows() {
 }
 
 # ------------------------------------------------------------------ seeds
-# seed_run_dir NAME SEED: RUN_DIR, the run directory of row NAME with SEED: WORK/runs/NAME
-# for a single seed (as always), WORK/runs/NAME/seed<SEED> with several, except that a
-# one-seed run of that seed already in WORK/runs/NAME (its SYSTEM names the seed) is
-# that seed's run.
+# seed_run_dir i SEED: RUN_DIR, the run directory of row i with SEED: WORK/runs/<row> for
+# a single seed (as always), WORK/runs/<row>/seed<SEED> with several, except that a
+# one-seed run already in WORK/runs/<row> is SEED's run when it was trained with SEED and
+# the row's settings (its SYSTEM is the row's signature with SEED).
 seed_run_dir() {
-    local top="$WORK/runs/$1"
-    if (( ${#SEEDS[@]} == 1 )) || { [[ -f "$top/SYSTEM" ]] && grep -qx "seed $2" "$top/SYSTEM"; }; then
-        RUN_DIR="$top"
-    else
-        RUN_DIR="$top/seed$2"
+    local i="$1" top="$WORK/runs/${R_NAME[$1]}" seed="$SEED"
+    RUN_DIR="$top"
+    (( ${#SEEDS[@]} > 1 )) || return 0
+    if [[ -f "$top/SYSTEM" ]]; then
+        SEED="$2"
+        row_signature "$i"
+        SEED="$seed"
+        [[ "$(cat "$top/SYSTEM")" == "$SIGNATURE" ]] && return 0
     fi
+    RUN_DIR="$top/seed$2"
 }
 
 # use_seed SEED: the runs of SEED: --seed and every row's run directory (R_RUN).
@@ -461,7 +465,7 @@ use_seed() {
     local i
     SEED="$1"
     for i in "${!R_NAME[@]}"; do
-        seed_run_dir "${R_NAME[$i]}" "$SEED"
+        seed_run_dir "$i" "$SEED"
         R_RUN[$i]="$RUN_DIR"
     done
 }
@@ -547,12 +551,12 @@ system_signature() {
     SIGNATURE="${SIGNATURE%$'\n'}"
 }
 
-# load_row i: load row i's configuration and direction; sets FAIRSEQ_ARGS (the
+# row_signature i: load row i's configuration and direction; sets FAIRSEQ_ARGS (the
 # fairseq-train options: the configuration's, the method's unless the row trains
-# another architecture, then the row's, then early stopping's) and SIGNATURE; stops if
-# the row's run directory was trained with other settings.
-load_row() {  # i
-    local i="$1" run_dir="${R_RUN[$1]}"
+# another architecture, then the row's, then early stopping's) and SIGNATURE (with
+# the seed SEED).
+row_signature() {  # i
+    local i="$1"
     load_config "${R_CFG[$i]}"
     pair_of "${R_PAIR[$i]}"
     local extra=() method=()
@@ -562,6 +566,13 @@ load_row() {  # i
     [[ "${R_TRAINING[$i]}" == early-stop ]] && early_stop_args "$i"
     FAIRSEQ_ARGS=("${MODEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${method[@]}" "${extra[@]}" "${EARLY_ARGS[@]}")
     system_signature "$i" "${FAIRSEQ_ARGS[@]}"
+}
+
+# load_row i: row_signature, and stop if the row's run directory was trained with other
+# settings or the paper's batch cannot be split; sets BATCH_TEXT.
+load_row() {  # i
+    local i="$1" run_dir="${R_RUN[$1]}"
+    row_signature "$i"
     if [[ -f "$run_dir/SYSTEM" ]] && [[ "$(cat "$run_dir/SYSTEM")" != "$SIGNATURE" ]]; then
         die "row '${R_NAME[$i]}': $run_dir was trained with other settings (see $run_dir/SYSTEM); \
 use another --work-dir, or remove that directory to train again"
@@ -727,7 +738,7 @@ seeds_table() {
         kind_json "${R_XKIND[$i]}" ""
         xscore="${KIND_JSON#/}"
         for seed in "${SEEDS[@]}"; do
-            seed_run_dir "${R_NAME[$i]}" "$seed"
+            seed_run_dir "$i" "$seed"
             if (( DRY_RUN )); then  # (read from standard input: absolute paths)
                 dir="$RUN_DIR"
                 [[ "$dir" == /* ]] || dir="$PWD/$dir"
