@@ -52,21 +52,12 @@ NCORES=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 DEMO_JOBS="${DEMO_JOBS:-$(( NCORES >= 2 ? 2 : 1 ))}"
 require_int DEMO_JOBS "$DEMO_JOBS" 1
 require_int DEMO_SEED "$DEMO_SEED" 0
-# DEMO_SEEDS: a count N (seeds 1..N) or a comma-separated list of seeds
-SEEDS=()
+# DEMO_SEEDS: a count N (seeds 1..N) or a comma-separated list of seeds (lib.sh's
+# parse_seeds, as the reproduce drivers' --seeds)
 if [[ -z "${DEMO_SEEDS:-}" ]]; then
     SEEDS=("$((10#$DEMO_SEED))")
-elif [[ "$DEMO_SEEDS" =~ ^[0-9]+$ ]]; then
-    require_int DEMO_SEEDS "$DEMO_SEEDS" 1
-    for (( s = 1; s <= 10#$DEMO_SEEDS; s++ )); do SEEDS+=("$s"); done
-elif [[ "$DEMO_SEEDS" =~ ^[0-9]+(,[0-9]+)+$ ]]; then
-    IFS=, read -r -a SEEDS <<< "$DEMO_SEEDS"
-    for i in "${!SEEDS[@]}"; do SEEDS[$i]=$((10#${SEEDS[$i]})); done
-    [[ "$(printf '%s\n' "${SEEDS[@]}" | sort -u | wc -l)" == "${#SEEDS[@]}" ]] \
-        || die "DEMO_SEEDS: '$DEMO_SEEDS' names a seed twice; expected distinct seeds"
 else
-    die "DEMO_SEEDS: expected a number of seeds (e.g. 3: seeds 1,2,3) or a comma-separated list of seeds \
-(e.g. 1,5,7), got '$DEMO_SEEDS'"
+    parse_seeds DEMO_SEEDS "$DEMO_SEEDS"
 fi
 DEMO_ONLY="${DEMO_ONLY:-${DEMO_DEFAULT:-all}}"
 [[ "$DEMO_ONLY" == all ]] && DEMO_ONLY=""

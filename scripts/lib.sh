@@ -51,6 +51,28 @@ require_int() {
         || die "$1: expected a whole number >= ${min}, got '$2'"
 }
 
+# parse_seeds OPTION VALUE: SEEDS, the training seeds VALUE names: a number of seeds N
+# (seeds 1..N; e.g. 3: seeds 1,2,3) or a comma-separated list of two or more distinct
+# seeds (whole numbers, e.g. 1,5,7). Anything else (empty, 0, a negative or fractional
+# number, a seed named twice) stops with exit status 2 and a message naming OPTION.
+parse_seeds() {
+    local name="$1" value="$2" k
+    SEEDS=()
+    if [[ "$value" =~ ^[0-9]+$ ]]; then
+        (( 10#$value >= 1 )) || die "$name: expected a whole number >= 1, got '$value' (a number of seeds N, \
+seeds 1..N, or a comma-separated list of distinct seeds, e.g. 1,5,7)"
+        for (( k = 1; k <= 10#$value; k++ )); do SEEDS+=("$k"); done
+    elif [[ "$value" =~ ^[0-9]+(,[0-9]+)+$ ]]; then
+        IFS=, read -r -a SEEDS <<< "$value"
+        for k in "${!SEEDS[@]}"; do SEEDS[$k]=$((10#${SEEDS[$k]})); done
+        [[ "$(printf '%s\n' "${SEEDS[@]}" | sort -u | wc -l)" == "${#SEEDS[@]}" ]] \
+            || die "$name: '$value' names a seed twice; expected distinct seeds (e.g. 1,5,7)"
+    else
+        die "$name: expected a number of seeds (e.g. 3: seeds 1,2,3) or a comma-separated list of seeds \
+(whole numbers, e.g. 1,5,7), got '$value'"
+    fi
+}
+
 # require_float OPTION VALUE
 require_float() {
     [[ "$2" =~ ^-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]] \

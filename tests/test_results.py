@@ -216,3 +216,72 @@ def test_inconsistent_files_fail_cleanly(tmp_path):
     other.write_text("\n".join(corrupt(0.9, 5)) + "\n")  # the score files were not computed against it
     with pytest.raises(R.ResultsError, match="reports BLEU .* but .* scores"):
         R.run(args("--runs", runs, "--ref", other, "--baseline", "transformer"))
+
+
+# --------------------------------------------------------------------------- the reproduce layout
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_reproduce_metrics_are_named_as_in_the_one_seed_table():
+    """The reproduce drivers' BLEU kinds (the 'metric' column they write) have the names
+    the one-seed table (scripts/reproduce/results_table.py) gives them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_table",
+                                                  os.path.join(REPO, "scripts", "reproduce", "results_table.py"))
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert R.METRIC_NAMES == table.KIND
+
+
+def test_reproduce_layout(tmp_path, capsys):
+    """--layout reproduce as the drivers' --seeds write it: the paper's numbers next to
+    ours (mean ± sd), the extra column, '(shared emb.)', the notes of each
+    configuration; the test columns only with --significance, and no test without."""
+    root = str(tmp_path)
+    lines = ["system\tseed\tdir\textra_score\tbaseline\tpair\tmetric\textra_metric\tpaper_bleu\tpaper_params"
+             "\tshares_embeddings\tconfig\tpaper_metric\ttest\ttraining"]
+    for system, rates, params, base in (("base", (0.5, 0.45), 60_000_000, ""), ("ours", (0.1, 0.15), 60_500_000, "base")):
+        for seed, rate in enumerate(rates, start=1):
+            d = make_run(root, system, seed, corrupt(rate, seed), params=params)
+            with open(os.path.join(root, d, "eval", "tok_bleu.json"), "w") as f:
+                json.dump({"score": 30.0 + seed}, f)
+            lines.append(f"{system}\t{seed}\t{d}\teval/tok_bleu.json\t{base}\ten-de\tnist\ttok-compound\t27.5\t"
+                         f"{'88.0M' if system == 'base' else '+0.4M'}\t1\tcfg\tcased NIST BLEU\tnewstest2014\t"
+                         "100 updates")
+    runs = tmp_path / "runs.tsv"
+    runs.write_text("\n".join(lines) + "\n")
+    ref = tmp_path / "ref.txt"
+    ref.write_text("\n".join(REFS) + "\n")
+    result = R.run(args("--runs", runs, "--ref", ref, "--layout", "reproduce", "--significance", "--samples", 200,
+                        "--title", "Table"))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("| row | pair | metric | seeds | paper BLEU | our BLEU | delta | tok. BLEU, compound split "
+                      "(extra) | paper params | our params | Δ vs. baseline | p (vs. baseline) | vs. baseline "
+                      "| seeds better / worse |")
+    base = next(l for l in out if l.startswith("| base |"))
+    assert "| NIST BLEU (mteval-v13a = sacreBLEU 13a) | 2 of 2 | 27.5 |" in base
+    assert "| 31.50 ± 0.71 | 88.0M | 60.00M (shared emb.) | - | - | baseline | - |" in base
+    ours = next(l for l in out if l.startswith("| ours |"))
+    assert "| +0.4M | +0.50M |" in ours and ours.endswith("| better | 2 / 0 of 2 |")
+    assert ('cfg (2 rows): BLEU as the paper states it: "cased NIST BLEU"; main column: NIST BLEU (mteval-v13a = '
+            'sacreBLEU 13a); extra column: tok. BLEU, compound split. Test set: newstest2014. Training: 100 updates.'
+            in out)
+    assert any(l.startswith("(shared emb.): our run shares one embedding matrix") for l in out)
+    assert [r["extra"] for r in result["systems"][1]["runs"]] == [31.0, 32.0]
+    # without --significance (the paper reports no test): no test is run or shown
+    result = R.run(args("--runs", runs, "--ref", ref, "--layout", "reproduce", "--samples", 200))
+    text = capsys.readouterr().out
+    assert all(e["comparison"] is None for e in result["systems"])
+    assert "vs. baseline" not in text and "p:" not in text and "Per seed:" in text
+
+
+def test_the_launcher_runs_without_fairseq():
+    """scripts/results.py (the reproduce drivers' way in) loads the tool without the
+    package's __init__, so without fairseq and torch."""
+    code = ("import runpy, sys; m = runpy.run_path(%r, run_name='launcher'); m['load_results_module']().get_parser(); "
+            "print(sorted(k for k in ('fairseq', 'torch') if k in sys.modules))"
+            % os.path.join(REPO, "scripts", "results.py"))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=tool_env())
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"

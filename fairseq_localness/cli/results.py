@@ -1,7 +1,9 @@
 """Results over several training seeds: each system's mean and standard deviation per
 column, every seed's numbers, and a paired significance test of each system against
 its baseline on the same test set. The demo (``scripts/demo.sh``) writes its table
-with it; ``--layout reproduce`` reads the reproduce drivers' run directories.
+with it (``--layout demo``), and so do the reproduce drivers trained over several seeds
+(``scripts/reproduce/<paper>_table<N>.sh --seeds``, ``--layout reproduce``: the
+paper's numbers next to ours).
 
     fairseq-localness-results --runs RUNS.tsv --out DIR [--layout demo|reproduce]
         [--baseline NAME] [--ref FILE] [--samples 1000] [--alpha 0.05]
@@ -23,10 +25,17 @@ with it; ``--layout reproduce`` reads the reproduce drivers' run directories.
   ``tokenize``   how the test's BLEU tokenizes: ``13a`` (sacrebleu's default, on
                  detokenized text: default) or ``none`` (texts tokenized already)
   ``baseline``   the system it is compared with (default ``--baseline``; empty: none)
+  ``extra_score`` a second score JSON, relative to ``dir`` (optional; the reproduce
+                 tables' extra column, e.g. ``eval/tok_bleu.json``), shown as it is
 
-and any other column, a property of the system shown by the layout (``arch``;
-``pair``, ``metric``, ``paper_bleu``, ``paper_params``, ``paper_speed`` for the
-reproduce tables), which must be the same on each of its lines.
+and any other column, a property of the system shown by the layout, which must be the
+same on each of its lines: ``arch`` for the demo's table; for the reproduce tables
+``pair``, ``metric`` and ``extra_metric`` (the BLEU of the main and the extra column:
+``nist``, ``sacrebleu``, ``multi-bleu``, ``tok-compound``), ``paper_bleu``,
+``paper_params``, ``paper_speed``, ``shares_embeddings`` (``1``: our run shares one
+embedding matrix where the paper's count has separate ones), and ``config``,
+``paper_metric``, ``test``, ``training`` (the notes under the table, one per
+configuration), as ``scripts/reproduce/common.sh`` writes them.
 
 From each run: BLEU (recomputed from the hypotheses as the test computes it, with full
 precision, and checked against the score JSON, which sacrebleu rounds to one decimal;
@@ -77,9 +86,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 logger = logging.getLogger("fairseq_localness.results")
 
 PROG = "fairseq-localness-results"
-KNOWN_COLUMNS = ("system", "seed", "dir", "hyp", "score", "ref", "tokenize", "baseline")
+KNOWN_COLUMNS = ("system", "seed", "dir", "hyp", "score", "ref", "tokenize", "baseline", "extra_score")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
-METRIC_NAMES = {"sacrebleu": "sacreBLEU", "tok": "tok. BLEU", "tok-compound": "tok. BLEU, compound split"}
+# The reproduce drivers' BLEU kinds (--bleu), named as scripts/reproduce/results_table.py
+# names them in the one-seed table.
+METRIC_NAMES = {
+    "nist": "NIST BLEU (mteval-v13a = sacreBLEU 13a)",
+    "sacrebleu": "sacreBLEU",
+    "multi-bleu": "multi-bleu (Moses-tok.)",
+    "tok-compound": "tok. BLEU, compound split",
+}
 
 
 class ResultsError(Exception):
@@ -98,6 +114,7 @@ class Run:
     tokenize: str
     baseline: str
     meta: Dict[str, str]
+    extra_score: str = ""
     values: Dict[str, Optional[float]] = field(default_factory=dict)
     phenomena: Dict[str, Optional[float]] = field(default_factory=dict)
     signature: Optional[str] = None
@@ -151,6 +168,7 @@ def read_manifest(text: str, source: str, default_ref: Optional[str], default_ba
             score=_resolve(row.get("score") or os.path.join("eval", "bleu.json"), d),
             ref=_resolve(ref, d) if ref else "", tokenize=tokenize,
             baseline=row["baseline"] if "baseline" in row else (default_baseline or ""), rel_dir=row["dir"],
+            extra_score=_resolve(row["extra_score"], d) if row.get("extra_score") else "",
             meta={k: v for k, v in row.items() if k not in KNOWN_COLUMNS}))
     systems = list(dict.fromkeys(r.system for r in runs))
     for s in systems:
@@ -177,17 +195,26 @@ def _load_json(path: str):
         raise ResultsError(f"{path}: not readable as JSON ({e})")
 
 
+def _score_of(path: str) -> Optional[float]:
+    score = _load_json(path)
+    if score is None:
+        return None
+    if not isinstance(score, dict) or not isinstance(score.get("score"), (int, float)):
+        raise ResultsError(f"{path}: expected a JSON object with a numeric 'score' (sacrebleu's output)")
+    return float(score["score"])
+
+
 def read_run(run: Run):
-    """Fill ``run.values`` (bleu, params, train_seconds, updates, ups, wps) and
+    """Fill ``run.values`` (bleu, extra, params, train_seconds, updates, ups, wps) and
     ``run.phenomena`` from its files; what does not exist stays None."""
     from fairseq_localness.analysis.logs import parse_log
     from fairseq_localness.analysis.common import AnalysisError
 
-    score = _load_json(run.score)
-    if score is not None:
-        if not isinstance(score, dict) or not isinstance(score.get("score"), (int, float)):
-            raise ResultsError(f"{run.score}: expected a JSON object with a numeric 'score' (sacrebleu's output)")
-        run.values["bleu"] = float(score["score"])
+    bleu = _score_of(run.score)
+    if bleu is not None:
+        run.values["bleu"] = bleu
+    if run.extra_score:
+        run.values["extra"] = _score_of(run.extra_score)
     sacre = _load_json(os.path.join(run.dir, "eval", "bleu.json"))
     if isinstance(sacre, dict) and sacre.get("signature"):
         run.signature = sacre["signature"]
@@ -390,12 +417,14 @@ def aggregate(runs: List[Run], args) -> Dict:
             "runs": [{"seed": r.seed, "dir": r.rel_dir, "done": r.done, **r.values,
                       "phenomena": r.phenomena} for r in mine],
             "summary": {k: summarize([r.values.get(k) for r in done]).as_dict()
-                        for k in ("bleu", "params", "train_seconds", "updates", "ups", "wps")},
+                        for k in ("bleu", "extra", "params", "train_seconds", "updates", "ups", "wps")},
             "phenomena": {p: summarize([r.phenomena.get(p) for r in done]).as_dict() for p in phen_names},
             "comparison": None,
         }
         base = mine[0].baseline
-        if base and base != s and done:
+        # (the reproduce layout tests only with --significance: where the paper tests)
+        tested = getattr(args, "layout", "demo") != "reproduce" or getattr(args, "significance", False)
+        if tested and base and base != s and done:
             base_done = [r for r in by_system[base] if r.done]
             if base_done:
                 entry["comparison"] = compare(done, base_done, stats, args)
@@ -507,12 +536,19 @@ def demo_table(result: Dict, args) -> List[str]:
 
 
 def reproduce_table(result: Dict, args) -> List[str]:
+    """The reproduce drivers' table over seeds: the columns of the one-seed table
+    (``scripts/reproduce/results_table.py``: row, pair, metric, paper BLEU, our BLEU,
+    delta, the extra column, parameters, speed), ours as mean ± sd over the seeds, with
+    the number of seeds and the paired test against the row's baseline."""
     systems = result["systems"]
     multi = any(len(e["seeds"]) > 1 for e in systems)
+    extra_kinds = sorted({e["meta"]["extra_metric"] for e in systems if e["meta"].get("extra_metric")})
     has_params = any(e["meta"].get("paper_params") for e in systems)
     has_speed = any(e["meta"].get("paper_speed") for e in systems)
     has_sig = args.significance and any(e["baseline"] for e in systems)
     head = ["row", "pair", "metric"] + (["seeds"] if multi else []) + ["paper BLEU", "our BLEU", "delta"]
+    if extra_kinds:
+        head += [" / ".join(METRIC_NAMES.get(k, k) for k in extra_kinds) + " (extra)"]
     if has_params:
         head += ["paper params", "our params"]
     if has_speed:
@@ -529,8 +565,10 @@ def reproduce_table(result: Dict, args) -> List[str]:
         if multi:
             cells.append("%d of %d" % (len(e["seeds_done"]), len(e["seeds"])))
         cells += [paper, fmt(s["bleu"], ".2f", multi)]
-        cells.append("%+.2f" % (s["bleu"]["mean"] - float(paper))
+        cells.append("%+.2f" % (round(s["bleu"]["mean"], 2) - float(paper))
                      if s["bleu"]["mean"] is not None and paper != "-" else "-")
+        if extra_kinds:
+            cells.append(fmt(s["extra"], ".2f", multi) if m.get("extra_metric") else "-")
         if has_params:
             n, pp, base = params[e["system"]], m.get("paper_params", ""), e["baseline"]
             if n is None:
@@ -540,6 +578,8 @@ def reproduce_table(result: Dict, args) -> List[str]:
                 mine = ("+" if d >= 0 else "-") + _millions(abs(d))
             else:
                 mine = _millions(int(round(n)))
+                if _shared_embeddings_differ(m, n):
+                    mine += " (shared emb.)"
             cells += [pp or "-", mine]
         if has_speed:
             cells += [m.get("paper_speed") or "-", fmt(s["ups"], ".2f", multi)]
@@ -551,6 +591,38 @@ def reproduce_table(result: Dict, args) -> List[str]:
 
 def _millions(n: int) -> str:
     return "%.2fM" % (n / 1e6) if abs(n) >= 1e5 else "{:,}".format(n)
+
+
+def _paper_millions(text: str) -> Optional[float]:
+    """'88.0M' -> 88.0e6, '524K' -> 524e3; None for differences ('+0.4M') and others."""
+    m = re.fullmatch(r"([0-9.]+)([MK])", text or "")
+    return float(m.group(1)) * (1e6 if m.group(2) == "M" else 1e3) if m else None
+
+
+def _shared_embeddings_differ(meta: Dict[str, str], ours: float) -> bool:
+    """Our run shares one embedding matrix where the paper's count has separate ones, and
+    the counts differ by more than 5% (the one-seed table's '(shared emb.)')."""
+    paper = _paper_millions(meta.get("paper_params", ""))
+    return meta.get("shares_embeddings") == "1" and bool(paper) and abs(ours - paper) > 0.05 * paper
+
+
+def config_notes(systems: List[Dict]) -> List[str]:
+    """Per configuration (the ``config`` column), as the one-seed table writes them: the
+    paper's words on BLEU, the main and extra columns' BLEU, the test set, the training."""
+    out, seen = [], set()
+    for e in systems:
+        m = e["meta"]
+        if not m.get("config") or m["config"] in seen:
+            continue
+        seen.add(m["config"])
+        n = sum(x["meta"].get("config") == m["config"] for x in systems)
+        label = "%s (%d row%s)" % (m["config"], n, "s" if n > 1 else "")
+        extra = ("; extra column: " + METRIC_NAMES.get(m["extra_metric"], m["extra_metric"])) \
+            if m.get("extra_metric") else ""
+        out.append(f"{label}: BLEU as the paper states it: \"{m.get('paper_metric', '')}\"; main column: "
+                   f"{METRIC_NAMES.get(m.get('metric', ''), m.get('metric', '-'))}{extra}. "
+                   f"Test set: {m.get('test', '-')}. Training: {m.get('training', '-')}.")
+    return out
 
 
 def notes(result: Dict, args, layout: str) -> List[str]:
@@ -567,22 +639,30 @@ def notes(result: Dict, args, layout: str) -> List[str]:
                    "denominator); every seed's numbers are in results.json and below." % ",".join(map(str, seeds)))
     if any(e["comparison"] for e in systems):
         out.append(
-            "Δ BLEU: mean minus the baseline's mean. p: paired bootstrap resampling (Koehn 2004) of the test "
+            "%s: mean minus the baseline's mean. p: paired bootstrap resampling (Koehn 2004) of the test "
             "sentences, %d resamples, %s; p as sacreBLEU's --paired-bs. 'better'/'worse' only where p < %g, "
             "else 'n.s.'.%s"
-            % (args.samples,
+            % ("Δ vs. baseline" if layout == "reproduce" else "Δ BLEU", args.samples,
                ("the translations of all seeds pooled and each system's seeds resampled too, so the seed-to-seed "
                 "spread counts" if multi and not args.fixed_seeds else
                 "the translations of all seeds pooled" if multi else "one run per system"),
                args.alpha,
                " seeds better / worse: the seeds whose own run is significantly better / worse than the "
                "baseline's run with the same seed (the same test, per seed)." if multi else ""))
+    if layout == "reproduce":
+        out += config_notes(systems)
     if layout == "reproduce" and any(e["meta"].get("paper_speed") for e in systems):
         out.append("Speed: training updates per second (the paper's on its hardware; ours as trained here, "
                    "mean of fairseq's 'ups' per epoch).")
     if layout == "reproduce" and any((e["meta"].get("paper_params") or "").startswith("+") for e in systems):
         out.append("Params: for rows whose paper number starts with '+', ours is the difference from the row's "
                    "baseline too.")
+    if layout == "reproduce" and any(e["summary"]["params"]["mean"] is not None
+                                     and _shared_embeddings_differ(e["meta"], e["summary"]["params"]["mean"])
+                                     for e in systems):
+        out.append("(shared emb.): our run shares one embedding matrix between source, target and output "
+                   "(--share-all-embeddings, fairseq's recipe for a joint vocabulary); the paper's count includes "
+                   "separate source embeddings, hence the difference in parameters.")
     for note in args.note or []:
         out.append(note)
     for s in result["signatures"]:
@@ -590,11 +670,18 @@ def notes(result: Dict, args, layout: str) -> List[str]:
     return out
 
 
+def _has_extra(systems: List[Dict]) -> bool:
+    return any(r.get("extra") is not None for e in systems for r in e["runs"])
+
+
 def per_seed_table(result: Dict) -> List[str]:
     systems = result["systems"]
     phen = phenomenon_order(list(dict.fromkeys(p for e in systems for p in e["phenomena"])))
-    head = ["system", "seed", "params", "BLEU"] + [p.replace("_", " ") for p in phen] + \
-        ["train time (s)", "updates", "ups", "Δ BLEU vs. baseline's seed", "p"]
+    extra = _has_extra(systems)
+    tested = any(e["comparison"] for e in systems)
+    head = ["system", "seed", "params", "BLEU"] + (["extra"] if extra else []) + \
+        [p.replace("_", " ") for p in phen] + ["train time (s)", "updates", "ups"] + \
+        (["Δ BLEU vs. baseline's seed", "p"] if tested else [])
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for e in systems:
         tests = {t["seed"]: t for t in (e["comparison"] or {}).get("per_seed", [])}
@@ -604,10 +691,13 @@ def per_seed_table(result: Dict) -> List[str]:
                 continue
             t = tests.get(r["seed"])
             cells = [e["system"], str(r["seed"]), _int(r.get("params")), "%.2f" % r["bleu"]]
+            if extra:
+                cells.append("%.2f" % r["extra"] if r.get("extra") is not None else "-")
             cells += ["%.1f" % r["phenomena"][p] if r["phenomena"].get(p) is not None else "-" for p in phen]
             cells += ["%.1f" % r["train_seconds"] if r.get("train_seconds") is not None else "-",
-                      _int(r.get("updates")), "%.2f" % r["ups"] if r.get("ups") is not None else "-",
-                      "%+.2f" % t["delta"] if t else "-", _p(t["p_value"]) if t else "-"]
+                      _int(r.get("updates")), "%.2f" % r["ups"] if r.get("ups") is not None else "-"]
+            if tested:
+                cells += ["%+.2f" % t["delta"] if t else "-", _p(t["p_value"]) if t else "-"]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -616,8 +706,9 @@ def per_seed_tsv(result: Dict) -> str:
     systems = result["systems"]
     phen = phenomenon_order(list(dict.fromkeys(p for e in systems for p in e["phenomena"])))
     meta = list(dict.fromkeys(k for e in systems for k in e["meta"]))
-    cols = ["system", "seed"] + meta + ["params", "bleu"] + phen + ["train_seconds", "updates", "ups",
-                                                                    "p_vs_baseline_seed"]
+    extra = _has_extra(systems)
+    cols = ["system", "seed"] + meta + ["params", "bleu"] + (["extra"] if extra else []) + phen + \
+        ["train_seconds", "updates", "ups", "p_vs_baseline_seed"]
     out = ["\t".join(cols)]
     for e in systems:
         tests = {t["seed"]: t for t in (e["comparison"] or {}).get("per_seed", [])}
@@ -626,6 +717,7 @@ def per_seed_tsv(result: Dict) -> str:
                 return "" if x is None else format(x, spec)
             row = [e["system"], str(r["seed"])] + [e["meta"].get(k, "") for k in meta]
             row += [v(r.get("params"), ".0f"), v(r.get("bleu"), ".2f")]
+            row += [v(r.get("extra"), ".2f")] if extra else []
             row += [v(r["phenomena"].get(p), ".2f") for p in phen]
             row += [v(r.get("train_seconds"), ".1f"), v(r.get("updates"), ".0f"), v(r.get("ups"), ".3f"),
                     v(tests[r["seed"]]["p_value"] if r["seed"] in tests else None, ".4f")]
@@ -638,7 +730,8 @@ def render(result: Dict, args) -> str:
     table = demo_table(result, args) if args.layout == "demo" else reproduce_table(result, args)
     text = table + notes(result, args, args.layout)
     if any(len(e["seeds"]) > 1 for e in result["systems"]):
-        text += ["", "Per seed (p: the seed's run against the baseline's run with the same seed):", ""]
+        text += ["", "Per seed" + (" (p: the seed's run against the baseline's run with the same seed):"
+                                   if any(e["comparison"] for e in result["systems"]) else ":"), ""]
         text += per_seed_table(result)
     for e in result["systems"]:
         e.pop("_is_baseline", None)

@@ -12,7 +12,8 @@
 # then sources this file and calls `reproduce_main "$@"`.
 #
 #   name          the row's name: letters, digits, _ . + - (used for --only and as the
-#                 run directory WORK/runs/<name>)
+#                 run directory WORK/runs/<name>; with --seeds, one run per seed in
+#                 WORK/runs/<name>/seed<N>)
 #   config        configs/papers/<config>.sh (the paper setting: data, sizes, recipe);
 #                 ':<src>-<tgt>' picks one of its PAIRS when it has several
 #   extra args    fairseq-train options of this row only, after the config's. A leading
@@ -30,9 +31,14 @@
 # (train.sh with the paper's batch split over the processes; rerunning resumes), average
 # the last checkpoints (or take the best one, where the paper early-stops), evaluate,
 # and run the significance tests; then print the Markdown table of the paper's numbers
-# next to ours (WORK/results.md). Steps whose outputs are up to date are skipped, so a
-# rerun continues where the last one stopped. Everything is validated before the first
-# command: a bad option, row or configuration stops with exit status 2.
+# next to ours (WORK/results.md). With --seeds, every selected row is trained, averaged
+# and evaluated once per seed, and the table (fairseq-localness-results, through
+# scripts/results.py) shows each row's mean ± standard deviation over the seeds and the
+# paired bootstrap against its baseline on the seeds' pooled translations
+# (WORK/results.md, with every seed's numbers below it; results.json, results.tsv,
+# runs.tsv). Steps whose outputs are up to date are skipped, so a rerun continues where
+# the last one stopped. Everything is validated before the first command: a bad option,
+# row or configuration stops with exit status 2.
 . "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/../batch_split.sh"
 
@@ -213,6 +219,18 @@ Options (every reproduce script):
                      the batch per update stays the paper's)
   --precision P      auto (default of train.sh), fp32, fp16 or bf16
   --seed N           training seed (default 1)
+  --seeds S          train every selected row once per seed: S is a number of seeds N
+                     (seeds 1..N) or a comma-separated list of distinct seeds (1,5,7);
+                     each seed's run in WORK/runs/<row>/seed<N>/ (a one-seed run in
+                     WORK/runs/<row>/ with one of these seeds and the row's settings is
+                     that seed's run). The table shows per row the number of seeds,
+                     each column's mean ± standard deviation, and, where --significance
+                     asks for a test, Koehn's paired bootstrap against the baseline row
+                     on the seeds' pooled translations (seeds resampled too;
+                     better/worse only where p < 0.05) and how many seeds pass it on
+                     their own (fairseq-localness-results); every seed's numbers in
+                     WORK/results.md and WORK/results.json. Not with --seed; --seeds 1
+                     is the default single run
   --list             print the rows and exit
 EOF
 }
@@ -220,7 +238,7 @@ EOF
 reproduce_parse_args() {
     DRY_RUN=0 TABLE_ONLY=0 LIST_ONLY=0 WORK="" DATA_DIR="" RAW_ROOT="" ONLY="" GPUS=1 CPU=0
     MAX_TOKENS="" PRECISION="" SEED=1 DOWNLOAD=0 VARIANT="" BLEU_OVERRIDE="" TRAINING_CHOICE=paper
-    PATIENCE_OVERRIDE="" SIGNIFICANCE=paper
+    PATIENCE_OVERRIDE="" SIGNIFICANCE=paper SEEDS_SPEC="" SEED_GIVEN=0 SEEDS_GIVEN=0
     declare -gA RAW_DIRS=()
     local script_name spec
     script_name="$(basename "$0" .sh)"
@@ -251,7 +269,8 @@ reproduce_parse_args() {
             --cpu) CPU=1; shift ;;
             --max-tokens) need_value "$1" $#; MAX_TOKENS="$2"; shift 2 ;;
             --precision) need_value "$1" $#; PRECISION="$2"; shift 2 ;;
-            --seed) need_value "$1" $#; SEED="$2"; shift 2 ;;
+            --seed) need_value "$1" $#; SEED="$2"; SEED_GIVEN=1; shift 2 ;;
+            --seeds) need_value "$1" $#; SEEDS_SPEC="$2"; SEEDS_GIVEN=1; shift 2 ;;
             -h|--help) usage; echo; reproduce_usage_common; echo; list_rows; exit 0 ;;
             *) die "unknown option '$1' (see '${PROG} --help')" ;;
         esac
@@ -260,6 +279,14 @@ reproduce_parse_args() {
     require_int --gpus "$GPUS" 1
     GPUS=$((10#$GPUS))
     require_int --seed "$SEED" 0
+    # the seeds: --seed's one (today's single run, in WORK/runs/<row>/), or --seeds'
+    SEEDS=("$((10#$SEED))")
+    if (( SEEDS_GIVEN )); then
+        (( ! SEED_GIVEN )) || die "--seed and --seeds: expected one of them, not both (--seed N: one run with \
+seed N; --seeds: one run per seed)"
+        parse_seeds --seeds "$SEEDS_SPEC"
+    fi
+    SEED="${SEEDS[0]}"
     [[ -z "$MAX_TOKENS" ]] || require_int --max-tokens "$MAX_TOKENS" 1
     [[ -z "$PRECISION" ]] || require_choice --precision "$PRECISION" auto fp32 fp16 bf16
     [[ -z "$VARIANT" ]] || [[ "$VARIANT" =~ ^[A-Za-z0-9_-]+$ ]] || die "--variant: expected a variant name, got '$VARIANT'"
@@ -415,6 +442,34 @@ reproduce_load_rows() {
     return 0
 }
 
+# ------------------------------------------------------------------ seeds
+# seed_run_dir i SEED: RUN_DIR, the run directory of row i with SEED: WORK/runs/<row> for
+# a single seed (as always), WORK/runs/<row>/seed<SEED> with several, except that a
+# one-seed run already in WORK/runs/<row> is SEED's run when it was trained with SEED and
+# the row's settings (its SYSTEM is the row's signature with SEED).
+seed_run_dir() {
+    local i="$1" top="$WORK/runs/${R_NAME[$1]}" seed="$SEED"
+    RUN_DIR="$top"
+    (( ${#SEEDS[@]} > 1 )) || return 0
+    if [[ -f "$top/SYSTEM" ]]; then
+        SEED="$2"
+        row_signature "$i"
+        SEED="$seed"
+        [[ "$(cat "$top/SYSTEM")" == "$SIGNATURE" ]] && return 0
+    fi
+    RUN_DIR="$top/seed$2"
+}
+
+# use_seed SEED: the runs of SEED: --seed and every row's run directory (R_RUN).
+use_seed() {
+    local i
+    SEED="$1"
+    for i in "${!R_NAME[@]}"; do
+        seed_run_dir "$i" "$SEED"
+        R_RUN[$i]="$RUN_DIR"
+    done
+}
+
 # ------------------------------------------------------------------ commands
 # emit CMD...: --dry-run prints the command (quoted, runnable); otherwise run prints
 # it on stderr and runs it.
@@ -496,12 +551,12 @@ system_signature() {
     SIGNATURE="${SIGNATURE%$'\n'}"
 }
 
-# load_row i: load row i's configuration and direction; sets FAIRSEQ_ARGS (the
+# row_signature i: load row i's configuration and direction; sets FAIRSEQ_ARGS (the
 # fairseq-train options: the configuration's, the method's unless the row trains
-# another architecture, then the row's, then early stopping's) and SIGNATURE; stops if
-# the row's run directory was trained with other settings.
-load_row() {  # i
-    local i="$1" run_dir="${R_RUN[$1]}"
+# another architecture, then the row's, then early stopping's) and SIGNATURE (with
+# the seed SEED).
+row_signature() {  # i
+    local i="$1"
     load_config "${R_CFG[$i]}"
     pair_of "${R_PAIR[$i]}"
     local extra=() method=()
@@ -511,6 +566,13 @@ load_row() {  # i
     [[ "${R_TRAINING[$i]}" == early-stop ]] && early_stop_args "$i"
     FAIRSEQ_ARGS=("${MODEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${method[@]}" "${extra[@]}" "${EARLY_ARGS[@]}")
     system_signature "$i" "${FAIRSEQ_ARGS[@]}"
+}
+
+# load_row i: row_signature, and stop if the row's run directory was trained with other
+# settings or the paper's batch cannot be split; sets BATCH_TEXT.
+load_row() {  # i
+    local i="$1" run_dir="${R_RUN[$1]}"
+    row_signature "$i"
     if [[ -f "$run_dir/SYSTEM" ]] && [[ "$(cat "$run_dir/SYSTEM")" != "$SIGNATURE" ]]; then
         die "row '${R_NAME[$i]}': $run_dir was trained with other settings (see $run_dir/SYSTEM); \
 use another --work-dir, or remove that directory to train again"
@@ -538,7 +600,11 @@ run_row() {  # i
     local src="${R_SRC[$1]}" tgt="${R_TGT[$1]}" kind="${R_KIND[$1]}" xkind="${R_XKIND[$1]}"
     load_row "$i"
     local fairseq_args=("${FAIRSEQ_ARGS[@]}") signature="$SIGNATURE"
-    note "=== $name: ${R_ARCH[$i]}, ${R_CFG[$i]} (${R_DATASET[$i]}${R_VARIANT[$i]:+ ${R_VARIANT[$i]}} $src-$tgt) ==="
+    note "=== $name: ${R_ARCH[$i]}, ${R_CFG[$i]} (${R_DATASET[$i]}${R_VARIANT[$i]:+ ${R_VARIANT[$i]}} $src-$tgt)$( \
+        (( ${#SEEDS[@]} > 1 )) && echo ", seed $SEED") ==="
+    if (( ${#SEEDS[@]} > 1 )) && [[ "$run_dir" == "$WORK/runs/$name" ]]; then
+        note "$name: seed $SEED: the one-seed run in $run_dir is this seed's run"
+    fi
     row_files "$i"
     note "$name: batch: $BATCH_TEXT"
     note "$name: training: $TRAINING_TEXT"
@@ -591,8 +657,9 @@ run_row() {  # i
 
     # significance against the baseline row, on the main column's BLEU: sacreBLEU's
     # tokenization of the detokenized output, or evaluate.sh's tokenized texts as they are
+    # (with several seeds, the table's paired bootstrap over the seeds instead: seeds_table)
     local base="${R_BASE[$i]}"
-    if [[ -n "$RUN_TESTS" && -n "$base" ]]; then
+    if [[ -n "$RUN_TESTS" && -n "$base" ]] && (( ${#SEEDS[@]} == 1 )); then
         local b j texts=hyp.detok ref="$data/raw/test.$tgt" tok=13a tokenize=()
         if [[ "$kind" == multi-bleu || "$kind" == tok-compound ]]; then
             texts=hyp.tok_bleu ref="$run_dir/eval/ref.tok_bleu" tok=none tokenize=(--tokenize none)
@@ -646,6 +713,65 @@ print_table() {
     "$PY" "$REPRO_DIR/results_table.py" --title "$TABLE_TITLE" --tests "$RUN_TESTS" --out "$out" <<< "${rows%$'\n'}"
 }
 
+# seeds_table: the table over several seeds, by fairseq-localness-results (layout
+# reproduce; scripts/results.py runs it without importing fairseq). Its RUNS.tsv has one
+# line per row and seed: the run directory, the files of the main column's BLEU (the
+# same texts and tokenization as the one-seed significance tests), the extra column's
+# score, and the row's display columns (paper numbers, configuration notes). Written to
+# WORK/runs.tsv, and the table with every seed's numbers to WORK/results.md,
+# results.json and results.tsv, unless --dry-run (then printed only).
+seeds_table() {
+    local i seed hyp score ref tokenize xscore dir tsv line
+    printf -v tsv '%s\t' system seed dir hyp score ref tokenize baseline extra_score pair metric extra_metric \
+        paper_bleu paper_params paper_speed shares_embeddings config paper_metric test training
+    tsv="${tsv%$'\t'}"$'\n'
+    for i in "${!R_NAME[@]}"; do
+        load_config "${R_CFG[$i]}"
+        row_files "$i"  # TRAINING_TEXT
+        case "${R_KIND[$i]}" in
+            multi-bleu|tok-compound)
+                hyp=eval/hyp.tok_bleu score=eval/tok_bleu.json ref=eval/ref.tok_bleu tokenize=none ;;
+            *)
+                hyp=eval/hyp.detok score=eval/bleu.json ref="${R_DATA[$i]}/raw/test.${R_TGT[$i]}" tokenize=13a
+                [[ "$ref" == /* ]] || ref="$PWD/$ref" ;;  # (a relative ref is read from the run directory)
+        esac
+        kind_json "${R_XKIND[$i]}" ""
+        xscore="${KIND_JSON#/}"
+        for seed in "${SEEDS[@]}"; do
+            seed_run_dir "$i" "$seed"
+            if (( DRY_RUN )); then  # (read from standard input: absolute paths)
+                dir="$RUN_DIR"
+                [[ "$dir" == /* ]] || dir="$PWD/$dir"
+            else
+                dir="${RUN_DIR#"$WORK"/}"  # relative to WORK/runs.tsv
+            fi
+            printf -v line '%s\t' "${R_NAME[$i]}" "$seed" "$dir" "$hyp" "$score" "$ref" "$tokenize" "${R_BASE[$i]}" \
+                "$xscore" "${R_SRC[$i]}-${R_TGT[$i]}" "${R_KIND[$i]}" "${R_XKIND[$i]}" "${R_BLEU[$i]}" \
+                "${R_PARAMS[$i]}" "${R_SPEED[$i]}" "${R_SHARES[$i]}" "${R_CFG[$i]}" "$PAPER_BLEU" \
+                "${R_DATASET[$i]}${R_VARIANT[$i]:+ (${R_VARIANT[$i]})}: ${R_TEST[$i]}" "$TRAINING_TEXT"
+            tsv+="${line%$'\t'}"$'\n'
+        done
+    done
+    local args=(--layout reproduce --title "$TABLE_TITLE" --samples 1000)
+    [[ -n "$RUN_TESTS" ]] && args+=(--significance)
+    if (( DRY_RUN )); then
+        "$PY" "$SCRIPTS_DIR/results.py" "${args[@]}" --runs - <<< "${tsv%$'\n'}"
+    else
+        mkdir -p "$WORK"
+        printf '%s' "$tsv" > "$WORK/runs.tsv"
+        "$PY" "$SCRIPTS_DIR/results.py" "${args[@]}" --runs "$WORK/runs.tsv" --out "$WORK"
+    fi
+}
+
+# the table: over several seeds, or of one run per row
+write_table() {
+    if (( ${#SEEDS[@]} > 1 )); then
+        seeds_table
+    else
+        print_table
+    fi
+}
+
 # ------------------------------------------------------------------ main
 reproduce_main() {
     reproduce_parse_args "$@"
@@ -655,14 +781,17 @@ reproduce_main() {
     fi
     reproduce_load_rows
     if (( TABLE_ONLY )); then
-        print_table
+        write_table
         echo "(written to $WORK/results.md)" >&2
         return 0
     fi
-    local names=() i
-    for i in "${SELECTED[@]}"; do
-        names+=("${R_NAME[$i]}")
-        load_row "$i"  # a run directory trained with other settings, or no batch split, stops us here
+    local names=() i seed
+    for i in "${SELECTED[@]}"; do names+=("${R_NAME[$i]}"); done
+    for seed in "${SEEDS[@]}"; do
+        use_seed "$seed"
+        for i in "${SELECTED[@]}"; do
+            load_row "$i"  # a run directory trained with other settings, or no batch split, stops us here
+        done
     done
     # the pipeline steps exist, the architectures are registered and every dataset still
     # to prepare has its raw files (or can download them); skipped by --dry-run, which
@@ -695,7 +824,13 @@ print(" ".join(sorted({a for a in sys.argv[1:] if a not in ARCH_MODEL_REGISTRY})
     fi
     note "${TABLE_TITLE}"
     note "rows: ${names[*]}"
-    note "work dir: $WORK; prepared data: $DATA_DIR; downloads: $RAW_ROOT/<dataset>; $( (( CPU )) && echo "CPU" || echo "$GPUS GPU(s)"); seed $SEED"
+    note "work dir: $WORK; prepared data: $DATA_DIR; downloads: $RAW_ROOT/<dataset>; $( (( CPU )) && echo "CPU" || echo "$GPUS GPU(s)"); seed$( (( ${#SEEDS[@]} > 1 )) && echo s) ${SEEDS[*]}"
+    if (( ${#SEEDS[@]} > 1 )); then
+        note "${#SEEDS[@]} seeds: every row once per seed, seed by seed, in $WORK/runs/<row>/seed<N>/; the table: \
+mean ± sd over the seeds$( [[ -n "$RUN_TESTS" ]] && echo "; significance: Koehn's paired bootstrap against the \
+baseline row on the seeds' pooled translations, seeds resampled too (fairseq-localness-results), in place of \
+the per-run ${RUN_TESTS// / and }")"
+    fi
     # the raw files of each dataset: where they go, and what --download cannot fetch
     local seen=" "
     for i in "${SELECTED[@]}"; do
@@ -707,9 +842,13 @@ print(" ".join(sorted({a for a in sys.argv[1:] if a not in ARCH_MODEL_REGISTRY})
         esac
     done
     PREPARED_THIS_RUN=""
-    for i in "${SELECTED[@]}"; do
-        run_row "$i"
+    for seed in "${SEEDS[@]}"; do  # seed by seed: a partial run has every row of the first seeds
+        use_seed "$seed"
+        (( ${#SEEDS[@]} == 1 )) || note "--- seed $seed"
+        for i in "${SELECTED[@]}"; do
+            run_row "$i"
+        done
     done
     (( DRY_RUN )) && echo "# table (from the results that exist now):"
-    print_table
+    write_table
 }

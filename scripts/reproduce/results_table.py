@@ -59,15 +59,20 @@ def params_of(log):
     return int(m[-1].replace(",", "")) if m else None
 
 
+# fairseq's updates per second in a log record: simple format ('ups 2.5', 'ups=2.5') or
+# JSON, as train.sh logs ('"train_ups": "2.5"', '"ups": "2.5"' in train_inner)
+UPS = re.compile(r'(?:\b|_)ups"?(?: |=|": ?"?)([0-9.]+)')
+
+
 def speed_of(log):
     """Updates per second, mean over the epoch summaries (train_inner if none)."""
     try:
         lines = open(log, errors="replace").read().splitlines()
     except OSError:
         return None
-    ups = [float(m.group(1)) for l in lines if "| train |" in l for m in [re.search(r"\bups[ =]([0-9.]+)", l)] if m]
+    ups = [float(m.group(1)) for l in lines if "| train |" in l for m in [UPS.search(l)] if m]
     if not ups:
-        ups = [float(m.group(1)) for l in lines if "train_inner" in l for m in [re.search(r"\bups[ =]([0-9.]+)", l)] if m]
+        ups = [float(m.group(1)) for l in lines if "train_inner" in l for m in [UPS.search(l)] if m]
     return sum(ups) / len(ups) if ups else None
 
 
