@@ -18,8 +18,9 @@ What it adds (the core and the branch/fusion tiers of the README's "Architecture
   mask and/or additive bias (Gaussian localness, a band, a direction, ...):
   ``P_b = softmax(e + bias_b, masked by mask_b)`` (Yang et al. 2018, eq. 4; Xu et al. 2019,
   eq. 1-3; Song et al. 2019, eq. 8-12).
-* A *fusion* module combines the branch outputs ``P_b V`` (sum, scalar gate, squeeze
-  gate, concatenation), before the output projection.
+* A *fusion* (the :class:`~.fusion.Fusion` interface: sum, concatenation, and the
+  papers' scalar and squeeze gates) combines the branch outputs ``P_b V`` before the
+  output projection.
 * Optional Shaw et al. (2018) relative position representations on keys and values,
   memory-linear in the sequence length (see :mod:`.relative_position`).
 
