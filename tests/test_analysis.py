@@ -152,7 +152,7 @@ def test_gates_of_a_forced_constant_gate_per_layer_and_pos(trained, tmp_path):
 def test_gates_of_a_trained_model_match_the_recorded_masked_mean(trained, tmp_path):
     """Cutting to real tokens per sentence gives the same mean as the module's own
     padding mask over whole batches (``mean_gate_per_layer``)."""
-    from fairseq_localness.modules.hybrid import mean_gate_per_layer
+    from fairseq_localness.analysis.gates import mean_gate_per_layer
     from fairseq_localness.modules.observe import AttentionRecorder
 
     data = trained.data

@@ -114,3 +114,37 @@ def test_average_cli_loads_checkpoints(trained, tmp_path):
         assert torch.equal(avg["model"][k], expected), k
     # everything else comes from the newest input, as with fairseq's script
     assert avg["optimizer_history"][-1]["num_updates"] == 2
+
+
+# --------------------------------------------------------------------------- renamed parameters
+def test_old_parameter_names_are_mapped_when_a_state_dict_is_loaded(monkeypatch):
+    """A parameter renamed in the code keeps its checkpoints: the model's
+    ``renamed_parameters`` maps the old names in ``upgrade_state_dict_named``, which
+    fairseq's ``load_state_dict`` (and so every checkpoint loader) calls first. The hook
+    leaves a current state dict alone, and refuses one that holds both names."""
+    from fairseq_localness.models.hybrid_transformer import HybridTransformerModel
+    from model_utils import TINY, build_model, random_batch
+
+    saved, task = build_model("hybrid_transformer", TINY, seed=1)
+    src, lens, prev, _ = random_batch(task, [5, 3], seed=2)
+    with torch.no_grad():
+        expected = saved(src, lens, prev)[0]
+    current = saved.state_dict()
+    # the state dict as an older version would have written it, with the gate under another name
+    old = {k.replace(".fusion.gate.", ".fusion.old_gate."): v.clone() for k, v in current.items()}
+    assert sum(".fusion.old_gate." in k for k in old) == 4  # weight and bias, encoder layers 1-2
+
+    fresh, _ = build_model("hybrid_transformer", TINY, seed=2)
+    with pytest.raises(RuntimeError, match="old_gate"):  # without the mapping: unexpected keys
+        fresh.load_state_dict(dict(old))
+    monkeypatch.setattr(HybridTransformerModel, "renamed_parameters", {r"\.fusion\.old_gate\.": ".fusion.gate."})
+    fresh.load_state_dict(dict(old))
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(src, lens, prev)[0], expected)
+
+    unchanged = dict(current)
+    fresh.upgrade_state_dict(unchanged)  # a current state dict: nothing to rename
+    assert list(unchanged) == list(current)
+    both = dict(current, **{k: v for k, v in old.items() if ".old_gate." in k})
+    with pytest.raises(KeyError, match="has both"):
+        fresh.upgrade_state_dict(both)

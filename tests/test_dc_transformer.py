@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from fairseq.sequence_generator import SequenceGenerator
 
+from fairseq_localness.analysis.divergence import dc_divergence
 from fairseq_localness.models._locality import OptionError
 from fairseq_localness.models.dc_transformer import DCOptions
 from fairseq_localness.modules.dual_context import (
     DualContextModule,
     LocalContextUnit,
-    dc_divergence,
     js_divergence,
     kernel_split,
     reduce_heads,
@@ -440,15 +440,18 @@ def test_divergence_is_logged_as_a_validation_metric():
     model, task = build_model(ARCH, TINY + MODES["enc"] + ["--dc-log-divergence"])
     src, lens, prev, _ = random_batch(task, [6, 3], seed=3)
     with metrics.aggregate(new_root=True) as agg, torch.no_grad():
-        model(src, lens, prev)
+        model(src, lens, prev)  # inference (e.g. fairseq-generate): nothing logged
+    assert "enc1_js" not in agg.get_smoothed_values()
+    with metrics.aggregate(new_root=True) as agg, metrics.aggregate("valid"), torch.no_grad():
+        model(src, lens, prev)  # fairseq's validation (Trainer.valid_step)
     values = agg.get_smoothed_values()
     expected = dc_divergence(model, [{"src_tokens": src, "src_lengths": lens, "prev_output_tokens": prev}])
     for layer in (1, 2, 3):
         assert values[f"enc{layer}_js"] == pytest.approx(expected[f"enc{layer}"], abs=2e-3)  # logged rounded
     model.train()
-    with metrics.aggregate(new_root=True) as agg:
+    with metrics.aggregate(new_root=True) as agg, metrics.aggregate("valid"):
         model(src, lens, prev)
-    assert "enc1_js" not in agg.get_smoothed_values()  # validation only
+    assert "enc1_js" not in agg.get_smoothed_values()  # validation only, not training
 
 
 # ---------------------------------------------------------------- command line

@@ -11,17 +11,16 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_localness.models._locality import OptionError
 from fairseq_localness.models.hybrid_transformer import HybridOptions
+from fairseq_localness.analysis.gates import mean_gate_per_layer, sentence_gates
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.branches import global_branch, local_branch
+from fairseq_localness.modules.fusion import ConcatFusion
 from fairseq_localness.modules.gaussian import GaussianLocalness
 from fairseq_localness.modules.hybrid import (
     VARIANTS,
-    ConcatFusion,
     GateFusion,
     HybridSettings,
     hybrid_attention,
-    mean_gate_per_layer,
-    sentence_gates,
 )
 from fairseq_localness.modules.observe import AttentionRecorder
 from model_utils import TINY, build_model, copy_shared_weights, count_parameters, parse_model_args, random_batch

@@ -11,11 +11,11 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_localness.models._locality import OptionError
 from fairseq_localness.models.hysan_transformer import HysanOptions
+from fairseq_localness.analysis.heatmaps import branch_attention
 from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.fusion import ConcatFusion
 from fairseq_localness.modules.hysan import (
-    ConcatFusion,
     GatedSumFusion,
-    branch_attention,
     build_fusion,
     fusion_extra_parameters,
     make_branch,

@@ -355,6 +355,39 @@ def batch_iterator(task, split: str, batch_size: int):
     return dataset, itr
 
 
+def iter_samples(
+    task,
+    split: str,
+    *,
+    batch_size: int = 32,
+    max_sentences: Optional[int] = None,
+    use_cuda: bool = False,
+    show_progress: bool = True,
+    desc: str = "forward",
+) -> Iterator[dict]:
+    """fairseq's samples of ``split`` in the dataset's order (moved to the GPU with
+    ``use_cuda``), with a progress bar over sentences; stops after the batch that
+    reaches ``max_sentences`` (whole batches: the caller cuts the last one if needed)."""
+    dataset, itr = batch_iterator(task, split, batch_size)
+    total = len(dataset) if max_sentences is None else min(max_sentences, len(dataset))
+    bar = progress(total=total, desc=desc, disable=not show_progress)
+    done = 0
+    try:
+        for sample in itr:
+            if done >= total:
+                break
+            if use_cuda:
+                from fairseq import utils
+
+                sample = utils.move_to_cuda(sample)
+            n = min(sample["id"].numel(), total - done)
+            done += n
+            bar.update(n)
+            yield sample
+    finally:
+        bar.close()
+
+
 def iter_sentence_stats(
     model,
     task,
@@ -374,57 +407,45 @@ def iter_sentence_stats(
     """
     import torch
 
-    from fairseq_localness.modules.observe import AttentionRecorder
+    from fairseq_localness.modules.observe import PROBS_PREFIX, AttentionRecorder
 
-    dataset, itr = batch_iterator(task, split, batch_size)
-    total = len(dataset) if max_sentences is None else min(max_sentences, len(dataset))
     pad = task.source_dictionary.pad()
     tgt_pad = task.target_dictionary.pad()
     done = 0
-    bar = progress(total=total, desc=desc, disable=not show_progress)
-    try:
-        for sample in itr:
-            if done >= total:
-                break
-            if use_cuda:
-                from fairseq import utils
-
-                sample = utils.move_to_cuda(sample)
-            net_input = sample["net_input"]
-            with AttentionRecorder(model) as rec, torch.no_grad():
-                model(**net_input)
-            src_tokens = net_input["src_tokens"].cpu()
-            src_width = src_tokens.size(1)
-            src_lens = src_tokens.ne(pad).sum(1).tolist()
-            target = sample["target"].cpu() if sample.get("target") is not None else None
-            tgt_lens = target.ne(tgt_pad).sum(1).tolist() if target is not None else [0] * len(src_lens)
-            for b, sent_id in enumerate(sample["id"].tolist()):
-                if done >= total:
-                    break
-                stats = SentenceStats(
-                    id=sent_id,
-                    src=src_tokens[b, src_width - src_lens[b]:],
-                    tgt=target[b, : tgt_lens[b]] if target is not None else None,
-                )
-                for module_name, calls in rec.records.items():
-                    side = side_of(module_name)
-                    rows = _real_query_slice(side, src_lens[b], src_width, tgt_lens[b])
-                    values = {}
-                    for name, value in calls[0].items():
-                        if name.startswith("probs_"):
-                            if not with_attention:
-                                continue
-                            cols = _real_key_slice(side, src_lens[b], src_width, tgt_lens[b])
-                            values[name] = value[b][..., rows, cols]
-                        else:
-                            values[name] = value[b][..., rows]
-                    if values:
-                        stats.modules[module_name] = (side, values)
-                done += 1
-                bar.update(1)
-                yield stats
-    finally:
-        bar.close()
+    for sample in iter_samples(task, split, batch_size=batch_size, max_sentences=max_sentences,
+                               use_cuda=use_cuda, show_progress=show_progress, desc=desc):
+        net_input = sample["net_input"]
+        with AttentionRecorder(model) as rec, torch.no_grad():
+            model(**net_input)
+        src_tokens = net_input["src_tokens"].cpu()
+        src_width = src_tokens.size(1)
+        src_lens = src_tokens.ne(pad).sum(1).tolist()
+        target = sample["target"].cpu() if sample.get("target") is not None else None
+        tgt_lens = target.ne(tgt_pad).sum(1).tolist() if target is not None else [0] * len(src_lens)
+        for b, sent_id in enumerate(sample["id"].tolist()):
+            if max_sentences is not None and done >= max_sentences:
+                return
+            stats = SentenceStats(
+                id=sent_id,
+                src=src_tokens[b, src_width - src_lens[b]:],
+                tgt=target[b, : tgt_lens[b]] if target is not None else None,
+            )
+            for module_name, calls in rec.records.items():
+                side = side_of(module_name)
+                rows = _real_query_slice(side, src_lens[b], src_width, tgt_lens[b])
+                values = {}
+                for name, value in calls[0].items():
+                    if name.startswith(PROBS_PREFIX):
+                        if not with_attention:
+                            continue
+                        cols = _real_key_slice(side, src_lens[b], src_width, tgt_lens[b])
+                        values[name] = value[b][..., rows, cols]
+                    else:
+                        values[name] = value[b][..., rows]
+                if values:
+                    stats.modules[module_name] = (side, values)
+            done += 1
+            yield stats
 
 
 # --------------------------------------------------------------------------- text -> model input

@@ -5,10 +5,11 @@ For each checkpoint (e.g. Enc-DC models trained with different kernel sizes ``f`
 as in Fig. 4), runs the model teacher-forced over a split and computes, per DC layer
 ``l``, ``dv_l = JS(alpha_g || alpha_l)`` averaged over every real query token, and
 ``E_d`` (eq. 13), the mean of ``dv_l`` over a side's DC layers. The computation is
-:func:`fairseq_localness.modules.dual_context.dc_divergence` (heads reduced by eq.
-10's element-wise maximum, renormalised; natural logarithm, so ``0 <= dv <= ln 2``);
-``--head-reduce mean`` averages the heads instead, ``per_head`` averages the
-per-head divergences.
+:func:`dc_divergence` below, with the divergence of
+:func:`fairseq_localness.modules.dual_context.reduced_js` (heads reduced by eq. 10's
+element-wise maximum, renormalised; natural logarithm, so ``0 <= dv <= ln 2``) that
+the module also logs during validation; ``--head-reduce mean`` averages the heads
+instead, ``per_head`` averages the per-head divergences.
 
 Outputs in ``--output-dir``: ``divergence.csv`` (model, layer, dv; the ``E_d_*``
 rows are eq. 13), ``divergence.json``, and ``divergence.png``: (a) ``dv_l`` per
@@ -21,50 +22,82 @@ Example (Fig. 4, Enc-DC with f = 2 ... 8)::
         --labels f=2 f=3 ... --split valid --output-dir analysis/divergence
 """
 import argparse
-from typing import List
+from collections import defaultdict
+from typing import Dict, Iterable, List
 
 from fairseq_localness.analysis import common as C
+from fairseq_localness.modules.dual_context import HEAD_REDUCTIONS, DualContextModule, reduced_js
+from fairseq_localness.modules.observe import QUERY_PADDING, AttentionRecorder, probs_key
 
 
 def get_parser():
     p = argparse.ArgumentParser(prog="fairseq-localness-analysis divergence", description=__doc__.split("\n\n")[0])
     C.add_checkpoint_args(p, multiple=True)
     C.add_split_args(p)
-    p.add_argument("--head-reduce", choices=["max", "mean", "per_head"], default="max",
+    p.add_argument("--head-reduce", choices=HEAD_REDUCTIONS, default="max",
                    help="how eq. 10 reduces the heads (default: max, the paper's)")
     C.add_output_args(p)
     return p
 
 
-def batches(task, split: str, batch_size: int, max_sentences, use_cuda: bool, show_progress: bool, desc: str):
-    """fairseq samples of ``split``; stops after the batch that reaches
-    ``max_sentences`` (whole batches)."""
-    dataset, itr = C.batch_iterator(task, split, batch_size)
-    total = len(dataset) if max_sentences is None else min(max_sentences, len(dataset))
-    bar = C.progress(total=total, desc=desc, disable=not show_progress)
-    done = 0
-    try:
-        for sample in itr:
-            if done >= total:
-                break
-            if use_cuda:
-                from fairseq import utils
+def dc_divergence(model, batches: Iterable, head_reduce: str = "max") -> Dict[str, float]:
+    """Per-layer Jensen-Shannon divergence between the two FI units of every DC layer
+    over a set of batches (Sect. 7.2, eq. 10-13).
 
-                sample = utils.move_to_cuda(sample)
-            n = sample["id"].numel()
-            done += n
-            bar.update(n)
-            yield sample
+    Args:
+        model: a model containing
+            :class:`~fairseq_localness.modules.dual_context.DualContextModule` layers
+            (run in eval mode, teacher forcing).
+        batches: fairseq samples (dicts with ``net_input``) or ``net_input`` dicts.
+        head_reduce: eq. 10's reduction over heads (see
+            :func:`~fairseq_localness.modules.dual_context.reduced_js`).
+
+    Returns:
+        ``{label: dv_l}`` with labels such as ``enc1``, ``dec2_self`` (the layers'
+        metric prefixes), each the mean over every real (non-padding) query token of
+        the per-query divergence; plus ``E_d_encoder`` / ``E_d_decoder`` (eq. 13, the
+        mean over that side's DC layers) when the side has DC layers.
+    """
+    import torch
+
+    if head_reduce not in HEAD_REDUCTIONS:
+        raise ValueError(f"head reduction {head_reduce!r}: allowed: {', '.join(HEAD_REDUCTIONS)}")
+    modules = [(name, m) for name, m in model.named_modules() if isinstance(m, DualContextModule)]
+    if not modules:
+        raise ValueError("the model has no Dual Contextual layer")
+    was_training = model.training
+    model.eval()
+    sums: Dict[str, float] = defaultdict(float)
+    counts: Dict[str, float] = defaultdict(float)
+    try:
+        for sample in batches:
+            net_input = sample["net_input"] if "net_input" in sample else sample
+            with AttentionRecorder(model) as rec, torch.no_grad():
+                model(**net_input)
+            for name, module in modules:
+                label = module.metric_prefix or name
+                p_l = rec.calls(module.fi_local)[-1][probs_key("global")]  # B x H x Tq x Tk
+                p_g = rec.calls(module.fi_global)[-1][probs_key("global")]
+                padding = rec.calls(module)[-1][QUERY_PADDING].bool()  # B x Tq
+                js = reduced_js(p_l.double(), p_g.double(), head_reduce)  # B x Tq
+                keep = ~padding & (p_g.sum(-1).amax(1) > 0)  # real queries with visible keys
+                sums[label] += float(js[keep].sum())
+                counts[label] += float(keep.sum())
     finally:
-        bar.close()
+        model.train(was_training)
+    result = {label: sums[label] / max(counts[label], 1.0) for label in sums}
+    for side, prefix in (("encoder", "enc"), ("decoder", "dec")):
+        values = [v for k, v in result.items() if k.startswith(prefix)]
+        if values:
+            result[f"E_d_{side}"] = sum(values) / len(values)  # eq. 13
+    return result
 
 
 def divergence_of(model, task, args, use_cuda: bool, label: str) -> dict:
-    from fairseq_localness.modules.dual_context import dc_divergence
-
+    samples = C.iter_samples(task, args.split, batch_size=args.batch_size, max_sentences=args.max_sentences,
+                             use_cuda=use_cuda, show_progress=not args.no_progress, desc=f"divergence {label}")
     try:
-        return dc_divergence(model, batches(task, args.split, args.batch_size, args.max_sentences, use_cuda,
-                                            not args.no_progress, f"divergence {label}"), args.head_reduce)
+        return dc_divergence(model, samples, args.head_reduce)
     except ValueError as e:
         raise C.AnalysisError(f"{label}: {e} (the divergence needs a dc_transformer checkpoint)") from None
 

@@ -38,6 +38,7 @@ from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
 from fairseq_localness.analysis import common as C
+from fairseq_localness.modules.observe import GATE, GATE_PREFIX, REAL_TOKENS, branch_of
 
 
 def get_parser():
@@ -54,15 +55,49 @@ def get_parser():
 
 
 def gate_series(values: Dict[str, "object"]) -> Dict[str, "object"]:
-    """The gate series among a module's recorded statistics: ``gate`` (hybrid, ``n``
-    or ``H x n`` -> mean over heads) and ``gate_<branch>`` (HySAN, ``n``)."""
+    """The gate series among a module's recorded statistics of one sentence: ``gate``
+    (hybrid, ``n`` or ``H x n`` -> mean over heads) and ``gate_<branch>`` (HySAN,
+    ``n``, returned under the branch's name)."""
     out = {}
     for name, value in values.items():
-        if name == "gate":
-            out["gate"] = value.float().mean(0) if value.dim() == 2 else value.float()
-        elif name.startswith("gate_"):
-            out[name[len("gate_"):]] = value.float()
+        branch = branch_of(name, GATE_PREFIX)
+        if name == GATE:
+            out[GATE] = value.float().mean(0) if value.dim() == 2 else value.float()
+        elif branch is not None:
+            out[branch] = value.float()
     return out
+
+
+def sentence_gates(call: Dict[str, "object"]) -> List["object"]:
+    """The hybrid gates of one recorded forward call, one tensor per sentence with the
+    padding removed: ``n`` (per-token gate) or ``H x n`` (per-head gate), in the order
+    of the sentence's tokens.
+
+    ``call`` is one entry of ``AttentionRecorder.records[<name of a GateFusion>]``
+    (its ``gate`` and ``real`` records).
+    """
+    gate, real = call[GATE], call[REAL_TOKENS].bool()
+    return [gate[b][..., real[b]] for b in range(gate.size(0))]
+
+
+def mean_gate_per_layer(records: Dict[str, List[Dict[str, "object"]]]) -> Dict[str, float]:
+    """Mean hybrid gate over every real token seen while recording, per gated module
+    (Xu et al. 2019, Fig. 3), a per-head gate averaged over its heads. Keys are module
+    names, e.g. ``encoder.layers.0.self_attn.fusion``; ``records`` is
+    ``AttentionRecorder.records``. The token mask is the one the module recorded over
+    whole padded batches (``real``), not the per-sentence cutting of :func:`collect`."""
+    means = {}
+    for name, calls in records.items():
+        if not calls or GATE not in calls[0]:
+            continue
+        total, count = 0.0, 0
+        for call in calls:
+            for gate in sentence_gates(call):
+                per_token = gate_series({GATE: gate})[GATE]  # n
+                total += float(per_token.sum())
+                count += per_token.numel()
+        means[name] = total / max(count, 1)
+    return means
 
 
 class _Acc:

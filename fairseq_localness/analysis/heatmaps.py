@@ -47,31 +47,66 @@ def get_parser():
     return p
 
 
+def recorded(model, run) -> Dict[str, Dict[str, "object"]]:
+    """Call ``run()`` (a forward pass of ``model``, no gradients) inside an
+    :class:`~fairseq_localness.modules.observe.AttentionRecorder` and return what each
+    module recorded, its calls merged into one dict (a later call's keys win):
+    ``{module name: {record key: tensor}}``, float32 CPU tensors."""
+    import torch
+
+    from fairseq_localness.modules.observe import AttentionRecorder
+
+    with AttentionRecorder(model) as rec, torch.no_grad():
+        run()
+    result: Dict[str, Dict[str, object]] = {}
+    for name, calls in rec.records.items():
+        merged: Dict[str, object] = {}
+        for call in calls:
+            merged.update(call)
+        result[name] = merged
+    return result
+
+
+def branch_attention(model, **net_input) -> Dict[str, Dict[str, "object"]]:
+    """Run ``model(**net_input)`` and return every branch distribution of every
+    attention sublayer with branches (HySAN's, the hybrid's, ...) and the gates of its
+    fusion, for Song et al.'s Fig. 5 heatmaps.
+
+    Returns ``{sublayer name: {"probs_<branch>": B x H x Tq x Tk, "gate_<branch>": B x Tq}}``
+    (float32, CPU; the keys of :mod:`fairseq_localness.modules.observe`) from the
+    (one) forward call, e.g. ``out["encoder.layers.0.self_attn"]["probs_backward"]``: a
+    fusion's records (``...self_attn.fusion``) are merged into its sublayer's.
+    """
+    result: Dict[str, Dict[str, object]] = {}
+    for name, values in recorded(model, lambda: model(**net_input)).items():
+        sublayer = name[: -len(".fusion")] if name.endswith(".fusion") else name
+        result.setdefault(sublayer, {}).update(values)
+    return result
+
+
 def branch_maps(model, src_tokens, layer: int, head, use_cuda: bool) -> Dict[str, "object"]:
     """``{branch: n x n}`` (float CPU tensors) of encoder layer ``layer`` (1-based) for
     one sentence (``src_tokens``: 1-D, with EOS)."""
     import torch
 
-    from fairseq_localness.modules.observe import AttentionRecorder
+    from fairseq_localness.modules.observe import PROBS_PREFIX, branch_of
 
     src = src_tokens.unsqueeze(0)
     lengths = torch.tensor([src.size(1)])
     if use_cuda:
         src, lengths = src.cuda(), lengths.cuda()
-    with AttentionRecorder(model) as rec, torch.no_grad():
-        model.encoder(src, src_lengths=lengths)
     prefix = f"encoder.layers.{layer - 1}.self_attn"
     maps = {}
-    for module, calls in rec.records.items():
+    for module, values in recorded(model, lambda: model.encoder(src, src_lengths=lengths)).items():
         if not (module == prefix or module.startswith(prefix + ".")):
             continue
         suffix = module[len(prefix):].lstrip(".")
-        for name, value in calls[0].items():
-            if not name.startswith("probs_"):
+        for name, value in values.items():
+            branch = branch_of(name, PROBS_PREFIX)
+            if branch is None:
                 continue
             probs = value[0]  # H x n x n
             m = probs.mean(0) if head == "mean" else probs[int(head) - 1]
-            branch = name[len("probs_"):]
             if suffix and not suffix.startswith("branches"):
                 branch = f"{suffix}/{branch}"
             maps[branch] = m.float().cpu()

@@ -36,6 +36,7 @@ from collections import defaultdict
 from typing import Dict, List
 
 from fairseq_localness.analysis import common as C
+from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW
 
 
 def get_parser():
@@ -58,15 +59,17 @@ def collect(model, task, split, *, max_sentences=None, batch_size=32, use_cuda=F
     for sent in C.iter_sentence_stats(model, task, split, max_sentences=max_sentences, batch_size=batch_size,
                                       use_cuda=use_cuda, show_progress=show_progress, desc="windows"):
         for module, (side, values) in sent.modules.items():
-            if "P" not in values or "D" not in values:
+            if CENTRE not in values or WINDOW not in values:
                 continue
             label = C.layer_label(module)
             d = data.setdefault(label, {"module": module, "P": [], "D": [], "q_pos": [], "I": [], "head": [],
                                         "sent": []})
-            P, D = values["P"], values["D"]  # H x n
+            P, D = values[CENTRE], values[WINDOW]  # H x n
             heads, n = D.shape
-            q_pos = values["q_pos"].expand(heads, n) if "q_pos" in values else torch.arange(n).expand(heads, n)
-            lengths = values["I"].expand(heads, n) if "I" in values else torch.full((heads, n), float(n))
+            q_pos = values[QUERY_POSITION].expand(heads, n) if QUERY_POSITION in values else \
+                torch.arange(n).expand(heads, n)
+            lengths = values[VISIBLE_KEYS].expand(heads, n) if VISIBLE_KEYS in values else \
+                torch.full((heads, n), float(n))
             d["P"] += P.reshape(-1).tolist()
             d["D"] += D.reshape(-1).tolist()
             d["q_pos"] += q_pos.reshape(-1).tolist()

@@ -1,7 +1,8 @@
-"""The registered models. Importing this package registers every architecture."""
-import importlib
-import os
-
-for _file in sorted(os.listdir(os.path.dirname(__file__))):
-    if _file.endswith(".py") and not _file.startswith("_"):
-        importlib.import_module(__name__ + "." + _file[:-3])
+"""The registered models. Importing this package registers every architecture
+(each module below registers its model and presets with fairseq when imported)."""
+from fairseq_localness.models import (  # noqa: F401
+    dc_transformer,
+    hybrid_transformer,
+    hysan_transformer,
+    localness_transformer,
+)

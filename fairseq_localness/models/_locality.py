@@ -11,8 +11,21 @@ A model class provides
 
 * ``options_class``: a dataclass of its options, fields prefixed with the model's
   name (``localness_*``, ...) so fairseq's ``encoder_*``/``decoder_*`` routing never
-  touches them; it is surfaced to argparse from that one source;
-* ``layer_specs(options, cfg, side)``: one :class:`LayerSpec` per layer of a side.
+  touches them; it is surfaced to argparse from that one source. Its
+  ``layer_option_prefix`` names the layer-list options ``<prefix>_encoder_layers`` /
+  ``<prefix>_decoder_layers`` that :meth:`LocalityOptions.layers` reads;
+* ``self_attention_builder(embed_dim, cfg, *, options, side)``: the module that
+  replaces the self-attention of the chosen layers; the default
+  :meth:`LocalityTransformerModel.layer_specs` puts it into the layers
+  :meth:`LocalityOptions.layers` selects (a model that changes more than the
+  self-attention, e.g. the encoder-decoder attention too, overrides ``layer_specs``
+  and returns one :class:`LayerSpec` per layer of a side).
+
+Models with Gaussian branches derive their options from
+:class:`GaussianWindowOptions`, which reads the shared window settings once into a
+:class:`~fairseq_localness.modules.gaussian.GaussianWindows`. Parameter renames are
+mapped by ``renamed_parameters`` (see :meth:`LocalityTransformerModel.upgrade_state_dict_named`),
+so that checkpoints keep loading.
 
 Options are validated twice. On the command line (``fairseq-train``, through the
 architecture functions that ``parse_args_and_arch`` applies to the parsed arguments)
@@ -25,12 +38,12 @@ load. Messages name the option and the allowed values.
 """
 import dataclasses
 import logging
-import math
 import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from functools import partial
+from typing import Callable, Dict, List, Optional, Sequence
 
 from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
@@ -48,6 +61,7 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import nn
 
+from fairseq_localness.modules.gaussian import GaussianWindows
 from fairseq_localness.modules.observe import Observable
 
 logger = logging.getLogger(__name__)
@@ -59,28 +73,6 @@ class OptionError(ValueError):
 
 def option_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def validate_gaussian_windows(options, prefix: str, window_strategy: str):
-    """Check the Gaussian-window options ``<prefix>_fixed_window``,
-    ``<prefix>_head_window_max`` and ``<prefix>_min_window`` (the floor F of
-    :mod:`fairseq_localness.modules.gaussian`): finite, positive windows, a floor
-    >= 0, and a floor below N when the ``head`` strategy is used."""
-    def value(name):
-        return getattr(options, f"{prefix}_{name}")
-
-    for name in ("fixed_window", "head_window_max"):
-        if not (math.isfinite(value(name)) and value(name) > 0):
-            raise OptionError(f"{option_flag(f'{prefix}_{name}')} must be a finite number > 0 (got {value(name)})")
-    floor = value("min_window")
-    if not (math.isfinite(floor) and floor >= 0):
-        raise OptionError(f"{option_flag(f'{prefix}_min_window')} must be a finite number >= 0 (got {floor})")
-    if window_strategy == "head" and floor >= value("head_window_max"):
-        raise OptionError(
-            f"{option_flag(f'{prefix}_min_window')} {floor} must be below "
-            f"{option_flag(f'{prefix}_head_window_max')} {value('head_window_max')}: the head strategy's "
-            f"window lies between the two (eq. 11), so it could not move"
-        )
 
 
 def command_line_error(message: str) -> None:
@@ -132,9 +124,18 @@ def parse_layers(spec: Optional[str], num_layers: int, option: str) -> List[int]
     return sorted(chosen)
 
 
+def attention_heads(cfg, side: str) -> int:
+    """H of ``side``'s attention (``cfg``: fairseq's transformer config)."""
+    return cfg.encoder.attention_heads if side == "encoder" else cfg.decoder.attention_heads
+
+
 @dataclass
 class LocalityOptions(FairseqDataclass):
     """Base of every model's options dataclass."""
+
+    # ``<prefix>_encoder_layers`` / ``<prefix>_decoder_layers`` are the layer lists
+    # :meth:`layers` reads (a class attribute, not an option)
+    layer_option_prefix = ""
 
     @classmethod
     def from_args(cls, args) -> "LocalityOptions":
@@ -150,6 +151,20 @@ class LocalityOptions(FairseqDataclass):
             values[fld.name] = value
         return cls(**values)
 
+    def layers_by_default(self, side: str, num_layers: int) -> str:
+        """The layer list of ``side`` when its option is None (not given)."""
+        return "none"
+
+    def layers(self, side: str, num_layers: int) -> List[int]:
+        """0-based layers of ``side`` (with ``num_layers`` layers) whose self-attention
+        the model replaces: the option ``<layer_option_prefix>_<side>_layers`` parsed
+        by :func:`parse_layers` (which raises :class:`OptionError` naming it)."""
+        option = f"{self.layer_option_prefix}_{side}_layers"
+        spec = getattr(self, option)
+        if spec is None:
+            spec = self.layers_by_default(side, num_layers)
+        return parse_layers(spec, num_layers, option)
+
     def validate(self, cfg) -> None:
         """Raise :class:`OptionError` for invalid options (cfg: fairseq's config)."""
 
@@ -164,6 +179,41 @@ class LocalityOptions(FairseqDataclass):
         fld = next(f for f in dataclasses.fields(self) if f.name == name)
         default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()
         return getattr(self, name) != default
+
+
+@dataclass
+class GaussianWindowOptions(LocalityOptions):
+    """Base of the options of a model with Gaussian branches
+    (:class:`~fairseq_localness.modules.gaussian.GaussianLocalness`).
+
+    The subclass declares ``<gaussian_prefix>_fixed_window``,
+    ``<gaussian_prefix>_head_window_max`` and ``<gaussian_prefix>_min_window`` (with
+    the defaults of :class:`~fairseq_localness.modules.gaussian.GaussianWindows` and
+    help texts of its own); this class reads them into one ``GaussianWindows`` and
+    checks them with that class's own rule, naming the options.
+    """
+
+    gaussian_prefix = ""  # a class attribute, not an option
+
+    def gaussian_option(self, setting: str) -> str:
+        """The option of a ``GaussianWindows`` setting, e.g. ``localness_min_window``."""
+        return f"{self.gaussian_prefix}_{setting}"
+
+    def gaussian_windows(self) -> GaussianWindows:
+        """The window settings shared by the model's Gaussian branches."""
+        return GaussianWindows(
+            **{f.name: getattr(self, self.gaussian_option(f.name)) for f in dataclasses.fields(GaussianWindows)}
+        )
+
+    def validate_gaussian_windows(self, window_strategy: str) -> None:
+        """Raise :class:`OptionError` for invalid window settings: finite, positive
+        windows, a floor >= 0, and a floor below N when the ``head`` strategy is used
+        (:meth:`GaussianWindows.problem <fairseq_localness.modules.gaussian.GaussianWindows.problem>`)."""
+        problem = self.gaussian_windows().problem(
+            window_strategy, name=lambda setting: option_flag(self.gaussian_option(setting))
+        )
+        if problem is not None:
+            raise OptionError(problem)
 
 
 def default_layers(count: int, num_layers: int) -> str:
@@ -275,6 +325,11 @@ class LocalityTransformerModel(TransformerModel):
     """Base class of the registered models (see the module docstring)."""
 
     options_class = LocalityOptions
+    # (embed_dim, cfg, *, options, side) -> the self-attention of a chosen layer
+    self_attention_builder: Optional[Callable[..., nn.Module]] = None
+    # old parameter name -> new one, as regular expressions over state-dict keys
+    # (relative to the model); applied when a checkpoint is loaded
+    renamed_parameters: Dict[str, str] = {}
 
     @classmethod
     def add_args(cls, parser):
@@ -325,8 +380,22 @@ class LocalityTransformerModel(TransformerModel):
 
     @classmethod
     def layer_specs(cls, options, cfg, side: str) -> List[LayerSpec]:
+        """One :class:`LayerSpec` per layer of ``side``: the layers that
+        ``options.layers`` selects get ``self_attention_builder``'s module, the others
+        keep fairseq's."""
         num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-        return [LayerSpec(side, i) for i in range(num_layers)]
+        if cls.self_attention_builder is None:
+            return [LayerSpec(side, i) for i in range(num_layers)]
+        chosen = options.layers(side, num_layers)
+        build = partial(cls.self_attention_builder, options=options, side=side)
+        return [LayerSpec(side, i, self_attention=build if i in chosen else None) for i in range(num_layers)]
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Rename the parameters of older checkpoints (``renamed_parameters``), then
+        fairseq's upgrades. Keys already in the current form are left alone, so the
+        hook is a no-op on current checkpoints."""
+        rename_parameters(state_dict, name, self.renamed_parameters)
+        super().upgrade_state_dict_named(state_dict, name)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
@@ -343,11 +412,65 @@ class LocalityTransformerModel(TransformerModel):
         )
 
 
-def register_presets(model_name: str, presets: dict):
-    """Register ``<model_name>_<suffix>`` architectures from fairseq's presets.
+def rename_parameters(state_dict: dict, prefix: str, renamed: Dict[str, str]) -> List[str]:
+    """Apply ``renamed`` (``{old pattern: new}``, regular expressions matched against
+    the part of a key after ``prefix``) to the keys of ``state_dict`` in place; returns
+    the new names. A key whose new name is already present is an error (the state dict
+    would hold two versions of one parameter)."""
+    if not renamed:
+        return []
+    start = f"{prefix}." if prefix else ""
+    done = []
+    for key in [k for k in state_dict if k.startswith(start)]:
+        rest = key[len(start):]
+        for old, new in renamed.items():
+            if re.search(old, rest):
+                target = start + re.sub(old, new, rest)
+                if target in state_dict:
+                    raise KeyError(f"cannot rename {key!r} to {target!r}: the state dict has both")
+                state_dict[target] = state_dict.pop(key)
+                done.append(target)
+                break
+    return done
 
-    ``presets`` maps a suffix ("" for the model's base) to a function that fills the
-    transformer sizes into ``args`` (fairseq's own architecture functions).
+
+def transformer_small(layers: int, ffn_embed_dim: int = 1024):
+    """A fill function for a small transformer (tensor2tensor's ``transformer_small``
+    sizes): d = 256, 4 heads, ``ffn_embed_dim`` (default 1024 = 4d), ``layers`` layers
+    on each side; the rest as fairseq's base architecture. Values given on the command
+    line win, as in fairseq's own architecture functions."""
+
+    def fill(args):
+        for side in ("encoder", "decoder"):
+            for name, value in (("embed_dim", 256), ("ffn_embed_dim", ffn_embed_dim),
+                                ("attention_heads", 4), ("layers", layers)):
+                setattr(args, f"{side}_{name}", getattr(args, f"{side}_{name}", value))
+        base_architecture(args)
+
+    fill.__name__ = f"transformer_small_{layers}_layers"
+    fill.__doc__ = (
+        f"{layers} + {layers} layers, d = 256, 4 heads, FFN {ffn_embed_dim} (tensor2tensor's transformer_small sizes)"
+    )
+    return fill
+
+
+def fairseq_presets() -> Dict[str, Callable]:
+    """The sizes every model registers, from fairseq's own architecture functions:
+    suffix ("" for the model's base) -> function filling the sizes into ``args``."""
+    from fairseq.models.transformer import transformer_legacy as tl
+
+    return {
+        "": tl.base_architecture,
+        "tiny": tl.tiny_architecture,  # tests and the demo
+        "iwslt_de_en": tl.transformer_iwslt_de_en,
+        "wmt_en_de": tl.transformer_wmt_en_de,
+        "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
+    }
+
+
+def register_presets(model_name: str, extra: Optional[Dict[str, Callable]] = None):
+    """Register ``<model_name>_<suffix>`` architectures: :func:`fairseq_presets` and
+    ``extra`` (suffix -> fill function, e.g. ``{"iwslt_small": transformer_small(2)}``).
 
     The registered function fills in the sizes, then, when it is applied to a
     freshly parsed command line (fairseq's ``parse_args_and_arch``; a config built by
@@ -356,7 +479,7 @@ def register_presets(model_name: str, presets: dict):
     """
     from fairseq.models import register_model_architecture
 
-    for suffix, fill in presets.items():
+    for suffix, fill in {**fairseq_presets(), **(extra or {})}.items():
         arch = model_name + ("_" + suffix if suffix else "")
         register_model_architecture(model_name, arch)(_checked_architecture(model_name, fill))
 

@@ -23,21 +23,19 @@ IWSLT setting, Sect. 5.2: 4+4 layers, d = 256, 4 heads; the paper does not give 
 feed-forward size, we use 1024 = 4d, the Transformer's ratio).
 """
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
-from fairseq.models.transformer import transformer_legacy as tl
 
 from fairseq_localness.models._locality import (
-    LayerSpec,
     LocalityOptions,
     LocalityTransformerModel,
     OptionError,
+    attention_heads,
     option_flag,
-    parse_layers,
     register_presets,
+    transformer_small,
 )
 from fairseq_localness.modules.dual_context import DualContextModule
 
@@ -47,6 +45,8 @@ _SIDES_OF_MODE = {"enc": ("encoder",), "dec": ("decoder",), "full": ("encoder", 
 
 @dataclass
 class DCOptions(LocalityOptions):
+    layer_option_prefix = "dc"
+
     dc_mode: ChoiceEnum(DC_MODES) = field(
         default="enc",
         metadata={"help": "where the Dual Contextual module replaces self-attention: enc (Enc-DC), "
@@ -71,11 +71,15 @@ class DCOptions(LocalityOptions):
                   "layer (eq. 10-11) as a validation metric <layer>_js"},
     )
 
-    def layers(self, cfg, side: str):
-        """0-based DC layers of ``side`` ('encoder' or 'decoder'); validates."""
+    def layers_by_default(self, side: str, num_layers: int) -> str:
+        """Every layer of a side the mode selects."""
+        return "all"
+
+    def layers(self, side: str, num_layers: int):
+        """0-based DC layers of ``side`` ('encoder' or 'decoder'); validates. A side the
+        mode leaves alone has none, and giving it a layer list is an error."""
         option = f"dc_{side}_layers"
         spec = getattr(self, option)
-        num_layers = cfg.encoder_layers if side == "encoder" else cfg.decoder_layers
         if side not in _SIDES_OF_MODE[self.dc_mode]:
             if spec is not None:
                 raise OptionError(
@@ -84,7 +88,7 @@ class DCOptions(LocalityOptions):
                     f"{'enc' if side == 'encoder' else 'dec'} or full"
                 )
             return []
-        return parse_layers("all" if spec is None else spec, num_layers, option)
+        return super().layers(side, num_layers)
 
     def validate(self, cfg):
         if self.dc_mode not in DC_MODES:
@@ -96,7 +100,7 @@ class DCOptions(LocalityOptions):
                 f"{option_flag('dc_kernel_size')} must be an integer >= 1 (got {self.dc_kernel_size})"
             )
         for side in ("encoder", "decoder"):
-            self.layers(cfg, side)
+            self.layers(side, getattr(cfg, f"{side}_layers"))
 
     def unused(self, cfg):
         if self.dc_mode != "none":
@@ -111,10 +115,9 @@ class DCOptions(LocalityOptions):
 
 def build_dc_module(embed_dim, cfg, *, options: DCOptions, side: str) -> DualContextModule:
     """The DC module of one layer (a :data:`SubmoduleBuilder` for ``self_attention``)."""
-    heads = cfg.encoder.attention_heads if side == "encoder" else cfg.decoder.attention_heads
     return DualContextModule(
         embed_dim,
-        heads,
+        attention_heads(cfg, side),
         kernel_size=options.dc_kernel_size,
         causal=side == "decoder",
         dropout=cfg.dropout,
@@ -128,37 +131,9 @@ class DCTransformerModel(LocalityTransformerModel):
     """fairseq's transformer with the Dual Contextual module (Enc-DC, Dec-DC, Full-DC)."""
 
     options_class = DCOptions
-
-    @classmethod
-    def layer_specs(cls, options: DCOptions, cfg, side: str):
-        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-        chosen = options.layers(cfg, side)
-        build = partial(build_dc_module, options=options, side=side)
-        return [LayerSpec(side, i, self_attention=build if i in chosen else None) for i in range(num_layers)]
+    self_attention_builder = staticmethod(build_dc_module)
 
 
-def dc_transformer_iwslt_small(args):
-    """The paper's IWSLT setting (Sect. 5.2): 4+4 layers, d = 256, 4 heads (FFN 1024,
-    not stated in the paper)."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.encoder_layers = getattr(args, "encoder_layers", 4)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
-    args.decoder_layers = getattr(args, "decoder_layers", 4)
-    tl.base_architecture(args)
-
-
-register_presets(
-    "dc_transformer",
-    {
-        "": tl.base_architecture,
-        "tiny": tl.tiny_architecture,
-        "iwslt_de_en": tl.transformer_iwslt_de_en,
-        "wmt_en_de": tl.transformer_wmt_en_de,
-        "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
-        "iwslt_small": dc_transformer_iwslt_small,
-    },
-)
+# The paper's IWSLT setting (Sect. 5.2): 4 + 4 layers, d = 256, 4 heads (FFN 1024, not
+# stated in the paper).
+register_presets("dc_transformer", {"iwslt_small": transformer_small(layers=4)})

@@ -31,25 +31,22 @@ Presets: ``hybrid_transformer`` (base), ``hybrid_transformer_iwslt_de_en``,
 ``hybrid_transformer_tiny`` (for tests and the demo).
 """
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
-from fairseq.models.transformer import transformer_legacy as tl
 
 from fairseq_localness.models._locality import (
-    LayerSpec,
-    LocalityOptions,
+    GaussianWindowOptions,
     LocalityTransformerModel,
     OptionError,
+    attention_heads,
     default_layers,
     option_flag,
-    parse_layers,
     register_presets,
-    validate_gaussian_windows,
 )
 from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.gaussian import GaussianWindows
 from fairseq_localness.modules.hybrid import (
     GATE_TYPES,
     NEIGHBOR_WINDOWS,
@@ -60,7 +57,10 @@ from fairseq_localness.modules.hybrid import (
 
 
 @dataclass
-class HybridOptions(LocalityOptions):
+class HybridOptions(GaussianWindowOptions):
+    layer_option_prefix = "hybrid"
+    gaussian_prefix = "hybrid"
+
     hybrid_variant: ChoiceEnum(tuple(VARIANTS)) = field(
         default="gate",
         metadata={"help": "the attention of the chosen layers (Xu et al. 2019, Table 1): gate (HYBRID "
@@ -87,7 +87,8 @@ class HybridOptions(LocalityOptions):
                   "(one scalar per token and head)"},
     )
     hybrid_fixed_window: float = field(
-        default=10.0, metadata={"help": "Gaussian window D of local_h (Luong et al. 2015: 10)"}
+        default=GaussianWindows.fixed_window,
+        metadata={"help": "Gaussian window D of local_h (Luong et al. 2015: 10)"},
     )
     hybrid_neighbor_window: ChoiceEnum(NEIGHBOR_WINDOWS) = field(
         default="query",
@@ -95,30 +96,26 @@ class HybridOptions(LocalityOptions):
                   "eq. 9), layer (eq. 8) or head (one learned scalar per head, eq. 11)"},
     )
     hybrid_head_window_max: float = field(
-        default=50.0, metadata={"help": "N of the head window strategy (Yang et al. eq. 11)"}
+        default=GaussianWindows.head_window_max,
+        metadata={"help": "N of the head window strategy (Yang et al. eq. 11)"},
     )
     hybrid_min_window: float = field(
-        default=1.0, metadata={"help": "differentiable floor F on the learned Gaussian windows of the "
-                               "baselines: D = F + (I - F) * sigmoid(z); 0 gives Yang et al.'s eq. 6"}
+        default=GaussianWindows.min_window,
+        metadata={"help": "differentiable floor F on the learned Gaussian windows of the "
+                  "baselines: D = F + (I - F) * sigmoid(z); 0 gives Yang et al.'s eq. 6"},
     )
 
     def settings(self) -> HybridSettings:
         return HybridSettings(
             window_m=self.hybrid_window_m,
             gate=self.hybrid_gate,
-            fixed_window=self.hybrid_fixed_window,
             neighbor_window=self.hybrid_neighbor_window,
-            head_window_max=self.hybrid_head_window_max,
-            min_window=self.hybrid_min_window,
+            windows=self.gaussian_windows(),
         )
 
-    def layers(self, side: str, num_layers: int):
-        """0-based layers of ``side`` whose self-attention becomes the variant."""
-        option = f"hybrid_{side}_layers"
-        spec = getattr(self, option)
-        if spec is None:
-            spec = default_layers(2, num_layers) if side == "encoder" else "none"
-        return parse_layers(spec, num_layers, option)
+    def layers_by_default(self, side: str, num_layers: int) -> str:
+        """"The lowest two layers of the encoder" (section 4); no decoder layer."""
+        return default_layers(2, num_layers) if side == "encoder" else "none"
 
     def validate(self, cfg):
         self.layers("encoder", cfg.encoder_layers)
@@ -142,7 +139,7 @@ class HybridOptions(LocalityOptions):
                 f"gate only (got {option_flag('hybrid_variant')} {self.hybrid_variant})"
             )
         neighbor_head = self.hybrid_variant == "neighbor" and self.hybrid_neighbor_window == "head"
-        validate_gaussian_windows(self, "hybrid", "head" if neighbor_head else "query")
+        self.validate_gaussian_windows("head" if neighbor_head else "query")
 
     # which variants each option applies to
     _APPLIES_TO = {
@@ -184,11 +181,10 @@ def _or(names) -> str:
 
 def build_hybrid_attention(embed_dim, cfg, *, options: HybridOptions, side: str) -> AttentionCore:
     """The self-attention of one chosen layer of ``side`` ('encoder' or 'decoder')."""
-    heads = cfg.encoder.attention_heads if side == "encoder" else cfg.decoder.attention_heads
     return hybrid_attention(
         options.hybrid_variant,
         embed_dim,
-        heads,
+        attention_heads(cfg, side),
         options.settings(),
         dropout=cfg.attention_dropout,
         self_attention=True,
@@ -201,22 +197,7 @@ class HybridTransformerModel(LocalityTransformerModel):
     """fairseq's transformer with hybrid local/global self-attention (Xu et al. 2019)."""
 
     options_class = HybridOptions
-
-    @classmethod
-    def layer_specs(cls, options: HybridOptions, cfg, side: str):
-        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-        chosen = options.layers(side, num_layers)
-        build = partial(build_hybrid_attention, options=options, side=side)
-        return [LayerSpec(side, i, self_attention=build if i in chosen else None) for i in range(num_layers)]
+    self_attention_builder = staticmethod(build_hybrid_attention)
 
 
-register_presets(
-    "hybrid_transformer",
-    {
-        "": tl.base_architecture,
-        "tiny": tl.tiny_architecture,
-        "iwslt_de_en": tl.transformer_iwslt_de_en,
-        "wmt_en_de": tl.transformer_wmt_en_de,
-        "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
-    },
-)
+register_presets("hybrid_transformer")

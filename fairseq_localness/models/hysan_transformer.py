@@ -32,28 +32,26 @@ Presets: ``hysan_transformer`` (base), ``hysan_transformer_tiny`` (tests and dem
 (the paper's IWSLT14 setting: 2 + 2 layers, d = 256, 4 heads, FFN 1024).
 """
 from dataclasses import dataclass, field
-from functools import partial
 from typing import List
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
-from fairseq.models.transformer import transformer_legacy as tl
 
 from fairseq_localness.models._locality import (
-    LayerSpec,
     LocalityOptions,
     LocalityTransformerModel,
     OptionError,
+    attention_heads,
     option_flag,
-    parse_layers,
     register_presets,
+    transformer_small,
 )
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.hysan import (
     FUSIONS,
-    _FIXED_BRANCHES,
     branch_names,
     build_fusion,
+    fixed_branches,
     local_width,
     make_branch,
 )
@@ -69,6 +67,8 @@ _DECODER_REFUSALS = {
 
 @dataclass
 class HysanOptions(LocalityOptions):
+    layer_option_prefix = "hysan"
+
     hysan_encoder_branches: str = field(
         default="global,forward,backward,local1",
         metadata={"help": "branches of the encoder self-attention, comma-separated: global, "
@@ -115,7 +115,7 @@ class HysanOptions(LocalityOptions):
                     f"{flag}: {name!r} is not allowed in the decoder: {_DECODER_REFUSALS[name]} "
                     f"(allowed: {allowed})"
                 )
-            if name not in _FIXED_BRANCHES[side] and width is None:
+            if name not in fixed_branches(side) and width is None:
                 raise OptionError(f"{flag}: unknown branch {name!r} (allowed: {allowed})")
             if width is not None and width < 1:
                 raise OptionError(
@@ -129,8 +129,7 @@ class HysanOptions(LocalityOptions):
     def validate(self, cfg):
         for side in ("encoder", "decoder"):
             self.branches(side)
-            parse_layers(getattr(self, f"hysan_{side}_layers"), getattr(cfg, f"{side}_layers"),
-                         f"hysan_{side}_layers")
+            self.layers(side, getattr(cfg, f"{side}_layers"))
         if self.hysan_fusion not in FUSIONS:
             raise OptionError(
                 f"{option_flag('hysan_fusion')} {self.hysan_fusion!r}: unknown fusion; allowed: {', '.join(FUSIONS)}"
@@ -148,9 +147,7 @@ class HysanOptions(LocalityOptions):
 
     def unused(self, cfg):
         out = []
-        sides = [side for side in ("encoder", "decoder")
-                 if parse_layers(getattr(self, f"hysan_{side}_layers"), getattr(cfg, f"{side}_layers"),
-                                 f"hysan_{side}_layers")]
+        sides = [side for side in ("encoder", "decoder") if self.layers(side, getattr(cfg, f"{side}_layers"))]
         for side in ("encoder", "decoder"):
             if side not in sides and self.given(f"hysan_{side}_branches"):
                 out.append(
@@ -177,7 +174,6 @@ class HysanOptions(LocalityOptions):
 def build_hysan_attention(embed_dim, cfg, *, options: HysanOptions, side: str) -> AttentionCore:
     """One HySAN self-attention sublayer of ``side`` ("encoder" or "decoder")."""
     names = options.branches(side)
-    heads = cfg.encoder.attention_heads if side == "encoder" else cfg.decoder.attention_heads
     fusion = build_fusion(
         options.hysan_fusion,
         embed_dim,
@@ -187,7 +183,7 @@ def build_hysan_attention(embed_dim, cfg, *, options: HysanOptions, side: str) -
     )
     return AttentionCore(
         embed_dim,
-        heads,
+        attention_heads(cfg, side),
         dropout=cfg.attention_dropout,
         self_attention=True,
         causal=side == "decoder",
@@ -201,38 +197,10 @@ class HysanTransformerModel(LocalityTransformerModel):
     """fairseq's transformer with Hybrid Self-Attention Network sublayers (Song et al. 2019)."""
 
     options_class = HysanOptions
-
-    @classmethod
-    def layer_specs(cls, options: HysanOptions, cfg, side: str):
-        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-        chosen = parse_layers(getattr(options, f"hysan_{side}_layers"), num_layers, f"hysan_{side}_layers")
-        build = partial(build_hysan_attention, options=options, side=side)
-        return [LayerSpec(side, i, self_attention=build if i in chosen else None) for i in range(num_layers)]
+    self_attention_builder = staticmethod(build_hysan_attention)
 
 
-def hysan_iwslt_small(args):
-    """The paper's IWSLT14 De-En setting (tensor2tensor's ``transformer_small``):
-    2 + 2 layers, d = 256, 4 heads, FFN 1024. With a 32K joint vocabulary and
-    ``--share-all-embeddings`` the vanilla model has the paper's 11.9M parameters."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.encoder_layers = getattr(args, "encoder_layers", 2)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
-    args.decoder_layers = getattr(args, "decoder_layers", 2)
-    tl.base_architecture(args)
-
-
-register_presets(
-    "hysan_transformer",
-    {
-        "": tl.base_architecture,
-        "tiny": tl.tiny_architecture,
-        "iwslt_de_en": tl.transformer_iwslt_de_en,
-        "wmt_en_de": tl.transformer_wmt_en_de,
-        "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
-        "iwslt_small": hysan_iwslt_small,
-    },
-)
+# The paper's IWSLT14 De-En setting (tensor2tensor's ``transformer_small``): 2 + 2
+# layers, d = 256, 4 heads, FFN 1024. With a 32K joint vocabulary and
+# ``--share-all-embeddings`` the vanilla model has the paper's 11.9M parameters.
+register_presets("hysan_transformer", {"iwslt_small": transformer_small(layers=2)})

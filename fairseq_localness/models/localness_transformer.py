@@ -27,26 +27,28 @@ from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
-from fairseq.models.transformer import transformer_legacy as tl
 
 from fairseq_localness.models._locality import (
+    GaussianWindowOptions,
     LayerSpec,
-    LocalityOptions,
     LocalityTransformerModel,
     OptionError,
+    attention_heads,
     default_layers,
     option_flag,
     parse_layers,
     register_presets,
-    validate_gaussian_windows,
 )
 from fairseq_localness.modules.attention import AttentionCore
-from fairseq_localness.modules.gaussian import WINDOW_STRATEGIES, GaussianLocalness
+from fairseq_localness.modules.gaussian import WINDOW_STRATEGIES, GaussianWindows
 from fairseq_localness.modules.relative_position import RelativePositions
 
 
 @dataclass
-class LocalnessOptions(LocalityOptions):
+class LocalnessOptions(GaussianWindowOptions):
+    layer_option_prefix = "localness"
+    gaussian_prefix = "localness"
+
     localness_encoder_layers: Optional[str] = field(
         default=None,
         metadata={"help": "encoder layers whose self-attention gets the Gaussian bias: "
@@ -64,34 +66,40 @@ class LocalnessOptions(LocalityOptions):
         metadata={"help": "window strategy: fixed (D=--localness-fixed-window), layer (eq. 8), "
                   "query (eq. 9), head (eq. 11)"},
     )
-    localness_fixed_window: float = field(default=10.0, metadata={"help": "D of the fixed strategy"})
-    localness_head_window_max: float = field(default=50.0, metadata={"help": "N of the head strategy (eq. 11)"})
+    localness_fixed_window: float = field(
+        default=GaussianWindows.fixed_window, metadata={"help": "D of the fixed strategy"}
+    )
+    localness_head_window_max: float = field(
+        default=GaussianWindows.head_window_max, metadata={"help": "N of the head strategy (eq. 11)"}
+    )
     localness_min_window: float = field(
-        default=1.0, metadata={"help": "differentiable floor F on the learned window: D = F + (I - F) * "
-                               "sigmoid(z); 0 gives Yang et al.'s eq. 6 exactly"}
+        default=GaussianWindows.min_window,
+        metadata={"help": "differentiable floor F on the learned window: D = F + (I - F) * "
+                  "sigmoid(z); 0 gives Yang et al.'s eq. 6 exactly"},
     )
     localness_rel_pos: bool = field(
         default=False, metadata={"help": "add Shaw et al. (2018) relative positions to every self-attention"}
     )
     localness_rel_pos_k: int = field(default=16, metadata={"help": "relative position clipping distance k"})
 
-    def encoder_layers(self, num_layers: int):
-        """0-based encoder layers with the bias (the paper's Table 2 default: 1-3)."""
-        spec = self.localness_encoder_layers
-        if spec is None:
-            spec = default_layers(3, num_layers)
-        return parse_layers(spec, num_layers, "localness_encoder_layers")
+    def layers_by_default(self, side: str, num_layers: int) -> str:
+        """The encoder's lowest three layers (the paper's Table 2 choice)."""
+        return default_layers(3, num_layers) if side == "encoder" else "none"
+
+    def enc_dec_layers(self, num_layers: int):
+        """0-based decoder layers whose encoder-decoder attention gets the bias."""
+        return parse_layers(self.localness_enc_dec_layers, num_layers, "localness_enc_dec_layers")
 
     def validate(self, cfg):
-        self.encoder_layers(cfg.encoder_layers)
-        parse_layers(self.localness_decoder_layers, cfg.decoder_layers, "localness_decoder_layers")
-        parse_layers(self.localness_enc_dec_layers, cfg.decoder_layers, "localness_enc_dec_layers")
+        self.layers("encoder", cfg.encoder_layers)
+        self.layers("decoder", cfg.decoder_layers)
+        self.enc_dec_layers(cfg.decoder_layers)
         if self.localness_window not in WINDOW_STRATEGIES:
             raise OptionError(
                 f"{option_flag('localness_window')} {self.localness_window!r}: unknown strategy; "
                 f"allowed: {', '.join(WINDOW_STRATEGIES)}"
             )
-        validate_gaussian_windows(self, "localness", self.localness_window)
+        self.validate_gaussian_windows(self.localness_window)
         if self.localness_rel_pos_k < 1:
             raise OptionError(
                 f"{option_flag('localness_rel_pos_k')} must be >= 1 (got {self.localness_rel_pos_k})"
@@ -100,9 +108,9 @@ class LocalnessOptions(LocalityOptions):
     def unused(self, cfg):
         out = []
         gaussian = (
-            self.encoder_layers(cfg.encoder_layers)
-            or parse_layers(self.localness_decoder_layers, cfg.decoder_layers, "localness_decoder_layers")
-            or parse_layers(self.localness_enc_dec_layers, cfg.decoder_layers, "localness_enc_dec_layers")
+            self.layers("encoder", cfg.encoder_layers)
+            or self.layers("decoder", cfg.decoder_layers)
+            or self.enc_dec_layers(cfg.decoder_layers)
         )
         window_options = ("localness_window", "localness_fixed_window", "localness_head_window_max",
                           "localness_min_window")
@@ -137,19 +145,10 @@ def build_localness_attention(
     embed_dim, cfg, *, options: LocalnessOptions, kind: str, gaussian: bool, rel_pos: bool
 ) -> AttentionCore:
     """One attention sublayer. ``kind``: 'encoder_self', 'decoder_self' or 'enc_dec'."""
-    heads = cfg.encoder.attention_heads if kind == "encoder_self" else cfg.decoder.attention_heads
+    heads = attention_heads(cfg, "encoder" if kind == "encoder_self" else "decoder")
     branches = None
     if gaussian:
-        branches = [
-            GaussianLocalness(
-                embed_dim,
-                heads,
-                window=options.localness_window,
-                fixed_window=options.localness_fixed_window,
-                head_window_max=options.localness_head_window_max,
-                min_window=options.localness_min_window,
-            )
-        ]
+        branches = [options.gaussian_windows().branch(embed_dim, heads, window=options.localness_window)]
     return AttentionCore(
         embed_dim,
         heads,
@@ -172,44 +171,26 @@ class LocalnessTransformerModel(LocalityTransformerModel):
 
     @classmethod
     def layer_specs(cls, options: LocalnessOptions, cfg, side: str):
+        """The Gaussian bias in the self-attention of ``options.layers(side)`` and in the
+        encoder-decoder attention of ``--localness-enc-dec-layers``; with
+        ``--localness-rel-pos`` relative positions in every self-attention."""
+        num_layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
         rel_pos = options.localness_rel_pos
         build = partial(build_localness_attention, options=options)
-        if side == "encoder":
-            chosen = options.encoder_layers(cfg.encoder.layers)
-            return [
-                LayerSpec(
-                    side,
-                    i,
-                    self_attention=partial(build, kind="encoder_self", gaussian=i in chosen, rel_pos=rel_pos)
-                    if (i in chosen or rel_pos)
-                    else None,
-                )
-                for i in range(cfg.encoder.layers)
-            ]
-        self_layers = parse_layers(options.localness_decoder_layers, cfg.decoder.layers, "localness_decoder_layers")
-        cross_layers = parse_layers(options.localness_enc_dec_layers, cfg.decoder.layers, "localness_enc_dec_layers")
+        kind = "encoder_self" if side == "encoder" else "decoder_self"
+        gaussian = options.layers(side, num_layers)
+        cross = options.enc_dec_layers(num_layers) if side == "decoder" else []
         return [
             LayerSpec(
                 side,
                 i,
-                self_attention=partial(build, kind="decoder_self", gaussian=i in self_layers, rel_pos=rel_pos)
-                if (i in self_layers or rel_pos)
+                self_attention=partial(build, kind=kind, gaussian=i in gaussian, rel_pos=rel_pos)
+                if (i in gaussian or rel_pos)
                 else None,
-                encoder_attention=partial(build, kind="enc_dec", gaussian=True, rel_pos=False)
-                if i in cross_layers
-                else None,
+                encoder_attention=partial(build, kind="enc_dec", gaussian=True, rel_pos=False) if i in cross else None,
             )
-            for i in range(cfg.decoder.layers)
+            for i in range(num_layers)
         ]
 
 
-register_presets(
-    "localness_transformer",
-    {
-        "": tl.base_architecture,
-        "tiny": tl.tiny_architecture,
-        "iwslt_de_en": tl.transformer_iwslt_de_en,
-        "wmt_en_de": tl.transformer_wmt_en_de,
-        "vaswani_wmt_en_de_big": tl.transformer_vaswani_wmt_en_de_big,
-    },
-)
+register_presets("localness_transformer")

@@ -18,8 +18,9 @@ What it adds (the core and the branch/fusion tiers of the README's "Architecture
   mask and/or additive bias (Gaussian localness, a band, a direction, ...):
   ``P_b = softmax(e + bias_b, masked by mask_b)`` (Yang et al. 2018, eq. 4; Xu et al. 2019,
   eq. 1-3; Song et al. 2019, eq. 8-12).
-* A *fusion* module combines the branch outputs ``P_b V`` (sum, scalar gate, squeeze
-  gate, concatenation), before the output projection.
+* A *fusion* (the :class:`~.fusion.Fusion` interface: sum, concatenation, and the
+  papers' scalar and squeeze gates) combines the branch outputs ``P_b V`` before the
+  output projection.
 * Optional Shaw et al. (2018) relative position representations on keys and values,
   memory-linear in the sequence length (see :mod:`.relative_position`).
 
@@ -41,7 +42,7 @@ relative-position values, in float32, when no weights are requested.
 """
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
-from fairseq_localness.modules.observe import Observable
+from fairseq_localness.modules.fusion import Fusion, MergeHeads, SumFusion
+from fairseq_localness.modules.observe import Observable, probs_key
 
 # A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
 # boolean attn_mask into -1e8 in fp32 and -1e4 in fp16; its decoder uses -inf).
@@ -70,7 +72,8 @@ class AttentionContext:
         lengths: ``I`` of Yang et al. (2018): how many real keys query i can see,
             ``B' x Tq`` float (the real sentence length, or i + 1 when causal).
         causal: True in decoder self-attention.
-        self_attention: True when queries and keys are the same sequence.
+        self_attention: True when queries and keys are the same token positions
+            (self-attention, or a core built with ``self_positions=True``).
     """
 
     query_input: Tensor
@@ -82,7 +85,7 @@ class AttentionContext:
     lengths: Tensor
     causal: bool
     self_attention: bool
-    cache: Dict[str, Tensor] = field(default_factory=dict)
+    cache: Dict[str, Optional[Tensor]] = field(default_factory=dict)
 
     @property
     def bsz(self) -> int:
@@ -99,6 +102,28 @@ class AttentionContext:
     @property
     def src_len(self) -> int:
         return self.k.size(2)
+
+    def query_padding_mask(self) -> Optional[Tensor]:
+        """``B x Tq``, True at the padding queries; None when no query is padding or
+        the queries are not the key positions (encoder-decoder attention, whose
+        queries the core knows nothing about).
+
+        Queries are bottom-right aligned with the keys (query i of Tq sits at key
+        index ``Tk - Tq + i``), so this is the last Tq columns of ``key_padding_mask``.
+        """
+        if not self.self_attention or self.key_padding_mask is None:
+            return None
+        return query_part(self.key_padding_mask, self.tgt_len)
+
+    def query_keep(self) -> Optional[Tensor]:
+        """``B x Tq``, True at the real (non-padding) queries, or None when every query
+        is real (see :meth:`query_padding_mask`); computed once per attention call.
+        Callers broadcast it as they need (``keep[:, None]`` for ``B x 1 x Tq``,
+        ``keep.t().unsqueeze(-1)`` for ``Tq x B x 1``)."""
+        if "query_keep" not in self.cache:
+            padding = self.query_padding_mask()
+            self.cache["query_keep"] = None if padding is None else ~padding
+        return self.cache["query_keep"]
 
     def relative_distance(self) -> Tensor:
         """``j - i`` in real positions, ``B' x 1 x Tq x Tk`` (long), computed once per
@@ -126,32 +151,12 @@ class AttentionBranch(nn.Module, Observable):
         return None
 
 
-class SingleBranch(nn.Module, Observable):
-    """The fusion of a one-branch attention: merges heads, nothing else."""
-
-    def output_dim(self, embed_dim: int) -> int:
-        return embed_dim
-
-    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
-        assert len(outputs) == 1
-        return merge_heads(outputs[0])
-
-
-class SumFusion(SingleBranch):
-    """Sum of the branch outputs (Song et al. 2019, eq. 13, "sum")."""
-
-    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
-        # a running sum: nothing of shape L x B x H x Tq x Dh is materialised
-        total = outputs[0]
-        for out in outputs[1:]:
-            total = total + out
-        return merge_heads(total)
-
-
-def merge_heads(x: Tensor) -> Tensor:
-    """``B x H x T x Dh`` -> ``T x B x (H*Dh)``."""
-    bsz, heads, tlen, dh = x.shape
-    return x.permute(2, 0, 1, 3).reshape(tlen, bsz, heads * dh)
+def query_part(key_aligned: Tensor, tgt_len: int) -> Tensor:
+    """The entries of the Tq queries in a tensor over the keys (last dim Tk): queries
+    are bottom-right aligned, query i of Tq is key ``Tk - Tq + i``. E.g. the query
+    padding mask from a ``B x Tk`` key padding mask, or query positions from key
+    positions."""
+    return key_aligned[..., key_aligned.size(-1) - tgt_len :]
 
 
 def causal_mask(tgt_len: int, src_len: int, device) -> Tensor:
@@ -233,11 +238,19 @@ class AttentionCore(nn.Module, Observable):
         causal: decoder self-attention (the core applies the bottom-right causal mask
             itself, so several target steps fed at once stay causal).
         branches: the distributions over the shared energies (default: one, global).
-        fusion: combines the branch outputs (default: :class:`SingleBranch`, or
-            :class:`SumFusion` for several branches).
+        fusion: a :class:`~.fusion.Fusion` that combines the branch outputs
+            (default: :class:`~.fusion.MergeHeads`, or :class:`~.fusion.SumFusion` for
+            several branches).
         relative_positions: a :class:`~.relative_position.RelativePositions`, or None.
         output_projection: False for the Dual Contextual module's FI units, which have
             no output projection of their own.
+        self_positions: keys and values come from their own input (``key``,
+            ``value``: projected and cached like encoder-decoder attention's, but
+            step by step) while standing at the queries' token positions, as in the
+            Dual Contextual module's FI(r, lc) unit; the context then reports the
+            positions of self-attention (bottom-right aligned real positions, the
+            visible key count when causal) and ``self_attention=True``, so branches,
+            masks and recorded distributions see true positions.
     """
 
     def __init__(
@@ -252,9 +265,10 @@ class AttentionCore(nn.Module, Observable):
         encoder_decoder_attention: bool = False,
         causal: bool = False,
         branches: Optional[Sequence[AttentionBranch]] = None,
-        fusion: Optional[nn.Module] = None,
+        fusion: Optional[Fusion] = None,
         relative_positions: Optional[nn.Module] = None,
         output_projection: bool = True,
+        self_positions: bool = False,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -265,6 +279,11 @@ class AttentionCore(nn.Module, Observable):
             raise ValueError("an attention is either self-attention or encoder-decoder attention")
         if relative_positions is not None and not self_attention:
             raise ValueError("relative position representations apply to self-attention only")
+        if self_positions and (self_attention or encoder_decoder_attention):
+            raise ValueError(
+                "self_positions is for attention whose keys come from their own input at the query "
+                "positions; it excludes self_attention and encoder_decoder_attention"
+            )
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
@@ -275,6 +294,7 @@ class AttentionCore(nn.Module, Observable):
         self.self_attention = self_attention
         self.encoder_decoder_attention = encoder_decoder_attention
         self.causal = causal
+        self.self_positions = self_positions
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
 
         self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias)
@@ -283,7 +303,7 @@ class AttentionCore(nn.Module, Observable):
 
         self.branches = nn.ModuleList(branches if branches else [AttentionBranch()])
         if fusion is None:
-            fusion = SingleBranch() if len(self.branches) == 1 else SumFusion()
+            fusion = MergeHeads() if len(self.branches) == 1 else SumFusion()
         self.fusion = fusion
         self.relative_positions = relative_positions
         self.out_proj = (
@@ -378,8 +398,9 @@ class AttentionCore(nn.Module, Observable):
     def _context(self, query, q, k, key_padding_mask) -> AttentionContext:
         tgt_len, src_len = q.size(2), k.size(2)
         k_pos = real_positions(key_padding_mask, src_len, q.device)
-        if self.self_attention:
-            q_pos = k_pos[:, src_len - tgt_len :]
+        same_positions = self.self_attention or self.self_positions
+        if same_positions:
+            q_pos = query_part(k_pos, tgt_len)
         else:
             # Encoder-decoder attention: query positions are not source positions;
             # nothing in this package uses them there.
@@ -399,7 +420,7 @@ class AttentionCore(nn.Module, Observable):
             k_pos=k_pos,
             lengths=lengths,
             causal=self.causal,
-            self_attention=self.self_attention,
+            self_attention=same_positions,
         )
 
     def _base_mask(self, ctx: AttentionContext, attn_mask: Optional[Tensor]):
@@ -473,7 +494,7 @@ class AttentionCore(nn.Module, Observable):
                 outputs.append(out)
                 if need_weights and len(self.branches) == 1:
                     weights = probs
-                self.record(f"probs_{branch.name}", probs)
+                self.record(probs_key(branch.name), probs)
 
         x = self.fusion(outputs, ctx)  # Tq x B x C'
         if self.out_proj is not None:

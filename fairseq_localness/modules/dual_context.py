@@ -62,10 +62,11 @@ Padding, positions and causality:
   :meth:`LocalContextUnit.reorder_incremental_state`), so feeding one or several
   target steps at a time gives exactly the full teacher-forced result.
 * FI(r, lc) is not self-attention in the core's sense (keys come from another tensor)
-  but its queries and keys are the same token positions. :class:`LocalFeatureInteraction`
-  is the core with separate key/value inputs whose context reports the positions of
-  self-attention (bottom-right aligned real positions), so every branch, mask and
-  recorded distribution sees true positions.
+  but its queries and keys are the same token positions: it is the core built with
+  ``self_positions=True`` (separate key/value inputs, cached step by step in
+  incremental decoding, whose context reports the positions of self-attention:
+  bottom-right aligned real positions), so every branch, mask and recorded
+  distribution sees true positions.
 
 Deviations from the paper (not specified there; our choices):
 
@@ -77,14 +78,14 @@ Deviations from the paper (not specified there; our choices):
 
 Observability: every FI unit records its distribution as ``probs_global`` under the
 :class:`~.observe.AttentionRecorder`; the module records ``query_padding_mask``.
-:func:`dc_divergence` turns these into the per-layer Jensen-Shannon divergence of
-Sect. 7.2 (eq. 10-13) over a set of batches; with ``log_divergence=True`` the module
-also logs it as the metric ``<prefix>_js`` (e.g. ``enc1_js``) on every validation
-forward pass.
+:func:`fairseq_localness.analysis.divergence.dc_divergence` turns these into the
+per-layer Jensen-Shannon divergence of Sect. 7.2 (eq. 10-13) over a set of batches
+(with :func:`reduced_js` below); with ``log_divergence=True`` the module also logs it
+as the metric ``<prefix>_js`` (e.g. ``enc1_js``) on every forward pass of fairseq's
+validation (not in training, not in inference).
 """
 import math
-from collections import defaultdict
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -93,8 +94,8 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import AttentionContext, AttentionCore
-from fairseq_localness.modules.observe import AttentionRecorder, Observable
+from fairseq_localness.modules.attention import AttentionCore, query_part
+from fairseq_localness.modules.observe import QUERY_PADDING, VALID, Observable
 
 HEAD_REDUCTIONS = ("max", "mean", "per_head")
 
@@ -209,32 +210,6 @@ class LocalContextUnit(nn.Module):
         return self.layer_norm(r_hat + r)
 
 
-class LocalFeatureInteraction(AttentionCore):
-    """FI(r, lc) (eq. 7): multi-head attention, queries from r, keys and values from lc,
-    no output projection.
-
-    The core's ``self_attention=True`` path projects keys from the query input, so this
-    unit uses its general path (keys from ``key``, cached and concatenated step by step
-    in incremental decoding) and only overrides :meth:`_context`: queries and keys are
-    the same token positions, so query positions are bottom-right aligned real
-    positions as in self-attention (and ``lengths`` counts the visible keys when
-    causal). The causal mask itself is applied by the core whenever ``causal=True``.
-    """
-
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, causal: bool = False):
-        super().__init__(
-            embed_dim, num_heads, dropout=dropout, self_attention=False, causal=causal, output_projection=False
-        )
-
-    def _context(self, query, q, k, key_padding_mask) -> AttentionContext:
-        ctx = super()._context(query, q, k, key_padding_mask)
-        ctx.q_pos = ctx.k_pos[:, ctx.src_len - ctx.tgt_len :]
-        if self.causal:
-            ctx.lengths = (ctx.q_pos + 1).float()
-        ctx.self_attention = True
-        return ctx
-
-
 class DualContextModule(nn.Module, Observable):
     """The DC module (Fig. 1, eq. 6-8): returns ``z_hat``; the enclosing fairseq layer
     adds dropout, the residual and the LayerNorm of eq. 9 (see the module docstring).
@@ -251,7 +226,8 @@ class DualContextModule(nn.Module, Observable):
         dropout: dropout on ``r_hat`` (eq. 6).
         attention_dropout: dropout on the FI distributions.
         log_divergence: log the Jensen-Shannon divergence between the FI units
-            (eq. 10-11, heads reduced by max) as ``<prefix>_js`` in eval mode.
+            (eq. 10-11, heads reduced by max) as ``<prefix>_js`` in fairseq's
+            validation.
     """
 
     def __init__(
@@ -270,8 +246,17 @@ class DualContextModule(nn.Module, Observable):
         self.head_dim = embed_dim // num_heads
         self.causal = causal
         self.log_divergence = log_divergence
+        self.metric_passes = (VALID,) if log_divergence else ()
         self.local_context = LocalContextUnit(embed_dim, kernel_size, causal=causal, dropout=dropout)
-        self.fi_local = LocalFeatureInteraction(embed_dim, num_heads, dropout=attention_dropout, causal=causal)
+        # FI(r, lc): queries from r, keys and values from lc, at the same token positions
+        self.fi_local = AttentionCore(
+            embed_dim,
+            num_heads,
+            dropout=attention_dropout,
+            causal=causal,
+            output_projection=False,
+            self_positions=True,
+        )
         self.fi_global = AttentionCore(
             embed_dim,
             num_heads,
@@ -316,12 +301,10 @@ class DualContextModule(nn.Module, Observable):
         tgt_len = r.size(0)
         new_padding = None
         if key_padding_mask is not None:
-            new_padding = key_padding_mask[:, key_padding_mask.size(1) - tgt_len :].bool()
+            new_padding = query_part(key_padding_mask, tgt_len).bool()
         lc = self.local_context(r, new_padding, incremental_state)  # eq. 6
-        want_probs = (  # validation forward passes only (not training, not decoding steps)
-            self.log_divergence and not self.training and incremental_state is None
-            and self.metric_prefix is not None
-        )
+        # validation forward passes only (not training, not inference, not decoding steps)
+        want_probs = incremental_state is None and self.logging_metrics
         h_l, p_l = self.fi_local(  # eq. 7, h_l = FI(r, lc): T x B x C
             r, lc, lc, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
             need_weights=want_probs, need_head_weights=want_probs, attn_mask=attn_mask,
@@ -335,7 +318,7 @@ class DualContextModule(nn.Module, Observable):
             query_padding = (
                 new_padding if new_padding is not None else r.new_zeros(r.size(1), tgt_len, dtype=torch.bool)
             )
-            self.record("query_padding_mask", query_padding)
+            self.record(QUERY_PADDING, query_padding)
             if want_probs:
                 # H x B x Tq x Tk -> B x H x Tq x Tk
                 js = reduced_js(p_l.float().transpose(0, 1), p_g.float().transpose(0, 1), "max")  # B x Tq
@@ -389,53 +372,3 @@ def reduced_js(p_local: Tensor, p_global: Tensor, head_reduce: str = "max") -> T
     if head_reduce not in HEAD_REDUCTIONS:
         raise ValueError(f"head reduction {head_reduce!r}: allowed: {', '.join(HEAD_REDUCTIONS)}")
     return js_divergence(reduce_heads(p_local, head_reduce), reduce_heads(p_global, head_reduce))
-
-
-@torch.no_grad()
-def dc_divergence(model: nn.Module, batches: Iterable, head_reduce: str = "max") -> Dict[str, float]:
-    """Per-layer Jensen-Shannon divergence between the two FI units of every DC layer
-    over a set of batches (Sect. 7.2, eq. 10-13).
-
-    Args:
-        model: a model containing :class:`DualContextModule` layers (run in eval mode,
-            teacher forcing).
-        batches: fairseq samples (dicts with ``net_input``) or ``net_input`` dicts.
-        head_reduce: eq. 10's reduction over heads (see :func:`reduced_js`).
-
-    Returns:
-        ``{label: dv_l}`` with labels such as ``enc1``, ``dec2_self`` (the layers'
-        metric prefixes), each the mean over every real (non-padding) query token of
-        the per-query divergence; plus ``E_d_encoder`` / ``E_d_decoder`` (eq. 13, the
-        mean over that side's DC layers) when the side has DC layers.
-    """
-    if head_reduce not in HEAD_REDUCTIONS:
-        raise ValueError(f"head reduction {head_reduce!r}: allowed: {', '.join(HEAD_REDUCTIONS)}")
-    modules = [(name, m) for name, m in model.named_modules() if isinstance(m, DualContextModule)]
-    if not modules:
-        raise ValueError("the model has no Dual Contextual layer")
-    was_training = model.training
-    model.eval()
-    sums: Dict[str, float] = defaultdict(float)
-    counts: Dict[str, float] = defaultdict(float)
-    try:
-        for sample in batches:
-            net_input = sample["net_input"] if "net_input" in sample else sample
-            with AttentionRecorder(model) as rec:
-                model(**net_input)
-            for name, module in modules:
-                label = module.metric_prefix or name
-                p_l = rec.records[module.fi_local._record_name][-1]["probs_global"]  # B x H x Tq x Tk
-                p_g = rec.records[module.fi_global._record_name][-1]["probs_global"]
-                padding = rec.records[module._record_name][-1]["query_padding_mask"].bool()  # B x Tq
-                js = reduced_js(p_l.double(), p_g.double(), head_reduce)  # B x Tq
-                keep = ~padding & (p_g.sum(-1).amax(1) > 0)  # real queries with visible keys
-                sums[label] += float(js[keep].sum())
-                counts[label] += float(keep.sum())
-    finally:
-        model.train(was_training)
-    result = {label: sums[label] / max(counts[label], 1.0) for label in sums}
-    for side, prefix in (("encoder", "enc"), ("decoder", "dec")):
-        values = [v for k, v in result.items() if k.startswith(prefix)]
-        if values:
-            result[f"E_d_{side}"] = sum(values) / len(values)  # eq. 13
-    return result

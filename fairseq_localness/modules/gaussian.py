@@ -46,16 +46,62 @@ centre token at most, smaller floors allow sharper windows (0.9993 at D = 0.5). 
 ``F = 0`` only the division is guarded: sigma is kept above 1e-10 (G stays finite in
 float32). The ``fixed`` strategy's D is used as given.
 """
-from typing import Optional
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
 
 from fairseq_localness.modules.attention import AttentionBranch, AttentionContext
-from fairseq_localness.modules.observe import masked_mean
+from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, masked_mean
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
 CENTRE_MODES = ("predicted", "self")
+
+
+@dataclass(frozen=True)
+class GaussianWindows:
+    """The window settings a model's Gaussian branches share (see the module
+    docstring): D of the ``fixed`` strategy, N of the ``head`` strategy (eq. 11) and
+    the floor F on learned windows. One object per model, read once from its options
+    and validated here for the branch and the command line alike."""
+
+    fixed_window: float = 10.0
+    head_window_max: float = 50.0
+    min_window: float = 1.0
+
+    def problem(self, window: str, name: Callable[[str], str] = str) -> Optional[str]:
+        """What is wrong with these settings for window strategy ``window``, or None.
+
+        ``name`` turns a setting's name into what the message calls it (the
+        branch's argument names by default; the models pass their option flags)."""
+        for setting in ("fixed_window", "head_window_max"):
+            value = getattr(self, setting)
+            if not (math.isfinite(value) and value > 0):
+                return f"{name(setting)} must be a finite number > 0 (got {value})"
+        floor = self.min_window
+        if not (math.isfinite(floor) and floor >= 0):
+            return f"{name('min_window')} must be a finite number >= 0 (got {floor})"
+        if window == "head" and floor >= self.head_window_max:
+            return (
+                f"{name('min_window')} {floor} must be below {name('head_window_max')} "
+                f"{self.head_window_max}: the head strategy's window lies between the two (eq. 11), "
+                f"so it could not move"
+            )
+        return None
+
+    def branch(self, embed_dim: int, num_heads: int, window: str, centre: str = "predicted") -> "GaussianLocalness":
+        """A :class:`GaussianLocalness` branch with these settings."""
+        return GaussianLocalness(
+            embed_dim,
+            num_heads,
+            window=window,
+            centre=centre,
+            fixed_window=self.fixed_window,
+            head_window_max=self.head_window_max,
+            min_window=self.min_window,
+        )
 
 
 def compute_dtype(ctx: AttentionContext) -> torch.dtype:
@@ -94,12 +140,9 @@ class GaussianLocalness(AttentionBranch):
             raise ValueError(f"unknown window strategy {window!r}; allowed: {', '.join(WINDOW_STRATEGIES)}")
         if centre not in CENTRE_MODES:
             raise ValueError(f"unknown centre mode {centre!r}; allowed: {', '.join(CENTRE_MODES)}")
-        if not (0 < fixed_window < float("inf")) or not (0 < head_window_max < float("inf")):
-            raise ValueError("fixed_window and head_window_max must be finite and > 0")
-        if not (0 <= min_window < float("inf")):
-            raise ValueError("min_window must be finite and >= 0")
-        if window == "head" and min_window >= head_window_max:
-            raise ValueError(f"min_window ({min_window}) must be below head_window_max ({head_window_max})")
+        problem = GaussianWindows(fixed_window, head_window_max, min_window).problem(window)
+        if problem is not None:
+            raise ValueError(problem)
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.window, self.centre = window, centre
         self.fixed_window, self.head_window_max, self.min_window = fixed_window, head_window_max, min_window
@@ -182,15 +225,14 @@ class GaussianLocalness(AttentionBranch):
 
     def _observe(self, ctx: AttentionContext, centre: Tensor, window: Tensor):
         if self.recording:
-            self.record("P", centre)
-            self.record("D", window)
-            self.record("q_pos", ctx.q_pos.expand(ctx.bsz, -1))
-            self.record("I", ctx.lengths.expand(ctx.bsz, -1))
-        if self.training and self.metric_prefix is not None:
+            self.record(CENTRE, centre)
+            self.record(WINDOW, window)
+            self.record(QUERY_POSITION, ctx.q_pos.expand(ctx.bsz, -1))
+            self.record(VISIBLE_KEYS, ctx.lengths.expand(ctx.bsz, -1))
+        if self.logging_metrics:
             dt = compute_dtype(ctx)
-            keep = None
-            if ctx.self_attention and ctx.key_padding_mask is not None:
-                keep = ~ctx.key_padding_mask[:, None, ctx.src_len - ctx.tgt_len :]  # B x 1 x Tq
+            keep = ctx.query_keep()
+            keep = None if keep is None else keep[:, None]  # B x 1 x Tq
             offset = centre - ctx.q_pos.unsqueeze(1).to(dt) if ctx.self_attention else centre
             self.log_metric("centre_offset" if ctx.self_attention else "centre", masked_mean(offset, keep))
             self.log_metric("window", masked_mean(window, keep))

@@ -28,9 +28,9 @@ Fusions (Table 1 of the paper):
   or one scalar per token and head (``per_head=True``, an option the paper does not
   evaluate). ``W`` is a ``Linear(C, G)`` with a bias: ``C + 1`` parameters per layer
   for the per-token gate (docs/hybrid_transformer.md; the paper's eq. 5 writes no bias).
-* :class:`ConcatFusion`: ``[global_i; local_i]`` projected back to C
-  (``HYBRID (Concate)``): the core's output projection becomes ``Linear(2C, C)``, so
-  the fusion adds ``C^2`` parameters per layer.
+* :class:`~.fusion.ConcatFusion` of the two branches: ``[global_i; local_i]``
+  projected back to C (``HYBRID (Concate)``): the core's output projection becomes
+  ``Linear(2C, C)``, so the fusion adds ``C^2`` parameters per layer.
 * local only (``LOCAL_PATTERN``): the core with the local branch alone.
 
 The gate is applied per head before the core's output projection ``W_o``; for the
@@ -63,49 +63,23 @@ Deviations:
   Yang et al.'s "fixed" strategy (and Xu's description "Gaussian biases"), LOCAL_H
   here is the soft Gaussian only.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import (
-    AttentionBranch,
-    AttentionContext,
-    AttentionCore,
-    SingleBranch,
-    merge_heads,
-)
+from fairseq_localness.modules.attention import AttentionBranch, AttentionContext, AttentionCore
 from fairseq_localness.modules.branches import global_branch, local_branch
-from fairseq_localness.modules.gaussian import GaussianLocalness
-from fairseq_localness.modules.observe import Observable, masked_mean
+from fairseq_localness.modules.fusion import ConcatFusion, Fusion, MergeHeads, merge_heads
+from fairseq_localness.modules.gaussian import GaussianWindows
+from fairseq_localness.modules.observe import GATE, REAL_TOKENS, TRAIN, VALID, masked_mean
 
 GATE_TYPES = ("token", "head")
 NEIGHBOR_WINDOWS = ("query", "layer", "head")
 
 
-def _query_keep(ctx: AttentionContext) -> Optional[Tensor]:
-    """True at the real (non-padding) queries of a self-attention, ``B x 1 x Tq``."""
-    if not ctx.self_attention or ctx.key_padding_mask is None:
-        return None
-    return ~ctx.key_padding_mask[:, None, ctx.src_len - ctx.tgt_len :]
-
-
-def _metrics_wanted(module: Observable) -> bool:
-    """Log during training, and during fairseq's validation (its ``valid`` aggregator
-    is active then), so the validation log shows the paper's Fig. 3 directly; not
-    during inference (fairseq-generate), where nobody reads the metrics."""
-    if module.metric_prefix is None:
-        return False
-    if module.training:
-        return True
-    from fairseq.logging import metrics
-
-    valid = metrics.get_meters("valid")
-    return valid is not None and any(agg is valid for agg in metrics.get_active_aggregators())
-
-
-class GateFusion(nn.Module, Observable):
+class GateFusion(Fusion):
     """Xu et al. (2019), eq. 4-5: ``(1 - g_i) * global_i + g_i * local_i``,
     ``g_i = sigmoid(W H_i + b)`` with ``H_i`` the layer input (``ctx.query_input``).
 
@@ -116,9 +90,13 @@ class GateFusion(nn.Module, Observable):
 
     Expects the branch outputs ``[global, local]`` (each ``B x H x Tq x Dh``) and
     returns ``Tq x B x C``. Observability: the mean gate over the real tokens is
-    logged as ``<prefix>_gate``; the recorder gets ``gate`` (``B x Tq``, or
-    ``B x H x Tq`` per head) and ``real`` (``B x Tq``, 1 at real tokens, 0 at padding).
+    logged as ``<prefix>_gate`` in training and in fairseq's validation (so the
+    validation log shows the paper's Fig. 3 directly), not in inference; the recorder
+    gets ``gate`` (``B x Tq``, or ``B x H x Tq`` per head) and ``real`` (``B x Tq``, 1
+    at real tokens, 0 at padding).
     """
+
+    metric_passes = (TRAIN, VALID)
 
     def __init__(self, embed_dim: int, num_heads: int, per_head: bool = False):
         super().__init__()
@@ -130,9 +108,6 @@ class GateFusion(nn.Module, Observable):
 
     def extra_repr(self) -> str:
         return f"per_head={self.per_head}"
-
-    def output_dim(self, embed_dim: int) -> int:
-        return embed_dim
 
     def gate_values(self, ctx: AttentionContext) -> Tensor:
         """g of eq. 5, ``B x G x Tq`` float32."""
@@ -149,24 +124,14 @@ class GateFusion(nn.Module, Observable):
 
     def _observe(self, ctx: AttentionContext, g: Tensor):
         if self.recording:
-            keep = _query_keep(ctx)
-            real = g.new_ones(ctx.bsz, ctx.tgt_len) if keep is None else keep[:, 0].float()
-            self.record("gate", g if self.per_head else g[:, 0])
-            self.record("real", real)
-        if _metrics_wanted(self):
-            self.log_metric("gate", masked_mean(g.detach(), _query_keep(ctx)))
-
-
-class ConcatFusion(nn.Module, Observable):
-    """``HYBRID (Concate)`` of Xu et al. (2019), Table 1: ``[global_i; local_i]``
-    (``Tq x B x 2C``); the core's output projection (``Linear(2C, C)``) projects it
-    back to C."""
-
-    def output_dim(self, embed_dim: int) -> int:
-        return 2 * embed_dim
-
-    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
-        return torch.cat([merge_heads(out) for out in outputs], dim=-1)  # Tq x B x 2C
+            keep = ctx.query_keep()  # B x Tq or None
+            real = g.new_ones(ctx.bsz, ctx.tgt_len) if keep is None else keep.float()
+            self.record(GATE, g if self.per_head else g[:, 0])
+            self.record(REAL_TOKENS, real)
+        if self.logging_metrics:
+            keep = ctx.query_keep()
+            keep = None if keep is None else keep[:, None]  # B x 1 x Tq
+            self.log_metric(GATE, masked_mean(g.detach(), keep))
 
 
 @dataclass
@@ -176,31 +141,18 @@ class HybridSettings:
     Attributes:
         window_m: m of eq. 3 (one-side band width; window size 2m + 1).
         gate: "token" (eq. 5) or "head" (one gate per head).
-        fixed_window: D of LOCAL_H (Luong et al. 2015: 10).
         neighbor_window: window strategy of NEIGHBOR (see :mod:`.gaussian`).
-        head_window_max: N of the "head" window strategy.
-        min_window: floor on the Gaussian windows D.
+        windows: the Gaussian baselines' window settings: D of LOCAL_H (Luong et al.
+            2015: 10), N of the "head" window strategy, the floor F on learned windows.
     """
 
     window_m: int = 1
     gate: str = "token"
-    fixed_window: float = 10.0
     neighbor_window: str = "query"
-    head_window_max: float = 50.0
-    min_window: float = 1.0
-
-    def gaussian(self, embed_dim: int, num_heads: int, **kwargs) -> GaussianLocalness:
-        kwargs.setdefault("fixed_window", self.fixed_window)
-        return GaussianLocalness(
-            embed_dim,
-            num_heads,
-            head_window_max=self.head_window_max,
-            min_window=self.min_window,
-            **kwargs,
-        )
+    windows: GaussianWindows = field(default_factory=GaussianWindows)
 
 
-Parts = Tuple[List[AttentionBranch], nn.Module]  # branches and fusion of one core
+Parts = Tuple[List[AttentionBranch], Fusion]  # branches and fusion of one core
 
 
 def _gate(c: int, h: int, s: HybridSettings) -> Parts:
@@ -208,23 +160,23 @@ def _gate(c: int, h: int, s: HybridSettings) -> Parts:
 
 
 def _concat(c: int, h: int, s: HybridSettings) -> Parts:
-    return [global_branch(), local_branch(s.window_m, "local")], ConcatFusion()
+    return [global_branch(), local_branch(s.window_m, "local")], ConcatFusion(2)
 
 
 def _local_pattern(c: int, h: int, s: HybridSettings) -> Parts:
-    return [local_branch(s.window_m, "local")], SingleBranch()
+    return [local_branch(s.window_m, "local")], MergeHeads()
 
 
 def _neighbor(c: int, h: int, s: HybridSettings) -> Parts:
-    return [s.gaussian(c, h, centre="self", window=s.neighbor_window)], SingleBranch()
+    return [s.windows.branch(c, h, centre="self", window=s.neighbor_window)], MergeHeads()
 
 
 def _local_h(c: int, h: int, s: HybridSettings) -> Parts:
-    return [s.gaussian(c, h, centre="predicted", window="fixed")], SingleBranch()
+    return [s.windows.branch(c, h, centre="predicted", window="fixed")], MergeHeads()
 
 
 def _local_s(c: int, h: int, s: HybridSettings) -> Parts:
-    return [s.gaussian(c, h, centre="predicted", window="query")], SingleBranch()
+    return [s.windows.branch(c, h, centre="predicted", window="query")], MergeHeads()
 
 
 # Table 1 row -> (C, H, settings) -> (branches, fusion)
@@ -254,35 +206,3 @@ def hybrid_attention(
         raise ValueError(f"the local window m must be >= 0 (got {settings.window_m})")
     branches, fusion = VARIANTS[variant](embed_dim, num_heads, settings)
     return AttentionCore(embed_dim, num_heads, branches=branches, fusion=fusion, **core_kwargs)
-
-
-# ---------------------------------------------------------------------- analysis
-def sentence_gates(call: Dict[str, Tensor]) -> List[Tensor]:
-    """The gates of one recorded forward call, one tensor per sentence with the
-    padding removed: ``n`` (per-token gate) or ``H x n`` (per-head gate), in the order
-    of the sentence's tokens.
-
-    ``call`` is one entry of ``AttentionRecorder.records[<name of a GateFusion>]``.
-    """
-    gate, real = call["gate"], call["real"].bool()
-    return [gate[b][..., real[b]] for b in range(gate.size(0))]
-
-
-def mean_gate_per_layer(records: Dict[str, List[Dict[str, Tensor]]]) -> Dict[str, float]:
-    """Mean gate over every real token seen while recording, per gated module
-    (Xu et al. 2019, Fig. 3). Keys are module names, e.g.
-    ``encoder.layers.0.self_attn.fusion``."""
-    means = {}
-    for name, calls in records.items():
-        if not calls or "gate" not in calls[0]:
-            continue
-        total, count = 0.0, 0.0
-        for call in calls:
-            real = call["real"]
-            gate = call["gate"]
-            if gate.dim() == 3:  # per head: B x H x Tq
-                gate = gate.mean(1)
-            total += float((gate * real).sum())
-            count += float(real.sum())
-        means[name] = total / max(count, 1.0)
-    return means

@@ -25,9 +25,9 @@ branch name    paper             encoder keeps             decoder keeps
 and one of three fusions ``f`` (eq. 13), applied to each branch's output with its
 heads merged (``Tq x B x C``), before the layer's output projection ``W_o`` (eq. 6):
 
-* ``sum``: ``sum_b x_b`` (:class:`~.attention.SumFusion`), no parameters;
+* ``sum``: ``sum_b x_b`` (:class:`~.fusion.SumFusion`), no parameters;
 * ``concat``: ``H([x_1; ...; x_L])``: the concatenation (``Tq x B x L*C``) goes into
-  the output projection, which becomes ``L*C -> C`` (:class:`ConcatFusion`);
+  the output projection, which becomes ``L*C -> C`` (:class:`~.fusion.ConcatFusion`);
 * ``gated``: ``sum_b x_b * SG(x_b)`` with the squeeze gate of eq. 14,
   ``SG(x) = sigmoid(f2(ReLU(f1(x))))``, ``f1: C -> C/r``, ``f2: C/r -> C``, one gate per
   sublayer shared by its branches (:class:`SqueezeGate`, :class:`GatedSumFusion`).
@@ -73,20 +73,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import (
-    AttentionBranch,
-    AttentionContext,
-    SingleBranch,
-    SumFusion,
-    merge_heads,
-)
+from fairseq_localness.modules.attention import AttentionContext
 from fairseq_localness.modules.branches import (
     WindowBranch,
     backward_branch,
     forward_branch,
     global_branch,
 )
-from fairseq_localness.modules.observe import AttentionRecorder, masked_mean
+from fairseq_localness.modules.fusion import ConcatFusion, Fusion, SumFusion, merge_heads
+from fairseq_localness.modules.observe import gate_key, masked_mean
 
 SIDES = ("encoder", "decoder")
 FUSIONS = ("sum", "concat", "gated")
@@ -99,9 +94,15 @@ _FIXED_BRANCHES: Dict[str, Dict[str, Callable[[], WindowBranch]]] = {
 _LOCAL = re.compile(r"local(-?\d+)")
 
 
+def fixed_branches(side: str) -> Tuple[str, ...]:
+    """The branch names of fixed shape ``side`` accepts (every other accepted name is
+    ``local<k>``)."""
+    return tuple(_FIXED_BRANCHES[side])
+
+
 def branch_names(side: str) -> Tuple[str, ...]:
     """The branch names a side accepts (``local<k>`` stands for any width k >= 1)."""
-    return tuple(_FIXED_BRANCHES[side]) + ("local<k>",)
+    return fixed_branches(side) + ("local<k>",)
 
 
 def local_width(name: str) -> Optional[int]:
@@ -127,25 +128,6 @@ def make_branch(name: str, side: str) -> WindowBranch:
     if width < 1:
         raise ValueError(f"local width must be >= 1 (got {name!r})")
     return WindowBranch(width, width if side == "encoder" else 0, name)
-
-
-class ConcatFusion(SingleBranch):
-    """``[x_1; ...; x_L]`` (eq. 13, "Concat"); the core's output projection, built as
-    ``Linear(L*C, C)`` from :meth:`output_dim`, is the paper's ``H``."""
-
-    def __init__(self, num_branches: int):
-        super().__init__()
-        self.num_branches = num_branches
-
-    def output_dim(self, embed_dim: int) -> int:
-        return self.num_branches * embed_dim
-
-    def extra_repr(self) -> str:
-        return f"num_branches={self.num_branches}"
-
-    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
-        assert len(outputs) == self.num_branches
-        return torch.cat([merge_heads(x) for x in outputs], dim=-1)  # Tq x B x L*C
 
 
 class SqueezeGate(nn.Module):
@@ -177,7 +159,7 @@ class SqueezeGate(nn.Module):
         return torch.sigmoid(self.f2(torch.relu(self.f1(x))))
 
 
-class GatedSumFusion(SingleBranch):
+class GatedSumFusion(Fusion):
     """``sum_b x_b * SG(x_b)`` (eq. 13, "Gated Sum") with one :class:`SqueezeGate`
     shared by the L branches of the sublayer.
 
@@ -200,17 +182,18 @@ class GatedSumFusion(SingleBranch):
         assert len(outputs) == len(self.names)
         fused = None
         keep = None
-        log = self.training and self.metric_prefix is not None
-        if log and ctx.self_attention and ctx.key_padding_mask is not None:
-            keep = (~ctx.key_padding_mask[:, ctx.src_len - ctx.tgt_len :]).t().unsqueeze(-1)  # Tq x B x 1
+        log = self.logging_metrics
+        if log:
+            keep = ctx.query_keep()
+            keep = None if keep is None else keep.t().unsqueeze(-1)  # Tq x B x 1
         for name, out in zip(self.names, outputs):
             x = merge_heads(out)  # Tq x B x C
             g = self.gate(x)  # Tq x B x C
             fused = x * g if fused is None else fused + x * g
             if log:
-                self.log_metric(f"gate_{name}", masked_mean(g, keep))
+                self.log_metric(gate_key(name), masked_mean(g, keep))
             if self.recording:
-                self.record(f"gate_{name}", g.float().mean(-1).t())  # B x Tq
+                self.record(gate_key(name), g.float().mean(-1).t())  # B x Tq
         return fused
 
 
@@ -238,24 +221,3 @@ def fusion_extra_parameters(
         return (num_branches - 1) * embed_dim * embed_dim
     squeezed = embed_dim // reduction
     return 2 * embed_dim * squeezed + ((squeezed + embed_dim) if gate_bias else 0)
-
-
-@torch.no_grad()
-def branch_attention(model: nn.Module, **net_input) -> Dict[str, Dict[str, Tensor]]:
-    """Run ``model(**net_input)`` and return every branch distribution of every HySAN
-    sublayer, for the paper's Fig. 5 heatmaps.
-
-    Returns ``{module name: {"probs_<branch>": B x H x Tq x Tk, "gate_<branch>": B x Tq}}``
-    (float32, CPU) from the (one) forward call, e.g.
-    ``out["encoder.layers.0.self_attn"]["probs_backward"]``.
-    """
-    with AttentionRecorder(model) as rec:
-        model(**net_input)
-    result: Dict[str, Dict[str, Tensor]] = {}
-    for name, calls in rec.records.items():
-        merged: Dict[str, Tensor] = {}
-        for call in calls:
-            merged.update(call)
-        module_name = name[: -len(".fusion")] if name.endswith(".fusion") else name
-        result.setdefault(module_name, {}).update(merged)
-    return result

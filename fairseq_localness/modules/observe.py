@@ -2,28 +2,85 @@
 
 Two channels, both cheap when unused:
 
-* **Metrics.** Modules call :meth:`Observable.log_metric` with a detached tensor; it
-  goes to fairseq's ``metrics.log_scalar`` under the module's ``metric_prefix`` (set
-  when the model is built, e.g. ``enc1``), so the mean Gaussian centre offset, window,
-  gate, ... of every layer appear in fairseq's training and validation logs. Values
-  stay on the device (fairseq's meters accept tensors), so logging adds no sync.
+* **Metrics.** When :attr:`Observable.logging_metrics` says so (the one policy: the
+  module is labelled and the pass is one of its ``metric_passes``, training and/or
+  fairseq's validation), modules call :meth:`Observable.log_metric` with a detached
+  tensor; it goes to fairseq's ``metrics.log_scalar`` under the module's
+  ``metric_prefix`` (set when the model is built, e.g. ``enc1``), so the mean Gaussian
+  centre offset, window, gate, ... of every layer appear in fairseq's training and
+  validation logs. Values stay on the device (fairseq's meters accept tensors), so
+  logging adds no sync.
 * **Recording.** ``with AttentionRecorder(model) as rec:`` makes every observable
   module keep its per-token tensors (centres P, windows D, gates, branch
   distributions) during the forward passes run inside the block; ``rec.records``
   maps a module's name in the model to a list of dicts of CPU tensors, one dict per
-  forward call. The analysis tools build on this.
+  forward call (``rec.calls(module)`` for one module). The keys are the constants
+  and functions below (:data:`CENTRE`, :func:`probs_key`, ...), shared by the modules
+  that record and the analysis tools that read.
 """
 from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
+# ------------------------------------------------------------------ record keys
+# The names under which modules record their per-token tensors (and, where the two
+# coincide, log their metrics). Modules and the analysis tools both use these.
+CENTRE = "P"  # Gaussian centre P_i (Yang et al. 2018, eq. 6), B x H x Tq
+WINDOW = "D"  # Gaussian window D_i (Yang et al. 2018, eq. 6/9/11), B x H x Tq
+QUERY_POSITION = "q_pos"  # real position of each query, B x Tq
+VISIBLE_KEYS = "I"  # I of Yang et al. (2018): keys query i can see, B x Tq
+GATE = "gate"  # the hybrid gate g_i (Xu et al. 2019, eq. 5), B x Tq or B x H x Tq
+REAL_TOKENS = "real"  # 1 at real query tokens, 0 at padding, B x Tq (beside GATE)
+QUERY_PADDING = "query_padding_mask"  # True at padding queries, B x Tq (DC module)
+PROBS_PREFIX = "probs_"  # + branch name: a branch's distribution, B x H x Tq x Tk
+GATE_PREFIX = "gate_"  # + branch name: HySAN's squeeze gate of a branch, B x Tq
+
+
+def probs_key(branch: str) -> str:
+    """The key of branch ``branch``'s attention distribution, e.g. ``probs_global``."""
+    return PROBS_PREFIX + branch
+
+
+def gate_key(branch: str) -> str:
+    """The key (and metric name) of the squeeze gate of branch ``branch``, e.g. ``gate_backward``."""
+    return GATE_PREFIX + branch
+
+
+def branch_of(key: str, prefix: str) -> Optional[str]:
+    """The branch name in a ``<prefix><branch>`` key (e.g. ``branch_of("probs_local1",
+    PROBS_PREFIX) == "local1"``), or None when ``key`` is not of that kind."""
+    return key[len(prefix):] if key.startswith(prefix) and len(key) > len(prefix) else None
+
+
+# ------------------------------------------------------------------ metrics policy
+TRAIN = "train"  # forward passes in training mode
+VALID = "valid"  # fairseq's validation: eval mode while its "valid" aggregator is active
+
+
+def in_fairseq_validation() -> bool:
+    """Whether the current forward pass is fairseq's validation (``Trainer.valid_step``
+    runs inside ``metrics.aggregate("valid")``), as opposed to inference (e.g.
+    fairseq-generate), where nobody reads the metrics."""
+    from fairseq.logging import metrics
+
+    valid = metrics.get_meters("valid")
+    return valid is not None and any(agg is valid for agg in metrics.get_active_aggregators())
+
 
 class Observable:
-    """Mixin for ``nn.Module`` subclasses that expose statistics."""
+    """Mixin for ``nn.Module`` subclasses that expose statistics.
+
+    Metrics: a module logs only when :attr:`logging_metrics` says so, the one policy
+    of the package: the model has labelled the module (``metric_prefix``, e.g.
+    ``enc1``) and the forward pass is one of the module's :attr:`metric_passes`
+    (:data:`TRAIN`, :data:`VALID`).
+    """
 
     metric_prefix: Optional[str] = None
+    #: the passes in which this module logs its metrics (a class or instance attribute)
+    metric_passes: Tuple[str, ...] = (TRAIN,)
     _recorder: Optional["AttentionRecorder"] = None
     _record_name: str = ""
 
@@ -31,12 +88,28 @@ class Observable:
     def recording(self) -> bool:
         return self._recorder is not None
 
+    @property
+    def record_name(self) -> str:
+        """The module's name in the model while an :class:`AttentionRecorder` is open
+        (the key of its calls in ``records``); "" before any recorder was opened."""
+        return self._record_name
+
+    @property
+    def logging_metrics(self) -> bool:
+        """Whether this forward pass logs metrics (see the class docstring)."""
+        if self.metric_prefix is None or not self.metric_passes:
+            return False
+        if self.training:
+            return TRAIN in self.metric_passes
+        return VALID in self.metric_passes and in_fairseq_validation()
+
     def record(self, name: str, value: Optional[Tensor]):
         if self._recorder is not None and value is not None:
             self._recorder.add(self._record_name, name, value)
 
     def log_metric(self, name: str, value: Tensor, weight: float = 1.0, round: int = 3):
-        """Log a scalar (a 0-d tensor) as ``<metric_prefix>_<name>``."""
+        """Log a scalar (a 0-d tensor) as ``<metric_prefix>_<name>``; callers check
+        :attr:`logging_metrics` first (and skip computing the value otherwise)."""
         if self.metric_prefix is None:
             return
         from fairseq.logging import metrics
@@ -65,6 +138,11 @@ class AttentionRecorder:
             self.records[module_name].append(current)
             current = self._open[module_name] = {}
         current[name] = value.detach().float().cpu()
+
+    def calls(self, module: Observable) -> List[Dict[str, Tensor]]:
+        """What ``module`` (a module of the recorded model) recorded, one dict per
+        forward call (call :meth:`flush` or leave the block first)."""
+        return self.records[module.record_name]
 
     def flush(self):
         for module_name, current in self._open.items():

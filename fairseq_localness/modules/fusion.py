@@ -1,0 +1,105 @@
+"""Fusions: how the outputs of an attention's branches become one sublayer output (the
+fusion tier of the README's "Architecture").
+
+Shape notation as in :mod:`.attention`: B = batch size, H = heads, Tq = query length,
+C = model dimension, Dh = C / H, L = number of branches.
+
+An :class:`~.attention.AttentionCore` computes one output ``P_b V`` per branch
+(``B x H x Tq x Dh`` each) and hands the list to its fusion, which returns
+``Tq x B x C'``; the core's output projection maps ``C'`` back to ``C``, so a fusion
+declares ``C'`` with :meth:`Fusion.output_dim` (the projection is built from it).
+
+The generic fusions live here; fusions that belong to one paper live with that
+paper's module (:class:`~.hybrid.GateFusion`, Xu et al. 2019, eq. 4-5;
+:class:`~.hysan.GatedSumFusion`, Song et al. 2019, eq. 13-14):
+
+=======================  ========  =================================================
+fusion                   ``C'``    output
+=======================  ========  =================================================
+:class:`MergeHeads`      C         the one branch's heads, concatenated (L = 1)
+:class:`SumFusion`       C         ``sum_b x_b`` (Song et al. 2019, eq. 13, "sum")
+:class:`ConcatFusion`    L*C       ``[x_1; ...; x_L]`` (Song et al. 2019, eq. 13,
+                                   "Concat"; Xu et al. 2019, Table 1, "HYBRID
+                                   (Concate)")
+=======================  ========  =================================================
+
+where ``x_b`` is branch b's output with its heads merged (``Tq x B x C``).
+"""
+from typing import TYPE_CHECKING, List
+
+import torch
+from torch import Tensor, nn
+
+from fairseq_localness.modules.observe import Observable
+
+if TYPE_CHECKING:  # the core imports this module; the context is only a type here
+    from fairseq_localness.modules.attention import AttentionContext
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """``B x H x T x Dh`` -> ``T x B x (H*Dh)``."""
+    bsz, heads, tlen, dh = x.shape
+    return x.permute(2, 0, 1, 3).reshape(tlen, bsz, heads * dh)
+
+
+class Fusion(nn.Module, Observable):
+    """The interface of a fusion.
+
+    Subclasses implement :meth:`forward` and, when their output is not ``C`` wide,
+    :meth:`output_dim`. They are :class:`~.observe.Observable`: a fusion with
+    statistics of its own (a gate) logs and records them like a branch does.
+    """
+
+    def output_dim(self, embed_dim: int) -> int:
+        """``C'``, the width of :meth:`forward`'s output for a model dimension ``C``."""
+        return embed_dim
+
+    def forward(self, outputs: List[Tensor], ctx: "AttentionContext") -> Tensor:
+        """``outputs``: one ``B x H x Tq x Dh`` tensor per branch, in the core's branch
+        order; returns ``Tq x B x C'``."""
+        raise NotImplementedError
+
+
+class MergeHeads(Fusion):
+    """The fusion of a one-branch attention: merges the heads, nothing else."""
+
+    def forward(self, outputs: List[Tensor], ctx: "AttentionContext") -> Tensor:
+        assert len(outputs) == 1, f"MergeHeads fuses one branch (got {len(outputs)})"
+        return merge_heads(outputs[0])
+
+
+class SumFusion(Fusion):
+    """Sum of the branch outputs (Song et al. 2019, eq. 13, "sum")."""
+
+    def forward(self, outputs: List[Tensor], ctx: "AttentionContext") -> Tensor:
+        # a running sum: nothing of shape L x B x H x Tq x Dh is materialised
+        total = outputs[0]
+        for out in outputs[1:]:
+            total = total + out
+        return merge_heads(total)
+
+
+class ConcatFusion(Fusion):
+    """``[x_1; ...; x_L]`` (``Tq x B x L*C``), for any number L of branches.
+
+    The core's output projection, built as ``Linear(L*C, C)`` from :meth:`output_dim`,
+    projects it back to C: it is the ``H`` of Song et al. (2019), eq. 13 ("Concat"),
+    and for L = 2 (``[global; local]``) the projection of Xu et al. (2019), Table 1,
+    "HYBRID (Concate)". The fusion itself has no parameters.
+    """
+
+    def __init__(self, num_branches: int):
+        super().__init__()
+        if num_branches < 1:
+            raise ValueError(f"a concatenation needs at least one branch (got {num_branches})")
+        self.num_branches = num_branches
+
+    def output_dim(self, embed_dim: int) -> int:
+        return self.num_branches * embed_dim
+
+    def extra_repr(self) -> str:
+        return f"num_branches={self.num_branches}"
+
+    def forward(self, outputs: List[Tensor], ctx: "AttentionContext") -> Tensor:
+        assert len(outputs) == self.num_branches
+        return torch.cat([merge_heads(x) for x in outputs], dim=-1)  # Tq x B x L*C
