@@ -41,6 +41,9 @@ def _pytest(tmp_path, *options):
 def _env(tmp_path):
     env = tool_env({"PYTHONPATH": os.path.join(REPO, "tests")})
     env.pop("FAIRSEQ_LOCALNESS_TEST_STATUS", None)
+    for name in list(env):  # this suite's own pytest-xdist worker must not leak into the run under test
+        if name.startswith("PYTEST_XDIST") or name == "PYTEST_CURRENT_TEST":
+            del env[name]
     return env
 
 
