@@ -8,6 +8,7 @@ from fairseq.modules import MultiheadAttention
 
 from fairseq_localness.modules.attention import (
     AttentionBranch,
+    AttentionContext,
     AttentionCore,
     causal_mask,
     real_positions,
@@ -16,8 +17,12 @@ from fairseq_localness.modules.branches import (
     WindowBranch,
     backward_branch,
     forward_branch,
+    global_branch,
     local_branch,
 )
+from fairseq_localness.modules.gaussian import GaussianLocalness
+from fairseq_localness.modules.hybrid import GateFusion
+from fairseq_localness.modules.hysan import ConcatFusion, GatedSumFusion, make_branch
 from fairseq_localness.modules.relative_position import RelativePositions
 
 C, H, B, T = 16, 4, 3, 6
@@ -70,38 +75,167 @@ def test_encoder_decoder_attention_matches_fairseq_incrementally():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "branch",
-    [AttentionBranch(), local_branch(1), forward_branch(), backward_branch(), WindowBranch(2, 0, "causal_local2")],
-    ids=lambda b: b.name,
-)
-@pytest.mark.parametrize("causal", [False, True])
-def test_sdpa_path_equals_eager_path(branch, causal):
+class SharpBias(AttentionBranch):
+    """A bias far below float16's range everywhere (``-1e7 (j - i - 1/4)^2``): the
+    float32 reference still has a distribution (peaked at j = i), which float16's
+    attention mask can only carry after the row shift of ``_half_safe_bias``."""
+
+    name = "sharp"
+
+    def bias(self, ctx):
+        distance = (ctx.k_pos[:, None, None, :] - ctx.q_pos[:, None, :, None]).float()
+        return -1e7 * (distance - 0.25) ** 2
+
+
+def _gaussian():
+    return GaussianLocalness(C, H, window="query")
+
+
+# name -> () -> (branches, fusion, relative positions); every branch kind, one to four
+# branches, masks and biases, and each fusion kind
+BRANCH_SETS = {
+    "global": lambda: ([AttentionBranch()], None, None),
+    "local1": lambda: ([local_branch(1)], None, None),
+    "forward": lambda: ([forward_branch()], None, None),
+    "backward": lambda: ([backward_branch()], None, None),
+    "causal_local2": lambda: ([WindowBranch(2, 0, "causal_local2")], None, None),
+    "gaussian": lambda: ([_gaussian()], None, None),
+    "sharp_bias": lambda: ([SharpBias()], None, None),
+    "shaw_keys_only": lambda: ([local_branch(2)], None, RelativePositions(C // H, 2, values=False)),
+    "hybrid_gate": lambda: ([global_branch(), local_branch(1, "local")], GateFusion(C, H), None),
+    "hysan_gated": lambda: (
+        [make_branch(n, "encoder") for n in ("global", "forward", "backward", "local2")],
+        GatedSumFusion(C, ["global", "forward", "backward", "local2"], reduction=4), None,
+    ),
+    "gaussian+local_concat": lambda: ([_gaussian(), local_branch(1)], ConcatFusion(2), None),
+    "sum_of_three": lambda: ([forward_branch(), local_branch(1), WindowBranch(2, 0, "causal_local2")], None, None),
+}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="needs a CUDA GPU"))]
+# outputs (atol = rtol) and gradients (max-abs over max(1, max |g|)) of one core fed the
+# same inputs on both paths
+CORE_TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
+
+
+def _padding(causal: bool, device) -> torch.Tensor:
+    """Sentence 2 is all padding (every row of it empty); the encoder pads on the
+    left as fairseq does, the decoder's targets are padded on the right."""
+    lengths = [T, T - 3, 0]
+    if causal:
+        return torch.stack([torch.arange(T) >= n for n in lengths]).to(device)
+    return _left_padding(lengths, T).to(device)
+
+
+def _run_core(core, x, kpm, impl, weight):
+    from model_utils import attention_paths
+
+    core.attention_impl = impl
+    core.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    with attention_paths() as paths:
+        out, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+    (out.float() * weight).sum().backward()
+    grads = {"input": x.grad}
+    grads.update({name: p.grad for name, p in core.named_parameters() if p.grad is not None})
+    return out, grads, paths
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread (two OpenMP threads on a shared 2-core machine wait
+    for each other far longer than these products take)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", list(BRANCH_SETS))
+def test_sdpa_path_equals_eager_path(kind, causal, dtype, device):
+    """Every branch kind and count, in fp32, bf16 and fp16, on padded batches with
+    empty rows: the fast path (which must be the one taken) gives the eager path's
+    outputs and gradients (inputs and parameters); no NaN anywhere."""
     torch.manual_seed(1)
-    core = AttentionCore(C, H, self_attention=True, causal=causal, branches=[branch]).eval()
+    branches, fusion, rel = BRANCH_SETS[kind]()
+    core = AttentionCore(C, H, self_attention=True, causal=causal, branches=branches, fusion=fusion,
+                         relative_positions=rel).to(device=device, dtype=dtype).train()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(T, B, C, generator=g).to(device=device, dtype=dtype)
+    weight = torch.randn(T, B, C, generator=g).to(device)
+    kpm = _padding(causal, device)
+    slow, slow_grads, slow_paths = _run_core(core, x, kpm, "eager", weight)
+    fast, fast_grads, fast_paths = _run_core(core, x, kpm, "auto", weight)
+    assert fast_paths["sdpa"] and not fast_paths["eager"], "the fast path was not taken"
+    assert slow_paths["eager"] and not slow_paths["sdpa"]
+    assert fast.dtype == dtype and bool(torch.isfinite(fast).all())
+    tol = CORE_TOL[dtype]
+    torch.testing.assert_close(fast.float(), slow.float(), atol=tol, rtol=tol)
+    assert set(fast_grads) == set(slow_grads)
+    for name, ref in slow_grads.items():
+        got = fast_grads[name]
+        assert bool(torch.isfinite(got).all()), f"non-finite gradient of {name}"
+        scale = max(1.0, ref.float().abs().max().item())
+        torch.testing.assert_close(got.float() / scale, ref.float() / scale, atol=tol, rtol=tol, msg=name)
+    # the all-padding sentence: no key anywhere, zero attention, only the output bias
+    torch.testing.assert_close(fast[:, 2].float(), core.out_proj.bias.float().expand(T, C))
+
+
+@pytest.mark.parametrize("impl", ["auto", "eager"])
+def test_dropout_is_drawn_independently_per_branch(impl):
+    """Two identical branches whose outputs are kept apart (concatenation, no output
+    projection): without dropout they are equal, with dropout they differ, on both
+    paths."""
+    torch.manual_seed(0)
+    core = AttentionCore(C, H, self_attention=True, branches=[AttentionBranch(), AttentionBranch()],
+                         fusion=ConcatFusion(2), output_projection=False, dropout=0.5).train()
+    core.attention_impl = impl
     x = torch.randn(T, B, C)
-    kpm = None if causal else _left_padding([6, 4, 2], T)
-    core.attention_impl = "auto"
-    fast, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
-    core.attention_impl = "eager"
-    slow, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
-    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-5)
+    out, _ = core(x, x, x, need_weights=False)
+    first, second = out[..., :C], out[..., C:]
+    assert not torch.allclose(first, second)
+    core.eval()
+    out, _ = core(x, x, x, need_weights=False)
+    torch.testing.assert_close(out[..., :C], out[..., C:])
 
 
-def test_sdpa_path_equals_eager_path_with_bias():
-    class RandomBias(AttentionBranch):
-        def bias(self, ctx):
-            g = torch.Generator().manual_seed(3)
-            return -torch.rand(ctx.bsz, ctx.num_heads, ctx.tgt_len, ctx.src_len, generator=g) * 5
+def test_window_masks_are_cached_views():
+    """A window mask is built once per (left, right, device) and handed out as views:
+    no computation per call, and one row for an incremental step."""
+    branch = local_branch(2)
 
-    core = AttentionCore(C, H, self_attention=True, branches=[RandomBias()]).eval()
-    x = torch.randn(T, B, C)
-    kpm = _left_padding([6, 4, 2], T)
-    core.attention_impl = "auto"
-    fast, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
-    core.attention_impl = "eager"
-    slow, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
-    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-5)
+    def ctx(tq, tk):
+        q = torch.zeros(1, H, tq, C // H)
+        return AttentionContext(query_input=None, q=q, k=torch.zeros(1, H, tk, C // H), key_padding_mask=None,
+                                q_pos=None, k_pos=None, lengths=None, causal=False, self_attention=True)
+
+    full, step = branch.mask(ctx(5, 5)), branch.mask(ctx(1, 7))
+    assert full.shape == (1, 1, 5, 5) and step.shape == (1, 1, 1, 7)
+    assert full.untyped_storage().data_ptr() == step.untyped_storage().data_ptr()
+    assert full[0, 0].tolist() == branch.materialize(5).tolist()
+    assert step[0, 0].tolist() == branch.materialize(1, 7).tolist()
+    assert causal_mask(2, 4, "cpu").untyped_storage().data_ptr() == causal_mask(3, 9, "cpu").untyped_storage().data_ptr()
+
+
+def test_index_distances_equal_real_distances_on_real_tokens():
+    """Masks from index distances agree with masks from real positions on every real
+    query row of a left- or right-padded batch (distance_table's docstring)."""
+    for left in (True, False):
+        kpm = torch.zeros(2, 7, dtype=torch.bool)
+        if left:
+            kpm[1, :3] = True
+        else:
+            kpm[1, 4:] = True
+        k_pos = real_positions(kpm, 7, "cpu")
+        real_distance = (k_pos.unsqueeze(1) - k_pos.unsqueeze(2)).unsqueeze(1)  # B x 1 x Tq x Tk
+        for branch in (local_branch(1), forward_branch(), backward_branch(), WindowBranch(2, 0, "c")):
+            index_mask = branch.materialize(7)[None, None].expand(2, 1, 7, 7)
+            real_mask = branch.blocked_by_distance(real_distance)
+            rows = ~kpm[:, None, :, None] & ~kpm[:, None, None, :]  # real query, real key
+            assert torch.equal(index_mask[rows], real_mask[rows])
 
 
 def test_real_positions_and_causal_mask_by_hand():

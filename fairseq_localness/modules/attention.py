@@ -36,13 +36,30 @@ leave without any key (e.g. a padding query in a forward-only branch) gets an al
 distribution instead of NaN, in the forward and the backward pass.
 
 Two paths compute the same thing and are tested against each other:
-``eager`` (readable, float32 softmax, returns weights) and ``sdpa``
-(``torch.nn.functional.scaled_dot_product_attention``), used for one branch without
-relative-position values, in float32, when no weights are requested.
+``eager`` (the readable reference: energies once, one float32 softmax per branch,
+returns weights) and ``sdpa`` (one ``torch.nn.functional.scaled_dot_product_attention``
+call per branch with that branch's mask and bias, the fusion applied to the outputs
+as in the eager path), used in float32, float16 and bfloat16 for any number of
+branches whenever no distribution is needed: not with Shaw et al.'s value term (it
+needs the distribution itself), not while a recorder is on, and not when a
+one-branch attention is asked for its weights. Each branch's SDPA call draws its own
+dropout. A call per branch recomputes ``q k^T`` for every branch (L products instead
+of one): on a CPU at the sizes of the benchmark the fused kernel still wins (fewer
+ops, nothing ``B x H x Tq x Tk`` kept for the backward pass), see docs/benchmark.md.
+
+Masks that depend on ``j - i`` only (the causal mask, window branches, relative
+position buckets) are computed from *index* distances and taken as views of a table
+cached per device (:func:`distance_table`); :func:`distance_table` says why index
+distances are the real-position distances wherever it matters.
+
+No host synchronisation on accelerators: the shortcuts that inspect a mask's values
+(dropping an all-False padding mask, skipping the empty-row repair when no row is
+empty) run on CPU tensors only.
 """
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +73,21 @@ from fairseq_localness.modules.observe import Observable, probs_key
 # A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
 # boolean attn_mask into -1e8 in fp32 and -1e4 in fp16; its decoder uses -inf).
 _BLOCKING_BIAS = -1e4
+
+
+def _torch_version() -> Tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+# From torch 2.5 on, every kernel of F.scaled_dot_product_attention (math, CPU flash,
+# CUDA flash and memory-efficient) returns zeros, with zero gradients, for a query row
+# whose keys are all masked (pytorch/pytorch#133882, "_safe_softmax"); before, such a
+# row gave NaN and the fast path repairs it as the eager path does.
+_SDPA_ZEROES_EMPTY_ROWS = _torch_version() >= (2, 5)
+
+# Half and single precision inputs the fast path takes (float64 stays on the reference).
+_SDPA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -159,6 +191,10 @@ def query_part(key_aligned: Tensor, tgt_len: int) -> Tensor:
     return key_aligned[..., key_aligned.size(-1) - tgt_len :]
 
 
+def _future(distance: Tensor) -> Tensor:
+    return distance > 0
+
+
 def causal_mask(tgt_len: int, src_len: int, device) -> Tensor:
     """Bottom-right aligned causal mask, ``Tq x Tk``, True where key j is in the future.
 
@@ -166,10 +202,68 @@ def causal_mask(tgt_len: int, src_len: int, device) -> Tensor:
 
         [[0, 0, 0, 1],
          [0, 0, 0, 0]]
+
+    A read-only view of a cached table (:func:`distance_table`).
     """
-    q_idx = torch.arange(src_len - tgt_len, src_len, device=device).unsqueeze(1)
-    k_idx = torch.arange(src_len, device=device).unsqueeze(0)
-    return k_idx > q_idx
+    return distance_table("causal", _future, tgt_len, src_len, device)
+
+
+# (key, device) -> N x N table of fn(b - a); see distance_table.
+_DISTANCE_TABLES: Dict[Tuple[Hashable, torch.device], Tensor] = {}
+# Tables grow (doubling) up to this many keys; longer sequences compute their mask
+# directly (an N x N int64 table of relative-position buckets at N = 1024 is 8 MiB).
+DISTANCE_TABLE_MAX = 1024
+
+
+def distance_table(
+    key: Hashable, fn: Callable[[Tensor], Tensor], tgt_len: int, src_len: int, device
+) -> Tensor:
+    """``fn(j - i)`` for bottom-right aligned query indices, ``Tq x Tk``: query i sits
+    at key index ``Tk - Tq + i``, so the entry (i, j) is ``fn(j - (Tk - Tq + i))``.
+
+    ``fn`` maps a tensor of index distances to a tensor of the same shape (a boolean
+    mask, bucket indices); ``key`` names it (equal keys must mean equal functions).
+    The result is a view into an ``N x N`` table ``fn(b - a)`` built once per
+    ``(key, device)`` and reused by every call with ``Tk <= N`` (rows
+    ``Tk - Tq .. Tk - 1``, columns ``0 .. Tk - 1``): nothing is computed per call, and
+    an incremental decoding step gets its one row without building anything. The view
+    is shared: callers must not write into it.
+
+    Why index distances are enough. A mask or bias that depends on ``j - i`` in real
+    token positions (positions among the non-padding tokens, :func:`real_positions`)
+    gives the same values from index distances wherever a result is used:
+
+    * fairseq pads a batch on one side (sources on the left by default, targets on
+      the right), so the padding of a sequence is contiguous and every real token's
+      index is its real position plus the same offset (the number of left pads): for
+      two real tokens the index difference is the real-position difference;
+    * padding keys are blocked by the padding mask whatever their distance;
+    * a padding query may get other keys than with real positions, possibly none: its
+      row is then empty and its output zero (no NaN, in the forward and the backward
+      pass); padding outputs are never used (fairseq masks them out of the loss and
+      out of every later layer's keys);
+    * incremental decoding appends the new queries after the cached keys (bottom-right
+      alignment), so one step sees the distances of the full teacher-forced pass.
+
+    Tests: eager and fast paths agree on every row; a sentence alone equals the same
+    sentence inside a left- or right-padded batch (tests/test_contract.py).
+    """
+    device = torch.device(device)
+    if src_len > DISTANCE_TABLE_MAX:
+        q_idx = torch.arange(src_len - tgt_len, src_len, device=device).unsqueeze(1)
+        return fn(torch.arange(src_len, device=device).unsqueeze(0) - q_idx)
+    cache_key = (key, device)
+    table = _DISTANCE_TABLES.get(cache_key)
+    if table is None or table.size(1) < src_len:
+        size = max(src_len, 64, 2 * table.size(1) if table is not None else 0)
+        size = min(size, DISTANCE_TABLE_MAX)
+        # built outside inference mode, so tables made during generation under
+        # torch.inference_mode() can still be saved for a later backward pass
+        with torch.inference_mode(False), torch.no_grad():
+            idx = torch.arange(size, device=device)
+            table = fn(idx.unsqueeze(0) - idx.unsqueeze(1))
+        _DISTANCE_TABLES[cache_key] = table
+    return table[src_len - tgt_len : src_len, :src_len]
 
 
 def real_positions(key_padding_mask: Optional[Tensor], src_len: int, device) -> Tensor:
@@ -391,7 +485,9 @@ class AttentionCore(nn.Module, Observable):
             self._set_input_buffer(incremental_state, saved)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.bool()
-            if not key_padding_mask.any():
+            # an all-False mask is dropped on a CPU only: on an accelerator the test
+            # would wait for the device (a mask of zeros blocks nothing anyway)
+            if key_padding_mask.device.type == "cpu" and not key_padding_mask.any():
                 key_padding_mask = None
         return q, k, v, key_padding_mask
 
@@ -480,11 +576,16 @@ class AttentionCore(nn.Module, Observable):
 
         weights = None
         if self._use_sdpa(query, need_weights):
-            outputs = [self._sdpa(ctx, v, self.branches[0], base_blocked, soft_bias)]
+            if self.relative_positions is not None:  # Shaw et al.'s key term only (no values)
+                key_term = self.relative_positions.key_scores(q * self.scaling, ctx)
+                soft_bias = key_term if soft_bias is None else soft_bias + key_term
+            # one fused call per branch, each with its own mask, bias and dropout
+            outputs = [self._sdpa(ctx, v, branch, base_blocked, soft_bias) for branch in self.branches]
         else:
-            energies = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # B x H x Tq x Tk
-            if self.relative_positions is not None:
-                energies = energies + self.relative_positions.key_scores(q * self.scaling, ctx)
+            q_scaled = q * self.scaling
+            energies = torch.matmul(q_scaled, k.transpose(-1, -2))  # B x H x Tq x Tk
+            if self.relative_positions is not None:  # computed once, shared by the branches
+                energies = energies + self.relative_positions.key_scores(q_scaled, ctx)
             energies = at_least_float32(energies)
             if soft_bias is not None:
                 energies = energies + soft_bias
@@ -506,15 +607,19 @@ class AttentionCore(nn.Module, Observable):
         return x, weights
 
     def _use_sdpa(self, query: Tensor, need_weights: bool) -> bool:
-        if self.attention_impl == "eager":
+        """Whether this call takes the fast path: any number of branches, float32 or
+        half precision, unless the eager path is forced (``attention_impl``), a
+        recorder wants the distributions, a one-branch attention is asked for its
+        weights (several branches return none), or Shaw et al.'s value term needs the
+        distribution itself."""
+        if self.attention_impl == "eager" or self.recording:
             return False
-        return (
-            len(self.branches) == 1
-            and self.relative_positions is None
-            and not need_weights
-            and query.dtype == torch.float32
-            and not self.recording
-        )
+        if need_weights and len(self.branches) == 1:
+            return False
+        rel = self.relative_positions
+        if rel is not None and rel.value_embeddings is not None:
+            return False
+        return query.dtype in _SDPA_DTYPES
 
     def _branch_mask_and_bias(self, ctx, branch, base_blocked):
         blocked = _combine(base_blocked, branch.mask(ctx))
@@ -536,7 +641,23 @@ class AttentionCore(nn.Module, Observable):
         return out, probs
 
     def _sdpa(self, ctx, v, branch, base_blocked, soft_bias):
-        """Fast path: the same computation through ``F.scaled_dot_product_attention``."""
+        """Fast path for one branch: ``F.scaled_dot_product_attention`` with the
+        branch's mask and bias, ``B x H x Tq x Dh`` in the input dtype.
+
+        * ``is_causal`` only for the plain causal mask (no padding, no bias, Tq = Tk),
+          where top-left and bottom-right alignment coincide and the fused kernel skips
+          the masked blocks; SDPA refuses an explicit ``attn_mask`` together with
+          ``is_causal=True``, so a biased or windowed branch keeps the causal mask
+          inside its own mask.
+        * A bias goes in as a float mask of the input dtype with ``-inf`` at blocked
+          keys. In float16 the bias is first shifted by its (detached) maximum over
+          each row's visible keys, which leaves the softmax unchanged, and floored at
+          float16's lowest finite value: a bias far below -65504 (a Gaussian window
+          near 0 with ``min_window=0``) would otherwise overflow to ``-inf`` and empty
+          its row, where the float32 reference still has a distribution.
+        * Empty rows: torch >= 2.5 returns zeros for them; older versions are repaired
+          as in the eager path (on a CPU only when a row is empty, to spare the fills).
+        """
         blocked, bias = self._branch_mask_and_bias(ctx, branch, base_blocked)
         if soft_bias is not None:
             bias = soft_bias if bias is None else bias + soft_bias
@@ -544,17 +665,13 @@ class AttentionCore(nn.Module, Observable):
         mask = None
         is_causal = False
         if bias is None and blocked is not None and blocked is ctx.cache.get("plain_causal"):
-            # only the causal mask, queries == keys, no bias: top-left aligned is
-            # bottom-right aligned, and the fused kernel skips the masked blocks
-            # (SDPA refuses an explicit attn_mask together with is_causal=True, so a
-            # biased branch keeps the causal mask inside its float mask instead)
             blocked, is_causal = None, True
-        if blocked is not None:
+        if blocked is not None and not _SDPA_ZEROES_EMPTY_ROWS:
             row_empty = empty_rows(blocked)
             if row_empty is not None:
                 blocked = blocked & ~row_empty
         if bias is not None:
-            mask = bias.to(ctx.q.dtype)
+            mask = _half_safe_bias(bias, blocked, ctx.q.dtype)
             if blocked is not None:
                 mask = mask.masked_fill(blocked, float("-inf"))
         elif blocked is not None:
@@ -570,3 +687,18 @@ class AttentionCore(nn.Module, Observable):
         if row_empty is not None:
             out = out.masked_fill(row_empty, 0.0)
         return out
+
+
+def _half_safe_bias(bias: Tensor, blocked: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """``bias`` in ``dtype`` for SDPA's float mask. float16: shifted by the detached
+    row maximum over the visible keys (softmax is shift invariant per row, and the
+    shift's gradient is zero) and floored at the lowest finite float16, so no visible
+    key overflows to ``-inf``; bfloat16 and float32 have float32's range and are cast."""
+    if dtype != torch.float16:
+        return bias.to(dtype)
+    with torch.no_grad():
+        visible = bias if blocked is None else bias.masked_fill(blocked, float("-inf"))
+        shift = visible.amax(dim=-1, keepdim=True)
+        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    low = torch.finfo(torch.float16).min
+    return (bias - shift).clamp(min=low).to(dtype)

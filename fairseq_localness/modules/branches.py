@@ -1,9 +1,12 @@
 """Masked branches: windows and directions over real token positions (the bias/mask tier of the README's "Architecture").
 
-Shape notation as in :mod:`.attention`. Every mask is a function of the real query
-and key positions (never of indices into a padded batch), returns a boolean tensor
-with True where the key is *blocked*, and can :meth:`~WindowBranch.materialize` a
-small matrix for tests and documentation.
+Shape notation as in :mod:`.attention`. Every mask is a function of the distance
+``j - i`` between real query and key positions, returns a boolean tensor with True
+where the key is *blocked*, and can :meth:`~WindowBranch.materialize` a small matrix
+for tests and documentation. In self-attention the distance is taken between indices
+(equal to the real-position distance for every row that is used, see
+:func:`~.attention.distance_table`), so a mask is built once per ``(Tq, Tk)`` and
+device and reused.
 
 The one class :class:`WindowBranch` keeps the keys with ``-left <= j - i <= right``;
 ``None`` means unbounded. It covers
@@ -27,7 +30,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from fairseq_localness.modules.attention import AttentionBranch, AttentionContext
+from fairseq_localness.modules.attention import AttentionBranch, AttentionContext, distance_table
 
 
 class WindowBranch(AttentionBranch):
@@ -64,9 +67,16 @@ class WindowBranch(AttentionBranch):
         return blocked
 
     def mask(self, ctx: AttentionContext) -> Optional[Tensor]:
+        """``1 x 1 x Tq x Tk`` in self-attention: a view of the table cached per
+        ``(left, right, device)`` (index distances equal real-position distances for
+        every row that is used: :func:`~.attention.distance_table`); real positions
+        otherwise (``B' x 1 x Tq x Tk``)."""
         if self.left is None and self.right is None:
             return None
-        return self.blocked_by_distance(ctx.relative_distance())
+        if not ctx.self_attention:
+            return self.blocked_by_distance(ctx.relative_distance())
+        key = ("window", self.left, self.right)
+        return distance_table(key, self.blocked_by_distance, ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
 
     @torch.no_grad()
     def materialize(self, tgt_len: int, src_len: Optional[int] = None) -> Tensor:

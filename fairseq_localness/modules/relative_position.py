@@ -15,14 +15,18 @@ shape ``Tq x Tk x Dh`` is built. The key term is ``q W^K^T`` (``B x H x Tq x R``
 gathered at each pair's distance; the value term scatters the attention weights into
 their R distance buckets (``B x H x Tq x R``) and multiplies by ``W^V``.
 
-Distances are in real positions (see :class:`~.attention.AttentionContext`), so
-left padding and incremental decoding see the same distances as an unpadded full
-pass.
+Distances are index distances, which equal the real-position distances for every
+row that is used (see :func:`~.attention.distance_table`), so left padding and
+incremental decoding see the same distances as an unpadded full pass; the bucket
+indices come from a table cached per clipping distance and device. Shaw et al.'s key
+term is computed once per attention call and shared by its branches; an incremental
+step computes it for its one query row (``B x H x 1 x R``, then gathered over the
+keys), with no tensor over the prefix but the row itself.
 """
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import AttentionContext
+from fairseq_localness.modules.attention import AttentionContext, distance_table
 
 
 class RelativePositions(nn.Module):
@@ -45,10 +49,16 @@ class RelativePositions(nn.Module):
     def extra_repr(self) -> str:
         return f"max_distance={self.max_distance}, values={self.value_embeddings is not None}"
 
-    def bucket(self, ctx: AttentionContext) -> Tensor:
-        """``clip(j - i, K) + K``, ``B' x 1 x Tq x Tk`` long."""
+    def _clipped(self, distance: Tensor) -> Tensor:
         k = self.max_distance
-        return ctx.relative_distance().clamp(-k, k) + k
+        return distance.clamp(-k, k) + k
+
+    def bucket(self, ctx: AttentionContext) -> Tensor:
+        """``clip(j - i, K) + K``, ``1 x 1 x Tq x Tk`` long: a view of a table cached per
+        ``(K, device)`` (index distances, which equal real-position distances for every
+        row that is used: :func:`~.attention.distance_table`)."""
+        key = ("shaw_bucket", self.max_distance)
+        return distance_table(key, self._clipped, ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
 
     def key_scores(self, q_scaled: Tensor, ctx: AttentionContext) -> Tensor:
         """``q_i a^K_ij / sqrt(Dh)`` for every pair: ``B x H x Tq x Tk``."""
