@@ -185,33 +185,43 @@ def check_finite(model, task, dtype):
 class attention_paths:
     """Context manager that records which path every attention core's branches took:
     ``paths["sdpa"]`` / ``paths["eager"]`` list, per branch evaluated, whether that
-    core has Shaw et al.'s value term (which only the eager path computes)."""
+    evaluation needs the eager path by design: the core has Shaw et al.'s value term
+    (which only the eager path computes), or it is a one-branch core asked for its
+    weights (fairseq's decoder asks its last layer's encoder-decoder attention for
+    them, for alignments)."""
 
     def __enter__(self):
         from fairseq_localness.modules.attention import AttentionCore
 
         self.paths = {"sdpa": [], "eager": []}
-        self._saved = (AttentionCore._sdpa, AttentionCore._eager_branch)
-        sdpa, eager = self._saved
+        self._saved = (AttentionCore._sdpa, AttentionCore._eager_branch, AttentionCore._use_sdpa)
+        sdpa, eager, use_sdpa = self._saved
+        weights_asked = set()  # ids of the one-branch cores whose current call wants weights
 
-        def shaw_values(core) -> bool:
-            return core.relative_positions is not None and core.relative_positions.value_embeddings is not None
+        def spy_use_sdpa(core, query, need_weights):
+            (weights_asked.add if need_weights and len(core.branches) == 1 else weights_asked.discard)(id(core))
+            return use_sdpa(core, query, need_weights)
+
+        def needs_eager(core) -> bool:
+            return (core.relative_positions is not None and core.relative_positions.value_embeddings is not None) \
+                or id(core) in weights_asked
 
         def spy_sdpa(core, *args, **kwargs):
-            self.paths["sdpa"].append(shaw_values(core))
+            self.paths["sdpa"].append(needs_eager(core))
             return sdpa(core, *args, **kwargs)
 
         def spy_eager(core, *args, **kwargs):
-            self.paths["eager"].append(shaw_values(core))
+            self.paths["eager"].append(needs_eager(core))
             return eager(core, *args, **kwargs)
 
         AttentionCore._sdpa, AttentionCore._eager_branch = spy_sdpa, spy_eager
+        AttentionCore._use_sdpa = spy_use_sdpa
         return self.paths
 
     def __exit__(self, *exc):
         from fairseq_localness.modules.attention import AttentionCore
 
-        AttentionCore._sdpa, AttentionCore._eager_branch = self._saved
+        AttentionCore._sdpa, AttentionCore._eager_branch, AttentionCore._use_sdpa = self._saved
         return False
 
 
@@ -222,9 +232,10 @@ class attention_paths:
 # tiny models a rounding difference can flip a ReLU unit of a feed-forward layer near 0,
 # which moves that layer's gradient by a few percent: on fresh models the largest
 # per-tensor difference was 0.063 (fp16) and 0.060 (bf16), always in an fc1; each path's
-# own distance from a float64 run is of the same size. A dropped bias or a wrong mask
-# moves the gradients of the tensors it feeds by O(1).
-HALF_GRAD_TOL = {torch.float16: 0.15, torch.bfloat16: 0.15}
+# own distance from a float64 run is of the same size. On the contract's checkpoints
+# (tests/test_contract.py, 4 updates) bf16 reached 0.183, again in a decoder fc1. A
+# dropped bias or a wrong mask moves the gradients of the tensors it feeds by O(1).
+HALF_GRAD_TOL = {torch.float16: 0.25, torch.bfloat16: 0.25}
 
 
 def check_fast_path_equals_eager(model, task, dtype=torch.float32):
@@ -249,8 +260,8 @@ def check_fast_path_equals_eager(model, task, dtype=torch.float32):
     set_attention_impl(model, "auto")
     assert not paths["eager"]["sdpa"], "attention_impl='eager' took the fast path"
     assert all(paths["auto"]["eager"]), (
-        f"{dtype}: {paths['auto']['eager'].count(False)} branch evaluations without Shaw values took the eager "
-        f"path under attention_impl='auto'"
+        f"{dtype}: {paths['auto']['eager'].count(False)} branch evaluations that need no distribution took the "
+        f"eager path under attention_impl='auto'"
     )
     fast_cores = [m for m in model.modules() if isinstance(m, AttentionCore)
                   and (m.relative_positions is None or m.relative_positions.value_embeddings is None)]
