@@ -44,8 +44,9 @@ branches whenever no distribution is needed: not with Shaw et al.'s value term (
 needs the distribution itself), not while a recorder is on, and not when a
 one-branch attention is asked for its weights. Each branch's SDPA call draws its own
 dropout. A call per branch recomputes ``q k^T`` for every branch (L products instead
-of one): on a CPU at the sizes of the benchmark the fused kernel still wins (fewer
-ops, nothing ``B x H x Tq x Tk`` kept for the backward pass), see docs/benchmark.md.
+of one) but keeps nothing of size ``B x H x Tq x Tk`` for the backward pass; the
+benchmark (``fairseq-localness-bench``, docs/benchmark.md) measures what that costs
+against the transformer, per system and dtype.
 
 Masks that depend on ``j - i`` only (the causal mask, window branches, relative
 position buckets) are computed from *index* distances and taken as views of a table
@@ -80,11 +81,12 @@ def _torch_version() -> Tuple[int, int]:
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
-# From torch 2.5 on, every kernel of F.scaled_dot_product_attention (math, CPU flash,
-# CUDA flash and memory-efficient) returns zeros, with zero gradients, for a query row
-# whose keys are all masked (pytorch/pytorch#133882, "_safe_softmax"); before, such a
-# row gave NaN and the fast path repairs it as the eager path does.
-_SDPA_ZEROES_EMPTY_ROWS = _torch_version() >= (2, 5)
+# From torch 2.5 on, F.scaled_dot_product_attention returns zeros, with zero
+# gradients, for a query row whose keys are all masked (pytorch/pytorch#133882,
+# "_safe_softmax"); before, such a row gave NaN. The fast path relies on it on CPUs,
+# where tests/test_attention_core.py checks it; on accelerators (not checked here) and
+# with older torch it repairs empty rows as the eager path does.
+_SDPA_ZEROES_EMPTY_ROWS_ON_CPU = _torch_version() >= (2, 5)
 
 # Half and single precision inputs the fast path takes (float64 stays on the reference).
 _SDPA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -655,8 +657,9 @@ class AttentionCore(nn.Module, Observable):
           float16's lowest finite value: a bias far below -65504 (a Gaussian window
           near 0 with ``min_window=0``) would otherwise overflow to ``-inf`` and empty
           its row, where the float32 reference still has a distribution.
-        * Empty rows: torch >= 2.5 returns zeros for them; older versions are repaired
-          as in the eager path (on a CPU only when a row is empty, to spare the fills).
+        * Empty rows: on a CPU torch >= 2.5 returns zeros for them; elsewhere they are
+          repaired as in the eager path (unblocked, output zeroed; on a CPU only when
+          a row is empty, on an accelerator always, without waiting for the device).
         """
         blocked, bias = self._branch_mask_and_bias(ctx, branch, base_blocked)
         if soft_bias is not None:
@@ -666,8 +669,8 @@ class AttentionCore(nn.Module, Observable):
         is_causal = False
         if bias is None and blocked is not None and blocked is ctx.cache.get("plain_causal"):
             blocked, is_causal = None, True
-        if blocked is not None and not _SDPA_ZEROES_EMPTY_ROWS:
-            row_empty = empty_rows(blocked)
+        if blocked is not None and not (_SDPA_ZEROES_EMPTY_ROWS_ON_CPU and ctx.q.device.type == "cpu"):
+            row_empty = empty_rows(blocked)  # no host sync on accelerators: always repairs there
             if row_empty is not None:
                 blocked = blocked & ~row_empty
         if bias is not None:

@@ -178,7 +178,9 @@ class LocalContextUnit(nn.Module):
             padding_mask: ``B x T``, True at padding (zeroed before the convolution).
             incremental_state: decoder only; the new T steps continue the cached ones.
         """
-        if padding_mask is not None and padding_mask.any():
+        # the test for any padding runs on a CPU only (on an accelerator it would wait
+        # for the device; the fill is cheap there)
+        if padding_mask is not None and (padding_mask.device.type != "cpu" or bool(padding_mask.any())):
             r = r.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1), 0.0)
         tgt_len = r.size(0)
         if incremental_state is not None:
