@@ -168,7 +168,7 @@ def test_sdpa_path_equals_eager_path(kind, causal, dtype, device):
     weight = torch.randn(T, B, C, generator=g).to(device)
     kpm = _padding(causal, device)
     slow, slow_grads, slow_paths = _run_core(core, x, kpm, "eager", weight)
-    fast, fast_grads, fast_paths = _run_core(core, x, kpm, "auto", weight)
+    fast, fast_grads, fast_paths = _run_core(core, x, kpm, "sdpa", weight)
     assert fast_paths["sdpa"] and not fast_paths["eager"], "the fast path was not taken"
     assert slow_paths["eager"] and not slow_paths["sdpa"]
     assert fast.dtype == dtype and bool(torch.isfinite(fast).all())
@@ -184,7 +184,40 @@ def test_sdpa_path_equals_eager_path(kind, causal, dtype, device):
     torch.testing.assert_close(fast[:, 2].float(), core.out_proj.bias.float().expand(T, C))
 
 
-@pytest.mark.parametrize("impl", ["auto", "eager"])
+def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu():
+    """``"auto"``: SDPA for one branch, and for several branches without gradients;
+    the eager path for several branches trained on a CPU (any dtype); ``"sdpa"``
+    forces the fast path there; an unknown setting is an error naming the allowed
+    ones, from the core and from ``set_attention_impl``."""
+    from model_utils import attention_paths
+
+    from fairseq_localness.modules.attention import set_attention_impl
+
+    def paths(core, dtype=torch.float32, grad=True):
+        x = torch.randn(T, B, C, dtype=dtype)
+        with attention_paths() as taken, torch.set_grad_enabled(grad):
+            core.to(dtype)(x, x, x, need_weights=False)
+        return {path for path, calls in taken.items() if calls}
+
+    single = AttentionCore(C, H, self_attention=True, branches=[local_branch(1)])
+    several = AttentionCore(C, H, self_attention=True, branches=[global_branch(), local_branch(1)])
+    assert paths(single) == {"sdpa"}
+    assert paths(several) == {"eager"}
+    assert paths(several, torch.bfloat16) == {"eager"}
+    assert paths(several, grad=False) == {"sdpa"}
+    several.requires_grad_(False)  # frozen parameters: nothing to train
+    assert paths(several) == {"sdpa"}
+    several.requires_grad_(True)
+    assert set_attention_impl(several, "sdpa") == 1
+    assert paths(several, torch.float32) == {"sdpa"}
+    several.attention_impl = "fast"
+    with pytest.raises(ValueError, match="allowed: auto, sdpa, eager"):
+        paths(several)
+    with pytest.raises(ValueError, match="attention_impl 'fast': allowed: auto, sdpa, eager"):
+        set_attention_impl(several, "fast")
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_dropout_is_drawn_independently_per_branch(impl):
     """Two identical branches whose outputs are kept apart (concatenation, no output
     projection): without dropout they are equal, with dropout they differ, on both

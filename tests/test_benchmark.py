@@ -87,6 +87,7 @@ BAD = {
     "unknown_system": (["--systems", "nope"], "--systems: unknown system(s) ['nope']"),
     "no_repeats": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     "tiny_vocab": (["--vocab", "3"], "--vocab must be >= 8"),
+    "unknown_attention_impl": (["--attention-impl", "flash"], "--attention-impl: invalid choice: 'flash'"),
 }
 
 
@@ -192,6 +193,57 @@ def test_tiny_run_in_bf16_on_the_cpu(tmp_path, capsys):
     row = next(line for line in md.splitlines() if line.startswith("| dec-dc"))
     assert row.count("|") == header.count("|")
     assert f"| {dc['decode_bound']:.3f} |" in row
+
+
+def test_profile_and_attention_impl(tmp_path, capsys):
+    """``--profile`` writes torch.profiler's tables of a training step and a beam search
+    per system and their top ops to bench.json (self times that add up to at most the
+    whole pass, the attention's ops among them); ``--attention-impl`` reaches every
+    attention core (eager: no SDPA call in the system's training step) and is named
+    in the machine line and the settings."""
+    out = tmp_path / "bench"
+    bench.main([*TINY_RUN, "--systems", "hysan e1 (sum)", "--profile", "--attention-impl", "eager",
+                "--output-dir", str(out)])
+    payload = json.loads((out / "bench.json").read_text())
+    assert payload["settings"]["attention_impl"] == "eager" and payload["settings"]["profile"] is True
+    assert payload["machine"].endswith(", fp32, attention_impl eager")
+    base, hysan = payload["results"]
+    for result in (base, hysan):
+        for kind in ("train", "decode"):
+            ops = result["profile"][kind]
+            assert 0 < len(ops) <= bench.PROFILE_ROWS
+            assert all(op["self_ms"] >= 0 and 0 <= op["share"] <= 1 for op in ops)
+            assert sum(op["share"] for op in ops) <= 1 + 1e-6
+            assert [op["self_ms"] for op in ops] == sorted((op["self_ms"] for op in ops), reverse=True)
+            text = (out / "profile" / f"{bench._slug(result['name'])}.{kind}.txt").read_text()
+            assert "Self CPU" in text and ops[0]["op"] in text
+    train_ops = {op["op"] for op in hysan["profile"]["train"]} | {op["op"] for op in base["profile"]["train"]}
+    assert not any("scaled_dot_product" in op for op in {o["op"] for o in hysan["profile"]["train"]})
+    assert "aten::mm" in train_ops or "aten::addmm" in train_ops or "aten::bmm" in train_ops
+
+
+def test_hysan_gate_saves_only_the_branch_outputs():
+    """HySAN's gated sum recomputes its gates in the backward pass from the branch
+    outputs, which the fast path saves anyway: its self-attention sublayers save
+    exactly what the sum fusion's save (before, x_b, the gate's hidden layer and
+    SG(x_b) of every branch came on top)."""
+    task = bench._Toy(64)
+    batch = bench.make_batch(task, 3, 9, 9, torch.device("cpu"))
+    saved = {}
+    for fusion in ("sum", "gated"):
+        _, model = bench.build("hysan_transformer", "tiny", ["--hysan-fusion", fusion], task, torch.device("cpu"))
+        from fairseq_localness.modules.attention import set_attention_impl
+
+        set_attention_impl(model, "sdpa")
+        model.train()
+        saved[fusion] = bench.measure_static(model, batch, 4, torch.device("cpu"))[2]
+    gated_attn = sum(b for k, b in saved["gated"].items() if "self_attn" in k)
+    sum_attn = sum(b for k, b in saved["sum"].items() if "self_attn" in k)
+    # what remains is the boolean real-token mask of the logged gate means (one byte
+    # per source token and encoder layer); saving x_b and SG(x_b) would add 2 x 4 x C
+    # bytes per token, branch and layer
+    tokens, layers = batch[0].numel(), 2
+    assert 0 <= gated_attn - sum_attn <= tokens * layers
 
 
 def test_module_runs_as_a_script():

@@ -219,6 +219,43 @@ def test_fusion_shapes_and_parameters():
         build_fusion("gated", 30, ["a"], reduction=16)
 
 
+def test_gated_sum_recomputed_in_backward_equals_the_plain_computation():
+    """In training the gated sum recomputes SG(x_b) in the backward pass: its output,
+    its gradients (branch outputs and gate weights) and its logged gate means equal
+    those of ``sum_b x_b * SG(x_b)`` computed directly (eq. 13-14)."""
+    from fairseq_localness.modules.attention import AttentionContext
+
+    torch.manual_seed(3)
+    fusion = build_fusion("gated", C, ["a", "b", "c"], reduction=4).train()
+    fusion.metric_prefix = "enc1"
+    kpm = _left_padding([4, 2], 4)
+    ctx = AttentionContext(query_input=None, q=torch.zeros(2, H, 4, C // H), k=torch.zeros(2, H, 4, C // H),
+                           key_padding_mask=kpm, q_pos=None, k_pos=None, lengths=None, causal=False,
+                           self_attention=True)
+    outs = [torch.randn(2, H, 4, C // H, requires_grad=True) for _ in range(3)]
+    logged = {}
+    fusion.log_metric = lambda name, value, *a, **k: logged.__setitem__(name, value)
+    weight = torch.randn(4, 2, C)
+    (fusion(outs, ctx) * weight).sum().backward()
+    got = [o.grad.clone() for o in outs] + [p.grad.clone() for p in fusion.parameters()]
+    for t in outs + list(fusion.parameters()):
+        t.grad = None
+    keep = (~kpm).t().unsqueeze(-1)
+    ref, means = 0, {}
+    for name, o in zip("abc", outs):
+        x = o.permute(2, 0, 1, 3).reshape(4, 2, C)
+        g = torch.sigmoid(fusion.gate.f2(torch.relu(fusion.gate.f1(x))))
+        ref = ref + x * g
+        means[f"gate_{name}"] = (g * keep).sum() / (keep.sum() * C)
+    (ref * weight).sum().backward()
+    want = [o.grad for o in outs] + [p.grad for p in fusion.parameters()]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert set(logged) == set(means)
+    for name, value in means.items():
+        torch.testing.assert_close(logged[name].float(), value.detach())
+
+
 # ---------------------------------------------------------------- no NaN
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fusion", ["concat", "gated"])

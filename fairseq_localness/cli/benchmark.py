@@ -55,6 +55,7 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -90,6 +91,9 @@ class Result:
     largest_tensor_ratio: float = 0.0
     train_tokens: int = 0
     decode_sentences: int = 0
+    # with --profile: the ops with the most self time in one training step and in one
+    # beam search (name, calls, self time in ms, share of the pass's self time)
+    profile: Dict[str, List[dict]] = field(default_factory=dict)
     error: Optional[str] = None
 
     @property
@@ -402,6 +406,9 @@ def _prepare(name, args, task, batch, decode_src, device, result: Result):
     except Exception as exc:
         result.error = f"build failed: {exc}"
         return None
+    from fairseq_localness.modules.attention import set_attention_impl
+
+    set_attention_impl(model, args.attention_impl)
     result.params = sum(p.numel() for p in model.parameters())
     model.train()
     layer0 = model.encoder.layers[0]
@@ -430,6 +437,36 @@ def _timed(fn, device) -> float:
     fn()
     _sync(device)
     return time.perf_counter() - start
+
+
+PROFILE_ROWS = 25
+
+
+def profile_pass(name: str, fn, device, out_dir: str) -> List[dict]:
+    """Run ``fn`` once under ``torch.profiler`` and write torch's table of the ops with
+    the most self time (device time on a GPU, CPU time on a CPU) to
+    ``out_dir/<name>.txt``; returns those ops as records (name, calls, self ms,
+    share of the pass's total self time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        fn()
+        _sync(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = prof.key_averages()
+    self_us = [(e, getattr(e, key)) for e in events]
+    total = sum(t for _, t in self_us) or 1.0
+    top = sorted(self_us, key=lambda et: -et[1])[:PROFILE_ROWS]
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.txt"), "w") as f:
+        f.write(events.table(sort_by=key, row_limit=PROFILE_ROWS))
+    return [dict(op=e.key, calls=e.count, self_ms=t / 1000.0, share=t / total) for e, t in top]
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 def select_device(args) -> torch.device:
@@ -475,6 +512,16 @@ def run(args) -> List[Result]:
                 results[name].decode_times.append(d)
                 results[name].decode_ratios.append(d_base / d)
             print(f"group {number}/{len(groups)}: round {round_ + 1}/{args.repeats} done", file=sys.stderr)
+        if args.profile:
+            profiled = list(members.items()) + ([(BASELINE, (base_model, base_opt))] if number == 1 else [])
+            out_dir = os.path.join(args.output_dir, "profile")
+            for name, (model, opt) in profiled:
+                results[name].profile = {
+                    "train": profile_pass(f"{_slug(name)}.train", lambda: _train_step(model, opt, batch),
+                                          device, out_dir),
+                    "decode": profile_pass(f"{_slug(name)}.decode",
+                                           lambda: _decode(model, task, decode_src, args.decode_len), device, out_dir),
+                }
         if device.type == "cuda":
             for name, (model, opt) in list(members.items()) + ([(BASELINE, (base_model, base_opt))] if number == 1 else []):
                 torch.cuda.reset_peak_memory_stats()
@@ -565,6 +612,10 @@ def get_parser():
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES),
                    help="dtype of every model (model.to(dtype)); fp16 needs a CUDA GPU, bf16 a CPU or a GPU of "
                    "compute capability >= 8.0 (default: fp32)")
+    p.add_argument("--attention-impl", default="auto", choices=["auto", "sdpa", "eager"],
+                   help="path of every attention core of the package's models: auto (the default: the fused "
+                   "kernel where it applies and pays), sdpa (the fused kernel wherever it applies) or eager "
+                   "(the reference); the transformer is fairseq's own attention either way")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--src-len", type=int, default=None)
     p.add_argument("--tgt-len", type=int, default=None)
@@ -577,6 +628,10 @@ def get_parser():
         "--group-size", type=int, default=None,
         help="systems held in memory at once, each group timed with the transformer (default: 4)",
     )
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one training step and one beam search of every system with torch.profiler: "
+                   "the ops with the most self time go to OUTPUT_DIR/profile/<system>.{train,decode}.txt and to "
+                   "bench.json")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a CUDA GPU is available")
     p.add_argument("--output-dir", default="runs/bench", help="where bench.json and bench.md go")
     p.add_argument("--list", action="store_true", help="list the systems and exit")
@@ -627,12 +682,14 @@ def main(argv=None):
     results = run(args)
     device = select_device(args).type
     machine = machine_description(device, args.dtype)
+    if args.attention_impl != "auto":
+        machine += f", attention_impl {args.attention_impl}"
     md = table(results, machine)
     os.makedirs(args.output_dir, exist_ok=True)
     settings = {
         k: getattr(args, k)
-        for k in ("size", "dtype", "batch_size", "src_len", "tgt_len", "decode_batch", "decode_len", "repeats",
-                  "vocab", "quick", "group_size", "threads")
+        for k in ("size", "dtype", "attention_impl", "batch_size", "src_len", "tgt_len", "decode_batch", "decode_len", "repeats",
+                  "vocab", "quick", "group_size", "threads", "profile")
     }
     base = next((r for r in results if r.name == BASELINE and not r.error), None)
     payload = {

@@ -39,14 +39,18 @@ Two paths compute the same thing and are tested against each other:
 ``eager`` (the readable reference: energies once, one float32 softmax per branch,
 returns weights) and ``sdpa`` (one ``torch.nn.functional.scaled_dot_product_attention``
 call per branch with that branch's mask and bias, the fusion applied to the outputs
-as in the eager path), used in float32, float16 and bfloat16 for any number of
+as in the eager path), which applies in float32, float16 and bfloat16 to any number of
 branches whenever no distribution is needed: not with Shaw et al.'s value term (it
 needs the distribution itself), not while a recorder is on, and not when a
 one-branch attention is asked for its weights. Each branch's SDPA call draws its own
 dropout. A call per branch recomputes ``q k^T`` for every branch (L products instead
-of one) but keeps nothing of size ``B x H x Tq x Tk`` for the backward pass; the
-benchmark (``fairseq-localness-bench``, docs/benchmark.md) measures what that costs
-against the transformer, per system and dtype.
+of one, and again in the backward pass) and keeps each branch's output
+(``B x H x Tq x Dh``) for the backward pass instead of its distribution
+(``B x H x Tq x Tk``). ``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses:
+``"auto"`` takes the fast path where it applies except where the eager path was
+measured to be faster (several branches trained on a CPU: :meth:`AttentionCore._use_sdpa`),
+``"sdpa"`` wherever it applies, ``"eager"`` never; :func:`set_attention_impl` sets
+it for a whole model, ``fairseq-localness-bench --attention-impl`` for the benchmark.
 
 Masks that depend on ``j - i`` only (the causal mask, window branches, relative
 position buckets) are computed from *index* distances and taken as views of a table
@@ -87,6 +91,22 @@ def _torch_version() -> Tuple[int, int]:
 # where tests/test_attention_core.py checks it; on accelerators (not checked here) and
 # with older torch it repairs empty rows as the eager path does.
 _SDPA_ZEROES_EMPTY_ROWS_ON_CPU = _torch_version() >= (2, 5)
+
+# The settings of AttentionCore.attention_impl: "auto" (the fast path where it applies
+# and pays), "sdpa" (the fast path wherever it applies), "eager" (the reference path).
+ATTENTION_IMPLS = ("auto", "sdpa", "eager")
+
+
+def set_attention_impl(model: nn.Module, impl: str) -> int:
+    """Set ``attention_impl`` of every :class:`AttentionCore` in ``model``; returns how
+    many cores were set. ``impl`` is one of :data:`ATTENTION_IMPLS`."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl {impl!r}: allowed: {', '.join(ATTENTION_IMPLS)}")
+    cores = [m for m in model.modules() if isinstance(m, AttentionCore)]
+    for core in cores:
+        core.attention_impl = impl
+    return len(cores)
+
 
 # Half and single precision inputs the fast path takes (float64 stays on the reference).
 _SDPA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -407,7 +427,7 @@ class AttentionCore(nn.Module, Observable):
             if output_projection
             else None
         )
-        # "auto" picks sdpa when it applies; "eager" forces the reference path.
+        # which path computes the attention: one of ATTENTION_IMPLS (see _use_sdpa)
         self.attention_impl = "auto"
         self.reset_parameters()
 
@@ -609,19 +629,47 @@ class AttentionCore(nn.Module, Observable):
         return x, weights
 
     def _use_sdpa(self, query: Tensor, need_weights: bool) -> bool:
-        """Whether this call takes the fast path: any number of branches, float32 or
-        half precision, unless the eager path is forced (``attention_impl``), a
-        recorder wants the distributions, a one-branch attention is asked for its
-        weights (several branches return none), or Shaw et al.'s value term needs the
-        distribution itself."""
-        if self.attention_impl == "eager" or self.recording:
+        """Whether this call takes the fast path.
+
+        The fast path applies to any number of branches in float32, float16 and
+        bfloat16, unless a recorder wants the distributions, a one-branch attention is
+        asked for its weights (several branches return none), or Shaw et al.'s value
+        term needs the distribution itself. ``attention_impl`` then decides (see
+        :data:`ATTENTION_IMPLS`):
+
+        * ``"sdpa"``: the fast path wherever it applies;
+        * ``"eager"``: the reference path always;
+        * ``"auto"`` (default): the fast path where it applies, except for several
+          branches trained on a CPU. There the eager path computes ``q k^T`` once for
+          all branches and its backward pass reuses the saved distributions, where
+          each branch's SDPA call recomputes ``q k^T`` and its softmax in its own
+          backward pass; and with ``Tk < Dh`` (sentences shorter than the head
+          dimension) the L distributions it saves are smaller than the L outputs
+          SDPA saves. docs/benchmark.md has the measurements behind this rule.
+          Without gradients (validation, decoding), for one branch, and on
+          accelerators, the fast path is taken.
+        """
+        impl = self.attention_impl
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl {impl!r}: allowed: {', '.join(ATTENTION_IMPLS)}")
+        if impl == "eager" or self.recording:
             return False
         if need_weights and len(self.branches) == 1:
             return False
         rel = self.relative_positions
         if rel is not None and rel.value_embeddings is not None:
             return False
-        return query.dtype in _SDPA_DTYPES
+        if query.dtype not in _SDPA_DTYPES:
+            return False
+        if (
+            impl == "auto"
+            and len(self.branches) > 1
+            and query.device.type == "cpu"
+            and torch.is_grad_enabled()
+            and self.q_proj.weight.requires_grad
+        ):
+            return False
+        return True
 
     def _branch_mask_and_bias(self, ctx, branch, base_blocked):
         blocked = _combine(base_blocked, branch.mask(ctx))

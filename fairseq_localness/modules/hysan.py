@@ -72,6 +72,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from fairseq_localness.modules.attention import AttentionContext
 from fairseq_localness.modules.branches import (
@@ -186,15 +187,30 @@ class GatedSumFusion(Fusion):
         if log:
             keep = ctx.query_keep()
             keep = None if keep is None else keep.t().unsqueeze(-1)  # Tq x B x 1
+        # In training, each branch's gated output is recomputed from the branch output
+        # in the backward pass instead of saving x_b, the gate's hidden layer and
+        # SG(x_b) (2 C + 2 C/r values per token and branch; the branch output itself
+        # is kept anyway: the attention's backward pass needs it).
+        recompute = torch.is_grad_enabled() and not self.recording and any(o.requires_grad for o in outputs)
         for name, out in zip(self.names, outputs):
-            x = merge_heads(out)  # Tq x B x C
-            g = self.gate(x)  # Tq x B x C
-            fused = x * g if fused is None else fused + x * g
+            if recompute:
+                y, gate_mean = checkpoint(self._gated, out, keep, log, use_reentrant=False)
+            else:
+                y, gate_mean = self._gated(out, keep, log)
+            fused = y if fused is None else fused + y
             if log:
-                self.log_metric(gate_key(name), masked_mean(g, keep))
+                self.log_metric(gate_key(name), gate_mean)
             if self.recording:
+                g = self.gate(merge_heads(out))
                 self.record(gate_key(name), g.float().mean(-1).t())  # B x Tq
         return fused
+
+    def _gated(self, out: Tensor, keep: Optional[Tensor], want_mean: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """``x_b * SG(x_b)`` for one branch output ``B x H x Tq x Dh`` (``Tq x B x C``),
+        and the gate's mean over the real query tokens when ``want_mean``."""
+        x = merge_heads(out)  # Tq x B x C
+        g = self.gate(x)  # Tq x B x C
+        return x * g, (masked_mean(g.detach(), keep) if want_mean else None)
 
 
 def build_fusion(kind: str, embed_dim: int, names: Sequence[str], reduction: int = 16, gate_bias: bool = False):
