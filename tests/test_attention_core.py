@@ -185,8 +185,8 @@ def test_sdpa_path_equals_eager_path(kind, causal, dtype, device):
 
 
 def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu():
-    """``"auto"``: SDPA for one branch, and for several branches without gradients;
-    the eager path for several branches trained on a CPU (any dtype); ``"sdpa"``
+    """``"auto"``: SDPA for one branch, for several branches without gradients and in
+    half precision; the eager path for several float32 branches trained on a CPU; ``"sdpa"``
     forces the fast path there; an unknown setting is an error naming the allowed
     ones, from the core and from ``set_attention_impl``."""
     from model_utils import attention_paths
@@ -203,7 +203,8 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu()
     several = AttentionCore(C, H, self_attention=True, branches=[global_branch(), local_branch(1)])
     assert paths(single) == {"sdpa"}
     assert paths(several) == {"eager"}
-    assert paths(several, torch.bfloat16) == {"eager"}
+    assert paths(several, torch.bfloat16) == {"sdpa"}
+    several.float()
     assert paths(several, grad=False) == {"sdpa"}
     several.requires_grad_(False)  # frozen parameters: nothing to train
     assert paths(several) == {"sdpa"}

@@ -222,28 +222,30 @@ def test_profile_and_attention_impl(tmp_path, capsys):
     assert "aten::mm" in train_ops or "aten::addmm" in train_ops or "aten::bmm" in train_ops
 
 
-def test_hysan_gate_saves_only_the_branch_outputs():
-    """HySAN's gated sum recomputes its gates in the backward pass from the branch
-    outputs, which the fast path saves anyway: its self-attention sublayers save
-    exactly what the sum fusion's save (before, x_b, the gate's hidden layer and
-    SG(x_b) of every branch came on top)."""
+def test_hysan_gate_saves_only_its_bottleneck():
+    """HySAN's gated sum keeps, beyond what the sum fusion keeps, only the squeeze
+    gate's bottleneck ReLU(f1(x_b)) (C/r values per token and branch): the branch
+    outputs it also needs are kept by the attention's fast path already (plain
+    autograd would keep x_b, f1(x_b), the bottleneck and SG(x_b): 2 C + 2 C/r)."""
+    from fairseq_localness.modules.attention import set_attention_impl
+    from fairseq_localness.modules.hysan import GatedSumFusion
+
     task = bench._Toy(64)
     batch = bench.make_batch(task, 3, 9, 9, torch.device("cpu"))
-    saved = {}
+    saved, models = {}, {}
     for fusion in ("sum", "gated"):
         _, model = bench.build("hysan_transformer", "tiny", ["--hysan-fusion", fusion], task, torch.device("cpu"))
-        from fairseq_localness.modules.attention import set_attention_impl
-
         set_attention_impl(model, "sdpa")
         model.train()
-        saved[fusion] = bench.measure_static(model, batch, 4, torch.device("cpu"))[2]
-    gated_attn = sum(b for k, b in saved["gated"].items() if "self_attn" in k)
-    sum_attn = sum(b for k, b in saved["sum"].items() if "self_attn" in k)
-    # what remains is the boolean real-token mask of the logged gate means (one byte
-    # per source token and encoder layer); saving x_b and SG(x_b) would add 2 x 4 x C
-    # bytes per token, branch and layer
-    tokens, layers = batch[0].numel(), 2
-    assert 0 <= gated_attn - sum_attn <= tokens * layers
+        saved[fusion], models[fusion] = bench.measure_static(model, batch, 4, torch.device("cpu"))[2], model
+    expected = 0
+    for name, module in models["gated"].named_modules():
+        if isinstance(module, GatedSumFusion):
+            tokens = batch[0].numel() if name.startswith("encoder") else batch[2].numel()
+            expected += len(module.names) * tokens * module.gate.f1.out_features * 4
+    assert expected > 0
+    attention = {fusion: sum(b for k, b in saved[fusion].items() if "self_attn" in k) for fusion in saved}
+    assert attention["gated"] - attention["sum"] == expected
 
 
 def test_module_runs_as_a_script():

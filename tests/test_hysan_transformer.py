@@ -219,24 +219,31 @@ def test_fusion_shapes_and_parameters():
         build_fusion("gated", 30, ["a"], reduction=16)
 
 
-def test_gated_sum_recomputed_in_backward_equals_the_plain_computation():
-    """In training the gated sum recomputes SG(x_b) in the backward pass: its output,
-    its gradients (branch outputs and gate weights) and its logged gate means equal
-    those of ``sum_b x_b * SG(x_b)`` computed directly (eq. 13-14)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("gate_bias", [False, True], ids=["no_bias", "bias"])
+def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias, dtype):
+    """The gated sum's own backward pass (it keeps the branch outputs and the gate's
+    bottleneck, and recomputes the rest): its output, its gradients (branch outputs,
+    gate weights and biases) and its logged gate means equal autograd's on
+    ``sum_b x_b * SG(x_b)`` computed directly (eq. 13-14)."""
     from fairseq_localness.modules.attention import AttentionContext
 
     torch.manual_seed(3)
-    fusion = build_fusion("gated", C, ["a", "b", "c"], reduction=4).train()
+    fusion = build_fusion("gated", C, ["a", "b", "c"], reduction=4, gate_bias=gate_bias).to(dtype).train()
+    if gate_bias:
+        for lin in (fusion.gate.f1, fusion.gate.f2):
+            torch.nn.init.normal_(lin.bias)
     fusion.metric_prefix = "enc1"
     kpm = _left_padding([4, 2], 4)
     ctx = AttentionContext(query_input=None, q=torch.zeros(2, H, 4, C // H), k=torch.zeros(2, H, 4, C // H),
                            key_padding_mask=kpm, q_pos=None, k_pos=None, lengths=None, causal=False,
                            self_attention=True)
-    outs = [torch.randn(2, H, 4, C // H, requires_grad=True) for _ in range(3)]
+    outs = [torch.randn(2, H, 4, C // H, dtype=dtype, requires_grad=True) for _ in range(3)]
     logged = {}
     fusion.log_metric = lambda name, value, *a, **k: logged.__setitem__(name, value)
-    weight = torch.randn(4, 2, C)
-    (fusion(outs, ctx) * weight).sum().backward()
+    weight = torch.randn(4, 2, C, dtype=dtype)
+    fused = fusion(outs, ctx)
+    (fused * weight).sum().backward()
     got = [o.grad.clone() for o in outs] + [p.grad.clone() for p in fusion.parameters()]
     for t in outs + list(fusion.parameters()):
         t.grad = None
@@ -249,11 +256,16 @@ def test_gated_sum_recomputed_in_backward_equals_the_plain_computation():
         means[f"gate_{name}"] = (g * keep).sum() / (keep.sum() * C)
     (ref * weight).sum().backward()
     want = [o.grad for o in outs] + [p.grad for p in fusion.parameters()]
+    assert len(want) == (7 if gate_bias else 5)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(fused.float(), ref.detach().float(), **tol)
     for a, b in zip(got, want):
-        torch.testing.assert_close(a, b)
+        assert a.dtype == b.dtype == dtype
+        scale = max(1.0, b.float().abs().max().item())
+        torch.testing.assert_close(a.float() / scale, b.float() / scale, **tol)
     assert set(logged) == set(means)
     for name, value in means.items():
-        torch.testing.assert_close(logged[name].float(), value.detach())
+        torch.testing.assert_close(logged[name].float(), value.detach().float(), **tol)
 
 
 # ---------------------------------------------------------------- no NaN

@@ -48,7 +48,8 @@ of one, and again in the backward pass) and keeps each branch's output
 (``B x H x Tq x Dh``) for the backward pass instead of its distribution
 (``B x H x Tq x Tk``). ``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses:
 ``"auto"`` takes the fast path where it applies except where the eager path was
-measured to be faster (several branches trained on a CPU: :meth:`AttentionCore._use_sdpa`),
+measured to be as fast and smaller (several float32 branches trained on a CPU:
+:meth:`AttentionCore._use_sdpa`),
 ``"sdpa"`` wherever it applies, ``"eager"`` never; :func:`set_attention_impl` sets
 it for a whole model, ``fairseq-localness-bench --attention-impl`` for the benchmark.
 
@@ -640,14 +641,15 @@ class AttentionCore(nn.Module, Observable):
         * ``"sdpa"``: the fast path wherever it applies;
         * ``"eager"``: the reference path always;
         * ``"auto"`` (default): the fast path where it applies, except for several
-          branches trained on a CPU. There the eager path computes ``q k^T`` once for
-          all branches and its backward pass reuses the saved distributions, where
-          each branch's SDPA call recomputes ``q k^T`` and its softmax in its own
-          backward pass; and with ``Tk < Dh`` (sentences shorter than the head
-          dimension) the L distributions it saves are smaller than the L outputs
-          SDPA saves. docs/benchmark.md has the measurements behind this rule.
-          Without gradients (validation, decoding), for one branch, and on
-          accelerators, the fast path is taken.
+          float32 branches trained on a CPU. There the eager path computes ``q k^T``
+          once for all branches and its backward pass reuses the saved
+          distributions, where each branch's SDPA call recomputes ``q k^T`` and its
+          softmax in its own backward pass; measured (docs/benchmark.md, "The
+          attention paths on a CPU"), the eager path trained as fast or up to 4%
+          faster, and with ``Tk < Dh`` (sentences shorter than the head dimension)
+          the L distributions it saves are smaller than the L outputs SDPA saves.
+          Without gradients (validation, decoding), for one branch, in half
+          precision and on accelerators the fast path is taken.
         """
         impl = self.attention_impl
         if impl not in ATTENTION_IMPLS:
@@ -664,6 +666,7 @@ class AttentionCore(nn.Module, Observable):
         if (
             impl == "auto"
             and len(self.branches) > 1
+            and query.dtype == torch.float32
             and query.device.type == "cpu"
             and torch.is_grad_enabled()
             and self.q_proj.weight.requires_grad

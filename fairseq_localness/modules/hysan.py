@@ -71,8 +71,8 @@ import re
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from fairseq_localness.modules.attention import AttentionContext
 from fairseq_localness.modules.branches import (
@@ -187,30 +187,62 @@ class GatedSumFusion(Fusion):
         if log:
             keep = ctx.query_keep()
             keep = None if keep is None else keep.t().unsqueeze(-1)  # Tq x B x 1
-        # In training, each branch's gated output is recomputed from the branch output
-        # in the backward pass instead of saving x_b, the gate's hidden layer and
-        # SG(x_b) (2 C + 2 C/r values per token and branch; the branch output itself
-        # is kept anyway: the attention's backward pass needs it).
-        recompute = torch.is_grad_enabled() and not self.recording and any(o.requires_grad for o in outputs)
         for name, out in zip(self.names, outputs):
-            if recompute:
-                y, gate_mean = checkpoint(self._gated, out, keep, log, use_reentrant=False)
-            else:
-                y, gate_mean = self._gated(out, keep, log)
+            y, g = _SqueezeGated.apply(out, self.gate.f1.weight, self.gate.f1.bias, self.gate.f2.weight,
+                                       self.gate.f2.bias)
             fused = y if fused is None else fused + y
             if log:
-                self.log_metric(gate_key(name), gate_mean)
+                self.log_metric(gate_key(name), masked_mean(g, keep))
             if self.recording:
-                g = self.gate(merge_heads(out))
                 self.record(gate_key(name), g.float().mean(-1).t())  # B x Tq
         return fused
 
-    def _gated(self, out: Tensor, keep: Optional[Tensor], want_mean: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        """``x_b * SG(x_b)`` for one branch output ``B x H x Tq x Dh`` (``Tq x B x C``),
-        and the gate's mean over the real query tokens when ``want_mean``."""
-        x = merge_heads(out)  # Tq x B x C
-        g = self.gate(x)  # Tq x B x C
-        return x * g, (masked_mean(g.detach(), keep) if want_mean else None)
+
+class _SqueezeGated(torch.autograd.Function):
+    """``y = x * SG(x)`` with ``x = merge_heads(out)`` and ``SG(x) = sigmoid(f2(h))``,
+    ``h = ReLU(f1(x))`` (Song et al. 2019, eq. 13-14), for one branch output ``out``
+    (``B x H x Tq x Dh``); returns ``y`` and the gate ``SG(x)`` (``Tq x B x C``, not
+    differentiable: for logging and recording).
+
+    What the backward pass keeps: ``out`` (which the attention's own backward pass
+    keeps anyway) and the bottleneck ``h`` (C/r values per token). Autograd on the
+    plain expression would keep ``x``, ``f1(x)``, ``h`` and ``SG(x)`` (2 C + 2 C/r);
+    here ``x`` is re-read from ``out`` and ``SG(x)`` recomputed from ``h`` by ``f2``
+    (C^2/r multiply-adds per token, half the gate's forward arithmetic).
+    Under autocast the saved tensors are in the autocast dtype and the backward pass
+    computes in it; gradients come back in each parameter's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, out, w1, b1, w2, b2):
+        x = merge_heads(out)
+        h = torch.relu(F.linear(x, w1, b1))
+        g = torch.sigmoid(F.linear(h, w2, b2))
+        ctx.save_for_backward(out, h, w1, w2, b2)
+        ctx.has_b1 = b1 is not None
+        ctx.mark_non_differentiable(g)
+        return x * g, g
+
+    @staticmethod
+    def backward(ctx, grad_y, _grad_g):
+        out, h, w1, w2, b2 = ctx.saved_tensors
+        dtype = h.dtype
+        w1c, w2c = w1.to(dtype), w2.to(dtype)
+        x = merge_heads(out).to(dtype)
+        g = torch.sigmoid(F.linear(h, w2c, None if b2 is None else b2.to(dtype)))
+        grad_y = grad_y.to(dtype)
+        grad_x = grad_y * g
+        grad_z = grad_y * x * g * (1 - g)  # through the sigmoid
+        grad_h = grad_z.matmul(w2c).masked_fill(h <= 0, 0)  # through f2 and the ReLU
+        grad_x = grad_x + grad_h.matmul(w1c)
+        flat = lambda t: t.reshape(-1, t.size(-1))  # noqa: E731
+        grad_w2 = flat(grad_z).t().matmul(flat(h)).to(w2.dtype)
+        grad_w1 = flat(grad_h).t().matmul(flat(x)).to(w1.dtype)
+        grad_b2 = flat(grad_z).sum(0).to(b2.dtype) if b2 is not None else None
+        grad_b1 = flat(grad_h).sum(0).to(w1.dtype) if ctx.has_b1 else None
+        bsz, heads, tlen, dh = out.shape
+        grad_out = grad_x.view(tlen, bsz, heads, dh).permute(1, 2, 0, 3).to(out.dtype)
+        return grad_out, grad_w1, grad_b1, grad_w2, grad_b2
 
 
 def build_fusion(kind: str, embed_dim: int, names: Sequence[str], reduction: int = 16, gate_bias: bool = False):
