@@ -231,10 +231,9 @@ class _SqueezeGated(torch.autograd.Function):
         x = merge_heads(out).to(dtype)
         g = torch.sigmoid(F.linear(h, w2c, None if b2 is None else b2.to(dtype)))
         grad_y = grad_y.to(dtype)
-        grad_x = grad_y * g
-        grad_z = grad_y * x * g * (1 - g)  # through the sigmoid
-        grad_h = grad_z.matmul(w2c).masked_fill(h <= 0, 0)  # through f2 and the ReLU
-        grad_x = grad_x + grad_h.matmul(w1c)
+        grad_z = torch.ops.aten.sigmoid_backward(grad_y * x, g)  # through SG's sigmoid
+        grad_h = torch.ops.aten.threshold_backward(grad_z.matmul(w2c), h, 0)  # through f2 and the ReLU
+        grad_x = torch.addcmul(grad_h.matmul(w1c), grad_y, g)  # f1's path + the product's
         flat = lambda t: t.reshape(-1, t.size(-1))  # noqa: E731
         grad_w2 = flat(grad_z).t().matmul(flat(h)).to(w2.dtype)
         grad_w1 = flat(grad_h).t().matmul(flat(x)).to(w1.dtype)
