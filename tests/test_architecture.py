@@ -210,3 +210,36 @@ def test_default_layer_plans_follow_the_layer_options(arch, extra, encoder, deco
     for side, expected in (("encoder", encoder), ("decoder", decoder)):
         layers = getattr(model, side).layers
         assert [i for i, layer in enumerate(layers) if isinstance(layer.self_attn, ours)] == expected, side
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_concat_projection_keeps_the_branch_outputs_not_their_concatenation(dtype):
+    """ConcatFusion.project (the fusion and the output projection together) equals
+    Linear(cat(x_b)) in its output and in every gradient, and what its backward pass
+    keeps is the branch outputs and the weight, not the Tq x B x L*C concatenation."""
+    from fairseq_localness.modules.fusion import ConcatFusion, merge_heads
+
+    torch.manual_seed(0)
+    fusion, proj = ConcatFusion(3), torch.nn.Linear(3 * 16, 16).to(dtype)
+    outs = [torch.randn(2, 4, 5, 4, dtype=dtype, requires_grad=True) for _ in range(3)]
+    weight = torch.randn(5, 2, 16, dtype=dtype)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = fusion.project(outs, None, proj)
+    (y * weight).sum().backward()
+    got = [t.grad.clone() for t in outs + [proj.weight, proj.bias]]
+    assert {t.data_ptr() for t in saved} == {t.data_ptr() for t in outs + [proj.weight]}
+    for t in outs + [proj.weight, proj.bias]:
+        t.grad = None
+    ref = proj(torch.cat([merge_heads(x) for x in outs], dim=-1))
+    (ref * weight).sum().backward()
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(y, ref, **tol)
+    for a, t in zip(got, outs + [proj.weight, proj.bias]):
+        assert a.dtype == t.grad.dtype == dtype
+        torch.testing.assert_close(a.float(), t.grad.float(), **tol)

@@ -620,9 +620,10 @@ class AttentionCore(nn.Module, Observable):
                     weights = probs
                 self.record(probs_key(branch.name), probs)
 
-        x = self.fusion(outputs, ctx)  # Tq x B x C'
         if self.out_proj is not None:
-            x = self.out_proj(x)
+            x = self.fusion.project(outputs, ctx, self.out_proj)  # Tq x B x C
+        else:
+            x = self.fusion(outputs, ctx)  # Tq x B x C'
         if weights is not None:
             weights = weights.to(query.dtype).transpose(0, 1)  # H x B x Tq x Tk
             if not need_head_weights:

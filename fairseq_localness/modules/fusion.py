@@ -28,6 +28,7 @@ where ``x_b`` is branch b's output with its heads merged (``Tq x B x C``).
 from typing import TYPE_CHECKING, List
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq_localness.modules.observe import Observable
@@ -58,6 +59,12 @@ class Fusion(nn.Module, Observable):
         """``outputs``: one ``B x H x Tq x Dh`` tensor per branch, in the core's branch
         order; returns ``Tq x B x C'``."""
         raise NotImplementedError
+
+    def project(self, outputs: List[Tensor], ctx: "AttentionContext", out_proj: nn.Linear) -> Tensor:
+        """The fusion followed by the core's output projection (``C' -> C``). A fusion
+        may override it to compute the two together (:class:`ConcatFusion` does, to
+        keep its L-times-wider input out of the backward pass's memory)."""
+        return out_proj(self(outputs, ctx))
 
 
 class MergeHeads(Fusion):
@@ -103,3 +110,39 @@ class ConcatFusion(Fusion):
     def forward(self, outputs: List[Tensor], ctx: "AttentionContext") -> Tensor:
         assert len(outputs) == self.num_branches
         return torch.cat([merge_heads(x) for x in outputs], dim=-1)  # Tq x B x L*C
+
+    def project(self, outputs: List[Tensor], ctx: "AttentionContext", out_proj: nn.Linear) -> Tensor:
+        assert len(outputs) == self.num_branches
+        return _ConcatProjection.apply(out_proj.weight, out_proj.bias, *outputs)
+
+
+class _ConcatProjection(torch.autograd.Function):
+    """``[x_1; ...; x_L] W^T + b`` with ``x_b = merge_heads(out_b)``: what
+    :class:`ConcatFusion` followed by the output projection computes, keeping the
+    branch outputs ``out_b`` for the backward pass (the attention's fused kernel keeps
+    them anyway) instead of their ``Tq x B x L*C`` concatenation, which the backward
+    pass rebuilds for ``W``'s gradient. Under autocast the backward pass computes in
+    the dtype of the branch outputs; gradients come back in each input's dtype."""
+
+    @staticmethod
+    def forward(ctx, weight, bias, *outputs):
+        concat = torch.cat([merge_heads(x) for x in outputs], dim=-1)
+        ctx.save_for_backward(weight, *outputs)
+        ctx.has_bias = bias is not None
+        return F.linear(concat, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight, *outputs = ctx.saved_tensors
+        dtype = outputs[0].dtype
+        grad = grad.to(dtype)
+        flat = grad.reshape(-1, grad.size(-1))  # (Tq * B) x C
+        concat = torch.cat([merge_heads(x) for x in outputs], dim=-1)
+        grad_weight = flat.t().matmul(concat.reshape(-1, concat.size(-1))).to(weight.dtype)
+        grad_bias = flat.sum(0).to(weight.dtype) if ctx.has_bias else None
+        grad_concat = grad.matmul(weight.to(dtype))  # Tq x B x L*C
+        grads = []
+        for x, g in zip(outputs, grad_concat.split(outputs[0].size(1) * outputs[0].size(3), dim=-1)):
+            bsz, heads, tlen, dh = x.shape
+            grads.append(g.reshape(tlen, bsz, heads, dh).permute(1, 2, 0, 3))
+        return (grad_weight, grad_bias, *grads)
