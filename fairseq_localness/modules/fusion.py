@@ -113,6 +113,8 @@ class ConcatFusion(Fusion):
 
     def project(self, outputs: List[Tensor], ctx: "AttentionContext", out_proj: nn.Linear) -> Tensor:
         assert len(outputs) == self.num_branches
+        if not torch.is_grad_enabled():  # nothing to keep (validation, beam search)
+            return out_proj(self(outputs, ctx))
         return _ConcatProjection.apply(out_proj.weight, out_proj.bias, *outputs)
 
 

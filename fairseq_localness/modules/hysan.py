@@ -188,8 +188,13 @@ class GatedSumFusion(Fusion):
             keep = ctx.query_keep()
             keep = None if keep is None else keep.t().unsqueeze(-1)  # Tq x B x 1
         for name, out in zip(self.names, outputs):
-            y, g = _SqueezeGated.apply(out, self.gate.f1.weight, self.gate.f1.bias, self.gate.f2.weight,
-                                       self.gate.f2.bias)
+            if torch.is_grad_enabled():
+                y, g = _SqueezeGated.apply(out, self.gate.f1.weight, self.gate.f1.bias, self.gate.f2.weight,
+                                           self.gate.f2.bias)
+            else:  # nothing to keep (validation, beam search): the plain expression
+                x = merge_heads(out)
+                g = self.gate(x)
+                y = x * g
             fused = y if fused is None else fused + y
             if log:
                 self.log_metric(gate_key(name), masked_mean(g, keep))
