@@ -88,6 +88,7 @@ BAD = {
     "no_repeats": (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     "tiny_vocab": (["--vocab", "3"], "--vocab must be >= 8"),
     "unknown_attention_impl": (["--attention-impl", "flash"], "--attention-impl: invalid choice: 'flash'"),
+    "attention_impl_twice": (["--attention-impl", "sdpa", "sdpa"], "--attention-impl: a value given twice"),
 }
 
 
@@ -198,16 +199,17 @@ def test_tiny_run_in_bf16_on_the_cpu(tmp_path, capsys):
 def test_profile_and_attention_impl(tmp_path, capsys):
     """``--profile`` writes torch.profiler's tables of a training step and a beam search
     per system and their top ops to bench.json (self times that add up to at most the
-    whole pass, the attention's ops among them); ``--attention-impl`` reaches every
-    attention core (eager: no SDPA call in the system's training step) and is named
-    in the machine line and the settings."""
+    whole pass, sorted); ``--attention-impl`` reaches every attention core (eager: no
+    SDPA call in the system's training step) and is named in the machine line and the
+    settings."""
     out = tmp_path / "bench"
     bench.main([*TINY_RUN, "--systems", "hysan e1 (sum)", "--profile", "--attention-impl", "eager",
                 "--output-dir", str(out)])
     payload = json.loads((out / "bench.json").read_text())
-    assert payload["settings"]["attention_impl"] == "eager" and payload["settings"]["profile"] is True
+    assert payload["settings"]["attention_impl"] == ["eager"] and payload["settings"]["profile"] is True
     assert payload["machine"].endswith(", fp32, attention_impl eager")
     base, hysan = payload["results"]
+    assert hysan["name"] == "hysan e1 (sum)" and hysan["attention_impl"] == "eager"
     for result in (base, hysan):
         for kind in ("train", "decode"):
             ops = result["profile"][kind]
@@ -217,9 +219,33 @@ def test_profile_and_attention_impl(tmp_path, capsys):
             assert [op["self_ms"] for op in ops] == sorted((op["self_ms"] for op in ops), reverse=True)
             text = (out / "profile" / f"{bench._slug(result['name'])}.{kind}.txt").read_text()
             assert "Self CPU" in text and ops[0]["op"] in text
-    train_ops = {op["op"] for op in hysan["profile"]["train"]} | {op["op"] for op in base["profile"]["train"]}
-    assert not any("scaled_dot_product" in op for op in {o["op"] for o in hysan["profile"]["train"]})
-    assert "aten::mm" in train_ops or "aten::addmm" in train_ops or "aten::bmm" in train_ops
+    assert not any("scaled_dot_product" in op["op"] for op in hysan["profile"]["train"])
+    assert {"aten::mm", "aten::addmm", "aten::bmm"} & {op["op"] for op in base["profile"]["train"]}
+
+
+def test_several_attention_impls_are_interleaved_in_one_run(tmp_path, capsys):
+    """``--attention-impl eager sdpa``: one row per system and value (systems in table
+    order, values in the order given), timed in the same rounds, each model on its
+    path; where the paths do the same products (one branch) they count the same
+    multiply-adds."""
+    out = tmp_path / "bench"
+    bench.main([*TINY_RUN, "--systems", "hysan e1 (sum)", "localness (fixed)", "--attention-impl", "eager", "sdpa",
+                "--output-dir", str(out)])
+    payload = json.loads((out / "bench.json").read_text())
+    rows = {r["name"]: r for r in payload["results"]}
+    assert list(rows) == ["transformer", "localness (fixed) [eager]", "localness (fixed) [sdpa]",
+                          "hysan e1 (sum) [eager]", "hysan e1 (sum) [sdpa]"]
+    assert payload["machine"].endswith("attention_impl eager sdpa")
+    for name, row in rows.items():
+        assert row["error"] is None and len(row["train_times"]) == 1 and len(row["decode_times"]) == 1
+        if name != "transformer":
+            assert row["attention_impl"] == name.split("[")[1].rstrip("]")
+    assert rows["localness (fixed) [eager]"]["train_flops"] == rows["localness (fixed) [sdpa]"]["train_flops"]
+    # several branches: SDPA computes q k^T once per branch (and again in its backward)
+    assert rows["hysan e1 (sum) [sdpa]"]["train_flops"] > rows["hysan e1 (sum) [eager]"]["train_flops"]
+    assert rows["hysan e1 (sum) [eager]"]["params"] == rows["hysan e1 (sum) [sdpa]"]["params"]
+    md = (out / "bench.md").read_text()
+    assert "| hysan e1 (sum) [sdpa] |" in md
 
 
 def test_hysan_gate_saves_only_its_bottleneck():

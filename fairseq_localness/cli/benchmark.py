@@ -74,6 +74,7 @@ class Result:
     name: str
     arch: str
     options: List[str]
+    attention_impl: str = "auto"
     params: int = 0
     train_flops: float = 0.0
     decode_flops: float = 0.0
@@ -396,9 +397,16 @@ def measure_decode_flops(model, task, decode_src, decode_len) -> float:
     return float(counter.get_total_flops())
 
 
-def _prepare(name, args, task, batch, decode_src, device, result: Result):
-    """Build, measure (untimed) and warm up one system; returns (model, optimizer) or
-    None when the system fails (the failure is reported, not fatal)."""
+def run_name(system: str, impl: str, impls: List[str]) -> str:
+    """The row name of ``system`` run with ``attention_impl`` ``impl``: the system's
+    name, with ``[impl]`` appended when the run compares several settings."""
+    return f"{system} [{impl}]" if len(impls) > 1 else system
+
+
+def _prepare(name, args, task, batch, decode_src, device, result: Result, impl: str = "auto"):
+    """Build, measure (untimed) and warm up one system (its attention cores set to
+    ``impl``); returns (model, optimizer) or None when the system fails (the failure
+    is reported, not fatal)."""
     model_name, options = SYSTEMS[name]
     dtype = DTYPES[args.dtype]
     try:
@@ -408,7 +416,7 @@ def _prepare(name, args, task, batch, decode_src, device, result: Result):
         return None
     from fairseq_localness.modules.attention import set_attention_impl
 
-    set_attention_impl(model, args.attention_impl)
+    set_attention_impl(model, impl)
     result.params = sum(p.numel() for p in model.parameters())
     model.train()
     layer0 = model.encoder.layers[0]
@@ -480,8 +488,14 @@ def run(args) -> List[Result]:
     task = _Toy(args.vocab)
     batch = make_batch(task, args.batch_size, args.src_len, args.tgt_len, device)
     decode_src = make_batch(task, args.decode_batch, args.src_len, args.tgt_len, device, seed=1)[:2]
-    names = [n for n in select(args.systems or []) if n != BASELINE]
-    results = {name: Result(name=name, arch="", options=SYSTEMS[name][1]) for name in [BASELINE] + names}
+    impls = args.attention_impl
+    # one row per system and attention_impl: (system, impl) by row name
+    rows = {run_name(n, impl, impls): (n, impl) for n in select(args.systems or []) if n != BASELINE
+            for impl in impls}
+    names = list(rows)
+    results = {BASELINE: Result(name=BASELINE, arch="", options=SYSTEMS[BASELINE][1])}
+    for name, (system, impl) in rows.items():
+        results[name] = Result(name=name, arch="", options=SYSTEMS[system][1], attention_impl=impl)
     base = results[BASELINE]
     prepared = _prepare(BASELINE, args, task, batch, decode_src, device, base)
     if prepared is None:
@@ -493,7 +507,8 @@ def run(args) -> List[Result]:
     for number, group in enumerate(groups, 1):
         members = {}
         for name in group:
-            prepared = _prepare(name, args, task, batch, decode_src, device, results[name])
+            system, impl = rows[name]
+            prepared = _prepare(system, args, task, batch, decode_src, device, results[name], impl)
             if prepared is not None:
                 members[name] = prepared
         for round_ in range(args.repeats):
@@ -612,10 +627,11 @@ def get_parser():
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES),
                    help="dtype of every model (model.to(dtype)); fp16 needs a CUDA GPU, bf16 a CPU or a GPU of "
                    "compute capability >= 8.0 (default: fp32)")
-    p.add_argument("--attention-impl", default="auto", choices=["auto", "sdpa", "eager"],
+    p.add_argument("--attention-impl", nargs="+", default=["auto"], choices=["auto", "sdpa", "eager"],
                    help="path of every attention core of the package's models: auto (the default: the fused "
                    "kernel where it applies and pays), sdpa (the fused kernel wherever it applies) or eager "
-                   "(the reference); the transformer is fairseq's own attention either way")
+                   "(the reference); several values run every system once per value, interleaved in the same "
+                   "rounds (rows 'system [value]'); the transformer is fairseq's own attention either way")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--src-len", type=int, default=None)
     p.add_argument("--tgt-len", type=int, default=None)
@@ -654,6 +670,8 @@ def parse_args(argv=None):
     for key in defaults:
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    if len(set(args.attention_impl)) < len(args.attention_impl):
+        parser.error(f"--attention-impl: a value given twice ({' '.join(args.attention_impl)})")
     if args.vocab < 8:
         parser.error(f"--vocab must be >= 8 (the 4 special symbols and some words), got {args.vocab}")
     try:
@@ -682,8 +700,8 @@ def main(argv=None):
     results = run(args)
     device = select_device(args).type
     machine = machine_description(device, args.dtype)
-    if args.attention_impl != "auto":
-        machine += f", attention_impl {args.attention_impl}"
+    if args.attention_impl != ["auto"]:
+        machine += f", attention_impl {' '.join(args.attention_impl)}"
     md = table(results, machine)
     os.makedirs(args.output_dir, exist_ok=True)
     settings = {
