@@ -48,7 +48,7 @@ of one, and again in the backward pass) and keeps each branch's output
 (``B x H x Tq x Dh``) for the backward pass instead of its distribution
 (``B x H x Tq x Tk``). ``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses:
 ``"auto"`` takes the fast path where it applies except where the eager path was
-measured to be as fast and smaller (several float32 branches trained on a CPU:
+measured to be as fast (several float32 branches trained on a CPU:
 :meth:`AttentionCore._use_sdpa`),
 ``"sdpa"`` wherever it applies, ``"eager"`` never; :func:`set_attention_impl` sets
 it for a whole model, ``fairseq-localness-bench --attention-impl`` for the benchmark.
@@ -645,12 +645,11 @@ class AttentionCore(nn.Module, Observable):
           float32 branches trained on a CPU. There the eager path computes ``q k^T``
           once for all branches and its backward pass reuses the saved
           distributions, where each branch's SDPA call recomputes ``q k^T`` and its
-          softmax in its own backward pass; measured (docs/benchmark.md, "The
-          attention paths on a CPU"), the eager path trained as fast or up to 4%
-          faster, and with ``Tk < Dh`` (sentences shorter than the head dimension)
-          the L distributions it saves are smaller than the L outputs SDPA saves.
-          Without gradients (validation, decoding), for one branch, in half
-          precision and on accelerators the fast path is taken.
+          softmax in its own backward pass. Measured (docs/benchmark.md, "The
+          attention paths on a CPU"), the two train within a few percent of each
+          other, the eager path ahead for two of HySAN's three fusions. Without
+          gradients (validation, decoding), for one branch, in half precision and on
+          accelerators the fast path is taken.
         """
         impl = self.attention_impl
         if impl not in ATTENTION_IMPLS:
