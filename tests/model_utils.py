@@ -9,6 +9,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import fairseq_localness  # noqa: F401  (registers the models)
+from fairseq_localness.modules.attention import set_attention_impl
 
 VOCAB = 40
 TINY = [
@@ -80,14 +81,6 @@ def copy_shared_weights(src_model, dst_model):
 # ------------------------------------------------------------------ model contract
 # The checks every model, variant and placement must pass (tests/test_contract.py uses
 # them on trained checkpoints; the per-model tests on freshly built models).
-def set_attention_impl(model, impl: str) -> None:
-    """Set every attention core of ``model`` to ``"eager"`` (the reference), ``"sdpa"``
-    (the fast paths wherever they apply) or back to ``"auto"`` (the default)."""
-    from fairseq_localness.modules import attention
-
-    attention.set_attention_impl(model, impl)
-
-
 def decoding_batch(task, lengths=(6, 3, 5), beam: int = 2, seed: int = 1):
     """Source sentences repeated ``beam`` times (as beam search holds them) and random
     target prefixes of one length (prefix 0 is end-of-sentence)."""

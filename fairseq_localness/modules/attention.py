@@ -73,7 +73,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
-from fairseq_localness.modules.fusion import Fusion, MergeHeads, SumFusion
+from fairseq_localness.modules.fusion import Fusion, MergeHeads, SumFusion, split_heads
 from fairseq_localness.modules.observe import Observable, probs_key
 
 # A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
@@ -470,16 +470,14 @@ class AttentionCore(nn.Module, Observable):
         if saved is not None and static_kv and "prev_key" in saved:
             key = value = None  # encoder states are already projected and cached
 
-        def heads(x: Tensor) -> Tensor:  # T x B x C -> B x H x T x Dh
-            return x.view(x.size(0), bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
-
-        q = heads(self.q_proj(query))
+        heads = self.num_heads
+        q = split_heads(self.q_proj(query), heads)  # B x H x Tq x Dh
         if self.self_attention:
-            k, v = heads(self.k_proj(query)), heads(self.v_proj(query))
+            k, v = split_heads(self.k_proj(query), heads), split_heads(self.v_proj(query), heads)
         elif key is None:
             k = v = None
         else:
-            k, v = heads(self.k_proj(key)), heads(self.v_proj(value))
+            k, v = split_heads(self.k_proj(key), heads), split_heads(self.v_proj(value), heads)
 
         if saved is not None:
             prev_key, prev_value = saved.get("prev_key"), saved.get("prev_value")

@@ -43,6 +43,13 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.permute(2, 0, 1, 3).reshape(tlen, bsz, heads * dh)
 
 
+def split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """``T x B x (H*Dh)`` -> ``B x H x T x Dh``, the inverse of :func:`merge_heads` (a
+    view of ``x``)."""
+    tlen, bsz, dim = x.shape
+    return x.reshape(tlen, bsz, num_heads, dim // num_heads).permute(1, 2, 0, 3)
+
+
 class Fusion(nn.Module, Observable):
     """The interface of a fusion.
 
@@ -114,7 +121,7 @@ class ConcatFusion(Fusion):
     def project(self, outputs: List[Tensor], ctx: "AttentionContext", out_proj: nn.Linear) -> Tensor:
         assert len(outputs) == self.num_branches
         if not torch.is_grad_enabled():  # nothing to keep (validation, beam search)
-            return out_proj(self(outputs, ctx))
+            return super().project(outputs, ctx, out_proj)
         return _ConcatProjection.apply(out_proj.weight, out_proj.bias, *outputs)
 
 
@@ -143,8 +150,6 @@ class _ConcatProjection(torch.autograd.Function):
         grad_weight = flat.t().matmul(concat.reshape(-1, concat.size(-1))).to(weight.dtype)
         grad_bias = flat.sum(0).to(weight.dtype) if ctx.has_bias else None
         grad_concat = grad.matmul(weight.to(dtype))  # Tq x B x L*C
-        grads = []
-        for x, g in zip(outputs, grad_concat.split(outputs[0].size(1) * outputs[0].size(3), dim=-1)):
-            bsz, heads, tlen, dh = x.shape
-            grads.append(g.reshape(tlen, bsz, heads, dh).permute(1, 2, 0, 3))
+        heads, width = outputs[0].size(1), outputs[0].size(1) * outputs[0].size(3)
+        grads = [split_heads(g, heads) for g in grad_concat.split(width, dim=-1)]
         return (grad_weight, grad_bias, *grads)

@@ -81,7 +81,7 @@ from fairseq_localness.modules.branches import (
     forward_branch,
     global_branch,
 )
-from fairseq_localness.modules.fusion import ConcatFusion, Fusion, SumFusion, merge_heads
+from fairseq_localness.modules.fusion import ConcatFusion, Fusion, SumFusion, merge_heads, split_heads
 from fairseq_localness.modules.observe import gate_key, masked_mean
 
 SIDES = ("encoder", "decoder")
@@ -244,8 +244,7 @@ class _SqueezeGated(torch.autograd.Function):
         grad_w1 = flat(grad_h).t().matmul(flat(x)).to(w1.dtype)
         grad_b2 = flat(grad_z).sum(0).to(b2.dtype) if b2 is not None else None
         grad_b1 = flat(grad_h).sum(0).to(w1.dtype) if ctx.has_b1 else None
-        bsz, heads, tlen, dh = out.shape
-        grad_out = grad_x.view(tlen, bsz, heads, dh).permute(1, 2, 0, 3).to(out.dtype)
+        grad_out = split_heads(grad_x, out.size(1)).to(out.dtype)
         return grad_out, grad_w1, grad_b1, grad_w2, grad_b2
 
 
