@@ -223,6 +223,15 @@ def test_profile_and_attention_impl(tmp_path, capsys):
     assert {"aten::mm", "aten::addmm", "aten::bmm"} & {op["op"] for op in base["profile"]["train"]}
 
 
+def test_attention_impl_choices_are_the_cores_settings():
+    """The option's choices (a literal, so that usage errors need no fairseq import)
+    are the core's settings."""
+    from fairseq_localness.modules.attention import ATTENTION_IMPLS
+
+    action = next(a for a in bench.get_parser()._actions if a.dest == "attention_impl")
+    assert tuple(action.choices) == ATTENTION_IMPLS
+
+
 def test_several_attention_impls_are_interleaved_in_one_run(tmp_path, capsys):
     """``--attention-impl eager sdpa``: one row per system and value (systems in table
     order, values in the order given), timed in the same rounds, each model on its

@@ -527,10 +527,11 @@ def run(args) -> List[Result]:
                 results[name].decode_times.append(d)
                 results[name].decode_ratios.append(d_base / d)
             print(f"group {number}/{len(groups)}: round {round_ + 1}/{args.repeats} done", file=sys.stderr)
+        # the group's systems, and the transformer with the first group
+        measured = list(members.items()) + ([(BASELINE, (base_model, base_opt))] if number == 1 else [])
         if args.profile:
-            profiled = list(members.items()) + ([(BASELINE, (base_model, base_opt))] if number == 1 else [])
             out_dir = os.path.join(args.output_dir, "profile")
-            for name, (model, opt) in profiled:
+            for name, (model, opt) in measured:
                 results[name].profile = {
                     "train": profile_pass(f"{_slug(name)}.train", lambda: _train_step(model, opt, batch),
                                           device, out_dir),
@@ -538,7 +539,7 @@ def run(args) -> List[Result]:
                                            lambda: _decode(model, task, decode_src, args.decode_len), device, out_dir),
                 }
         if device.type == "cuda":
-            for name, (model, opt) in list(members.items()) + ([(BASELINE, (base_model, base_opt))] if number == 1 else []):
+            for name, (model, opt) in measured:
                 torch.cuda.reset_peak_memory_stats()
                 _train_step(model, opt, batch)
                 results[name].cuda_peak_bytes = torch.cuda.max_memory_allocated()
