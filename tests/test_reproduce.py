@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, tool_env
+from conftest import REPO, fairseq_import_stub, tool_env
 
 REPRO = os.path.join(REPO, "scripts", "reproduce")
 SCRIPTS = ["yang2018_table4.sh", "xu2019_table1.sh", "xu2019_table2.sh", "song2019_table2.sh",
@@ -821,25 +821,34 @@ STUBS = {
 }
 
 
+def _stub_steps(tmp_path, bodies, checks=None):
+    """Stand-ins for the pipeline steps (each logs its arguments to $CALLS, then runs
+    its body, which can read an option's value with `arg --name`; a ``--check`` call
+    only exits 0, and is logged to ``checks`` when given) and for the driver's fairseq
+    import; the environment that points the driver at them."""
+    stubs = tmp_path / "steps"
+    stubs.mkdir()
+    for name, body in bodies.items():
+        on_check = ('echo "' + name + ' $*" >> "$CHECKS"; ' if checks else "") + "exit 0"
+        (stubs / name).write_text(
+            'set -eu\nif [[ " $* " == *" --check "* ]]; then ' + on_check + '; fi\necho "' + name
+            + ' $*" >> "$CALLS"\n'
+            'arg() { local want=$1 prev=; for a in "${ARGS[@]}"; do [[ $prev == "$want" ]] && echo "$a"; prev=$a; '
+            'done; return 0; }\nARGS=("$@")\n' + body + "\n")
+    env = {"REPRODUCE_PIPELINE_DIR": str(stubs), "CALLS": str(tmp_path / "calls"),
+           "PYTHON": fairseq_import_stub(stubs)}
+    if checks:
+        env["CHECKS"] = str(checks)
+    return env
+
+
 def test_a_run_follows_its_dry_run_and_resumes(tmp_path):
     """With stand-ins for the pipeline steps: a real run checks that every dataset can
     be prepared, then executes what the dry run printed, in order; a rerun skips what is
     up to date; a run directory trained with other settings is refused."""
-    stubs, calls, checks, work = tmp_path / "steps", tmp_path / "calls", tmp_path / "checks", tmp_path / "w"
-    stubs.mkdir()
-    for name, body in STUBS.items():
-        (stubs / name).write_text(
-            'set -eu\nif [[ " $* " == *" --check "* ]]; then echo "' + name + ' $*" >> "$CHECKS"; exit 0; fi\n'
-            'echo "' + name + ' $*" >> "$CALLS"\n'
-            'arg() { local want=$1 prev=; for a in "${ARGS[@]}"; do [[ $prev == "$want" ]] && echo "$a"; prev=$a; '
-            'done; return 0; }\nARGS=("$@")\n' + body + "\n")
-    # the driver's early architecture check imports fairseq (seconds per run); stood in
-    # for here, like the steps (test_every_train_command_parses_and_builds covers it)
-    python = stubs / "python"
-    python.write_text('#!/bin/bash\n[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
-                      f'exec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
-    env = {"REPRODUCE_PIPELINE_DIR": str(stubs), "CALLS": str(calls), "CHECKS": str(checks), "PYTHON": str(python)}
+    calls, checks, work = tmp_path / "calls", tmp_path / "checks", tmp_path / "w"
+    env = _stub_steps(tmp_path, STUBS, checks=checks)
+    stubs = tmp_path / "steps"
     only = ["--only", "transformer enc-dc", "--work-dir", work, "--data-dir", tmp_path / "data"]
     planned = [" ".join(c[1:]).replace(str(stubs) + "/", "")
                for c in commands(reproduce("dc_table1.sh", "--dry-run", *only, env=env).stdout) if c[0] == "bash"]
@@ -880,10 +889,7 @@ def test_a_dataset_that_cannot_be_prepared_stops_the_run_before_any_work(tmp_pat
     """A real run checks every dataset it has to prepare before it starts: missing raw
     files (here the WMT17 ones of Yang et al.'s Zh-En rows) stop it with exit status 2
     and prepare_data.sh's message, before the En-De rows train."""
-    python = tmp_path / "python"
-    python.write_text('#!/bin/bash\n[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
-                      f'exec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
+    python = fairseq_import_stub(tmp_path)
     p = reproduce("yang2018_table4.sh", "--only", "en-de.base zh-en.base", "--work-dir", tmp_path / "w",
                   "--data-dir", tmp_path / "data", "--raw-dir", tmp_path / "raw", env={"PYTHON": str(python)})
     assert p.returncode == 2, p.stderr
@@ -893,24 +899,6 @@ def test_a_dataset_that_cannot_be_prepared_stops_the_run_before_any_work(tmp_pat
 
 
 # --------------------------------------------------------------------------- several seeds
-def _stub_steps(tmp_path, bodies):
-    """Stand-ins for the pipeline steps (each logs its arguments to $CALLS, then runs
-    its body, which can read an option's value with `arg --name`) and for the driver's
-    fairseq import; the environment that points the driver at them."""
-    stubs = tmp_path / "steps"
-    stubs.mkdir()
-    for name, body in bodies.items():
-        (stubs / name).write_text(
-            'set -eu\nif [[ " $* " == *" --check "* ]]; then exit 0; fi\necho "' + name + ' $*" >> "$CALLS"\n'
-            'arg() { local want=$1 prev=; for a in "${ARGS[@]}"; do [[ $prev == "$want" ]] && echo "$a"; prev=$a; '
-            'done; return 0; }\nARGS=("$@")\n' + body + "\n")
-    python = stubs / "python"
-    python.write_text('#!/bin/bash\n[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
-                      f'exec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
-    return {"REPRODUCE_PIPELINE_DIR": str(stubs), "CALLS": str(tmp_path / "calls"), "PYTHON": str(python)}
-
-
 # The steps of a run over seeds: the test set's reference, a JSON training log as
 # train.sh writes it (updates per second 2.<seed>), and evaluate.sh's files copied from
 # $FIXTURES/<the run directory relative to $RUNS>/ (translations made by the test).
