@@ -1,25 +1,31 @@
 """Compatibility fixes for running fairseq 0.12.x on current torch.
 
-Checkpoint loading on torch >= 2.6
-----------------------------------
+Checkpoint loading on torch >= 2.6, without running the checkpoint's code
+--------------------------------------------------------------------------
 torch 2.6 changed the default of ``torch.load`` to ``weights_only=True``. fairseq
-checkpoints pickle an ``argparse.Namespace`` and an OmegaConf tree next to the
-weights, so every fairseq entry point that reads a checkpoint
-(``fairseq-generate``, ``fairseq-interactive``, resuming ``fairseq-train``, the hub
-interface ``from_pretrained``) fails with ``Unsupported global: argparse.Namespace``.
-``torch.serialization.add_safe_globals`` does not cover everything fairseq pickles.
+checkpoints pickle an ``argparse.Namespace`` (the model's options) next to the
+weights, so every fairseq entry point that reads a checkpoint (``fairseq-generate``,
+``fairseq-interactive``, resuming ``fairseq-train``, the hub interface
+``from_pretrained``) fails with ``Unsupported global: argparse.Namespace``.
 
 All of those entry points read checkpoints through ``fairseq.checkpoint_utils``, and
-all of them import the ``--user-dir`` before the first read. We therefore give that
-one module a ``torch`` whose ``load`` defaults to ``weights_only=False`` (an explicit
-``weights_only=`` from a caller still wins). Distributed training that resumes reads
-the checkpoint on rank 0 and sends its state to the other ranks, which unpickle it
-with ``torch.load`` in ``fairseq.distributed.utils``; that module gets the same
-``torch``. Nothing else in the process changes: ``torch.load`` called anywhere else
-keeps torch's safe default.
+all of them import the ``--user-dir`` before the first read. :func:`patch_checkpoint_loading`
+gives that one module a ``torch`` whose ``load`` is
+:func:`fairseq_localness.safe_load.torch_load_checkpoint`: ``weights_only=True`` with
+``argparse.Namespace`` allowed, which is everything a fairseq 0.12 checkpoint holds; a
+checkpoint that needs anything else (a pickle that would call ``os.system``, say) is
+refused in one line naming what it needs, before it is unpickled, unless
+``FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1`` says to trust it (docs/security.md).
+Nothing else in the process changes: ``torch.load`` called anywhere else keeps
+torch's own default.
 
-This restores the behaviour fairseq was written for: a checkpoint is trusted code,
-exactly as with torch < 2.6. Load only checkpoints you trust.
+Distributed training that resumes reads the checkpoint on rank 0 (through the load
+above) and sends the state it built to the other ranks, which unpickle it with
+``torch.load`` in ``fairseq.distributed.utils``. That message holds OmegaConf
+objects and fairseq's own placeholders, which ``weights_only`` refuses; it is no
+file but what rank 0 of the same job pickled from objects it built (from a
+checkpoint that passed the safe load), so that module's ``torch.load`` keeps full
+unpickling for it (:func:`process_group_torch_load`).
 
 Sentences dropped from the last batch
 -------------------------------------
@@ -56,14 +62,30 @@ a GPU), with what fairseq's ``--bf16`` already does: the model and the float ten
 bfloat16, fp32 master weights in ``FP16Optimizer`` (``MemoryEfficientFP16Optimizer``
 with ``--memory-efficient-bf16``), no loss scaling. With ``torch_xla`` installed,
 ``--bf16`` without ``--cpu`` keeps fairseq's meaning (TPU). See :func:`bf16_device`.
-Over-long lines in ``fairseq-interactive``
-------------------------------------------
-A line longer than the model's ``--max-source-positions`` makes
+Over-long sentences in ``fairseq-interactive``, ``fairseq-generate`` and the hub
+----------------------------------------------------------------------------------
+A sentence longer than the model's ``--max-source-positions`` makes
 ``fairseq-interactive`` stop with ``Size of sample #N is invalid``, losing every line
 after it; with ``--skip-invalid-size-inputs-valid-test`` the line is dropped without
 a trace and the outputs no longer match the inputs. :func:`patch_interactive_long_inputs`
 translates the first ``max_source_positions - 1`` tokens of such a line (and its end
 of sentence) instead, with a warning naming the line, and goes on.
+``fairseq-generate`` stops the same way on such a test sentence (before its first
+batch) and the hub interface (``translate``, ``sample``, ``generate``) on such an
+input: :func:`patch_generate_long_inputs` and :func:`patch_hub_long_inputs` do the
+same there, each warning naming the sentence. Where the user asked to skip such
+sentences (``--skip-invalid-size-inputs-valid-test`` for ``fairseq-generate``,
+``skip_invalid_size_inputs=True`` for the hub), they are skipped, as fairseq does.
+
+Hydra's deprecation warnings
+----------------------------
+Every fairseq command builds its configuration through ``hydra.experimental``, and
+hydra 1.3 prints about a dozen lines of deprecation warnings about it (no
+``version_base``, ``# @package _group_``, schema matching, ``strict=``, ...), which a
+user cannot act on. :func:`filter_hydra_deprecation_warnings` hides those, by
+message (:data:`HYDRA_DEPRECATIONS`), and nothing else. fairseq imports the
+``--user-dir`` while parsing the command line, before it builds the configuration,
+so none of them is printed.
 """
 import argparse
 import importlib.util
@@ -76,25 +98,27 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-_MARK = "_fairseq_localness_trusted_load"
+_MARK = "_fairseq_localness_checkpoint_load"
 
 
-def trusted_torch_load(f, *args, **kwargs):
-    """``torch.load`` for fairseq checkpoints: full unpickling unless told otherwise."""
+def process_group_torch_load(f, *args, **kwargs):
+    """``torch.load`` for what rank 0 of this job sends the other ranks
+    (``fairseq.distributed.utils``): full unpickling unless told otherwise. No file is
+    read through it."""
     kwargs.setdefault("weights_only", False)
     return torch.load(f, *args, **kwargs)
 
 
-class _TorchWithTrustedLoad(types.ModuleType):
-    """A stand-in for the ``torch`` module inside ``fairseq.checkpoint_utils``.
+class _TorchWithLoad(types.ModuleType):
+    """A stand-in for the ``torch`` module inside one fairseq module.
 
     Every attribute is torch's own, except ``load``.
     """
 
-    def __init__(self):
+    def __init__(self, load):
         super().__init__("torch")
         setattr(self, _MARK, True)
-        self.load = trusted_torch_load
+        self.load = load
 
     def __getattr__(self, name):
         return getattr(torch, name)
@@ -102,17 +126,19 @@ class _TorchWithTrustedLoad(types.ModuleType):
 
 def patch_checkpoint_loading():
     """Make ``fairseq.checkpoint_utils`` load fairseq checkpoints on torch >= 2.6
-    (and ``fairseq.distributed.utils`` receive them from rank 0).
-
-    Idempotent; a no-op on torch versions whose ``torch.load`` has no
-    ``weights_only`` argument.
+    through :func:`~fairseq_localness.safe_load.torch_load_checkpoint`, and
+    ``fairseq.distributed.utils`` receive the state rank 0 sends. Installs the hook
+    that prints a refused checkpoint as one line. Idempotent.
     """
     from fairseq import checkpoint_utils
     from fairseq.distributed import utils as distributed_utils
 
-    for module in (checkpoint_utils, distributed_utils):
+    from fairseq_localness.safe_load import install_excepthook, torch_load_checkpoint
+
+    for module, load in ((checkpoint_utils, torch_load_checkpoint), (distributed_utils, process_group_torch_load)):
         if not getattr(module.torch, _MARK, False):
-            module.torch = _TorchWithTrustedLoad()
+            module.torch = _TorchWithLoad(load)
+    install_excepthook()
 
 
 _BATCH_MARK = "_fairseq_localness_keeps_last_batch"
@@ -328,3 +354,157 @@ def patch_interactive_long_inputs():
         setattr(new, _LONG_MARK, True)
     interactive.make_batches = make_batches
     interactive.main = main
+
+
+HYDRA_DEPRECATIONS = (
+    r"hydra\.experimental\.initialize\(\) is no longer experimental",
+    r"hydra\.experimental\.compose\(\) is no longer experimental",
+    r"\s*The version_base parameter is not specified",
+    r"In '[^']*': Usage of deprecated keyword in package header '# @package _group_'",
+    r"\s*'[^']*' is validated against ConfigStore schema with the same name",
+    r"\s*The strict flag in the compose API is deprecated",
+)
+"""The starts of the deprecation warnings hydra prints each time fairseq 0.12 builds
+its configuration (``convert_namespace_to_omegaconf``: ``hydra.experimental``'s
+``initialize``/``compose``, no ``version_base``, ``# @package _group_`` headers,
+automatic schema matching, ``strict=``)."""
+
+
+def filter_hydra_deprecation_warnings():
+    """Hide the deprecation warnings of :data:`HYDRA_DEPRECATIONS`, by message, and
+    only those: about a dozen lines on every fairseq command, about fairseq's use of
+    hydra, which a user cannot act on. Idempotent (``warnings`` keeps one copy of a
+    filter)."""
+    import warnings
+
+    for message in HYDRA_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+
+
+def _truncate(tokens: torch.Tensor, limit: int) -> torch.Tensor:
+    """The first ``limit - 1`` tokens of a sentence and its last (the end of sentence)."""
+    return torch.cat([tokens[: limit - 1], tokens[-1:]])
+
+
+def _source_limit(max_positions):
+    return max_positions[0] if isinstance(max_positions, (tuple, list)) else max_positions
+
+
+_generating = [None]  # inside fairseq-generate's _main: what it reads of a sample
+
+
+def patch_generate_long_inputs():
+    """Make ``fairseq-generate`` translate the first ``max_source_positions - 1``
+    tokens (and the end of sentence) of a test sentence longer than the model
+    accepts, with a warning naming the sentence, instead of stopping before the first
+    batch with ``Size of sample #N is invalid``. Idempotent.
+
+    Only without ``--skip-invalid-size-inputs-valid-test`` (with it, fairseq skips
+    such sentences, as asked; ``scripts/evaluate.sh`` relies on that and accounts for
+    them). The reference is not truncated: decoding does not read it, so an over-long
+    reference is kept whole for the score, unless ``--score-reference`` or
+    ``--prefix-size`` feeds it to the model, where fairseq's error stands.
+    """
+    try:
+        from fairseq_cli import generate
+    except ImportError:
+        return
+    from fairseq.data import BaseWrapperDataset, LanguagePairDataset
+    from fairseq.tasks import FairseqTask
+
+    original_main = generate._main
+    if getattr(original_main, _LONG_MARK, False):
+        return
+    original_filter = FairseqTask.filter_indices_by_size
+    logger = logging.getLogger("fairseq_localness.generate")
+
+    class TruncatedSentences(BaseWrapperDataset):
+        """``dataset`` with the sentences ``ids`` cut to ``limit`` tokens (see :func:`_truncate`)."""
+
+        def __init__(self, dataset, ids, limit):
+            super().__init__(dataset)
+            self.ids, self.limit = frozenset(int(i) for i in ids), limit
+
+        def __getitem__(self, index):
+            item = self.dataset[index]
+            return _truncate(item, self.limit) if index in self.ids and item.numel() > self.limit else item
+
+        @property
+        def sizes(self):
+            return np.minimum(self.dataset.sizes, self.limit)
+
+    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        state = _generating[0]
+        limit = _source_limit(max_positions)
+        if (state is None or ignore_invalid_inputs or not limit or not isinstance(dataset, LanguagePairDataset)
+                or getattr(dataset, "buckets", None) is not None):
+            return original_filter(self, indices, dataset, max_positions, ignore_invalid_inputs)
+        indices = np.asarray(indices)
+        if state["reads_target"] and dataset.tgt_sizes is not None:
+            # the model reads the reference: an over-long one stays fairseq's error (before any batch)
+            target_limit = max_positions[1] if isinstance(max_positions, (tuple, list)) else max_positions
+            if target_limit and (dataset.tgt_sizes[indices] > target_limit).any():
+                return original_filter(self, indices, dataset, max_positions, ignore_invalid_inputs)
+        long_ids = indices[dataset.src_sizes[indices] > limit]
+        for i in sorted(long_ids.tolist()):
+            logger.warning(
+                "sentence %d of '%s' (S-%d/H-%d in the output, line %d of its text) has %d tokens (with the end of "
+                "sentence), more than the model accepts (max_positions=%s); translating its first %d and the end "
+                "of sentence", i, state["subset"], i, i, i + 1, int(dataset.src_sizes[i]), limit, limit - 1)
+        if len(long_ids):
+            dataset.src = TruncatedSentences(dataset.src, long_ids, limit)
+            dataset.src_sizes = np.minimum(dataset.src_sizes, limit)
+            if dataset.tgt_sizes is not None:
+                dataset.sizes = np.vstack((dataset.src_sizes, dataset.tgt_sizes)).T
+            else:
+                dataset.sizes = dataset.src_sizes
+        return indices
+
+    def _main(cfg, output_file):
+        _generating[0] = {
+            "subset": cfg.dataset.gen_subset,
+            "reads_target": bool(cfg.generation.score_reference or (cfg.generation.prefix_size or 0) > 0),
+        }
+        try:
+            return original_main(cfg, output_file)
+        finally:
+            _generating[0] = None
+
+    for new, old in ((_main, original_main), (filter_indices_by_size, original_filter)):
+        new.__doc__ = old.__doc__
+        new.__wrapped__ = old
+        setattr(new, _LONG_MARK, True)
+    generate._main = _main
+    FairseqTask.filter_indices_by_size = filter_indices_by_size
+
+
+def patch_hub_long_inputs():
+    """Make the hub interface (``from_pretrained(...).translate``/``sample``/
+    ``generate``) translate the first ``max_source_positions - 1`` tokens (and the end
+    of sentence) of an input longer than the model accepts, with a warning naming the
+    (1-based) input, instead of stopping. With ``skip_invalid_size_inputs=True`` such
+    inputs are skipped, as fairseq does. Idempotent."""
+    from fairseq.hub_utils import GeneratorHubInterface
+
+    original = GeneratorHubInterface._build_batches
+    if getattr(original, _LONG_MARK, False):
+        return
+    logger = logging.getLogger("fairseq_localness.hub")
+
+    def _build_batches(self, tokens, skip_invalid_size_inputs):
+        limit = _source_limit(self.max_positions)
+        if limit and not skip_invalid_size_inputs:
+            tokens = list(tokens)
+            for i, t in enumerate(tokens):
+                if t.numel() > limit:
+                    logger.warning(
+                        "input sentence %d has %d tokens (with the end of sentence), more than the model accepts "
+                        "(max_positions=%s); translating its first %d and the end of sentence",
+                        i + 1, t.numel(), limit, limit - 1)
+                    tokens[i] = _truncate(t, limit)
+        return original(self, tokens, skip_invalid_size_inputs)
+
+    _build_batches.__doc__ = original.__doc__
+    _build_batches.__wrapped__ = original
+    setattr(_build_batches, _LONG_MARK, True)
+    GeneratorHubInterface._build_batches = _build_batches

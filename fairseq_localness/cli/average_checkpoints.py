@@ -13,10 +13,12 @@
 
 It differs where fairseq's script is unsafe or unclear:
 
-- checkpoints are loaded with ``torch.load(..., weights_only=False)`` explicitly:
-  torch >= 2.6 defaults to ``weights_only=True``, which cannot read fairseq
-  checkpoints (``Unsupported global: argparse.Namespace``). Only average checkpoints
-  you trust: unpickling them can run code;
+- checkpoints are loaded without running code from them
+  (:func:`fairseq_localness.safe_load.torch_load_checkpoint`: ``weights_only=True``
+  with the one global fairseq checkpoints need, ``argparse.Namespace``); a file that
+  needs anything else is refused, naming it, unless ``--trust-checkpoint`` (or
+  ``FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1``) says to unpickle it in full
+  (docs/security.md). fairseq's script loads with full unpickling;
 - sums are accumulated in float64 and cast back to each parameter's own dtype (fp16
   and bf16 checkpoints stay fp16/bf16 and lose no precision in the sum);
 - every check happens before anything is written: missing files, too few
@@ -41,6 +43,8 @@ import tempfile
 from typing import Dict, List, Optional, Tuple
 
 import torch
+
+from fairseq_localness.safe_load import UntrustedCheckpointError, add_trust_argument, torch_load_checkpoint, trusting
 
 logger = logging.getLogger("fairseq_localness.average")
 
@@ -75,10 +79,13 @@ def last_n_checkpoints(
 
 
 def load_checkpoint(path: str) -> dict:
-    """Load a fairseq checkpoint on CPU (trusted file: full unpickling)."""
+    """Load a fairseq checkpoint on CPU, without running code from it unless trusted
+    (:func:`~fairseq_localness.safe_load.torch_load_checkpoint`)."""
     try:
         with open(path, "rb") as f:
-            state = torch.load(f, map_location="cpu", weights_only=False)
+            state = torch_load_checkpoint(f, map_location="cpu")
+    except UntrustedCheckpointError as e:
+        raise AverageError(str(e)) from None
     except Exception as e:  # a truncated or foreign file: say which one
         raise AverageError(f"cannot load checkpoint '{path}': {type(e).__name__}: {e}") from e
     if not isinstance(state, dict) or "model" not in state:
@@ -282,7 +289,7 @@ def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fairseq-localness-average",
         description="Average the parameters of fairseq checkpoints into a new checkpoint "
-        "(fairseq's scripts/average_checkpoints.py, loading trusted files on torch >= 2.6).",
+        "(fairseq's scripts/average_checkpoints.py, loading them without running code from them).",
     )
     p.add_argument("--inputs", required=True, nargs="+", metavar="PATH",
                    help="checkpoint files, or one directory with --num-*-checkpoints")
@@ -299,6 +306,7 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
                    help="with --num-*-checkpoints: only use checkpoints numbered <= K "
                    "(epochs or updates), e.g. N=10, K=50 averages epochs 41-50")
+    add_trust_argument(p)
     return p
 
 
@@ -322,7 +330,8 @@ def cli_main(argv=None) -> int:
     try:
         inputs = resolve_inputs(args)
         logger.info("averaging %d checkpoint(s): %s", len(inputs), " ".join(inputs))
-        state = average_checkpoints(inputs, force=args.force)
+        with trusting(args.trust_checkpoint):
+            state = average_checkpoints(inputs, force=args.force)
         save_atomic(state, args.output)
     except AverageError as e:
         logger.error("fairseq-localness-average: error: %s", e)

@@ -26,6 +26,8 @@ import logging
 import os
 import sys
 
+from fairseq_localness.safe_load import add_trust_argument, trusting
+
 logger = logging.getLogger("fairseq_localness.dump")
 
 
@@ -39,6 +41,7 @@ def get_parser():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--with-attention", action="store_true", help="also write branch attention weights")
     p.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is available")
+    add_trust_argument(p)
     return p
 
 
@@ -49,7 +52,8 @@ def load(args):
         if not os.path.exists(path):
             sys.exit(f"fairseq-localness-dump: {what} {path!r} does not exist")
     try:
-        model, cfg, task, use_cuda = load_checkpoint(args.path, args.data, cpu=args.cpu)
+        with trusting(getattr(args, "trust_checkpoint", False)):
+            model, cfg, task, use_cuda = load_checkpoint(args.path, args.data, cpu=args.cpu)
     except AnalysisError as e:
         sys.exit(f"fairseq-localness-dump: {e}")
     return model, cfg, task, use_cuda
