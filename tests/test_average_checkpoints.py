@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fairseq_localness.cli import average_checkpoints as A
+from fairseq_localness.safe_load import torch_load_checkpoint
 
 
 def make_ckpt(path, params, extra=None):
@@ -44,7 +45,7 @@ def test_average_of_files(tmp_path, capsys):
     files = [make_ckpt(str(tmp_path / f"c{i}.pt"), params(i)) for i in range(3)]
     code, out, err = run(["--inputs", *files, "--output", tmp_path / "avg.pt"], capsys)
     assert code == 0, err
-    avg = torch.load(tmp_path / "avg.pt", weights_only=False)
+    avg = torch_load_checkpoint(str(tmp_path / "avg.pt"))
     ps = [params(i) for i in range(3)]
     torch.testing.assert_close(avg["model"]["w"], sum(p["w"] for p in ps) / 3)
     assert avg["model"]["w"].dtype == torch.float32
@@ -58,7 +59,7 @@ def test_low_precision_is_accumulated_in_float64_and_cast_back(tmp_path, capsys,
     files = [make_ckpt(str(tmp_path / f"c{i}.pt"), params(i, dtype)) for i in range(4)]
     code, _, err = run(["--inputs", *files, "--output", tmp_path / "avg.pt"], capsys)
     assert code == 0, err
-    avg = torch.load(tmp_path / "avg.pt", weights_only=False)["model"]
+    avg = torch_load_checkpoint(str(tmp_path / "avg.pt"))["model"]
     assert avg["w"].dtype == dtype
     exact = sum(params(i, dtype)["w"].double() for i in range(4)) / 4
     assert torch.equal(avg["w"], exact.to(dtype))  # one rounding, at the end
@@ -74,7 +75,7 @@ def test_last_n_by_update_and_epoch(tmp_path, capsys):
     code, out, err = run(["--inputs", tmp_path, "--num-update-checkpoints", 2, "--output", out_dir / "u.pt"], capsys)
     assert code == 0, err
     assert "checkpoint_1_40.pt" in out and "checkpoint_1_30.pt" in out and "checkpoint_1_20.pt" not in out
-    avg = torch.load(out_dir / "u.pt", weights_only=False)
+    avg = torch_load_checkpoint(str(out_dir / "u.pt"))
     torch.testing.assert_close(avg["model"]["w"], (params(40)["w"] + params(30)["w"]) / 2)
     assert avg["optimizer_history"][-1]["num_updates"] == 40  # the newest is the "first" input
     code, out, err = run(["--inputs", tmp_path, "--num-update-checkpoints", 2,
@@ -82,7 +83,7 @@ def test_last_n_by_update_and_epoch(tmp_path, capsys):
     assert code == 0 and "checkpoint_1_20.pt" in out and "checkpoint_1_10.pt" in out and "_30" not in out
     code, out, err = run(["--inputs", tmp_path, "--num-epoch-checkpoints", 3, "--output", out_dir / "e.pt"], capsys)
     assert code == 0, err
-    torch.testing.assert_close(torch.load(out_dir / "e.pt", weights_only=False)["model"]["b"],
+    torch.testing.assert_close(torch_load_checkpoint(str(out_dir / "e.pt"))["model"]["b"],
                                sum(params(100 + e)["b"] for e in (1, 2, 3)) / 3)
 
 
@@ -159,6 +160,37 @@ def test_tied_parameters_are_not_double_counted(tmp_path, capsys):
     b = make_ckpt(str(tmp_path / "b.pt"), {"enc.embed": shared * 3, "dec.embed": shared * 3})
     code, _, err = run(["--inputs", a, b, "--output", tmp_path / "avg.pt"], capsys)
     assert code == 0, err
-    avg = torch.load(tmp_path / "avg.pt", weights_only=False)["model"]
+    avg = torch_load_checkpoint(str(tmp_path / "avg.pt"))["model"]
     assert torch.equal(avg["enc.embed"], torch.full((2, 2), 2.0))
     assert torch.equal(avg["dec.embed"], torch.full((2, 2), 2.0))
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unless_trusted(tmp_path, capsys, monkeypatch):
+    """Loaded with weights_only=True: a file needing a global besides argparse.Namespace
+    stops the average with one line naming it, before it runs; --trust-checkpoint
+    loads it in full (so the payload runs: the refusal above was real), for this
+    command only."""
+    from fairseq_localness.safe_load import TRUST_ENV
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    marker = tmp_path / "ran"
+    a = make_ckpt(str(tmp_path / "a.pt"), params(1))
+    b = make_ckpt(str(tmp_path / "b.pt"), params(2), extra={"extra_state": {"x": _RunsCode(str(marker))}})
+    code, _, err = run(["--inputs", a, b, "--output", tmp_path / "avg.pt"], capsys)
+    assert code == 2 and not marker.exists()
+    assert err.count("\n") == 1 and err.startswith(
+        f"fairseq-localness-average: error: refusing to load checkpoint '{b}': it needs builtins.exec,"), err
+    assert f"set {TRUST_ENV}=1" in err
+    assert not (tmp_path / "avg.pt").exists()
+    code, _, err = run(["--inputs", a, b, "--output", tmp_path / "avg.pt", "--trust-checkpoint"], capsys)
+    assert code == 0, err
+    assert marker.exists() and (tmp_path / "avg.pt").exists()
+    assert TRUST_ENV not in os.environ

@@ -7,7 +7,12 @@ the hub interface), so the test sees exactly what a user sees: without
 ``fairseq_localness.compat`` each of them dies with ``Unsupported global:
 argparse.Namespace``. ``test_plain_torch_load_refuses_fairseq_checkpoints`` keeps
 that premise checked: if a future torch loads these files by default, it fails and
-says the other tests no longer prove anything.
+says the other tests no longer prove anything. (That nothing but the weights and
+``argparse.Namespace`` is unpickled is tested in test_checkpoint_safety.py.)
+
+fairseq-generate and the hub interface, given a sentence longer than the model
+accepts, translate its beginning with a warning naming it (fairseq-interactive's is
+tested in test_faults.py).
 """
 import os
 import pickle
@@ -20,14 +25,22 @@ import torch
 
 from conftest import USER_DIR, parse_hypotheses, run_fairseq, tool_env, train_command
 
+from fairseq_localness.safe_load import torch_load_checkpoint
+
+MAX_POSITIONS = 40
+
 
 @pytest.fixture(scope="module")
 def trained(tiny_data_bin, tmp_path_factory):
-    """A transformer trained 2 updates, with a checkpoint after each update."""
+    """A transformer trained 2 updates, with a checkpoint after each update; it
+    accepts sentences of up to MAX_POSITIONS tokens (every sentence of the tiny test
+    set)."""
     save_dir = str(tmp_path_factory.mktemp("trained") / "checkpoints")
     run_fairseq("fairseq-train", train_command(
         "transformer", tiny_data_bin, save_dir, max_update=2,
-        extra_args=["--save-interval-updates", "1", "--no-epoch-checkpoints"],
+        extra_args=["--save-interval-updates", "1", "--no-epoch-checkpoints",
+                    "--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS),
+                    "--skip-invalid-size-inputs-valid-test"],
     ))
     return save_dir
 
@@ -71,33 +84,74 @@ def test_resumed_training_loads_checkpoint(trained, tiny_data_bin, tmp_path):
     proc = run_fairseq("fairseq-train", train_command("transformer", tiny_data_bin, save_dir, max_update=3))
     log = proc.stdout + proc.stderr
     assert "Loaded checkpoint" in log and "@ 2 updates" in log, log[-3000:]
-    state = torch.load(os.path.join(save_dir, "checkpoint_last.pt"), weights_only=False)
+    state = torch_load_checkpoint(os.path.join(save_dir, "checkpoint_last.pt"))
     assert state["optimizer_history"][-1]["num_updates"] == 3
 
 
 HUB_SCRIPT = r"""
 import sys
 from fairseq.models.transformer import TransformerModel
-save_dir, data_bin, spm_model, user_dir, sentence = sys.argv[1:]
+save_dir, data_bin, spm_model, user_dir, *sentences = sys.argv[1:]
 model = TransformerModel.from_pretrained(
     save_dir, checkpoint_file="checkpoint_last.pt", data_name_or_path=data_bin,
     user_dir=user_dir, bpe="sentencepiece", sentencepiece_model=spm_model,
     beam=2, max_len_a=1.5, max_len_b=5,
 )
-print("TRANSLATION:", model.translate(sentence))
+for translation in model.translate(sentences):
+    print("TRANSLATION:", translation)
 """
 
 
-def test_hub_interface_loads_checkpoint(trained, tiny_data_bin):
-    """A fresh interpreter that imports only fairseq: ``user_dir=`` alone must suffice."""
+def test_hub_interface_loads_checkpoint_and_translates_an_over_long_sentence(trained, tiny_data_bin):
+    """A fresh interpreter that imports only fairseq: ``user_dir=`` alone must suffice.
+    The second sentence is longer than the model accepts: its beginning is
+    translated, with a warning naming it, instead of a stop."""
     data = tiny_data_bin
+    first = data.lines("test", "src")[0]
+    long = " ".join([first] * 3)
+    n_tokens = len(data.lines("test", "src", segmented=True)[0].split()) * 3 + 1
+    assert n_tokens > MAX_POSITIONS
     proc = subprocess.run(
-        [sys.executable, "-c", HUB_SCRIPT, trained, data.data_bin, data.spm_model, USER_DIR,
-         data.lines("test", "src")[0]],
+        [sys.executable, "-c", HUB_SCRIPT, trained, data.data_bin, data.spm_model, USER_DIR, first, long],
         capture_output=True, text=True, env=tool_env(), timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "TRANSLATION:" in proc.stdout
+    assert proc.stdout.count("TRANSLATION:") == 2
+    assert (f"input sentence 2 has {n_tokens} tokens (with the end of sentence), more than the model accepts "
+            f"(max_positions={MAX_POSITIONS}); translating its first {MAX_POSITIONS - 1}") in proc.stderr
+    assert "input sentence 1 " not in proc.stderr
+
+
+def test_fairseq_generate_translates_the_beginning_of_an_over_long_test_sentence(trained, tiny_data_bin, tmp_path):
+    """Sentence 2 of the test set (source and reference), repeated, is longer than the
+    model accepts: fairseq-generate translates its first MAX_POSITIONS - 1 tokens with
+    a warning naming it, translates every other sentence, and keeps the reference
+    whole (decoding does not read it)."""
+    data = tiny_data_bin
+    seg = {lang: data.lines("test", lang, segmented=True) for lang in ("src", "tgt")}
+    for lang in seg:
+        seg[lang][2] = " ".join([seg[lang][2]] * (MAX_POSITIONS // len(seg[lang][2].split()) + 2))
+        with open(tmp_path / f"test.{lang}", "w", encoding="utf-8") as f:
+            f.write("\n".join(seg[lang]) + "\n")
+    n_src, n_tgt = len(seg["src"][2].split()) + 1, len(seg["tgt"][2].split()) + 1
+    assert n_src > MAX_POSITIONS and n_tgt > MAX_POSITIONS
+    data_bin = tmp_path / "bin"
+    run_fairseq("fairseq-preprocess", [
+        "--source-lang", "src", "--target-lang", "tgt", "--testpref", tmp_path / "test", "--destdir", data_bin,
+        "--srcdict", os.path.join(data.data_bin, "dict.src.txt"),
+        "--tgtdict", os.path.join(data.data_bin, "dict.tgt.txt"), "--workers", "1"])
+    proc = run_fairseq("fairseq-generate", [
+        data_bin, "--user-dir", USER_DIR, "--source-lang", "src", "--target-lang", "tgt",
+        "--path", os.path.join(trained, "checkpoint_last.pt"), "--gen-subset", "test",
+        "--beam", "2", "--batch-size", "4", "--max-len-a", "1.5", "--max-len-b", "5"])
+    assert (f"sentence 2 of 'test' (S-2/H-2 in the output, line 3 of its text) has {n_src} tokens (with the end "
+            f"of sentence), more than the model accepts (max_positions={MAX_POSITIONS}); translating its first "
+            f"{MAX_POSITIONS - 1} and the end of sentence") in proc.stderr
+    assert proc.stderr.count("more than the model accepts") == 1
+    assert len(parse_hypotheses(proc.stdout)) == 12
+    lines = dict(line.split("\t", 1) for line in proc.stdout.splitlines() if line[:2] in ("S-", "T-"))
+    assert lines["S-2"].split() == seg["src"][2].split()[:MAX_POSITIONS - 1]
+    assert lines["T-2"].split() == seg["tgt"][2].split()  # the whole reference
 
 
 def test_average_cli_loads_checkpoints(trained, tmp_path):
@@ -105,9 +159,9 @@ def test_average_cli_loads_checkpoints(trained, tmp_path):
     run_fairseq("fairseq-localness-average", [
         "--inputs", trained, "--num-update-checkpoints", "2", "--output", out,
     ])
-    a = torch.load(os.path.join(trained, "checkpoint_1_1.pt"), weights_only=False)["model"]
-    b = torch.load(os.path.join(trained, "checkpoint_1_2.pt"), weights_only=False)["model"]
-    avg = torch.load(out, weights_only=False)
+    a = torch_load_checkpoint(os.path.join(trained, "checkpoint_1_1.pt"))["model"]
+    b = torch_load_checkpoint(os.path.join(trained, "checkpoint_1_2.pt"))["model"]
+    avg = torch_load_checkpoint(str(out))
     assert list(avg["model"]) == list(b)
     for k in b:
         expected = ((a[k].double() + b[k].double()) / 2).to(b[k].dtype)
