@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import fairseq_localness  # noqa: F401  (registers the models)
+from fairseq_localness.cli import bench_measure, bench_model, bench_run, bench_sweep
 from fairseq_localness.cli import benchmark as bench
 from fairseq_localness.cli.bench_systems import BASELINE, SYSTEMS, select
 
@@ -51,10 +52,10 @@ def test_one_table_lists_every_model_and_builds():
     assert [n for n in SYSTEMS if n.startswith("hybrid")] == [
         "hybrid (gate, enc 1-2)", "hybrid (gate, enc 1-2 + dec 1-2)", "hybrid (concat)",
         "hybrid (local_pattern)", "hybrid (neighbor)", "hybrid (local_h)", "hybrid (local_s)"]
-    task = bench._Toy(64)
+    task = bench_model._Toy(64)
     for name, (model, options) in SYSTEMS.items():
         assert f"{model}_tiny" in ARCH_MODEL_REGISTRY, name
-        arch, built = bench.build(model, "tiny", options, task, torch.device("cpu"))
+        arch, built = bench_model.build(model, "tiny", options, task, torch.device("cpu"))
         assert sum(p.numel() for p in built.parameters()) > 0, name
 
 
@@ -89,6 +90,14 @@ BAD = {
     "tiny_vocab": (["--vocab", "3"], "--vocab must be >= 8"),
     "unknown_attention_impl": (["--attention-impl", "flash"], "--attention-impl: invalid choice: 'flash'"),
     "attention_impl_twice": (["--attention-impl", "sdpa", "sdpa"], "--attention-impl: a value given twice"),
+    "lengths_not_numbers": (["--lengths", "32,long"], "--lengths: expected comma-separated integers"),
+    "lengths_empty_item": (["--lengths", "32,,256"], "--lengths: expected comma-separated integers"),
+    "lengths_too_short": (["--lengths", "1,32"], "--lengths: every length must be >= 2, got [1]"),
+    "lengths_twice": (["--lengths", "32,256,32"], "--lengths: a length given twice"),
+    "lengths_with_batch": (["--lengths", "32", "--batch-size", "4", "--decode-len", "8"],
+                           "--batch-size, --decode-len: not with --lengths"),
+    "tokens_per_batch_zero": (["--lengths", "32", "--tokens-per-batch", "0"], "--tokens-per-batch must be >= 1"),
+    "sweep_option_without_lengths": (["--max-decode-len", "64"], "--max-decode-len: only with --lengths"),
 }
 
 
@@ -103,25 +112,42 @@ def test_usage_errors_exit_2_before_any_work(case, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_sweep_batch_rule():
+    """Equal tokens per length: the defaults give the default run's 64 x 32 at T = 32,
+    8 x 256 and 2 x 1024, beam searches over 32, 4 and 1 sentences, capped at 256 steps."""
+    args = bench.parse_args(["--lengths", "1024,32,256", "--cpu"])
+    assert args.lengths == [32, 256, 1024]
+    shapes = [bench_sweep.shape(n, args) for n in args.lengths]
+    assert [(s["batch_size"], s["src_len"], s["tgt_len"]) for s in shapes] == [(64, 32, 32), (8, 256, 256),
+                                                                                (2, 1024, 1024)]
+    assert [(s["decode_batch"], s["decode_len"]) for s in shapes] == [(32, 32), (4, 256), (1, 256)]
+    assert "256 output steps (capped by --max-decode-len)" in bench_sweep.describe(1024, args)
+    assert "capped" not in bench_sweep.describe(256, args)
+    args = bench.parse_args(["--lengths", "3000", "--tokens-per-batch", "600", "--decode-tokens", "9",
+                             "--max-decode-len", "4000", "--cpu"])
+    assert bench_sweep.shape(3000, args) == dict(batch_size=1, src_len=3000, tgt_len=3000, decode_batch=1,
+                                                 decode_len=3000)
+
+
 def test_dtype_check_by_device():
-    assert bench.check_dtype("fp32", "cpu") is None
-    assert bench.check_dtype("bf16", "cpu") is None
-    assert "needs a CUDA GPU" in bench.check_dtype("fp16", "cpu")
-    assert bench.check_dtype("fp16", "cuda", "Tesla V100", (7, 0)) is None
-    assert bench.check_dtype("bf16", "cuda", "NVIDIA H100 80GB HBM3", (9, 0)) is None
-    problem = bench.check_dtype("bf16", "cuda", "Tesla V100", (7, 0))
+    assert bench_model.check_dtype("fp32", "cpu") is None
+    assert bench_model.check_dtype("bf16", "cpu") is None
+    assert "needs a CUDA GPU" in bench_model.check_dtype("fp16", "cpu")
+    assert bench_model.check_dtype("fp16", "cuda", "Tesla V100", (7, 0)) is None
+    assert bench_model.check_dtype("bf16", "cuda", "NVIDIA H100 80GB HBM3", (9, 0)) is None
+    problem = bench_model.check_dtype("bf16", "cuda", "Tesla V100", (7, 0))
     assert "Tesla V100 (compute capability 7.0) has no bfloat16 arithmetic" in problem
 
 
 def test_mixed_precision_step_keeps_fp32_master_weights():
     """fp16/bf16 training as fairseq's FP16Optimizer: the model stays in bf16, Adam
     steps fp32 master weights, and the model gets them back (rounded)."""
-    task = bench._Toy(64)
-    _, model = bench.build("transformer", "tiny", [], task, torch.device("cpu"), torch.bfloat16)
-    optimizer = bench.make_optimizer(model, torch.bfloat16)
-    batch = bench.make_batch(task, 2, 5, 5, torch.device("cpu"))
+    task = bench_model._Toy(64)
+    _, model = bench_model.build("transformer", "tiny", [], task, torch.device("cpu"), torch.bfloat16)
+    optimizer = bench_model.make_optimizer(model, torch.bfloat16)
+    batch = bench_model.make_batch(task, 2, 5, 5, torch.device("cpu"))
     before = [m.clone() for m in optimizer.master]
-    bench._train_step(model, optimizer, batch)
+    bench_model._train_step(model, optimizer, batch)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert {m.dtype for m in optimizer.master} == {torch.float32}
     assert any(not torch.equal(a, b) for a, b in zip(before, optimizer.master))
@@ -136,10 +162,10 @@ def test_cpu_attention_kernels_are_counted():
     B x H x T x T x Dh products forward, five backward (the scores are recomputed);
     one multiply-add = 2 flops."""
     q = torch.randn(2, 4, 8, 16, requires_grad=True)
-    with bench.flop_counter() as counter:
+    with bench_measure.flop_counter() as counter:
         out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
     assert counter.get_total_flops() == 2 * (2 * 2 * 4 * 8 * 8 * 16)
-    with bench.flop_counter() as counter:
+    with bench_measure.flop_counter() as counter:
         out.sum().backward()
     assert counter.get_total_flops() == 2 * (5 * 2 * 4 * 8 * 8 * 16)
 
@@ -147,16 +173,16 @@ def test_cpu_attention_kernels_are_counted():
 def test_decode_count_has_the_encoder_once():
     """Enc-DC and the transformer share their decoder: their beam searches differ by
     exactly the difference of one encoder pass over the source batch."""
-    task = bench._Toy(64)
-    src = bench.make_batch(task, 3, 7, 7, torch.device("cpu"), seed=1)[:2]
+    task = bench_model._Toy(64)
+    src = bench_model.make_batch(task, 3, 7, 7, torch.device("cpu"), seed=1)[:2]
 
     def counts(options):
-        _, model = bench.build("dc_transformer" if options else "transformer", "tiny", options, task,
+        _, model = bench_model.build("dc_transformer" if options else "transformer", "tiny", options, task,
                                torch.device("cpu"))
         model.eval()
-        with bench.flop_counter() as counter, torch.no_grad():
+        with bench_measure.flop_counter() as counter, torch.no_grad():
             model.encoder(src[0], src_lengths=src[1])
-        return bench.measure_decode_flops(model, task, src, 5), counter.get_total_flops()
+        return bench_measure.measure_decode_flops(model, task, src, 5), counter.get_total_flops()
 
     base_decode, base_encoder = counts([])
     dc_decode, dc_encoder = counts(["--dc-mode", "enc"])
@@ -165,10 +191,10 @@ def test_decode_count_has_the_encoder_once():
 
 
 def test_activation_breakdown_adds_up_and_names_the_dc_units():
-    task = bench._Toy(64)
-    _, model = bench.build("dc_transformer", "tiny", ["--dc-mode", "enc"], task, torch.device("cpu"))
-    batch = bench.make_batch(task, 2, 6, 6, torch.device("cpu"))
-    _flops, total, by_module, *_ = bench.measure_static(model, batch, 4, torch.device("cpu"))
+    task = bench_model._Toy(64)
+    _, model = bench_model.build("dc_transformer", "tiny", ["--dc-mode", "enc"], task, torch.device("cpu"))
+    batch = bench_model.make_batch(task, 2, 6, 6, torch.device("cpu"))
+    _flops, total, by_module, *_ = bench_measure.measure_static(model, batch, 4, torch.device("cpu"))
     assert sum(by_module.values()) == total
     assert {"encoder.layers.*.self_attn.local_context", "encoder.layers.*.self_attn.fi_local",
             "encoder.layers.*.self_attn.fi_global", "encoder.layers.*.self_attn.aggregate",
@@ -196,6 +222,37 @@ def test_tiny_run_in_bf16_on_the_cpu(tmp_path, capsys):
     assert f"| {dc['decode_bound']:.3f} |" in row
 
 
+def test_tiny_length_sweep(tmp_path, capsys):
+    """``--lengths``: one run per length at about equal tokens, per-length entries and a
+    summary in bench.json, the summary table in bench.md and the PNG of the curves."""
+    out = tmp_path / "sweep"
+    bench.main(["--size", "tiny", "--vocab", "64", "--lengths", "8,4", "--tokens-per-batch", "16",
+                "--decode-tokens", "8", "--max-decode-len", "6", "--repeats", "1", "--threads", "1", "--cpu",
+                "--systems", "hysan e1 (gated)", "--output-dir", str(out)])
+    payload = json.loads((out / "bench.json").read_text())
+    assert payload["settings"]["lengths"] == [4, 8] and payload["settings"]["tokens_per_batch"] == 16
+    sweep = payload["sweep"]
+    assert [(e["length"], e["batch_size"], e["decode_batch"], e["decode_len"]) for e in sweep] == [
+        (4, 4, 2, 4), (8, 2, 1, 6)]
+    assert "6 output steps (capped by --max-decode-len)" in sweep[1]["note"]
+    for entry in sweep:
+        base, hysan = entry["results"]
+        assert [base["name"], hysan["name"]] == ["transformer", "hysan e1 (gated)"]
+        assert hysan["error"] is None and hysan["train_tokens"] == entry["batch_size"] * entry["length"]
+        assert hysan["decode_sentences"] == entry["decode_batch"]
+        row = payload["summary"]["hysan e1 (gated)"][str(entry["length"])]
+        assert row["train_ratio_over_bound"] == pytest.approx(hysan["train_ratio"] / hysan["arithmetic_bound"])
+        assert row["decode_ratio_over_bound"] == pytest.approx(hysan["decode_ratio"] / hysan["decode_bound"])
+        assert row["activations_ratio"] == pytest.approx(hysan["activation_bytes"] / base["activation_bytes"])
+        assert row["activations_ratio"] > 1  # the gate's bottleneck and the branches
+        assert payload["summary"]["transformer"][str(entry["length"])]["activations_ratio"] == 1.0
+    md = (out / "bench.md").read_text()
+    assert "| system | train ratio / bound, T=4 | T=8 | decode ratio / bound, T=4 | T=8 |" in md
+    assert "## T = 4" in md and "## T = 8" in md
+    png = (out / payload["plot"]).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
 def test_profile_and_attention_impl(tmp_path, capsys):
     """``--profile`` writes torch.profiler's tables of a training step and a beam search
     per system and their top ops to bench.json (self times that add up to at most the
@@ -213,11 +270,11 @@ def test_profile_and_attention_impl(tmp_path, capsys):
     for result in (base, hysan):
         for kind in ("train", "decode"):
             ops = result["profile"][kind]
-            assert 0 < len(ops) <= bench.PROFILE_ROWS
+            assert 0 < len(ops) <= bench_measure.PROFILE_ROWS
             assert all(op["self_ms"] >= 0 and 0 <= op["share"] <= 1 for op in ops)
             assert sum(op["share"] for op in ops) <= 1 + 1e-6
             assert [op["self_ms"] for op in ops] == sorted((op["self_ms"] for op in ops), reverse=True)
-            text = (out / "profile" / f"{bench._slug(result['name'])}.{kind}.txt").read_text()
+            text = (out / "profile" / f"{bench_run._slug(result['name'])}.{kind}.txt").read_text()
             assert "Self CPU" in text and ops[0]["op"] in text
     assert not any("scaled_dot_product" in op["op"] for op in hysan["profile"]["train"])
     assert {"aten::mm", "aten::addmm", "aten::bmm"} & {op["op"] for op in base["profile"]["train"]}
@@ -265,14 +322,14 @@ def test_hysan_gate_saves_only_its_bottleneck():
     from fairseq_localness.modules.attention import set_attention_impl
     from fairseq_localness.modules.hysan import GatedSumFusion
 
-    task = bench._Toy(64)
-    batch = bench.make_batch(task, 3, 9, 9, torch.device("cpu"))
+    task = bench_model._Toy(64)
+    batch = bench_model.make_batch(task, 3, 9, 9, torch.device("cpu"))
     saved, models = {}, {}
     for fusion in ("sum", "gated"):
-        _, model = bench.build("hysan_transformer", "tiny", ["--hysan-fusion", fusion], task, torch.device("cpu"))
+        _, model = bench_model.build("hysan_transformer", "tiny", ["--hysan-fusion", fusion], task, torch.device("cpu"))
         set_attention_impl(model, "sdpa")
         model.train()
-        saved[fusion], models[fusion] = bench.measure_static(model, batch, 4, torch.device("cpu"))[2], model
+        saved[fusion], models[fusion] = bench_measure.measure_static(model, batch, 4, torch.device("cpu"))[2], model
     expected = 0
     for name, module in models["gated"].named_modules():
         if isinstance(module, GatedSumFusion):

@@ -1,0 +1,93 @@
+"""The benchmark's outputs: the markdown table of one run, the machine line and the
+records that go to ``bench.json``."""
+import os
+import platform
+from dataclasses import asdict
+from typing import List, Optional
+
+import torch
+
+from fairseq_localness.cli.bench_run import BASELINE, Result, arithmetic_bound, decode_bound
+
+
+COLUMNS = ("system", "params", "train tok/s", "train ratio", "bound", "ratio / bound", "decode sent/s",
+           "decode ratio", "decode bound", "dec. ratio / bound", "peak MB", "peak ratio", "activations MB",
+           "act. ratio", "largest T x T", "largest tensor")
+
+
+def table(results: List[Result], machine: str) -> str:
+    base = next((r for r in results if r.name == BASELINE and not r.error), None)
+
+    def ratio(value, ref):
+        return f"{value / ref:.3f}" if value is not None and ref else "n/a"
+
+    def mb(value):
+        return f"{value / 2**20:,.1f}" if value is not None else "n/a"
+
+    lines = [
+        f"Measured on {machine}.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|---|" + "---:|" * (len(COLUMNS) - 1),
+    ]
+    for r in results:
+        if r.error:
+            lines.append(f"| {r.name} | {r.error} |" + " |" * (len(COLUMNS) - 2))
+            continue
+        tr = r.train_ratio or 0.0
+        dr = r.decode_ratio or 0.0
+        bound = arithmetic_bound(r, base) or 0.0
+        dbound = decode_bound(r, base) or 0.0
+        peak = r.cuda_peak_bytes if r.cuda_peak_bytes is not None else r.peak_bytes
+        base_peak = None
+        if base is not None:
+            base_peak = base.cuda_peak_bytes if base.cuda_peak_bytes is not None else base.peak_bytes
+        lines.append(
+            f"| {r.name} | {r.params:,} | {r.train_tok_s:,.0f} | {tr:.3f} | {bound:.3f} | "
+            f"{(tr / bound if bound else 0):.3f} | {r.decode_sent_s:.2f} | {dr:.3f} | {dbound:.3f} | "
+            f"{(dr / dbound if dbound else 0):.3f} | {mb(peak)} | {ratio(peak, base_peak)} | "
+            f"{r.activation_bytes / 2**20:,.1f} | "
+            f"{ratio(r.activation_bytes, base.activation_bytes if base else 0)} | {r.largest_tensor_ratio:.2f} | "
+            f"{ratio(r.largest_tensor_numel, base.largest_tensor_numel if base else 0)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def machine_description(device: str, dtype: str = "fp32") -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    threads = torch.get_num_threads()
+    desc = f"{cpu}, {os.cpu_count()} cores ({threads} torch threads), torch {torch.__version__}"
+    if device == "cuda":
+        desc += f", GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    return desc + f", {dtype}"
+
+
+
+def baseline(results: List[Result]) -> Optional[Result]:
+    """The transformer's result, or ``None`` where it failed."""
+    return next((r for r in results if r.name == BASELINE and not r.error), None)
+
+
+def records(results: List[Result]) -> List[dict]:
+    """One ``bench.json`` record per result: its raw fields, the medians and the bounds."""
+    base = baseline(results)
+    return [
+        dict(
+            asdict(r),
+            train_tok_s=r.train_tok_s,
+            decode_sent_s=r.decode_sent_s,
+            train_ratio=r.train_ratio,
+            decode_ratio=r.decode_ratio,
+            arithmetic_bound=arithmetic_bound(r, base),
+            decode_bound=decode_bound(r, base),
+        )
+        for r in results
+    ]

@@ -1,0 +1,192 @@
+"""One benchmark run at one batch shape (``fairseq-localness-bench``): every system
+built next to the transformer, measured (untimed), then timed in interleaved rounds;
+the results and the bounds. The command line is :mod:`fairseq_localness.cli.benchmark`,
+the length sweep :mod:`fairseq_localness.cli.bench_sweep`."""
+import gc
+import os
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from fairseq_localness.cli.bench_measure import _timed, measure_decode_flops, measure_static, profile_pass
+from fairseq_localness.cli.bench_model import DTYPES, _decode, _Toy, _train_step, build, make_batch, make_optimizer
+from fairseq_localness.cli.bench_systems import BASELINE, SYSTEMS, select
+
+
+@dataclass
+class Result:
+    name: str
+    arch: str
+    options: List[str]
+    attention_impl: str = "auto"
+    params: int = 0
+    train_flops: float = 0.0
+    decode_flops: float = 0.0
+    train_times: List[float] = field(default_factory=list)
+    decode_times: List[float] = field(default_factory=list)
+    # per round: transformer time / system time, both measured in that round
+    train_ratios: List[float] = field(default_factory=list)
+    decode_ratios: List[float] = field(default_factory=list)
+    activation_bytes: int = 0
+    # saved-for-backward bytes by the module that saved them, layer numbers as "*"
+    activations_by_module: Dict[str, int] = field(default_factory=dict)
+    peak_bytes: Optional[int] = None
+    cuda_peak_bytes: Optional[int] = None
+    largest_tensor_numel: int = 0
+    largest_tensor_ratio: float = 0.0
+    train_tokens: int = 0
+    decode_sentences: int = 0
+    # with --profile: the ops with the most self time in one training step and in one
+    # beam search (name, calls, self time in ms, share of the pass's self time)
+    profile: Dict[str, List[dict]] = field(default_factory=dict)
+    error: Optional[str] = None
+
+    @property
+    def train_tok_s(self) -> float:
+        return self.train_tokens / statistics.median(self.train_times) if self.train_times else 0.0
+
+    @property
+    def decode_sent_s(self) -> float:
+        return self.decode_sentences / statistics.median(self.decode_times) if self.decode_times else 0.0
+
+    @property
+    def train_ratio(self) -> Optional[float]:
+        return statistics.median(self.train_ratios) if self.train_ratios else None
+
+    @property
+    def decode_ratio(self) -> Optional[float]:
+        return statistics.median(self.decode_ratios) if self.decode_ratios else None
+
+
+def run_name(system: str, impl: str, impls: List[str]) -> str:
+    """The row name of ``system`` run with ``attention_impl`` ``impl``: the system's
+    name, with ``[impl]`` appended when the run compares several settings."""
+    return f"{system} [{impl}]" if len(impls) > 1 else system
+
+
+def _prepare(name, args, task, batch, decode_src, device, result: Result, impl: str = "auto"):
+    """Build, measure (untimed) and warm up one system (its attention cores set to
+    ``impl``); returns (model, optimizer) or None when the system fails (the failure
+    is reported, not fatal)."""
+    model_name, options = SYSTEMS[name]
+    dtype = DTYPES[args.dtype]
+    try:
+        result.arch, model = build(model_name, args.size, options, task, device, dtype)
+    except Exception as exc:
+        result.error = f"build failed: {exc}"
+        return None
+    from fairseq_localness.modules.attention import set_attention_impl
+
+    set_attention_impl(model, impl)
+    result.params = sum(p.numel() for p in model.parameters())
+    model.train()
+    layer0 = model.encoder.layers[0]
+    heads = layer0.self_attn.num_heads if hasattr(layer0, "self_attn") else 1
+    (
+        result.train_flops,
+        result.activation_bytes,
+        result.activations_by_module,
+        result.largest_tensor_numel,
+        result.largest_tensor_ratio,
+        result.peak_bytes,
+    ) = measure_static(model, batch, heads, device)
+    optimizer = make_optimizer(model, dtype)
+    _train_step(model, optimizer, batch)  # warm-up (allocates the optimizer state)
+    # the decoding warm-up, counted (the same kernels run as in the timed searches)
+    result.decode_flops = measure_decode_flops(model, task, decode_src, args.decode_len)
+    result.train_tokens = int(batch[3].numel())
+    result.decode_sentences = args.decode_batch
+    print(f"built {name}: {result.params:,} parameters", file=sys.stderr)
+    return model, optimizer
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def select_device(args) -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+
+
+def run(args) -> List[Result]:
+    device = select_device(args)
+    if device.type == "cpu" and args.threads:
+        torch.set_num_threads(args.threads)
+    task = _Toy(args.vocab)
+    batch = make_batch(task, args.batch_size, args.src_len, args.tgt_len, device)
+    decode_src = make_batch(task, args.decode_batch, args.src_len, args.tgt_len, device, seed=1)[:2]
+    impls = args.attention_impl
+    # one row per system and attention_impl: (system, impl) by row name
+    rows = {run_name(n, impl, impls): (n, impl) for n in select(args.systems or []) if n != BASELINE
+            for impl in impls}
+    names = list(rows)
+    results = {BASELINE: Result(name=BASELINE, arch="", options=SYSTEMS[BASELINE][1])}
+    for name, (system, impl) in rows.items():
+        results[name] = Result(name=name, arch="", options=SYSTEMS[system][1], attention_impl=impl)
+    base = results[BASELINE]
+    prepared = _prepare(BASELINE, args, task, batch, decode_src, device, base)
+    if prepared is None:
+        sys.exit(f"fairseq-localness-bench: the baseline failed: {base.error}")
+    base_model, base_opt = prepared
+
+    size = max(1, args.group_size)
+    groups = [names[i : i + size] for i in range(0, len(names), size)] or [[]]
+    for number, group in enumerate(groups, 1):
+        members = {}
+        for name in group:
+            system, impl = rows[name]
+            prepared = _prepare(system, args, task, batch, decode_src, device, results[name], impl)
+            if prepared is not None:
+                members[name] = prepared
+        for round_ in range(args.repeats):
+            # training: the transformer, then each system of the group
+            t_base = _timed(lambda: _train_step(base_model, base_opt, batch), device)
+            base.train_times.append(t_base)
+            for name, (model, opt) in members.items():
+                t = _timed(lambda: _train_step(model, opt, batch), device)
+                results[name].train_times.append(t)
+                results[name].train_ratios.append(t_base / t)
+            # decoding, in the same order
+            d_base = _timed(lambda: _decode(base_model, task, decode_src, args.decode_len), device)
+            base.decode_times.append(d_base)
+            for name, (model, _) in members.items():
+                d = _timed(lambda: _decode(model, task, decode_src, args.decode_len), device)
+                results[name].decode_times.append(d)
+                results[name].decode_ratios.append(d_base / d)
+            print(f"group {number}/{len(groups)}: round {round_ + 1}/{args.repeats} done", file=sys.stderr)
+        # the group's systems, and the transformer with the first group
+        measured = list(members.items()) + ([(BASELINE, (base_model, base_opt))] if number == 1 else [])
+        if args.profile:
+            out_dir = os.path.join(args.output_dir, "profile")
+            for name, (model, opt) in measured:
+                results[name].profile = {
+                    "train": profile_pass(f"{_slug(name)}.train", lambda: _train_step(model, opt, batch),
+                                          device, out_dir),
+                    "decode": profile_pass(f"{_slug(name)}.decode",
+                                           lambda: _decode(model, task, decode_src, args.decode_len), device, out_dir),
+                }
+        if device.type == "cuda":
+            for name, (model, opt) in measured:
+                torch.cuda.reset_peak_memory_stats()
+                _train_step(model, opt, batch)
+                results[name].cuda_peak_bytes = torch.cuda.max_memory_allocated()
+        del members
+        gc.collect()
+    base.train_ratios = [1.0] * len(base.train_times)
+    base.decode_ratios = [1.0] * len(base.decode_times)
+    return [results[n] for n in [BASELINE] + names]
+
+
+def arithmetic_bound(result: Result, base: Optional[Result]) -> Optional[float]:
+    """Training: the transformer's multiply-adds / the system's."""
+    return base.train_flops / result.train_flops if base and result.train_flops else None
+
+
+def decode_bound(result: Result, base: Optional[Result]) -> Optional[float]:
+    """Beam search: the transformer's multiply-adds / the system's."""
+    return base.decode_flops / result.decode_flops if base and result.decode_flops else None
+
