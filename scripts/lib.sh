@@ -194,12 +194,24 @@ ${msg:-registered architectures (importing fairseq_localness failed; run '$PY -c
 # naming the option, before fairseq-train creates --save-dir. Attention heads that do
 # not divide the embedding size are checked for any architecture. The --arch is
 # checked first, as check_arch does. Imports fairseq.
+# check_train_args --print-longest-pair ARG...: the same, and prints (stdout) the
+# longest training pair fairseq batches, in tokens: max(source, target) over the pairs
+# of every train split (train, train1, ...) of every data directory, read with
+# fairseq's own index reader (fairseq.data.data_utils.load_indexed_dataset), pairs
+# longer than the model's --max-source/target-positions left out (fairseq drops them
+# before batching); 0 where the data cannot be read that way (raw text).
 check_train_args() {
+    local longest=0
+    if [[ "${1:-}" == --print-longest-pair ]]; then
+        longest=1
+        shift
+    fi
     "$PY" -c "$_ARCH_PY"'
 import sys
 prog = sys.argv[1]
+print_longest = sys.argv[2] == "1"
 sys.argv[0] = prog  # model option errors are printed as "<prog>: error: ..."
-argv = sys.argv[2:]
+argv = sys.argv[3:]
 arch = argv[argv.index("--arch") + 1] if "--arch" in argv[:-1] else None
 problem = arch_problem(arch) if arch else None
 if problem:
@@ -224,7 +236,48 @@ for side in ("encoder", "decoder"):
         allowed = ", ".join(str(h) for h in range(1, min(dim, 64) + 1) if dim % h == 0)
         error("--%s-attention-heads %d: must divide --%s-embed-dim %d (allowed: %s%s)"
               % (side, heads, side, dim, allowed, ", ..." if dim > 64 else ""))
-' "$PROG" "$@" 2> >(grep -v "^INFO:\|Please install tensorboardX" >&2) || exit 2
+
+
+def longest_pair(args):
+    import itertools
+    import os
+
+    import numpy as np
+    from fairseq import utils
+    from fairseq.data import data_utils, indexed_dataset
+
+    from fairseq.models.transformer import DEFAULT_MAX_SOURCE_POSITIONS, DEFAULT_MAX_TARGET_POSITIONS
+
+    src, tgt = args.source_lang, args.target_lang
+    # the positions fairseq batches within (task and model read the same two options)
+    max_positions = (getattr(args, "max_source_positions", None) or DEFAULT_MAX_SOURCE_POSITIONS,
+                     getattr(args, "max_target_positions", None) or DEFAULT_MAX_TARGET_POSITIONS)
+    longest = 0
+    for data in utils.split_paths(args.data):
+        for k in itertools.count():
+            prefix = os.path.join(data, "train%s.%s-%s." % (k or "", src, tgt))
+            impl = args.dataset_impl or indexed_dataset.infer_dataset_impl(prefix + src)
+            if impl not in ("mmap", "lazy", "cached") or not all(
+                    indexed_dataset.dataset_exists(prefix + lang, impl) for lang in (src, tgt)):
+                if k == 0 and impl == "raw":
+                    return 0  # raw text: fairseq reads it whole; not looked at here
+                break
+            sizes = []
+            for lang in (src, tgt):
+                dataset = data_utils.load_indexed_dataset(prefix + lang, None, impl)
+                # a copy while the dataset lives: an mmap dataset closes its map when freed
+                sizes.append(np.array(dataset.sizes, dtype=np.int64))
+                del dataset
+            s, t = sizes
+            kept = (s <= max_positions[0]) & (t <= max_positions[1])
+            if kept.any():
+                longest = max(longest, int(np.maximum(s, t)[kept].max()))
+    return longest
+
+
+if print_longest:
+    print(longest_pair(args))
+' "$PROG" "$longest" "$@" 2> >(grep -v "^INFO:\|Please install tensorboardX" >&2) || exit 2
 }
 
 # require_pair DATA_BIN SRC TGT SUBSET...: a fairseq-preprocess output directory

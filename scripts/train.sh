@@ -2,7 +2,7 @@
 # Train a translation model with fairseq-train, with fairseq_localness as --user-dir.
 #
 # Usage: train.sh --arch ARCH --data-bin DIR --save-dir DIR --max-update N \
-#                 --src LANG --tgt LANG [--seed N] [--gpus N] [--cpu] \
+#                 --src LANG --tgt LANG [--seed N] [--preset NAME] [--gpus N] [--cpu] \
 #                 [--nodes N --node-rank R --master-addr HOST [--master-port P]] \
 #                 [--effective-tokens T] [--precision auto|fp32|fp16|bf16] [--dry-run] \
 #                 [-- EXTRA fairseq-train args...]
@@ -16,6 +16,13 @@
 #   --max-update N    number of updates to train for
 #   --src, --tgt      language pair
 #   --seed N          random seed (default 1)
+#   --preset NAME     model size and recipe from configs/presets/NAME.sh, between the
+#                     defaults below and EXTRA (which overrides it). tiny: the demo's
+#                     model (2+2 layers, d=64, 4 heads, FFN 256, shared embeddings;
+#                     needs a joined dictionary) and short-schedule recipe (--lr 2e-3
+#                     --warmup-updates 100 --clip-norm 1.0 --dropout 0.1 --max-tokens
+#                     2048 --num-workers 0), for a first run on the CPU. An unknown
+#                     NAME is an error that lists the presets.
 #
 # Devices and processes:
 #   --gpus N          processes (GPUs) per node, started by torchrun (python -m
@@ -78,7 +85,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/batch_split.sh"
 
 ARCH="" DATA_BIN="" SAVE_DIR="" MAX_UPDATE="" SRC="" TGT="" SEED=1
-GPUS=0 CPU=0 NODES=1 NODE_RANK=0 MASTER_ADDR="" MASTER_PORT="" EFF_TOKENS="" PRECISION=auto DRY_RUN=0
+PRESET="" GPUS=0 CPU=0 NODES=1 NODE_RANK=0 MASTER_ADDR="" MASTER_PORT="" EFF_TOKENS="" PRECISION=auto DRY_RUN=0
 EXTRA=()
 while (( $# )); do
     case "$1" in
@@ -89,6 +96,7 @@ while (( $# )); do
         --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
         --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
         --seed) need_value "$1" $#; SEED="$2"; shift 2 ;;
+        --preset) need_value "$1" $#; PRESET="$2"; shift 2 ;;
         --gpus) need_value "$1" $#; GPUS="$2"; shift 2 ;;
         --cpu) CPU=1; shift ;;
         --nodes) need_value "$1" $#; NODES="$2"; shift 2 ;;
@@ -139,17 +147,27 @@ if [[ -n "$EFF_TOKENS" ]]; then
     require_int --effective-tokens "$EFF_TOKENS" 1
     EFF_TOKENS=$((10#$EFF_TOKENS))
 fi
-# What EXTRA says about batch size and precision (the last occurrence wins in fairseq).
+# The preset: configs/presets/NAME.sh sets PRESET_ARGS, fairseq-train arguments that
+# come after the recipe's defaults and before EXTRA.
+PRESET_ARGS=()
+if [[ -n "$PRESET" ]]; then
+    PRESETS_DIR="$REPO_DIR/configs/presets"
+    names="$(cd "$PRESETS_DIR" 2>/dev/null && ls -- *.sh 2>/dev/null | sed 's/\.sh$//' | tr '\n' ' ')"
+    [[ "$PRESET" =~ ^[A-Za-z0-9_-]+$ && -f "$PRESETS_DIR/$PRESET.sh" ]] \
+        || die "--preset: unknown preset '$PRESET'; expected one of: ${names:-(none in $PRESETS_DIR)}"
+    . "$PRESETS_DIR/$PRESET.sh"
+    (( ${#PRESET_ARGS[@]} )) || die "--preset $PRESET: $PRESETS_DIR/$PRESET.sh sets no PRESET_ARGS"
+fi
+# What the preset and EXTRA say about batch size and precision (the last occurrence
+# wins in fairseq).
 MAX_TOKENS=4096 EXTRA_UPDATE_FREQ="" EXTRA_PRECISION="" EXTRA_VALID_BATCH="" EXTRA_RESTORE=""
-MAX_POSITIONS=(1024 1024)
-for (( i = 0; i < ${#EXTRA[@]}; i++ )); do
-    a="${EXTRA[i]}"
+GIVEN=("${PRESET_ARGS[@]}" "${EXTRA[@]}")
+for (( i = 0; i < ${#GIVEN[@]}; i++ )); do
+    a="${GIVEN[i]}"
     case "$a" in
-        --max-tokens) MAX_TOKENS="${EXTRA[i+1]:-}" ;;
+        --max-tokens) MAX_TOKENS="${GIVEN[i+1]:-}" ;;
         --max-tokens=*) MAX_TOKENS="${a#*=}" ;;
         --max-tokens-valid|--max-tokens-valid=*|--batch-size-valid|--batch-size-valid=*) EXTRA_VALID_BATCH="$a" ;;
-        --max-source-positions) MAX_POSITIONS[0]="${EXTRA[i+1]:-}" ;;
-        --max-target-positions) MAX_POSITIONS[1]="${EXTRA[i+1]:-}" ;;
         --restore-file|--restore-file=*) EXTRA_RESTORE="$a" ;;
         --update-freq|--update-freq=*) EXTRA_UPDATE_FREQ="$a" ;;
         --fp16|--bf16|--amp|--memory-efficient-fp16|--memory-efficient-bf16) EXTRA_PRECISION="$a" ;;
@@ -223,9 +241,15 @@ RECIPE=(--optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
 # The architecture and every fairseq-train argument after --, model options
 # included, parsed as fairseq-train parses them: a bad one stops here with exit
 # status 2, before anything is printed or --save-dir exists.
-check_train_args "$DATA_BIN" --user-dir "$USER_DIR" --task translation --source-lang "$SRC" \
-    --target-lang "$TGT" --arch "$ARCH" "${RECIPE[@]}" --seed "$SEED" --max-update "$MAX_UPDATE" \
-    --save-dir "$SAVE_DIR" "${EXTRA[@]}"
+# With --effective-tokens it also reads the longest training pair (fairseq's index
+# reader; pairs longer than the model's positions left out, as fairseq drops them).
+LONGEST_ARG=()
+[[ -n "$EFF_TOKENS" ]] && LONGEST_ARG=(--print-longest-pair)
+LONGEST="$(check_train_args "${LONGEST_ARG[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation \
+    --source-lang "$SRC" --target-lang "$TGT" --arch "$ARCH" "${RECIPE[@]}" "${PRESET_ARGS[@]}" --seed "$SEED" \
+    --max-update "$MAX_UPDATE" --save-dir "$SAVE_DIR" "${EXTRA[@]}")" || exit 2
+LONGEST="${LONGEST##*$'\n'}"  # the last line: the number
+[[ "$LONGEST" =~ ^[0-9]+$ ]] || LONGEST=0
 
 # ---- the command
 WORLD=1
@@ -244,30 +268,6 @@ if [[ -n "$EFF_TOKENS" ]]; then
     # --gpus is absent on a machine with several
     BATCH_WORLD=$WORLD
     (( GPUS == 0 && ! CPU && N_CUDA > 1 )) && BATCH_WORLD=$N_CUDA
-    # the longest training pair fairseq batches (pairs longer than the model's positions
-    # are dropped by fairseq before batching); 0 if the data-bin's format is not mmap
-    LONGEST="$("$PY" - "$DATA_BIN/train.$SRC-$TGT.$SRC.idx" "$DATA_BIN/train.$SRC-$TGT.$TGT.idx" \
-        "${MAX_POSITIONS[@]}" <<'PYEOF' || echo 0
-import struct, sys
-import numpy as np
-
-def sizes(path):
-    with open(path, "rb") as f:
-        if f.read(9) != b"MMIDIDX\x00\x00":
-            return None
-        f.read(9)  # version, dtype code
-        n = struct.unpack("<Q", f.read(8))[0]
-        f.read(8)  # number of documents
-        return np.fromfile(f, dtype=np.int32, count=n)
-
-src, tgt = sizes(sys.argv[1]), sizes(sys.argv[2])
-if src is None or tgt is None or len(src) != len(tgt) or not len(src):
-    print(0)
-else:
-    kept = (src <= int(sys.argv[3])) & (tgt <= int(sys.argv[4]))
-    print(int(np.maximum(src, tgt)[kept].max()) if kept.any() else 0)
-PYEOF
-)"
     batch_split "$EFF_TOKENS" "$BATCH_WORLD" "$((10#$MAX_TOKENS))" "$LONGEST" \
         || die "--effective-tokens $EFF_TOKENS: no split over $BATCH_WORLD process(es): $BATCH_ERROR"
     BATCH_ARGS=(--max-tokens "$BATCH_MAX_TOKENS" --update-freq "$BATCH_UPDATE_FREQ")
@@ -285,7 +285,10 @@ import os, re, sys, zipfile
 def readable(path):
     """torch.save's zip format, complete: the central directory at the end, the pickle
     inside, every member within the file. A file cut short (a kill during fairseq's
-    copy) fails this; an old non-zip checkpoint is loaded to find out."""
+    copy) fails this; an old non-zip checkpoint is loaded to find out, through the
+    package's safe load (weights_only=True and its allowlist, or full unpickling with
+    FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1): a checkpoint it refuses is not taken for
+    a cut-short one; its one-line refusal stops train.sh."""
     try:
         with open(path, "rb") as f:
             zipped = f.read(4) == b"PK\x03\x04"
@@ -295,11 +298,25 @@ def readable(path):
                 infos = z.infolist()
                 return (any(i.filename.endswith("data.pkl") for i in infos)
                         and all(i.header_offset + i.compress_size <= size for i in infos))
-        import torch
-        torch.load(path, map_location="cpu", weights_only=False)
-        return True
     except Exception:
         return False
+    from fairseq_localness.safe_load import UntrustedCheckpointError, torch_load_checkpoint, trusted
+    try:
+        trusted()
+    except ValueError as e:  # the switch has a value that is neither yes nor no
+        refuse(e)
+    try:
+        torch_load_checkpoint(path, map_location="cpu")
+        return True
+    except UntrustedCheckpointError as e:
+        refuse(e)
+    except Exception:
+        return False
+
+
+def refuse(error):
+    print("refused " + str(error).replace("\n", " "))
+    sys.exit(0)
 
 save_dir = sys.argv[1]
 last = os.path.join(save_dir, "checkpoint_last.pt")
@@ -316,6 +333,7 @@ else:
 PYEOF
 )"
     case "$resume" in
+        "refused "*) die "--save-dir: ${resume#refused }" ;;
         last) echo "${PROG}: resuming from $SAVE_DIR/checkpoint_last.pt" >&2 ;;
         "unreadable "?*)
             RESUME_ARGS=(--restore-file "${resume#unreadable }")
@@ -343,7 +361,7 @@ TRAIN_ARGS=("$DATA_BIN"
     --user-dir "$USER_DIR"
     --task translation --source-lang "$SRC" --target-lang "$TGT"
     --arch "$ARCH"
-    "${RECIPE[@]}"
+    "${RECIPE[@]}" "${PRESET_ARGS[@]}"
     --seed "$SEED" --max-update "$MAX_UPDATE" --save-dir "$SAVE_DIR"
     "${DEVICE_ARGS[@]}" "${PRECISION_ARGS[@]}"
     "${EXTRA[@]}" "${BATCH_ARGS[@]}" "${RESUME_ARGS[@]}")

@@ -7,45 +7,59 @@ prints a command whose --max-tokens x processes x --update-freq is the paper's b
 (at most T, and within a token per process and batch of it), or refuses with exit
 status 2 when no split is possible. These dry runs use a stand-in data-bin (the
 dictionaries and index files train.sh reads) and a stand-in for the architecture
-check (it imports fairseq, seconds per call; tests/test_pipeline.py covers it).
+check (it imports fairseq, seconds per call; tests/test_pipeline.py covers it), which
+also stands in for the reading of the longest training pair (STUB_LONGEST); that
+reading, with fairseq's own index reader, is tested by real dry runs below.
+
+The preset: --preset tiny puts the demo's model and recipe between the defaults and
+the arguments after --; an unknown name is refused, naming the presets.
 
 Resumption: a truncated checkpoint_last.pt makes train.sh resume from the newest
-readable checkpoint (by dry run on stand-in checkpoints, and once for real).
+readable checkpoint (by dry run on stand-in checkpoints, and once for real); an
+old-format checkpoint is probed through the safe load, so one whose pickle would run
+a command is refused (the command does not run), not taken for a cut-short file.
 """
 import os
 import shlex
 import struct
 import subprocess
+import sys
 
 import pytest
 
-from conftest import REPO, SCRIPTS, fairseq_import_stub, run_script, tool_env
+from conftest import REPO, SCRIPTS, run_script, tool_env
 
 PROCESSES = (1, 2, 8, 16)
 
 
 def write_idx(path, sizes):
-    """A fairseq mmap index (MMIDIDX) with these sentence sizes."""
+    """A fairseq mmap index (MMIDIDX, as fairseq's MMapIndexedDataset.Index.writer
+    writes it: magic, version, dtype code, count, sizes, pointers) with these sentence
+    sizes, and the matching .bin of int32 tokens."""
     import numpy as np
 
     sizes = np.asarray(sizes, dtype=np.int32)
-    pointers = np.concatenate([[0], np.cumsum(sizes[:-1]) * 2]).astype(np.int64)
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1]) * 4]).astype(np.int64)
     with open(path, "wb") as f:
-        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 4))  # version, dtype code (unused here)
-        f.write(struct.pack("<Q", len(sizes)) + struct.pack("<Q", len(sizes) + 1))
-        f.write(sizes.tobytes() + pointers.tobytes() + np.arange(len(sizes) + 1, dtype=np.int64).tobytes())
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 4))  # version, dtype code: int32
+        f.write(struct.pack("<Q", len(sizes)))
+        f.write(sizes.tobytes() + pointers.tobytes())
+    with open(path[:-len(".idx")] + ".bin", "wb") as f:
+        f.write(np.full(int(sizes.sum()), 4, dtype=np.int32).tobytes())
 
 
-def fake_data_bin(path, longest, src="en", tgt="de"):
+def fake_data_bin(path, longest, src="en", tgt="de", train=None):
     """What train.sh reads of a data-bin: the dictionaries and the train/valid index
     files; the longest training pair has `longest` tokens (one longer pair exceeds
-    fairseq's 1024 positions and is not counted)."""
+    fairseq's 1024 positions and is not counted). `train`: the (source, target)
+    sizes of the training pairs instead."""
     os.makedirs(path, exist_ok=True)
     for lang in (src, tgt):
         with open(os.path.join(path, f"dict.{lang}.txt"), "w") as f:
             f.write("a 1\n")
-    write_idx(os.path.join(path, f"train.{src}-{tgt}.{src}.idx"), [10, longest, 30, 2000])
-    write_idx(os.path.join(path, f"train.{src}-{tgt}.{tgt}.idx"), [12, longest - 5, 31, 1900])
+    src_sizes, tgt_sizes = train or ([10, longest, 30, 2000], [12, longest - 5, 31, 1900])
+    write_idx(os.path.join(path, f"train.{src}-{tgt}.{src}.idx"), src_sizes)
+    write_idx(os.path.join(path, f"train.{src}-{tgt}.{tgt}.idx"), tgt_sizes)
     for lang in (src, tgt):
         write_idx(os.path.join(path, f"valid.{src}-{tgt}.{lang}.idx"), [5, 6])
     return str(path)
@@ -53,9 +67,18 @@ def fake_data_bin(path, longest, src="en", tgt="de"):
 
 @pytest.fixture(scope="module")
 def stub_env(tmp_path_factory):
-    """PYTHON: this Python, except that the architecture check (which imports fairseq)
-    passes at once."""
-    return {"PYTHON": fairseq_import_stub(tmp_path_factory.mktemp("stub"))}
+    """PYTHON: this Python, except that the check of the fairseq-train arguments
+    (which imports fairseq) passes at once and reports STUB_LONGEST (default 100) as
+    the longest training pair; the other checks pass at once too."""
+    directory = tmp_path_factory.mktemp("stub")
+    python = os.path.join(str(directory), "python")
+    with open(python, "w") as f:
+        f.write('#!/bin/bash\n'
+                '[[ "$*" == *"def longest_pair"* ]] && { [[ "$4" == 1 ]] && echo "${STUB_LONGEST:-100}"; exit 0; }\n'
+                '[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
+                f'exec {shlex.quote(sys.executable)} "$@"\n')
+    os.chmod(python, 0o755)
+    return {"PYTHON": python}
 
 
 def config_batches():
@@ -129,12 +152,64 @@ def test_no_possible_split_is_refused_naming_the_numbers(tmp_path, stub_env, cas
         "cap_below_longest_pair": (1, 4096, 150, ["--max-tokens 150 is smaller than the longest training pair "
                                                   "(200 tokens)", "expected --max-tokens >= 200"]),
     }[case]
-    p = dry_run(data_bin, tmp_path / "ckpt", processes, tokens, cap, stub_env)
+    p = dry_run(data_bin, tmp_path / "ckpt", processes, tokens, cap, dict(stub_env, STUB_LONGEST="200"))
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("train.sh: error: --effective-tokens"), p.stderr
     for fragment in fragments:
         assert fragment in p.stderr, (fragment, p.stderr)
     assert "dry run, not training" not in p.stdout and not (tmp_path / "ckpt").exists()
+
+
+# --------------------------------------------------------------------------- the longest pair
+def test_the_longest_pair_is_read_with_fairseqs_own_reader_the_first_pair_included(tmp_path):
+    """The longest training pair is the first one; a longer pair beyond the model's
+    --max-source-positions is not counted (fairseq drops it before batching). Real dry
+    runs: the sizes are read by fairseq's index reader, so each is where fairseq puts it
+    (a reader with a header of its own, 8 bytes too long, read every size two entries
+    late and never saw the first two pairs)."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    data_bin = fake_data_bin(tmp_path / "bin", 0, train=([150, 10, 30, 20, 40, 300], [140, 12, 31, 25, 41, 290]))
+    # the stand-in is in fairseq's format: fairseq's reader gives its sizes back
+    assert MMapIndexedDataset(os.path.join(data_bin, "train.en-de.en")).sizes.tolist() == [150, 10, 30, 20, 40, 300]
+    p = dry_run(data_bin, tmp_path / "ckpt", 1, 4096, 4096, None, "--max-source-positions", "200")
+    assert p.returncode == 0, p.stderr
+    assert "longest training pair: 150 tokens" in p.stderr, p.stderr
+    # and it decides: 2048 tokens over 16 processes leave 128 per process, below the first pair
+    p = dry_run(data_bin, tmp_path / "ckpt", 16, 2048, 2048, None, "--max-source-positions", "200")
+    assert p.returncode == 2, p.stderr
+    assert "the longest training pair has 150 tokens" in p.stderr and "expected at most 13 processes" in p.stderr
+    assert not (tmp_path / "ckpt").exists()
+
+
+# --------------------------------------------------------------------------- the preset
+def bash_array(file, name):
+    code = f'. "$1"; printf "%s\\n" "${{{name}[@]}}"'
+    return subprocess.run(["bash", "-c", code, "-", file], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+
+
+def test_the_tiny_preset_is_the_demos_model_and_recipe_between_the_defaults_and_extra(tmp_path, stub_env):
+    preset = bash_array(os.path.join(REPO, "configs", "presets", "tiny.sh"), "PRESET_ARGS")
+    demo = os.path.join(REPO, "configs", "demo.sh")
+    demo_train = bash_array(demo, "DEMO_TRAIN_ARGS")
+    assert demo_train[:10] == ["--lr", "2e-3", "--warmup-updates", "100", "--clip-norm", "1.0", "--dropout", "0.1",
+                               "--max-tokens", "2048"]
+    assert preset == bash_array(demo, "DEMO_MODEL_ARGS") + demo_train[:10] + ["--num-workers", "0"]
+    data_bin = fake_data_bin(tmp_path / "bin", longest=100)
+    args = ["--arch", "transformer", "--data-bin", data_bin, "--save-dir", tmp_path / "ckpt", "--max-update", "10",
+            "--src", "en", "--tgt", "de", "--cpu", "--dry-run"]
+    cmd = fairseq_command(run_script("train.sh", args + ["--preset", "tiny", "--", "--max-tokens", "1000"],
+                                     env=stub_env).stdout)
+    start = cmd.index("--log-interval") + 2  # the last of the recipe's defaults
+    assert cmd[start:start + len(preset)] == preset
+    assert last(cmd, "--lr") == "2e-3" and last(cmd, "--encoder-embed-dim") == "64"
+    assert last(cmd, "--max-tokens") == "1000"  # the arguments after -- win
+    for bad in ("huge", "../tiny", "tiny.sh"):
+        p = run_script("train.sh", args + ["--preset", bad], env=stub_env, check=False)
+        assert p.returncode == 2
+        assert p.stderr.startswith(f"train.sh: error: --preset: unknown preset '{bad}'; expected one of: tiny"), p.stderr
+    assert not (tmp_path / "ckpt").exists()
 
 
 # --------------------------------------------------------------------------- resumption
@@ -189,6 +264,41 @@ def test_an_unreadable_checkpoint_last_resumes_from_the_newest_readable_one(tmp_
     assert p.returncode == 2, p.stderr
     assert "checkpoint_last.pt cannot be read" in p.stderr and "no other checkpoint there can be read" in p.stderr
     assert sorted(os.listdir(d)) == ["checkpoint_1_4.pt", "checkpoint_avg_last2.pt", "checkpoint_last.pt"]
+
+
+class _RunsCommand:
+    """Unpickled, runs `touch MARKER` (what a malicious checkpoint would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def test_an_old_format_checkpoint_that_would_run_a_command_is_refused_not_passed_over(tmp_path, stub_env):
+    """An old (non-zip) checkpoint_last.pt is probed by loading it, through the safe
+    load: one whose pickle calls os.system stops train.sh with the refusal (the command
+    does not run), rather than counting as cut short and resuming from an older
+    checkpoint; with FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1 it is loaded on purpose."""
+    import torch
+
+    data_bin = fake_data_bin(tmp_path / "bin", longest=100)
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    marker = tmp_path / "ran"
+    save(d / "checkpoint_1_2.pt", 2)
+    torch.save({"model": {}, "args": _RunsCommand(str(marker))}, d / "checkpoint_last.pt",
+               _use_new_zipfile_serialization=False)
+    p = resume_dry_run(data_bin, d, stub_env)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("train.sh: error: --save-dir: "), p.stderr
+    assert "refusing to load checkpoint" in p.stderr and f"{d}/checkpoint_last.pt" in p.stderr, p.stderr
+    assert "FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS" in p.stderr
+    assert not marker.exists() and "dry run" not in p.stdout
+    p = resume_dry_run(data_bin, d, dict(stub_env, FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS="1"))
+    assert p.returncode == 0, p.stderr
+    assert f"resuming from {d}/checkpoint_last.pt" in p.stderr and marker.exists()
 
 
 def test_a_truncated_checkpoint_last_resumes_a_real_run(tiny_data_bin, tmp_path):
