@@ -74,7 +74,7 @@ have() { [[ -f "$(CKPT "$1")" ]]; }
 skip() { echo "${PROG}: skipping $1: the demo has no $2" >&2; }
 
 WORK="$OUT.partial"
-run rm -rf "$WORK"
+rm -rf "$WORK"
 mkdir -p "$WORK"
 A=(fairseq-localness-analysis)
 DATA="$DEMO_DIR/data/bin"
@@ -151,7 +151,7 @@ else
     skip probing "system with an encoder to probe"
 fi
 
-run rm -rf "$OUT"
+rm -rf "$OUT"
 mv "$WORK" "$OUT"
 echo "${PROG}: wrote $OUT:" >&2
 (cd "$OUT" && find . -name '*.png' | sort) >&2

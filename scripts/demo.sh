@@ -84,7 +84,7 @@ done
 
 WORK="$DEMO_DIR.partial"
 echo "${PROG}: systems: ${NAMES[*]}; seed(s) ${SEEDS[*]}; ${DEMO_MAX_UPDATE} updates each; building in $WORK" >&2
-run rm -rf "$WORK"
+rm -rf "$WORK"
 mkdir -p "$WORK"
 T_START=$(date +%s)
 
@@ -114,7 +114,7 @@ run_system() {
     read -r epoch final < <(sed -n 's/.*Saved checkpoint .* (epoch \([0-9]*\) @ \([0-9]*\) updates.*/\1 \2/p' \
         "$dir/train.log" | tail -1)
     if [[ -n "${final:-}" && ! -f "$dir/checkpoint_${epoch}_${final}.pt" ]]; then
-        run cp "$dir/checkpoint_last.pt" "$dir/checkpoint_${epoch}_${final}.pt"
+        cp "$dir/checkpoint_last.pt" "$dir/checkpoint_${epoch}_${final}.pt"
     fi
     n_ckpt=$(ls "$dir" | grep -cE '^checkpoint_[0-9]+_[0-9]+\.pt$' || true)
     n_avg=$(( n_ckpt < DEMO_AVERAGE_LAST ? n_ckpt : DEMO_AVERAGE_LAST ))
@@ -189,7 +189,7 @@ columns: targeted accuracy (%) of the words each phenomenon decides (fairseq_loc
 $DEMO_MAX_UPDATE updates per system, average of the last checkpoints; train time as reported by fairseq-train." \
     > /dev/null
 
-run rm -rf "$DEMO_DIR.old"
+rm -rf "$DEMO_DIR.old"
 if [[ -e "$DEMO_DIR" ]]; then
     mv "$DEMO_DIR" "$DEMO_DIR.old"
 fi

@@ -4,7 +4,10 @@
 # Conventions of every script in scripts/:
 #   - `set -euo pipefail`: the first failing command stops the script;
 #   - every command that does work is run through `run`, which prints it first
-#     (as "+ cmd ...", on stderr, quoted so it can be copied and rerun);
+#     (as "+ cmd ...", on stderr, quoted so it can be copied and rerun): the
+#     commands a user would run (fairseq-*, the subword and scoring tools, the
+#     pipeline scripts), not the scripts' own bookkeeping (moving, copying and
+#     removing their temporary files), which runs unprinted;
 #   - all arguments and inputs are checked before the first command runs, and a
 #     bad one stops the script with exit status 2 and a message saying what was
 #     expected (die / require_*), so nothing is written for a command that cannot

@@ -119,7 +119,7 @@ for split in "${SPLIT_LIST[@]}"; do
         if [[ "$TOKENIZE" == moses ]]; then
             run sacremoses -q -l "$lang" -j 1 tokenize -a -x < "$TMP/$split.norm.$lang" > "$TMP/$split.tok.$lang"
         else
-            run mv "$TMP/$split.norm.$lang" "$TMP/$split.tok.$lang"
+            mv "$TMP/$split.norm.$lang" "$TMP/$split.tok.$lang"  # nothing to tokenize
         fi
     done
     check_stage "tokenization ($TOKENIZE)" "$(lines_of "$split")" "$TMP/$split.tok.$SRC" "$TMP/$split.tok.$TGT"

@@ -111,7 +111,7 @@ done
 for f in sentencepiece.bpe.model code "sentencepiece.$SRC.model" "sentencepiece.$TGT.model" "code.$SRC" \
          "code.$TGT" SEGMENTATION TOKENIZATION; do
     if [[ -f "$DATA/$f" ]]; then
-        run cp "$DATA/$f" "$TMP/$f"
+        cp "$DATA/$f" "$TMP/$f"
     fi
 done
 
