@@ -16,7 +16,12 @@ import torch
 
 from conftest import TinyData, get_tiny_data, run_fairseq, train_command
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.batches import batch_iterator
+from fairseq_localness.analysis.checkpoint import load_checkpoint
+from fairseq_localness.analysis.cli_args import AnalysisError
+from fairseq_localness.analysis.outputs import read_csv
+from fairseq_localness.analysis.plotting import pyplot
+from fairseq_localness.analysis.segmentation import Segmenter, align_pieces_to_words, encode_lines, words_from_pieces
 from fairseq_localness.analysis import (
     bleu_breakdown,
     corpus_probes,
@@ -126,13 +131,13 @@ def test_gates_of_a_forced_constant_gate_per_layer_and_pos(trained, tmp_path):
     for f in ("gates_per_layer.png", "gates_per_pos.png"):
         assert_png(out / f)
     sources, _ = valid_source_tokens(data)
-    rows = C.read_csv(out / "gates_per_layer.csv")
+    rows = read_csv(out / "gates_per_layer.csv")
     assert [r["layer"] for r in rows] == ["enc1", "enc2", "enc3"]
     for r, c in zip(rows, constants):
         assert float(r["mean"]) == pytest.approx(c, abs=1e-6)
         assert float(r["std"]) == pytest.approx(0.0, abs=1e-5)
         assert int(r["tokens"]) == sum(len(s) for s in sources)  # every real token, EOS included, no padding
-    pos_rows = C.read_csv(out / "gates_per_pos.csv")
+    pos_rows = read_csv(out / "gates_per_pos.csv")
     n_words = sum(len(t) for t in tagged)
     assert summary["pos_skipped"] == 0 and summary["pos_sentences"] == len(sources)
     for layer, c in zip(("enc1", "enc2", "enc3"), constants):
@@ -146,7 +151,7 @@ def test_gates_of_a_forced_constant_gate_per_layer_and_pos(trained, tmp_path):
     fig = gates.per_pos_figure([dict(r, mean=float(r["mean"]), words=int(r["words"])) for r in pos_rows], "enc3", "t")
     assert fig.axes[0].get_ylim() == (0.0, 1.0)
     assert [round(b.get_height(), 6) for b in fig.axes[0].patches] == [0.8] * len({r["tag"] for r in pos_rows})
-    C.pyplot().close(fig)
+    pyplot().close(fig)
 
 
 def test_gates_of_a_trained_model_match_the_recorded_masked_mean(trained, tmp_path):
@@ -159,8 +164,8 @@ def test_gates_of_a_trained_model_match_the_recorded_masked_mean(trained, tmp_pa
     summary = gates.main(gates.get_parser().parse_args(
         [data.data_bin, "--path", trained.checkpoint("hybrid"), "--output-dir", str(tmp_path), "--no-progress",
          "--batch-size", "3"]))
-    model, cfg, task, _ = C.load_checkpoint(trained.checkpoint("hybrid"), data.data_bin, cpu=True)
-    _, itr = C.batch_iterator(task, "valid", 16)
+    model, cfg, task, _ = load_checkpoint(trained.checkpoint("hybrid"), data.data_bin, cpu=True)
+    _, itr = batch_iterator(task, "valid", 16)
     with AttentionRecorder(model) as rec, torch.no_grad():
         for sample in itr:
             model(**sample["net_input"])
@@ -176,24 +181,24 @@ def test_gates_reads_hysan_branch_gates_and_refuses_a_model_without_gates(traine
     data = trained.data
     gates.main(gates.get_parser().parse_args(
         [data.data_bin, "--path", trained.checkpoint("hysan"), "--output-dir", str(tmp_path), "--no-progress"]))
-    rows = C.read_csv(tmp_path / "gates_per_layer.csv")
+    rows = read_csv(tmp_path / "gates_per_layer.csv")
     series = {(r["layer"], r["series"]) for r in rows}
     assert ("enc1", "backward") in series and ("enc3", "local1") in series and ("dec2_self", "forward") in series
     assert not any(r["layer"].startswith("dec") and r["series"] == "backward" for r in rows)
     assert all(0.0 < float(r["mean"]) < 1.0 for r in rows)
     assert_png(tmp_path / "gates_per_layer.png")
-    with pytest.raises(C.AnalysisError, match="records no gates"):
+    with pytest.raises(AnalysisError, match="records no gates"):
         gates.main(gates.get_parser().parse_args(
             [data.data_bin, "--path", trained.checkpoint("localness"), "--output-dir", str(tmp_path / "x"),
              "--no-progress"]))
 
 
 def test_subword_to_word_alignment():
-    assert C.align_pieces_to_words(["\u2581Ka", "lu", "."], ["Kalu", "."]) == [0, 0, 1]
-    assert C.align_pieces_to_words(["\u2581ta", "\u2581somal."], ["ta", "somal", "."]) == [0, 1]
-    assert C.align_pieces_to_words(["\u2581ta", "<unk>"], ["ta", "x"]) is None
-    assert C.words_from_pieces(["\u2581ta", "\u2581so", "mal", "."]) == [0, 1, 1, 1]
-    assert C.words_from_pieces(["ta", "so@@", "mal", "."]) == [0, 1, 1, 2]
+    assert align_pieces_to_words(["\u2581Ka", "lu", "."], ["Kalu", "."]) == [0, 0, 1]
+    assert align_pieces_to_words(["\u2581ta", "\u2581somal."], ["ta", "somal", "."]) == [0, 1]
+    assert align_pieces_to_words(["\u2581ta", "<unk>"], ["ta", "x"]) is None
+    assert words_from_pieces(["\u2581ta", "\u2581so", "mal", "."]) == [0, 1, 1, 1]
+    assert words_from_pieces(["ta", "so@@", "mal", "."]) == [0, 1, 1, 2]
 
 
 # --------------------------------------------------------------------------- windows (Yang Fig. 2-3)
@@ -214,7 +219,7 @@ def test_windows_per_layer_and_head_with_known_centres_and_windows(trained, tmp_
         assert_png(out / f)
     sources, _ = valid_source_tokens(data)
     lengths = [len(s) for s in sources]
-    rows = {(r["model"], r["layer"]): r for r in C.read_csv(out / "windows_per_layer.csv")}
+    rows = {(r["model"], r["layer"]): r for r in read_csv(out / "windows_per_layer.csv")}
     assert {layer for _, layer in rows} == {"enc1", "enc2", "enc3"}
     expected_window = sum(n * (n + 1) / 2 for n in lengths) / sum(lengths)  # mean of (I + 1)/2 over the tokens
     expected_rel = sum((n + 1) / 2 for n in lengths) / sum(lengths)  # mean of D / I
@@ -226,9 +231,9 @@ def test_windows_per_layer_and_head_with_known_centres_and_windows(trained, tmp_
         assert float(half_row["window_mean"]) == pytest.approx(expected_window, rel=1e-5)
         assert 0.0 < float(trained_row["window_rel_mean"]) < 1.0
         assert abs(float(trained_row["window_rel_mean"]) - 0.5) > 1e-4
-    heads = [r for r in C.read_csv(out / "windows_per_head.csv") if r["model"] == "half"]
+    heads = [r for r in read_csv(out / "windows_per_head.csv") if r["model"] == "half"]
     assert len(heads) == 12 and all(float(r["window_mean"]) == pytest.approx(expected_window, rel=1e-5) for r in heads)
-    points = C.read_csv(out / "windows_points.csv")
+    points = read_csv(out / "windows_points.csv")
     assert len(points) == 2 * 3 * 50
     for p in points:
         assert 0.0 < float(p["P"]) < float(p["I"]) and 1.0 <= float(p["D"]) <= float(p["I"])
@@ -261,7 +266,7 @@ def test_divergence_per_layer_is_zero_when_both_fi_units_attend_alike(trained, t
         [data.data_bin, "--path", trained.checkpoint("dc"), "--path", ckpt, "--labels", "f=2", "uniform",
          "--output-dir", str(out), "--no-progress", "--batch-size", "4"]))
     assert_png(out / "divergence.png")
-    rows = {(r["model"], r["layer"]): float(r["dv"]) for r in C.read_csv(out / "divergence.csv")}
+    rows = {(r["model"], r["layer"]): float(r["dv"]) for r in read_csv(out / "divergence.csv")}
     assert set(rows) == {(m, l) for m in ("f=2", "uniform") for l in ("enc1", "enc2", "enc3", "E_d_encoder")}
     for layer in ("enc1", "enc2", "enc3", "E_d_encoder"):
         assert rows[("uniform", layer)] == pytest.approx(0.0, abs=1e-9)
@@ -269,7 +274,7 @@ def test_divergence_per_layer_is_zero_when_both_fi_units_attend_alike(trained, t
     e_d = sum(rows[("f=2", l)] for l in ("enc1", "enc2", "enc3")) / 3  # eq. 13
     assert rows[("f=2", "E_d_encoder")] == pytest.approx(e_d, rel=1e-5)
     assert summary["head_reduce"] == "max"
-    with pytest.raises(C.AnalysisError, match="dc_transformer"):
+    with pytest.raises(AnalysisError, match="dc_transformer"):
         divergence.main(divergence.get_parser().parse_args(
             [data.data_bin, "--path", trained.checkpoint("hybrid"), "--output-dir", str(tmp_path / "x"),
              "--no-progress"]))
@@ -320,8 +325,8 @@ def test_heatmaps_show_each_branch_with_its_mask(trained, tmp_path):
         lo, hi = ax.images[0].get_clim()
         assert lo == 0.0 and hi == pytest.approx(float(ax.images[0].get_array().max()))
         assert bar.get_ylim() == pytest.approx((lo, hi))
-    C.pyplot().close(fig)
-    with pytest.raises(C.AnalysisError, match="--layer 4"):
+    pyplot().close(fig)
+    with pytest.raises(AnalysisError, match="--layer 4"):
         heatmaps.main(heatmaps.get_parser().parse_args(
             [data.data_bin, "--path", trained.checkpoint("hysan"), "--ids", "0", "--layer", "4",
              "--output-dir", str(tmp_path / "x"), "--no-progress"]))
@@ -359,11 +364,11 @@ def test_bleu_breakdown_by_length_and_ngram_with_known_scores(tmp_path):
          "--output-dir", str(out), "--no-progress"]))
     for png in ("bleu_by_length.png", "bleu_by_ngram.png"):
         assert_png(out / png)
-    length = C.read_csv(out / "bleu_by_length.csv")
+    length = read_csv(out / "bleu_by_length.csv")
     assert [(r["bucket"], r["sentences"]) for r in length if r["system"] == "base"] == [
         ("<5", "2"), ("5-10", "3"), (">=10", "1")]
     assert all(float(r["bleu"]) == pytest.approx(100.0) for r in length if r["system"] == "base")
-    ngram = {(r["system"], int(r["n"])): r for r in C.read_csv(out / "bleu_by_ngram.csv")}
+    ngram = {(r["system"], int(r["n"])): r for r in read_csv(out / "bleu_by_ngram.csv")}
     p = [75.0, 200 / 3, 50.0, 0.0]
     for n in range(1, 5):
         for system in ("other", "gen"):  # the generate output, desegmented, is the same system
@@ -390,7 +395,7 @@ def test_analysis_console_script(tmp_path, capsys):
     run_fairseq("fairseq-localness-analysis", ["bleu-breakdown", "--ref", f["ref"], "--src", f["src"],
                                                "--hyp", f["base"], "--hyp", f["other"], "--output-dir",
                                                tmp_path / "o", "--no-progress"])
-    rows = C.read_csv(tmp_path / "o" / "bleu_by_ngram.csv")
+    rows = read_csv(tmp_path / "o" / "bleu_by_ngram.csv")
     assert {r["system"] for r in rows} == {"base", "other"}  # named after the files
     with pytest.raises(SystemExit) as exit_info:  # an input error: a message and status 2, no traceback
         bleu_breakdown.cli_main(["--ref", str(f["ref"]), "--src", str(f["src"]), "--hyp", f"a={f['base']}",
@@ -434,7 +439,7 @@ def test_log_parsing_learning_curves_and_efficiency(trained, tmp_path):
     assert_png(out / "learning_curves.png")
     assert best["a"]["best_bleu"] == 9.5 and best["a"]["best_bleu_update"] == 40 and best["b"]["best_loss"] == 6.0
     assert best["hysan"]["last_update"] == 1 and "best_loss" in best["hysan"]
-    rows = C.read_csv(out / "learning_curves.csv")
+    rows = read_csv(out / "learning_curves.csv")
     assert ("a", "valid", "40", "bleu", "9.5") in {(r["system"], r["subset"], r["num_updates"], r["metric"], r["value"])
                                                    for r in rows}
 
@@ -481,14 +486,14 @@ def test_several_runs_per_system_give_mean_and_band(tmp_path):
     assert best["a"]["runs"] == 2 and best["a"]["best_loss"] == 4.0 and best["a"]["best_loss_sd"] == pytest.approx(
         math.sqrt(2.0))  # best losses 5 and 3
     assert [r["best_loss_update"] for r in best["a"]["per_run"]] == [20, 20]
-    means = {(r["system"], int(r["num_updates"])): r for r in C.read_csv(out / "learning_curves_mean.csv")}
+    means = {(r["system"], int(r["num_updates"])): r for r in read_csv(out / "learning_curves_mean.csv")}
     assert float(means[("a", 10)]["mean"]) == 5.0
     assert float(means[("a", 10)]["sd"]) == pytest.approx(math.sqrt(2), rel=1e-5)  # CSV: 6 digits
     # b's runs validated at different updates: interpolated onto the updates in their common range
     assert sorted(u for s, u in means if s == "b") == [10, 15, 20]
     assert float(means[("b", 15)]["mean"]) == pytest.approx((5.0 + 5.0) / 2)  # b2 at 15: between 6 and 4
     assert float(means[("b", 10)]["mean"]) == pytest.approx((6.0 + 6.0) / 2)  # b1 at 10: between 7 and 5
-    rows = C.read_csv(out / "learning_curves.csv")
+    rows = read_csv(out / "learning_curves.csv")
     assert {(r["system"], r["run"]) for r in rows} == {("a", "1"), ("a", "2"), ("b", "1"), ("b", "2")}
     assert learning_curves.mean_band([[(1, 2.0)]]) == [(1, 2.0, 0.0, 1)]
 
@@ -503,11 +508,11 @@ def test_several_runs_per_system_give_mean_and_band(tmp_path):
     assert rows["b"]["params_delta"] == 500
     assert "| a | 2 | 1,000 |" in (out / "efficiency.md").read_text()
     assert "3.000 ± 1.414" in (out / "efficiency.md").read_text()
-    assert len(C.read_csv(out / "efficiency_runs.csv")) == 4
-    with pytest.raises(C.AnalysisError, match="different parameter counts"):
+    assert len(read_csv(out / "efficiency_runs.csv")) == 4
+    with pytest.raises(AnalysisError, match="different parameter counts"):
         efficiency.main(efficiency.get_parser().parse_args(
             ["--system", f"a={a1}", "--system", f"a={b1}", "--output-dir", str(tmp_path / "x")]))
-    with pytest.raises(C.AnalysisError, match="is given twice"):
+    with pytest.raises(AnalysisError, match="is given twice"):
         efficiency.main(efficiency.get_parser().parse_args(
             ["--system", f"a={a1}", "--system", f"a={a1}", "--output-dir", str(tmp_path / "x")]))
 
@@ -529,7 +534,7 @@ def test_window_sweep_trains_missing_settings_and_reports_bleu_and_gates(trained
          "--log-format", "simple", "--hybrid-encoder-layers", "all", *TINY_MODEL_ARGS])
     summary = window_sweep.main(args)
     assert_png(out / "sweep.png")
-    rows = C.read_csv(out / "sweep.csv")
+    rows = read_csv(out / "sweep.csv")
     assert [(r["window_m"], r["window_size"]) for r in rows] == [("0", "1"), ("1", "3")]
     assert os.path.isfile(root / "m0" / "train.log") and not os.path.exists(root / "m1" / "train.log")
     state = torch.load(root / "m0" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
@@ -592,31 +597,31 @@ def test_probing_on_a_frozen_encoder(trained, tmp_path):
          "--bpe", "sentencepiece", "--sentencepiece-model", data.spm_model, "--output-dir", str(out),
          "--no-progress", "--max-epochs", "40"]))
     assert_png(out / "probing.png")
-    rows = {r["task"]: r for r in C.read_csv(out / "probing.csv")}
+    rows = {r["task"]: r for r in read_csv(out / "probing.csv")}
     assert set(rows) == {"SentLen", "BShift"}
     assert rows["SentLen"]["group"] == "surface" and rows["BShift"]["group"] == "syntactic"
     assert float(rows["SentLen"]["test_acc"]) >= 90.0
     assert abs(float(rows["BShift"]["test_acc"]) - 50.0) <= 15.0
     assert (rows["SentLen"]["train"], rows["SentLen"]["valid"], rows["SentLen"]["test"]) == ("160", "60", "200")
-    groups = {r["group"]: float(r["test_acc"]) for r in C.read_csv(out / "probing_groups.csv")}
+    groups = {r["group"]: float(r["test_acc"]) for r in read_csv(out / "probing_groups.csv")}
     assert groups == pytest.approx({"surface": float(rows["SentLen"]["test_acc"]),
                                     "syntactic": float(rows["BShift"]["test_acc"])})
     assert summary["classifier"]["hidden"] == 50
 
     # the sentence vector ignores padding: alone == in a batch with longer sentences
-    model, cfg, task, _ = C.load_checkpoint(trained.checkpoint("hybrid"), data.data_bin, cpu=True)
-    seg = C.Segmenter("sentencepiece", data.spm_model)
+    model, cfg, task, _ = load_checkpoint(trained.checkpoint("hybrid"), data.data_bin, cpu=True)
+    seg = Segmenter("sentencepiece", data.spm_model)
     sents = ["ta somal dovan lupi Kalu.", "en bakorek nuki en silebek dar en bakorek nu ta dovan ke lupi Kalu."]
     alone = probing.sentence_vectors(model, task.source_dictionary, sents[:1], seg, show_progress=False)
     batched = probing.sentence_vectors(model, task.source_dictionary, sents, seg, show_progress=False)
     assert torch.allclose(alone[0], batched[0], atol=1e-5)
-    tokens, _ = C.encode_lines(sents[:1], task.source_dictionary, seg)
+    tokens, _ = encode_lines(sents[:1], task.source_dictionary, seg)
     enc = model.encoder(tokens[0][None], src_lengths=torch.tensor([tokens[0].numel()]))
     assert torch.allclose(alone[0], enc["encoder_out"][0][:, 0].mean(0), atol=1e-5)  # mean of the last layer
 
     bad = tmp_path / "bad.txt"
     bad.write_text("train\tA\tsome sentence\n")
-    with pytest.raises(C.AnalysisError, match="tr\\|va\\|te"):
+    with pytest.raises(AnalysisError, match="tr\\|va\\|te"):
         probing.read_task("Bad", str(bad), "other")
 
 

@@ -1,13 +1,11 @@
 """``python -m fairseq_localness.analysis <tool> [args]`` (also the console script
 ``fairseq-localness-analysis``): run one analysis tool."""
 import importlib
-import logging
 import sys
 
 from fairseq_localness.analysis import TOOLS, __doc__ as PACKAGE_DOC
-from fairseq_localness.analysis.common import setup_logging
+from fairseq_localness.analysis.cli_args import logger, setup_logging
 
-logger = logging.getLogger("fairseq_localness.analysis")
 USAGE = "usage: fairseq-localness-analysis TOOL [options]   (TOOL --help for its options)\n\n"
 
 

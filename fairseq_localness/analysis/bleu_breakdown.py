@@ -39,7 +39,11 @@ Example (two of the demo's systems)::
 import argparse
 from typing import Dict, List, Sequence, Tuple
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.cli_args import (
+    AnalysisError, add_output_args, logger, parse_named, require_file, run_cli,
+)
+from fairseq_localness.analysis.outputs import ensure_dir, read_lines, write_csv, write_json
+from fairseq_localness.analysis.plotting import finish_figure, pyplot
 
 
 def get_parser():
@@ -58,14 +62,18 @@ def get_parser():
     p.add_argument("--remove-bpe", choices=["sentencepiece", "subword_nmt", "none"], default="none",
                    help="undo this subword segmentation in the hypotheses (for segmented fairseq-generate "
                    "output; default: none)")
-    C.add_output_args(p)
+    add_output_args(p)
     return p
+
+
+def cli_main(argv=None):
+    return run_cli("bleu_breakdown", main, argv, get_parser())
 
 
 def read_hypotheses(path: str) -> List[str]:
     """Plain text, or the ``D-`` (else ``H-``) lines of fairseq-generate output."""
-    C.require_file(path, "--hyp file")
-    lines = C.read_lines(path)
+    require_file(path, "--hyp file")
+    lines = read_lines(path)
     for prefix in ("D-", "H-"):
         found = {}
         for line in lines:
@@ -75,11 +83,11 @@ def read_hypotheses(path: str) -> List[str]:
                     found[int(parts[0])] = parts[2] if len(parts) >= 3 else ""
         if found:
             if prefix == "H-":
-                C.logger.warning("%s: using H- lines (no D- lines); they are subwords unless fairseq-generate "
-                                 "ran with --post-process", path)
+                logger.warning("%s: using H- lines (no D- lines); they are subwords unless fairseq-generate "
+                               "ran with --post-process", path)
             missing = [i for i in range(max(found) + 1) if i not in found]
             if missing:
-                raise C.AnalysisError(f"{path}: fairseq-generate output lacks sentences {missing[:10]}")
+                raise AnalysisError(f"{path}: fairseq-generate output lacks sentences {missing[:10]}")
             return [found[i] for i in range(len(found))]
     return lines
 
@@ -88,9 +96,9 @@ def parse_buckets(spec: str) -> List[int]:
     try:
         bounds = [int(x) for x in spec.split(",") if x.strip()]
     except ValueError:
-        raise C.AnalysisError(f"--buckets {spec!r}: expected increasing whole numbers, e.g. 10,20,30") from None
+        raise AnalysisError(f"--buckets {spec!r}: expected increasing whole numbers, e.g. 10,20,30") from None
     if not bounds or any(b <= 0 for b in bounds) or any(a >= b for a, b in zip(bounds, bounds[1:])):
-        raise C.AnalysisError(f"--buckets {spec!r}: expected increasing whole numbers > 0, e.g. 10,20,30")
+        raise AnalysisError(f"--buckets {spec!r}: expected increasing whole numbers > 0, e.g. 10,20,30")
     return bounds
 
 
@@ -174,7 +182,7 @@ def by_ngram(systems: Dict[str, List[str]], refs, args) -> List[Dict]:
 
 
 def plot_length(rows: List[Dict], names: List[str], path: str, title: str):
-    plt = C.pyplot()
+    plt = pyplot()
     buckets = list(dict.fromkeys(r["bucket"] for r in rows))
     counts = {r["bucket"]: r["sentences"] for r in rows}
     width = 0.8 / len(names)
@@ -192,12 +200,11 @@ def plot_length(rows: List[Dict], names: List[str], path: str, title: str):
     ax.set_ylim(max(0.0, lo - 0.25 * (hi - lo) - 1), hi + 0.1 * (hi - lo) + 1)
     ax.legend(fontsize=7, ncol=min(len(names), 4))
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return C.save_figure(fig, path)
+    return finish_figure(fig, path)
 
 
 def plot_ngram(rows: List[Dict], names: List[str], baseline: str, path: str, title: str):
-    plt = C.pyplot()
+    plt = pyplot()
     others = [n for n in names if n != baseline] or [baseline]
     orders = sorted({r["n"] for r in rows})
     width = 0.8 / len(others)
@@ -215,39 +222,37 @@ def plot_ngram(rows: List[Dict], names: List[str], baseline: str, path: str, tit
         ax.set_title(what, fontsize=9)
     if len(others) > 1:
         axes[1].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return C.save_figure(fig, path)
+    return finish_figure(fig, path, title)
 
 
 def main(args):
-    out_dir = C.ensure_dir(args.output_dir)
-    C.require_file(args.ref, "--ref")
-    C.require_file(args.src, "--src")
+    out_dir = ensure_dir(args.output_dir)
+    require_file(args.ref, "--ref")
+    require_file(args.src, "--src")
     if args.max_order < 1:
-        raise C.AnalysisError(f"--max-order must be >= 1 (got {args.max_order})")
+        raise AnalysisError(f"--max-order must be >= 1 (got {args.max_order})")
     bounds = parse_buckets(args.buckets)
-    refs = C.read_lines(args.ref)
-    lengths = [len(line.split()) for line in C.read_lines(args.src)]
+    refs = read_lines(args.ref)
+    lengths = [len(line.split()) for line in read_lines(args.src)]
     if len(lengths) != len(refs):
-        raise C.AnalysisError(f"--src has {len(lengths)} lines, --ref {len(refs)}")
+        raise AnalysisError(f"--src has {len(lengths)} lines, --ref {len(refs)}")
     systems = {}
-    for name, path in C.parse_named(args.hyp, "--hyp"):
+    for name, path in parse_named(args.hyp, "--hyp"):
         hyps = [remove_segmentation(h, args.remove_bpe) for h in read_hypotheses(path)]
         if sum("\u2581" in h or "@@ " in h for h in hyps) > len(hyps) / 2:
-            C.logger.warning("--hyp %s: most hypotheses still contain subword marks; use --remove-bpe", name)
+            logger.warning("--hyp %s: most hypotheses still contain subword marks; use --remove-bpe", name)
         if len(hyps) != len(refs):
-            raise C.AnalysisError(f"--hyp {name}: {path} has {len(hyps)} hypotheses for {len(refs)} references")
+            raise AnalysisError(f"--hyp {name}: {path} has {len(hyps)} hypotheses for {len(refs)} references")
         systems[name] = hyps
     args.baseline = args.baseline or next(iter(systems))
     if args.baseline not in systems:
-        raise C.AnalysisError(f"--baseline {args.baseline!r} is not one of the systems {list(systems)}")
+        raise AnalysisError(f"--baseline {args.baseline!r} is not one of the systems {list(systems)}")
     names = list(systems)
     length_rows = by_length(systems, refs, lengths, bounds, args)
     ngram_rows = by_ngram(systems, refs, args)
-    C.write_csv(f"{out_dir}/bleu_by_length.csv", length_rows, ["bucket", "sentences", "system", "bleu", "delta"])
-    C.write_csv(f"{out_dir}/bleu_by_ngram.csv", ngram_rows,
-                ["system", "n", "precision", "precision_delta", "bleu_n", "bleu_n_delta"])
+    write_csv(f"{out_dir}/bleu_by_length.csv", length_rows, ["bucket", "sentences", "system", "bleu", "delta"])
+    write_csv(f"{out_dir}/bleu_by_ngram.csv", ngram_rows,
+              ["system", "n", "precision", "precision_delta", "bleu_n", "bleu_n_delta"])
     plot_length(length_rows, names, f"{out_dir}/bleu_by_length.png", "BLEU by source length")
     plot_ngram(ngram_rows, names, args.baseline, f"{out_dir}/bleu_by_ngram.png", "BLEU gain by n-gram order")
     overall = {}
@@ -259,12 +264,8 @@ def main(args):
     summary = {"baseline": args.baseline,
                "signature": signature(systems[args.baseline], refs, args.max_order, args.tokenize, args.lowercase),
                "buckets": bounds, "overall": overall, "by_length": length_rows, "by_ngram": ngram_rows}
-    C.write_json(f"{out_dir}/bleu_breakdown.json", summary)
+    write_json(f"{out_dir}/bleu_breakdown.json", summary)
     return summary
-
-
-def cli_main(argv=None):
-    return C.run_cli("bleu_breakdown", main, argv, get_parser())
 
 
 if __name__ == "__main__":

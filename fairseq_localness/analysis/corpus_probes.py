@@ -40,7 +40,8 @@ import os
 import random
 from typing import Dict, List, Optional, Tuple
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.cli_args import AnalysisError, logger, run_cli
+from fairseq_localness.analysis.outputs import ensure_dir
 
 LENGTH_BINS = (("4-5", 4, 5), ("6", 6, 6), ("7-8", 7, 8), ("9-10", 9, 10), ("11-12", 11, 12), ("13+", 13, None))
 
@@ -101,7 +102,7 @@ def build(corpus_dir: str, src: str = "src", tgt: str = "tgt", seed: int = 1) ->
     try:
         data = K.read_corpus(corpus_dir, src, tgt)
     except (FileNotFoundError, ValueError) as e:
-        raise C.AnalysisError(f"--corpus-dir: {e}") from None
+        raise AnalysisError(f"--corpus-dir: {e}") from None
     table = lexicon("src")
     nouns = [n[0] for n in K.NOUNS]
     verbs = [v[0] for v in K.VERBS] + [v[0] for v in K.POLYSEMOUS_VERBS]
@@ -145,18 +146,18 @@ def get_parser():
     return p
 
 
+def cli_main(argv=None):
+    return run_cli("corpus_probes", main, argv, get_parser())
+
+
 def main(args):
-    out_dir = C.ensure_dir(args.output_dir)
+    out_dir = ensure_dir(args.output_dir)
     files = build(args.corpus_dir, args.src, args.tgt, args.seed)
     for name, rows in files.items():
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
             f.writelines(f"{s}\t{label}\t{text}\n" for s, label, text in rows)
-        C.logger.info("wrote %s (%d examples)", os.path.join(out_dir, name), len(rows))
+        logger.info("wrote %s (%d examples)", os.path.join(out_dir, name), len(rows))
     return files
-
-
-def cli_main(argv=None):
-    return C.run_cli("corpus_probes", main, argv, get_parser())
 
 
 if __name__ == "__main__":

@@ -25,19 +25,30 @@ import argparse
 from collections import defaultdict
 from typing import Dict, Iterable, List
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.batches import iter_samples
+from fairseq_localness.analysis.checkpoint import load_checkpoint
+from fairseq_localness.analysis.cli_args import (
+    AnalysisError, add_checkpoint_args, add_output_args, add_split_args, labels_for, run_cli, start_tool,
+)
+from fairseq_localness.analysis.layers import layer_sort_key
+from fairseq_localness.analysis.outputs import write_csv, write_json
+from fairseq_localness.analysis.plotting import finish_figure, pyplot
 from fairseq_localness.modules.dual_context import HEAD_REDUCTIONS, DualContextModule, reduced_js
 from fairseq_localness.modules.observe import QUERY_PADDING, AttentionRecorder, probs_key
 
 
 def get_parser():
     p = argparse.ArgumentParser(prog="fairseq-localness-analysis divergence", description=__doc__.split("\n\n")[0])
-    C.add_checkpoint_args(p, multiple=True)
-    C.add_split_args(p)
+    add_checkpoint_args(p, multiple=True)
+    add_split_args(p)
     p.add_argument("--head-reduce", choices=HEAD_REDUCTIONS, default="max",
                    help="how eq. 10 reduces the heads (default: max, the paper's)")
-    C.add_output_args(p)
+    add_output_args(p)
     return p
+
+
+def cli_main(argv=None):
+    return run_cli("divergence", main, argv, get_parser())
 
 
 def dc_divergence(model, batches: Iterable, head_reduce: str = "max") -> Dict[str, float]:
@@ -94,19 +105,19 @@ def dc_divergence(model, batches: Iterable, head_reduce: str = "max") -> Dict[st
 
 
 def divergence_of(model, task, args, use_cuda: bool, label: str) -> dict:
-    samples = C.iter_samples(task, args.split, batch_size=args.batch_size, max_sentences=args.max_sentences,
-                             use_cuda=use_cuda, show_progress=not args.no_progress, desc=f"divergence {label}")
+    samples = iter_samples(task, args.split, batch_size=args.batch_size, max_sentences=args.max_sentences,
+                           use_cuda=use_cuda, show_progress=not args.no_progress, desc=f"divergence {label}")
     try:
         return dc_divergence(model, samples, args.head_reduce)
     except ValueError as e:
-        raise C.AnalysisError(f"{label}: {e} (the divergence needs a dc_transformer checkpoint)") from None
+        raise AnalysisError(f"{label}: {e} (the divergence needs a dc_transformer checkpoint)") from None
 
 
 def plot(rows: List[dict], labels: List[str], path: str, title: str):
-    plt = C.pyplot()
+    plt = pyplot()
     layer_rows = [r for r in rows if not r["layer"].startswith("E_d")]
     ed_rows = [r for r in rows if r["layer"].startswith("E_d")]
-    layers = sorted({r["layer"] for r in layer_rows}, key=C.layer_sort_key)
+    layers = sorted({r["layer"] for r in layer_rows}, key=layer_sort_key)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [3, 2]})
     for k, label in enumerate(labels):
         xs = [i for i, layer in enumerate(layers) if any(r["model"] == label and r["layer"] == layer for r in layer_rows)]
@@ -134,34 +145,27 @@ def plot(rows: List[dict], labels: List[str], path: str, title: str):
     ax2.set_title("(b) mean divergence", fontsize=9)
     if len(sides) > 1:
         ax2.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return C.save_figure(fig, path)
+    return finish_figure(fig, path, title)
 
 
 def main(args):
-    C.set_threads(args.threads)
-    out_dir = C.ensure_dir(args.output_dir)
-    labels = C.labels_for(args.path, args.labels)
+    out_dir = start_tool(args)
+    labels = labels_for(args.path, args.labels)
     rows = []
     for path, label in zip(args.path, labels):
-        model, cfg, task, use_cuda = C.load_checkpoint(path, args.data, args.cpu)
+        model, cfg, task, use_cuda = load_checkpoint(path, args.data, args.cpu)
         result = divergence_of(model, task, args, use_cuda, label)
-        order = sorted((k for k in result if not k.startswith("E_d")), key=C.layer_sort_key)
+        order = sorted((k for k in result if not k.startswith("E_d")), key=layer_sort_key)
         order += sorted(k for k in result if k.startswith("E_d"))
         rows += [{"model": label, "layer": k, "dv": result[k], "head_reduce": args.head_reduce} for k in order]
         del model
-    C.write_csv(f"{out_dir}/divergence.csv", rows, ["model", "layer", "dv", "head_reduce"])
+    write_csv(f"{out_dir}/divergence.csv", rows, ["model", "layer", "dv", "head_reduce"])
     plot(rows, labels, f"{out_dir}/divergence.png",
          f"Jensen-Shannon divergence between the FI units, {args.split} (heads: {args.head_reduce})")
     summary = {"checkpoints": dict(zip(labels, args.path)), "split": args.split, "head_reduce": args.head_reduce,
                "rows": rows}
-    C.write_json(f"{out_dir}/divergence.json", summary)
+    write_json(f"{out_dir}/divergence.json", summary)
     return summary
-
-
-def cli_main(argv=None):
-    return C.run_cli("divergence", main, argv, get_parser())
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ import argparse
 import math
 from typing import Dict, List, Optional
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.cli_args import AnalysisError, add_output_args, group_named, parse_named, run_cli
+from fairseq_localness.analysis.outputs import ensure_dir, write_csv
+from fairseq_localness.analysis.plotting import finish_figure, pyplot
 from fairseq_localness.analysis.logs import parse_log
 
 
@@ -48,8 +50,12 @@ def get_parser():
                    help="a run's fairseq-train log (or a directory with train.log); repeatable; the same NAME "
                    "several times: runs of one system (e.g. seeds), reported as mean and standard deviation")
     p.add_argument("--baseline", default=None, help="name of the baseline system (default: the first)")
-    C.add_output_args(p)
+    add_output_args(p)
     return p
+
+
+def cli_main(argv=None):
+    return run_cli("efficiency", main, argv, get_parser())
 
 
 def _mean(values: List[float]) -> Optional[float]:
@@ -67,7 +73,7 @@ def run_row(name: str, path: str) -> Dict:
     """One run: parameters, mean wps/ups over its records, updates, training time."""
     log = parse_log(path)
     if log.params is None:
-        raise C.AnalysisError(f"{name}: {log.path} has no 'num. model params' line (is it a fairseq-train log?)")
+        raise AnalysisError(f"{name}: {log.path} has no 'num. model params' line (is it a fairseq-train log?)")
     records = log.of_kind("train_inner") or log.of_kind("train")
     return {
         "system": name, "params": log.params,
@@ -82,8 +88,8 @@ def system_row(name: str, paths: List[str]) -> Dict:
     runs = [run_row(name, p) for p in paths]
     params = {r["params"] for r in runs}
     if len(params) > 1:
-        raise C.AnalysisError(f"{name}: its runs have different parameter counts ({sorted(params)}): "
-                              + ", ".join(r["log"] for r in runs) + "; expected runs of one model")
+        raise AnalysisError(f"{name}: its runs have different parameter counts ({sorted(params)}): "
+                            + ", ".join(r["log"] for r in runs) + "; expected runs of one model")
     row = {"system": name, "runs": len(runs), "params": runs[0]["params"], "log": ";".join(r["log"] for r in runs),
            "_runs": runs}
     for key in ("wps", "ups", "updates", "train_seconds"):
@@ -120,7 +126,7 @@ def markdown(rows: List[Dict], baseline: str) -> str:
 
 
 def plot(rows: List[Dict], baseline: str, path: str):
-    plt = C.pyplot()
+    plt = pyplot()
     names = [r["system"] for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(6, 1.1 * len(names) + 3), 3.6))
     ax1.bar(range(len(rows)), [r["params"] / 1e6 for r in rows], color=["C7" if n == baseline else "C0" for n in names])
@@ -136,18 +142,17 @@ def plot(rows: List[Dict], baseline: str, path: str):
     for ax in (ax1, ax2):
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
-    fig.tight_layout()
-    return C.save_figure(fig, path)
+    return finish_figure(fig, path)
 
 
 def main(args):
-    out_dir = C.ensure_dir(args.output_dir)
-    systems = C.group_named(C.parse_named(args.system, "--system", repeats=True))
+    out_dir = ensure_dir(args.output_dir)
+    systems = group_named(parse_named(args.system, "--system", repeats=True))
     rows = [system_row(name, paths) for name, paths in systems]
     baseline = args.baseline or rows[0]["system"]
     base = next((r for r in rows if r["system"] == baseline), None)
     if base is None:
-        raise C.AnalysisError(f"--baseline {baseline!r} is not one of the systems {[r['system'] for r in rows]}")
+        raise AnalysisError(f"--baseline {baseline!r} is not one of the systems {[r['system'] for r in rows]}")
     for r in rows:
         r["params_delta"] = r["params"] - base["params"]
         r["params_delta_pct"] = 100.0 * r["params_delta"] / base["params"]
@@ -156,17 +161,13 @@ def main(args):
     runs = [dict(run, run=k) for r in rows for k, run in enumerate(r.pop("_runs"), start=1)]
     cols = ["system", "runs", "params", "params_delta", "params_delta_pct", "wps", "wps_sd", "ups", "ups_sd",
             "speed_ratio", "speed_ratio_sd", "updates", "updates_sd", "train_seconds", "train_seconds_sd", "log"]
-    C.write_csv(f"{out_dir}/efficiency.csv", rows, cols)
-    C.write_csv(f"{out_dir}/efficiency_runs.csv", runs,
-                ["system", "run", "params", "wps", "ups", "updates", "train_seconds", "log"])
+    write_csv(f"{out_dir}/efficiency.csv", rows, cols)
+    write_csv(f"{out_dir}/efficiency_runs.csv", runs,
+              ["system", "run", "params", "wps", "ups", "updates", "train_seconds", "log"])
     with open(f"{out_dir}/efficiency.md", "w", encoding="utf-8") as f:
         f.write(markdown(rows, baseline))
     plot(rows, baseline, f"{out_dir}/efficiency.png")
     return {"baseline": baseline, "rows": rows, "runs": runs}
-
-
-def cli_main(argv=None):
-    return C.run_cli("efficiency", main, argv, get_parser())
 
 
 if __name__ == "__main__":

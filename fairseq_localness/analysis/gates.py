@@ -37,21 +37,33 @@ import math
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.batches import iter_sentence_stats
+from fairseq_localness.analysis.checkpoint import load_checkpoint
+from fairseq_localness.analysis.cli_args import (
+    AnalysisError, add_checkpoint_args, add_output_args, add_split_args, require_file, run_cli, start_tool,
+)
+from fairseq_localness.analysis.layers import layer_label, layer_sort_key
+from fairseq_localness.analysis.outputs import read_lines, write_csv, write_json
+from fairseq_localness.analysis.plotting import pyplot, save_figure
+from fairseq_localness.analysis.segmentation import align_pieces_to_words, words_from_pieces
 from fairseq_localness.modules.observe import GATE, GATE_PREFIX, REAL_TOKENS, branch_of
 
 
 def get_parser():
     p = argparse.ArgumentParser(prog="fairseq-localness-analysis gates", description=__doc__.split("\n\n")[0])
-    C.add_checkpoint_args(p)
-    C.add_split_args(p)
+    add_checkpoint_args(p)
+    add_split_args(p)
     p.add_argument("--pos-tags", default=None, help="tag file: one line per sentence of the split, one tag per word")
     p.add_argument("--pos-words", default=None,
                    help="the tokenized sentences the tags belong to (one per line); aligns subwords to words "
                    "by characters (default: by the subword marks)")
     p.add_argument("--pos-layer", default="enc1", help="layer whose gates per tag are plotted (default: enc1)")
-    C.add_output_args(p)
+    add_output_args(p)
     return p
+
+
+def cli_main(argv=None):
+    return run_cli("gates", main, argv, get_parser())
 
 
 def gate_series(values: Dict[str, "object"]) -> Dict[str, "object"]:
@@ -137,19 +149,19 @@ def collect(model, task, split: str, *, max_sentences=None, batch_size=32, use_c
     per_pos: Dict[Tuple[str, str, str], _Acc] = defaultdict(_Acc)
     info = {"sentences": 0, "pos_sentences": 0, "pos_skipped": 0, "pos_skipped_ids": []}
     src_dict = task.source_dictionary
-    for sent in C.iter_sentence_stats(model, task, split, max_sentences=max_sentences, batch_size=batch_size,
-                                      use_cuda=use_cuda, show_progress=show_progress,
-                                      desc="gates"):
+    for sent in iter_sentence_stats(model, task, split, max_sentences=max_sentences, batch_size=batch_size,
+                                    use_cuda=use_cuda, show_progress=show_progress,
+                                    desc="gates"):
         info["sentences"] += 1
         word_of = None
         if tags is not None:
             if sent.id >= len(tags):
-                raise C.AnalysisError(f"--pos-tags has {len(tags)} lines; the split has a sentence {sent.id}")
+                raise AnalysisError(f"--pos-tags has {len(tags)} lines; the split has a sentence {sent.id}")
             pieces = [src_dict[i] for i in sent.src[:-1].tolist()]  # without the final EOS
             if words is not None:
-                word_of = C.align_pieces_to_words(pieces, words[sent.id])
+                word_of = align_pieces_to_words(pieces, words[sent.id])
             else:
-                word_of = C.words_from_pieces(pieces)
+                word_of = words_from_pieces(pieces)
             n_words = (max(word_of) + 1) if word_of else 0
             if word_of is None or n_words != len(tags[sent.id]):
                 word_of = None
@@ -159,7 +171,7 @@ def collect(model, task, split: str, *, max_sentences=None, batch_size=32, use_c
             else:
                 info["pos_sentences"] += 1
         for module, (side, values) in sent.modules.items():
-            label = C.layer_label(module)
+            label = layer_label(module)
             for series, g in gate_series(values).items():
                 per_layer[(label, series, module)].add_many(g.tolist())
                 if word_of is not None and side == "encoder":
@@ -174,8 +186,8 @@ def collect(model, task, split: str, *, max_sentences=None, batch_size=32, use_c
 
 
 def plot_per_layer(rows: List[dict], path: str, title: str):
-    plt = C.pyplot()
-    layers = sorted({r["layer"] for r in rows}, key=C.layer_sort_key)
+    plt = pyplot()
+    layers = sorted({r["layer"] for r in rows}, key=layer_sort_key)
     series = list(dict.fromkeys(r["series"] for r in rows))
     width = 0.8 / max(len(series), 1)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(layers) * max(1, len(series)) ** 0.5 + 2), 3.6))
@@ -199,17 +211,17 @@ def plot_per_layer(rows: List[dict], path: str, title: str):
     ax.set_title(title, fontsize=9)
     if len(series) > 1:
         ax.legend(fontsize=7, ncol=min(len(series), 4))
-    return C.save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_per_pos(rows: List[dict], path: str, layer: str, title: str):
-    return C.save_figure(per_pos_figure(rows, layer, title), path)
+    return save_figure(per_pos_figure(rows, layer, title), path)
 
 
 def per_pos_figure(rows: List[dict], layer: str, title: str):
     """Xu et al. Fig. 4: mean gate per POS tag of one layer, bars from 0 (the value on
     each bar), tags in decreasing order of the first series' gate."""
-    plt = C.pyplot()
+    plt = pyplot()
     rows = [r for r in rows if r["layer"] == layer]
     series = list(dict.fromkeys(r["series"] for r in rows))
     order = sorted({r["tag"] for r in rows},
@@ -240,34 +252,33 @@ def per_pos_figure(rows: List[dict], layer: str, title: str):
 
 
 def main(args):
-    C.set_threads(args.threads)
-    out_dir = C.ensure_dir(args.output_dir)
+    out_dir = start_tool(args)
     tags = words = None
     if args.pos_tags:
-        C.require_file(args.pos_tags, "--pos-tags")
-        tags = [line.split() for line in C.read_lines(args.pos_tags)]
+        require_file(args.pos_tags, "--pos-tags")
+        tags = [line.split() for line in read_lines(args.pos_tags)]
         if args.pos_words:
-            C.require_file(args.pos_words, "--pos-words")
-            words = [line.split() for line in C.read_lines(args.pos_words)]
+            require_file(args.pos_words, "--pos-words")
+            words = [line.split() for line in read_lines(args.pos_words)]
             if len(words) != len(tags):
-                raise C.AnalysisError(f"--pos-words has {len(words)} lines, --pos-tags {len(tags)}")
+                raise AnalysisError(f"--pos-words has {len(words)} lines, --pos-tags {len(tags)}")
     elif args.pos_words:
-        raise C.AnalysisError("--pos-words needs --pos-tags")
-    model, cfg, task, use_cuda = C.load_checkpoint(args.path, args.data, args.cpu)
+        raise AnalysisError("--pos-words needs --pos-tags")
+    model, cfg, task, use_cuda = load_checkpoint(args.path, args.data, args.cpu)
     per_layer, per_pos, info = collect(
         model, task, args.split, max_sentences=args.max_sentences, batch_size=args.batch_size,
         use_cuda=use_cuda, show_progress=not args.no_progress, tags=tags, words=words,
     )
     if not per_layer:
-        raise C.AnalysisError(
+        raise AnalysisError(
             f"{args.path} records no gates: gates come from hybrid_transformer (--hybrid-variant gate) "
             "and hysan_transformer (--hysan-fusion gated)"
         )
     layer_rows = [
         {"layer": k[0], "series": k[1], "module": k[2], "tokens": a.n, "mean": a.mean, "std": a.std}
-        for k, a in sorted(per_layer.items(), key=lambda kv: (C.layer_sort_key(kv[0][0]), kv[0][1]))
+        for k, a in sorted(per_layer.items(), key=lambda kv: (layer_sort_key(kv[0][0]), kv[0][1]))
     ]
-    C.write_csv(f"{out_dir}/gates_per_layer.csv", layer_rows, ["layer", "series", "module", "tokens", "mean", "std"])
+    write_csv(f"{out_dir}/gates_per_layer.csv", layer_rows, ["layer", "series", "module", "tokens", "mean", "std"])
     title = f"mean gate per layer, {args.split} ({info['sentences']} sentences)"
     plot_per_layer(layer_rows, f"{out_dir}/gates_per_layer.png", title)
     summary = {
@@ -276,31 +287,27 @@ def main(args):
     }
     if tags is not None:
         if info["pos_sentences"] == 0:
-            raise C.AnalysisError(
+            raise AnalysisError(
                 f"no sentence of the split could be matched with --pos-tags (skipped {info['pos_skipped']}, "
                 f"e.g. ids {info['pos_skipped_ids'][:5]}): check that the tag file has one tag per word, in the "
                 "split's order, and pass the tagged sentences with --pos-words"
             )
         pos_rows = [
             {"layer": k[0], "series": k[1], "tag": k[2], "words": a.n, "mean": a.mean, "std": a.std}
-            for k, a in sorted(per_pos.items(), key=lambda kv: (C.layer_sort_key(kv[0][0]), kv[0][1], -kv[1].mean))
+            for k, a in sorted(per_pos.items(), key=lambda kv: (layer_sort_key(kv[0][0]), kv[0][1], -kv[1].mean))
         ]
-        C.write_csv(f"{out_dir}/gates_per_pos.csv", pos_rows, ["layer", "series", "tag", "words", "mean", "std"])
+        write_csv(f"{out_dir}/gates_per_pos.csv", pos_rows, ["layer", "series", "tag", "words", "mean", "std"])
         layers = {r["layer"] for r in pos_rows}
         if args.pos_layer not in layers:
-            raise C.AnalysisError(f"--pos-layer {args.pos_layer!r}: the gated encoder layers are "
-                                  f"{', '.join(sorted(layers, key=C.layer_sort_key))}")
+            raise AnalysisError(f"--pos-layer {args.pos_layer!r}: the gated encoder layers are "
+                                f"{', '.join(sorted(layers, key=layer_sort_key))}")
         plot_per_pos(pos_rows, f"{out_dir}/gates_per_pos.png", args.pos_layer,
                      f"mean gate per POS tag, layer {args.pos_layer}, {args.split} "
                      f"({info['pos_sentences']} sentences)")
         summary.update(per_pos=pos_rows, pos_sentences=info["pos_sentences"], pos_skipped=info["pos_skipped"],
                        pos_skipped_ids=info["pos_skipped_ids"])
-    C.write_json(f"{out_dir}/gates.json", summary)
+    write_json(f"{out_dir}/gates.json", summary)
     return summary
-
-
-def cli_main(argv=None):
-    return C.run_cli("gates", main, argv, get_parser())
 
 
 if __name__ == "__main__":

@@ -29,22 +29,33 @@ Example::
 import argparse
 from typing import Dict, List, Tuple
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.batches import batch_iterator
+from fairseq_localness.analysis.checkpoint import load_checkpoint
+from fairseq_localness.analysis.cli_args import (
+    AnalysisError, add_checkpoint_args, add_output_args, labels_for, logger, run_cli, start_tool,
+)
+from fairseq_localness.analysis.outputs import progress, write_json
+from fairseq_localness.analysis.plotting import pyplot, save_figure
+from fairseq_localness.analysis.segmentation import add_segmenter_args, encode_lines, segmenter_from_args
 
 
 def get_parser():
     p = argparse.ArgumentParser(prog="fairseq-localness-analysis heatmaps", description=__doc__.split("\n\n")[0])
-    C.add_checkpoint_args(p, multiple=True)
+    add_checkpoint_args(p, multiple=True)
     p.add_argument("--split", default="valid", help="split the --ids refer to (default: valid)")
     p.add_argument("--ids", type=int, nargs="+", default=None, help="sentence ids (0-based line numbers) of --split")
     p.add_argument("--sentence", action="append", default=None, help="a raw sentence (repeatable)")
-    C.add_segmenter_args(p)
+    add_segmenter_args(p)
     p.add_argument("--layer", type=int, default=1, help="encoder layer, 1-based (default: 1)")
     p.add_argument("--head", default="mean", help="'mean' over heads (default) or a 1-based head number")
     p.add_argument("--max-tokens-shown", type=int, default=60,
                    help="longer sentences are drawn without tick labels (default: 60)")
-    C.add_output_args(p)
+    add_output_args(p)
     return p
+
+
+def cli_main(argv=None):
+    return run_cli("heatmaps", main, argv, get_parser())
 
 
 def recorded(model, run) -> Dict[str, Dict[str, "object"]]:
@@ -126,14 +137,14 @@ def recorded_layers(model) -> List[int]:
 
 def plot_sentence(tokens: List[str], maps: Dict[str, Dict[str, "object"]], labels: List[str], path: str,
                   title: str, max_shown: int):
-    return C.save_figure(sentence_figure(tokens, maps, labels, title, max_shown), path)
+    return save_figure(sentence_figure(tokens, maps, labels, title, max_shown), path)
 
 
 def sentence_figure(tokens: List[str], maps: Dict[str, Dict[str, "object"]], labels: List[str], title: str,
                     max_shown: int):
     """One panel per model (rows) and branch (columns), each with its colorbar: the
     colour scale of a panel runs from 0 to that branch's largest weight."""
-    plt = C.pyplot()
+    plt = pyplot()
     branches = list(dict.fromkeys(b for label in labels for b in maps[label]))
     n = len(tokens)
     size = min(3.2, max(2.0, 0.18 * n))
@@ -165,41 +176,40 @@ def sentence_figure(tokens: List[str], maps: Dict[str, Dict[str, "object"]], lab
 
 
 def main(args):
-    C.set_threads(args.threads)
-    out_dir = C.ensure_dir(args.output_dir)
+    out_dir = start_tool(args)
     if not args.ids and not args.sentence:
-        raise C.AnalysisError("give sentences with --ids (of --split) and/or --sentence")
+        raise AnalysisError("give sentences with --ids (of --split) and/or --sentence")
     if args.head != "mean" and not (args.head.isdigit() and int(args.head) >= 1):
-        raise C.AnalysisError(f"--head {args.head!r}: expected 'mean' or a head number >= 1")
-    labels = C.labels_for(args.path, args.labels)
-    segmenter = C.segmenter_from_args(args) if args.sentence else None
+        raise AnalysisError(f"--head {args.head!r}: expected 'mean' or a head number >= 1")
+    labels = labels_for(args.path, args.labels)
+    segmenter = segmenter_from_args(args) if args.sentence else None
     sentences: List[dict] = []
     results: Dict[Tuple[int, str], Dict[str, object]] = {}
     for path, label in zip(args.path, labels):
-        model, cfg, task, use_cuda = C.load_checkpoint(path, args.data, args.cpu)
+        model, cfg, task, use_cuda = load_checkpoint(path, args.data, args.cpu)
         layers = recorded_layers(model)
         if args.layer not in layers:
-            raise C.AnalysisError(
+            raise AnalysisError(
                 f"--layer {args.layer}: {label} records attention distributions in encoder layers "
                 f"{layers or 'none'} (fairseq's own attention layers are not recorded)"
             )
         if args.head != "mean" and int(args.head) > cfg.model.encoder_attention_heads:
-            raise C.AnalysisError(f"--head {args.head}: {label} has {cfg.model.encoder_attention_heads} heads")
+            raise AnalysisError(f"--head {args.head}: {label} has {cfg.model.encoder_attention_heads} heads")
         dictionary = task.source_dictionary
         items = []
         if args.ids:
-            dataset, _ = C.batch_iterator(task, args.split, 1)
+            dataset, _ = batch_iterator(task, args.split, 1)
             for i in args.ids:
                 if not 0 <= i < len(dataset):
-                    raise C.AnalysisError(f"--ids {i}: split {args.split!r} has {len(dataset)} sentences")
+                    raise AnalysisError(f"--ids {i}: split {args.split!r} has {len(dataset)} sentences")
                 items.append((f"{args.split}{i}", dataset[i]["source"]))
         if args.sentence:
-            encoded, unk = C.encode_lines(args.sentence, dictionary, segmenter)
+            encoded, unk = encode_lines(args.sentence, dictionary, segmenter)
             if unk > 0.2:
-                C.logger.warning("%.0f%% of the subwords of --sentence are unknown to %s's dictionary: check --bpe",
-                                 100 * unk, label)
+                logger.warning("%.0f%% of the subwords of --sentence are unknown to %s's dictionary: check --bpe",
+                               100 * unk, label)
             items += [(f"s{k + 1}", t) for k, t in enumerate(encoded)]
-        for k, (name, tokens) in enumerate(C.progress(items, desc=f"heatmaps {label}", disable=args.no_progress)):
+        for k, (name, tokens) in enumerate(progress(items, desc=f"heatmaps {label}", disable=args.no_progress)):
             if len(sentences) <= k:
                 sentences.append({"sentence": name, "tokens": [dictionary[t] for t in tokens.tolist()]})
             results[(k, label)] = branch_maps(model, tokens, args.layer, args.head, use_cuda)
@@ -214,12 +224,8 @@ def main(args):
         plot_sentence(sent["tokens"], maps, labels, f"{out_dir}/heatmaps_{sent['sentence']}.png",
                       f"encoder layer {args.layer}, heads: {args.head}, sentence {sent['sentence']}",
                       args.max_tokens_shown)
-    C.write_json(f"{out_dir}/heatmaps.json", out)
+    write_json(f"{out_dir}/heatmaps.json", out)
     return out
-
-
-def cli_main(argv=None):
-    return C.run_cli("heatmaps", main, argv, get_parser())
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ import argparse
 import math
 from typing import Dict, List, Sequence, Tuple
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.cli_args import AnalysisError, add_output_args, group_named, parse_named, run_cli
+from fairseq_localness.analysis.outputs import ensure_dir, write_csv, write_json
+from fairseq_localness.analysis.plotting import finish_figure, pyplot
 from fairseq_localness.analysis.logs import parse_log
 
 METRICS = ("bleu", "loss", "nll_loss", "ppl")
@@ -51,8 +53,12 @@ def get_parser():
                    "several times: runs of one system (e.g. seeds), drawn as their mean with a band")
     p.add_argument("--subset", default=None, help="validation subset to plot (default: the first one logged)")
     p.add_argument("--train-loss", action="store_true", help="also plot the training loss (train_inner records)")
-    C.add_output_args(p)
+    add_output_args(p)
     return p
+
+
+def cli_main(argv=None):
+    return run_cli("learning_curves", main, argv, get_parser())
 
 
 def curve_rows(name: str, log, subset: str, train_loss: bool, run: int = 1) -> List[Dict]:
@@ -114,7 +120,7 @@ def mean_rows(rows: List[Dict], names: List[str]) -> List[Dict]:
 
 
 def plot(means: List[Dict], names: List[str], path: str, title: str):
-    plt = C.pyplot()
+    plt = pyplot()
     has_bleu = any(r["metric"] == "bleu" for r in means)
     fig, ax_bleu = plt.subplots(figsize=(7, 4))
     ax_loss = ax_bleu.twinx() if has_bleu else ax_bleu
@@ -146,8 +152,7 @@ def plot(means: List[Dict], names: List[str], path: str, title: str):
         ax_loss.set_ylabel("loss")
     ax_bleu.legend(handles=handles, fontsize=7, loc="center right")
     ax_bleu.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return C.save_figure(fig, path)
+    return finish_figure(fig, path)
 
 
 def _mean_sd(values: List[float]) -> Tuple[float, float]:
@@ -157,8 +162,8 @@ def _mean_sd(values: List[float]) -> Tuple[float, float]:
 
 
 def main(args):
-    out_dir = C.ensure_dir(args.output_dir)
-    systems = C.group_named(C.parse_named(args.log, "--log", repeats=True))
+    out_dir = ensure_dir(args.output_dir)
+    systems = group_named(parse_named(args.log, "--log", repeats=True))
     rows, best = [], {}
     for name, paths in systems:
         runs = []
@@ -167,7 +172,7 @@ def main(args):
             subsets = log.valid_subsets
             subset = args.subset or (subsets[0] if subsets else None)
             if subset is None or subset not in subsets:
-                raise C.AnalysisError(
+                raise AnalysisError(
                     f"{name}: {log.path} has no validation records"
                     f"{'' if subset is None else ' for subset ' + repr(subset)} (found: {subsets or 'none'}); "
                     "logs must be written with --log-format json (scripts/train.sh) or simple")
@@ -193,18 +198,14 @@ def main(args):
         best[name] = entry
     names = [n for n, _ in systems]
     means = mean_rows(rows, names)
-    C.write_csv(f"{out_dir}/learning_curves.csv", rows,
-                ["system", "run", "subset", "num_updates", "epoch", "metric", "value"])
-    C.write_csv(f"{out_dir}/learning_curves_mean.csv", means,
-                ["system", "subset", "metric", "num_updates", "mean", "sd", "runs"])
+    write_csv(f"{out_dir}/learning_curves.csv", rows,
+              ["system", "run", "subset", "num_updates", "epoch", "metric", "value"])
+    write_csv(f"{out_dir}/learning_curves_mean.csv", means,
+              ["system", "subset", "metric", "num_updates", "mean", "sd", "runs"])
     plot(means, names, f"{out_dir}/learning_curves.png",
          "learning curves" + (" (mean ± sd over runs)" if any(len(p) > 1 for _, p in systems) else ""))
-    C.write_json(f"{out_dir}/learning_curves.json", best)
+    write_json(f"{out_dir}/learning_curves.json", best)
     return best
-
-
-def cli_main(argv=None):
-    return C.run_cli("learning_curves", main, argv, get_parser())
 
 
 if __name__ == "__main__":

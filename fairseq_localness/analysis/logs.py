@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from fairseq_localness.analysis.common import AnalysisError
+from fairseq_localness.analysis.cli_args import AnalysisError
 
 _LINE = re.compile(r"\|\s*(?:INFO|WARNING)\s*\|\s*([A-Za-z0-9_.\-]+)\s*\|\s?(.*)$")
 _PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)(?: \(num\. trained: ([\d,]+)\))?")

@@ -21,7 +21,8 @@ or Stanza) and write the same two files.
 import argparse
 from typing import Dict, List
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.cli_args import logger, require_file, run_cli
+from fairseq_localness.analysis.outputs import read_lines
 
 
 def lexicon(side: str = "src") -> Dict[str, str]:
@@ -71,12 +72,16 @@ def get_parser():
     return p
 
 
+def cli_main(argv=None):
+    return run_cli("pos_tags", main, argv, get_parser())
+
+
 def main(args):
     from fairseq_localness.corpus import tokenize
 
-    C.require_file(args.input, "--input")
+    require_file(args.input, "--input")
     table = lexicon(args.side)
-    sentences = [tokenize(line) for line in C.read_lines(args.input)]
+    sentences = [tokenize(line) for line in read_lines(args.input)]
     tagged = [tag_sentence(words, table) for words in sentences]
     unknown = sum(t == "X" for tags in tagged for t in tags)
     with open(args.output, "w", encoding="utf-8") as f:
@@ -84,12 +89,8 @@ def main(args):
     if args.words_output:
         with open(args.words_output, "w", encoding="utf-8") as f:
             f.writelines(" ".join(words) + "\n" for words in sentences)
-    C.logger.info("tagged %d sentences (%d words outside the lexicon) -> %s", len(tagged), unknown, args.output)
+    logger.info("tagged %d sentences (%d words outside the lexicon) -> %s", len(tagged), unknown, args.output)
     return tagged
-
-
-def cli_main(argv=None):
-    return C.run_cli("pos_tags", main, argv, get_parser())
 
 
 if __name__ == "__main__":

@@ -66,7 +66,16 @@ import random
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.checkpoint import load_checkpoint
+from fairseq_localness.analysis.cli_args import (
+    AnalysisError, add_checkpoint_args, add_output_args, labels_for, logger, require_file, run_cli, single_thread,
+    start_tool,
+)
+from fairseq_localness.analysis.outputs import progress, write_csv, write_json
+from fairseq_localness.analysis.plotting import finish_figure, pyplot
+from fairseq_localness.analysis.segmentation import (
+    add_segmenter_args, collate_source, encode_lines, segmenter_from_args,
+)
 
 SENTEVAL_TASKS: Tuple[Tuple[str, str, str], ...] = (
     ("SentLen", "sentence_length.txt", "surface"),
@@ -114,7 +123,7 @@ class ProbingTask:
 # --------------------------------------------------------------------------- data
 def read_task(name: str, path: str, group: str, max_per_split: Optional[int] = None, seed: int = 1) -> ProbingTask:
     """Read a SentEval probing file; ``max_per_split`` keeps a random subset."""
-    C.require_file(path, f"probing task {name}:")
+    require_file(path, f"probing task {name}:")
     sentences = {s: [] for s in SPLITS}
     labels = {s: [] for s in SPLITS}
     with open(path, encoding="utf-8") as f:
@@ -124,7 +133,7 @@ def read_task(name: str, path: str, group: str, max_per_split: Optional[int] = N
                 continue
             parts = line.split("\t")
             if len(parts) != 3 or parts[0] not in SPLITS:
-                raise C.AnalysisError(
+                raise AnalysisError(
                     f"{path}:{lineno}: expected 'tr|va|te<TAB>label<TAB>sentence' (SentEval's probing format), "
                     f"got {line[:80]!r}"
                 )
@@ -132,7 +141,7 @@ def read_task(name: str, path: str, group: str, max_per_split: Optional[int] = N
             labels[parts[0]].append(parts[1])
     for s in SPLITS:
         if not sentences[s]:
-            raise C.AnalysisError(f"{path}: no '{s}' examples (need tr, va and te)")
+            raise AnalysisError(f"{path}: no '{s}' examples (need tr, va and te)")
     if max_per_split:
         rng = random.Random(seed)
         for s in SPLITS:
@@ -148,37 +157,37 @@ def task_list(args) -> List[Tuple[str, str, str]]:
     tasks = []
     if args.senteval_dir:
         if not os.path.isdir(args.senteval_dir):
-            raise C.AnalysisError(f"--senteval-dir {args.senteval_dir!r} does not exist")
+            raise AnalysisError(f"--senteval-dir {args.senteval_dir!r} does not exist")
         known = {t[0]: t for t in SENTEVAL_TASKS}
         wanted = args.tasks or [t[0] for t in SENTEVAL_TASKS]
         unknown = [t for t in wanted if t not in known]
         if unknown:
-            raise C.AnalysisError(f"--tasks {unknown}: allowed: {', '.join(known)}")
+            raise AnalysisError(f"--tasks {unknown}: allowed: {', '.join(known)}")
         for name in wanted:
             _, fname, group = known[name]
             path = os.path.join(args.senteval_dir, fname)
             if os.path.isfile(path):
                 tasks.append((name, path, group))
             elif args.tasks:
-                raise C.AnalysisError(f"--tasks {name}: {path} does not exist")
+                raise AnalysisError(f"--tasks {name}: {path} does not exist")
         if not tasks:
-            raise C.AnalysisError(f"--senteval-dir {args.senteval_dir!r} holds none of SentEval's probing files "
-                                  f"({', '.join(t[1] for t in SENTEVAL_TASKS)})")
+            raise AnalysisError(f"--senteval-dir {args.senteval_dir!r} holds none of SentEval's probing files "
+                                f"({', '.join(t[1] for t in SENTEVAL_TASKS)})")
     elif args.tasks:
-        raise C.AnalysisError("--tasks selects tasks of --senteval-dir")
+        raise AnalysisError("--tasks selects tasks of --senteval-dir")
     for spec in args.task or []:
         if "=" not in spec:
-            raise C.AnalysisError(f"--task {spec!r}: expected NAME=FILE or NAME=FILE:GROUP")
+            raise AnalysisError(f"--task {spec!r}: expected NAME=FILE or NAME=FILE:GROUP")
         name, rest = spec.split("=", 1)
         path, group = rest, "other"
         if ":" in rest and not os.path.isfile(rest):
             path, group = rest.rsplit(":", 1)
         tasks.append((name, path, group))
     if not tasks:
-        raise C.AnalysisError("no probing tasks: give --senteval-dir and/or --task")
+        raise AnalysisError("no probing tasks: give --senteval-dir and/or --task")
     names = [t[0] for t in tasks]
     if len(set(names)) < len(names):
-        raise C.AnalysisError(f"task names are not unique: {names}")
+        raise AnalysisError(f"task names are not unique: {names}")
     return tasks
 
 
@@ -194,17 +203,17 @@ def sentence_vectors(model, dictionary, sentences: Sequence[str], segmenter, *, 
         max_positions = int(model.encoder.max_positions())
     except Exception:  # noqa: BLE001 - encoders without a limit
         pass
-    tokens, unk = C.encode_lines(sentences, dictionary, segmenter, max_positions)
+    tokens, unk = encode_lines(sentences, dictionary, segmenter, max_positions)
     if unk > 0.2:
-        C.logger.warning("%s: %.0f%% of the subwords are unknown to the model's dictionary: check --bpe", desc,
-                         100 * unk)
+        logger.warning("%s: %.0f%% of the subwords are unknown to the model's dictionary: check --bpe", desc,
+                       100 * unk)
     order = sorted(range(len(tokens)), key=lambda i: tokens[i].numel())
     out = torch.zeros(len(tokens), model.encoder.embed_tokens.embedding_dim)
-    bar = C.progress(total=len(tokens), desc=desc, disable=not show_progress)
+    bar = progress(total=len(tokens), desc=desc, disable=not show_progress)
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            src, lengths = C.collate_source([tokens[i] for i in idx], dictionary, use_cuda)
+            src, lengths = collate_source([tokens[i] for i in idx], dictionary, use_cuda)
             enc = model.encoder(src, src_lengths=lengths)
             states = enc["encoder_out"][0].float()  # T x B x C
             pad = enc["encoder_padding_mask"][0] if enc.get("encoder_padding_mask") else src.eq(dictionary.pad())
@@ -245,7 +254,7 @@ def train_probe(x_tr, y_tr, x_va, y_va, x_te, y_te, cfg: ProbeConfig) -> Dict:
     elif cfg.optimizer == "rmsprop":
         opt = torch.optim.RMSprop(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
-        raise C.AnalysisError(f"--optimizer {cfg.optimizer!r}: allowed: adam, rmsprop")
+        raise AnalysisError(f"--optimizer {cfg.optimizer!r}: allowed: adam, rmsprop")
     loss_fn = nn.CrossEntropyLoss()
 
     def accuracy(x, y) -> float:
@@ -291,7 +300,7 @@ def run_task(model, dictionary, task: ProbingTask, segmenter, cfg: ProbeConfig, 
         xs[s] = sentence_vectors(model, dictionary, task.sentences[s], segmenter, batch_size=encode_batch_size,
                                  use_cuda=use_cuda, show_progress=show_progress, desc=f"{label} {task.name} {s}")
         ys[s] = torch.tensor([index[y] for y in task.labels[s]], dtype=torch.long)
-    with C.single_thread():
+    with single_thread():
         result = train_probe(xs["tr"], ys["tr"], xs["va"], ys["va"], xs["te"], ys["te"], cfg)
     majority = max(sum(1 for y in task.labels["te"] if y == c) for c in classes) / len(task.labels["te"])
     return dict(task=task.name, group=task.group, classes=len(classes), train=len(task.labels["tr"]),
@@ -313,7 +322,7 @@ def group_rows(rows: List[Dict]) -> List[Dict]:
 
 
 def plot(rows: List[Dict], groups: List[Dict], path: str, title: str):
-    plt = C.pyplot()
+    plt = pyplot()
     models = list(dict.fromkeys(r["model"] for r in rows))
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     group_names = list(dict.fromkeys(g["group"] for g in groups))
@@ -339,21 +348,19 @@ def plot(rows: List[Dict], groups: List[Dict], path: str, title: str):
     ax2.set_ylim(0, 100)
     ax2.set_title("per group (mean of tasks)", fontsize=9)
     ax1.legend(fontsize=7, loc="lower left")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return C.save_figure(fig, path)
+    return finish_figure(fig, path, title)
 
 
 def get_parser():
     p = argparse.ArgumentParser(prog="fairseq-localness-analysis probing", description=__doc__.split("\n\n")[0])
-    C.add_checkpoint_args(p, multiple=True)
+    add_checkpoint_args(p, multiple=True)
     p.add_argument("--senteval-dir", default=None, help="directory with SentEval's probing files")
     p.add_argument("--tasks", nargs="+", default=None, help="run only these of the ten tasks (with --senteval-dir)")
     p.add_argument("--task", action="append", default=None, metavar="NAME=FILE[:GROUP]",
                    help="a probing file in SentEval's format (repeatable); GROUP defaults to 'other'")
     p.add_argument("--max-per-split", type=int, default=None,
                    help="use a random subset of at most this many examples per split (quick runs)")
-    C.add_segmenter_args(p)
+    add_segmenter_args(p)
     p.add_argument("--encode-batch-size", type=int, default=128, help="sentences per encoder call (default: 128)")
     d = ProbeConfig()
     p.add_argument("--hidden", type=int, default=d.hidden, help=f"MLP hidden units, 0 = linear (default: {d.hidden})")
@@ -367,44 +374,43 @@ def get_parser():
                    help=f"stop after this many epochs without a better validation accuracy (default: {d.patience})")
     p.add_argument("--no-standardize", action="store_true", help="do not standardize the sentence vectors")
     p.add_argument("--seed", type=int, default=d.seed, help=f"default: {d.seed}")
-    C.add_output_args(p)
+    add_output_args(p)
     return p
 
 
+def cli_main(argv=None):
+    return run_cli("probing", main, argv, get_parser())
+
+
 def main(args):
-    C.set_threads(args.threads)
-    out_dir = C.ensure_dir(args.output_dir)
+    out_dir = start_tool(args)
     cfg = ProbeConfig(hidden=args.hidden, dropout=args.dropout, optimizer=args.optimizer, lr=args.lr,
                       weight_decay=args.weight_decay, batch_size=args.batch_size, max_epochs=args.max_epochs,
                       patience=args.patience, standardize=not args.no_standardize, seed=args.seed)
     if cfg.hidden < 0 or cfg.max_epochs < 1 or cfg.patience < 1 or cfg.batch_size < 1:
-        raise C.AnalysisError("--hidden must be >= 0, --max-epochs, --patience and --batch-size >= 1")
+        raise AnalysisError("--hidden must be >= 0, --max-epochs, --patience and --batch-size >= 1")
     tasks = [read_task(n, p, g, args.max_per_split, args.seed) for n, p, g in task_list(args)]
-    segmenter = C.segmenter_from_args(args)
-    labels = C.labels_for(args.path, args.labels)
+    segmenter = segmenter_from_args(args)
+    labels = labels_for(args.path, args.labels)
     rows = []
     for path, label in zip(args.path, labels):
-        model, model_cfg, task, use_cuda = C.load_checkpoint(path, args.data, args.cpu)
+        model, model_cfg, task, use_cuda = load_checkpoint(path, args.data, args.cpu)
         for t in tasks:
             r = run_task(model, task.source_dictionary, t, segmenter, cfg, encode_batch_size=args.encode_batch_size,
                          use_cuda=use_cuda, show_progress=not args.no_progress, label=label)
-            C.logger.info("%s %s: test accuracy %.2f (validation %.2f, epoch %d)", label, t.name, r["test_acc"],
-                          r["valid_acc"], r["best_epoch"])
+            logger.info("%s %s: test accuracy %.2f (validation %.2f, epoch %d)", label, t.name, r["test_acc"],
+                        r["valid_acc"], r["best_epoch"])
             rows.append(dict(model=label, **r))
         del model
     groups = group_rows(rows)
     cols = ["model", "task", "group", "classes", "train", "valid", "test", "majority_acc", "train_acc", "valid_acc",
             "test_acc", "best_epoch", "epochs"]
-    C.write_csv(f"{out_dir}/probing.csv", rows, cols)
-    C.write_csv(f"{out_dir}/probing_groups.csv", groups, ["model", "group", "tasks", "test_acc"])
+    write_csv(f"{out_dir}/probing.csv", rows, cols)
+    write_csv(f"{out_dir}/probing_groups.csv", groups, ["model", "group", "tasks", "test_acc"])
     plot(rows, groups, f"{out_dir}/probing.png", "probing tasks (frozen encoder, mean of the last layer)")
     summary = {"checkpoints": dict(zip(labels, args.path)), "classifier": vars(cfg), "tasks": rows, "groups": groups}
-    C.write_json(f"{out_dir}/probing.json", summary)
+    write_json(f"{out_dir}/probing.json", summary)
     return summary
-
-
-def cli_main(argv=None):
-    return C.run_cli("probing", main, argv, get_parser())
 
 
 if __name__ == "__main__":

@@ -41,7 +41,13 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.checkpoint import load_checkpoint
+from fairseq_localness.analysis.cli_args import (
+    AnalysisError, add_output_args, add_threads_arg, logger, run_main, setup_logging, start_tool,
+)
+from fairseq_localness.analysis.layers import layer_sort_key
+from fairseq_localness.analysis.outputs import ensure_dir, progress, write_csv, write_json
+from fairseq_localness.analysis.plotting import finish_figure, pyplot
 from fairseq_localness.analysis.bleu_breakdown import corpus_bleu
 
 
@@ -67,8 +73,8 @@ def get_parser():
     p.add_argument("--max-sentences", type=int, default=None, help="sentences for the gate statistics (default: all)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass for the gates")
     p.add_argument("--cpu", action="store_true", help="run the gate statistics on CPU")
-    C.add_threads_arg(p)
-    C.add_output_args(p)
+    add_threads_arg(p)
+    add_output_args(p)
     return p
 
 
@@ -81,7 +87,7 @@ def tool(name: str) -> str:
         return path
     found = shutil.which(name)
     if not found:
-        raise C.AnalysisError(f"{name} is not installed next to {sys.executable} nor on PATH")
+        raise AnalysisError(f"{name} is not installed next to {sys.executable} nor on PATH")
     return found
 
 
@@ -94,7 +100,7 @@ def user_dir() -> str:
 def run_logged(cmd: List[str], log_path: str, threads: int = 0):
     """Run ``cmd`` (printed first), its output appended to ``log_path``; stop on failure.
     ``threads`` > 0 sets the subprocess's OpenMP/MKL threads."""
-    C.logger.info("+ %s", " ".join(shlex.quote(c) for c in cmd))
+    logger.info("+ %s", " ".join(shlex.quote(c) for c in cmd))
     env = dict(os.environ)
     if threads and threads > 0:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -103,7 +109,7 @@ def run_logged(cmd: List[str], log_path: str, threads: int = 0):
     if proc.returncode != 0:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             tail = f.read()[-2000:]
-        raise C.AnalysisError(f"command failed (exit status {proc.returncode}), see {log_path}:\n{tail}")
+        raise AnalysisError(f"command failed (exit status {proc.returncode}), see {log_path}:\n{tail}")
 
 
 def train(args, m: int, save_dir: str):
@@ -119,7 +125,7 @@ def generate(argv: List[str], out_path: str):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import generate as fairseq_generate
 
-    C.logger.info("+ fairseq-generate %s > %s", " ".join(shlex.quote(a) for a in argv), out_path)
+    logger.info("+ fairseq-generate %s > %s", " ".join(shlex.quote(a) for a in argv), out_path)
     parser = options.get_generation_parser()
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
     with open(out_path, "w", encoding="utf-8") as f:
@@ -148,22 +154,22 @@ def validation_bleu(args, checkpoint: str, save_dir: str) -> float:
                         store[int(parts[0])] = parts[col]
     ids = sorted(refs)
     if not ids or any(i not in hyps for i in ids):
-        raise C.AnalysisError(f"{out_path}: fairseq-generate output lacks hypotheses for some references")
+        raise AnalysisError(f"{out_path}: fairseq-generate output lacks hypotheses for some references")
     return corpus_bleu([hyps[i] for i in ids], [refs[i] for i in ids]).score
 
 
 def mean_gates(args, checkpoint: str) -> Dict[str, float]:
     from fairseq_localness.analysis.gates import collect
 
-    model, cfg, task, use_cuda = C.load_checkpoint(checkpoint, args.data, args.cpu)
+    model, cfg, task, use_cuda = load_checkpoint(checkpoint, args.data, args.cpu)
     per_layer, _, _ = collect(model, task, args.subset, max_sentences=args.max_sentences,
                               batch_size=args.batch_size, use_cuda=use_cuda, show_progress=not args.no_progress)
     gates = {label: acc.mean for (label, series, module), acc in per_layer.items() if series == "gate"}
-    return dict(sorted(gates.items(), key=lambda kv: C.layer_sort_key(kv[0])))
+    return dict(sorted(gates.items(), key=lambda kv: layer_sort_key(kv[0])))
 
 
 def plot(rows: List[Dict], path: str, title: str):
-    plt = C.pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4.5, 0.8 * len(rows) + 2), 3.6))
     xs = list(range(len(rows)))
     ax.bar(xs, [r["bleu"] for r in rows], color="C0", alpha=0.8, label="BLEU")
@@ -182,42 +188,40 @@ def plot(rows: List[Dict], path: str, title: str):
         ax2.set_ylabel("mean gate (line)")
         ax2.set_ylim(0, 1)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return C.save_figure(fig, path)
+    return finish_figure(fig, path)
 
 
 def main(args):
-    C.set_threads(args.threads)
-    out_dir = C.ensure_dir(args.output_dir)
+    out_dir = start_tool(args)
     if not os.path.isdir(args.data):
-        raise C.AnalysisError(f"data directory {args.data!r} does not exist")
+        raise AnalysisError(f"data directory {args.data!r} does not exist")
     if any(m < 0 for m in args.window_m) or len(set(args.window_m)) < len(args.window_m):
-        raise C.AnalysisError(f"--window-m {args.window_m}: expected distinct whole numbers >= 0")
+        raise AnalysisError(f"--window-m {args.window_m}: expected distinct whole numbers >= 0")
     rows = []
-    for m in C.progress(args.window_m, desc="window sweep", disable=args.no_progress, unit="setting"):
-        save_dir = C.ensure_dir(os.path.join(args.save_root, f"m{m}"))
+    for m in progress(args.window_m, desc="window sweep", disable=args.no_progress, unit="setting"):
+        save_dir = ensure_dir(os.path.join(args.save_root, f"m{m}"))
         checkpoint = os.path.join(save_dir, args.checkpoint)
         if os.path.isfile(checkpoint):
-            C.logger.info("m=%d: %s exists, not training", m, checkpoint)
+            logger.info("m=%d: %s exists, not training", m, checkpoint)
         elif args.skip_train:
-            raise C.AnalysisError(f"--skip-train: m={m} has no {checkpoint}")
+            raise AnalysisError(f"--skip-train: m={m} has no {checkpoint}")
         else:
             train(args, m, save_dir)
             if not os.path.isfile(checkpoint):
-                raise C.AnalysisError(f"m={m}: training wrote no {checkpoint} (see {save_dir}/train.log)")
+                raise AnalysisError(f"m={m}: training wrote no {checkpoint} (see {save_dir}/train.log)")
         bleu = validation_bleu(args, checkpoint, save_dir)
         gates = mean_gates(args, checkpoint)
         gate_mean = sum(gates.values()) / len(gates) if gates else float("nan")
-        C.logger.info("m=%d (window %d): BLEU %.2f, mean gate %.3f", m, 2 * m + 1, bleu, gate_mean)
+        logger.info("m=%d (window %d): BLEU %.2f, mean gate %.3f", m, 2 * m + 1, bleu, gate_mean)
         row = {"window_m": m, "window_size": 2 * m + 1, "bleu": bleu, "gate_mean": gate_mean}
         row.update({f"gate_{k}": v for k, v in gates.items()})
         row["checkpoint"] = checkpoint
         rows.append(row)
-    C.write_csv(f"{out_dir}/sweep.csv", rows)
+    write_csv(f"{out_dir}/sweep.csv", rows)
     plot(rows, f"{out_dir}/sweep.png", f"BLEU ({args.subset}) and mean gate per window size")
     summary = {"data": args.data, "arch": args.arch, "subset": args.subset, "train_args": args.train_args,
                "rows": rows}
-    C.write_json(f"{out_dir}/sweep.json", summary)
+    write_json(f"{out_dir}/sweep.json", summary)
     return summary
 
 
@@ -234,8 +238,8 @@ def parse_args(argv: Optional[List[str]] = None):
 
 
 def cli_main(argv=None):
-    C.setup_logging()
-    return C.run_main("window_sweep", main, parse_args(argv))
+    setup_logging()
+    return run_main("window_sweep", main, parse_args(argv))
 
 
 if __name__ == "__main__":

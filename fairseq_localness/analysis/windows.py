@@ -35,19 +35,30 @@ import random
 from collections import defaultdict
 from typing import Dict, List
 
-from fairseq_localness.analysis import common as C
+from fairseq_localness.analysis.batches import iter_sentence_stats
+from fairseq_localness.analysis.checkpoint import load_checkpoint
+from fairseq_localness.analysis.cli_args import (
+    AnalysisError, add_checkpoint_args, add_output_args, add_split_args, labels_for, run_cli, start_tool,
+)
+from fairseq_localness.analysis.layers import layer_label, layer_sort_key
+from fairseq_localness.analysis.outputs import write_csv, write_json
+from fairseq_localness.analysis.plotting import finish_figure, pyplot
 from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW
 
 
 def get_parser():
     p = argparse.ArgumentParser(prog="fairseq-localness-analysis windows", description=__doc__.split("\n\n")[0])
-    C.add_checkpoint_args(p, multiple=True)
-    C.add_split_args(p, default_max=1000)
+    add_checkpoint_args(p, multiple=True)
+    add_split_args(p, default_max=1000)
     p.add_argument("--max-points", type=int, default=2000,
                    help="points per model and layer kept for the scatter plot and windows_points.csv (default: 2000)")
     p.add_argument("--seed", type=int, default=1, help="seed of the point sample (default: 1)")
-    C.add_output_args(p)
+    add_output_args(p)
     return p
+
+
+def cli_main(argv=None):
+    return run_cli("windows", main, argv, get_parser())
 
 
 def collect(model, task, split, *, max_sentences=None, batch_size=32, use_cuda=False, show_progress=True):
@@ -56,12 +67,12 @@ def collect(model, task, split, *, max_sentences=None, batch_size=32, use_cuda=F
     import torch
 
     data: Dict[str, Dict[str, list]] = {}
-    for sent in C.iter_sentence_stats(model, task, split, max_sentences=max_sentences, batch_size=batch_size,
-                                      use_cuda=use_cuda, show_progress=show_progress, desc="windows"):
+    for sent in iter_sentence_stats(model, task, split, max_sentences=max_sentences, batch_size=batch_size,
+                                    use_cuda=use_cuda, show_progress=show_progress, desc="windows"):
         for module, (side, values) in sent.modules.items():
             if CENTRE not in values or WINDOW not in values:
                 continue
-            label = C.layer_label(module)
+            label = layer_label(module)
             d = data.setdefault(label, {"module": module, "P": [], "D": [], "q_pos": [], "I": [], "head": [],
                                         "sent": []})
             P, D = values[CENTRE], values[WINDOW]  # H x n
@@ -92,7 +103,7 @@ def summarize(label: str, data: Dict[str, Dict[str, list]]):
     import statistics
 
     layer_rows, head_rows = [], []
-    for layer in sorted(data, key=C.layer_sort_key):
+    for layer in sorted(data, key=layer_sort_key):
         d = data[layer]
         n = len(d["D"])
         D_sorted = sorted(d["D"])
@@ -122,7 +133,7 @@ def summarize(label: str, data: Dict[str, Dict[str, list]]):
 def sample_points(label: str, data, max_points: int, seed: int) -> List[dict]:
     rng = random.Random(seed)
     rows = []
-    for layer in sorted(data, key=C.layer_sort_key):
+    for layer in sorted(data, key=layer_sort_key):
         d = data[layer]
         idx = list(range(len(d["D"])))
         if len(idx) > max_points:
@@ -134,8 +145,8 @@ def sample_points(label: str, data, max_points: int, seed: int) -> List[dict]:
 
 
 def plot_windows(points: List[dict], models: List[str], path: str, title: str):
-    plt = C.pyplot()
-    layers = sorted({r["layer"] for r in points}, key=C.layer_sort_key)
+    plt = pyplot()
+    layers = sorted({r["layer"] for r in points}, key=layer_sort_key)
     fig, axes = plt.subplots(2, len(layers), figsize=(2.8 * len(layers) + 0.6, 5.2), squeeze=False)
     top = max((r["D"] for r in points), default=1.0)
     for j, layer in enumerate(layers):
@@ -153,14 +164,12 @@ def plot_windows(points: List[dict], models: List[str], path: str, title: str):
     axes[1][0].set_ylabel("density")
     if len(models) > 1:
         axes[0][-1].legend(fontsize=7, markerscale=3)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return C.save_figure(fig, path)
+    return finish_figure(fig, path, title)
 
 
 def plot_heads(points: List[dict], models: List[str], path: str, title: str):
-    plt = C.pyplot()
-    layers = sorted({r["layer"] for r in points}, key=C.layer_sort_key)
+    plt = pyplot()
+    layers = sorted({r["layer"] for r in points}, key=layer_sort_key)
     fig, axes = plt.subplots(len(models), len(layers), figsize=(2.6 * len(layers) + 0.6, 2.6 * len(models) + 0.4),
                              squeeze=False)
     for i, model in enumerate(models):
@@ -182,22 +191,19 @@ def plot_heads(points: List[dict], models: List[str], path: str, title: str):
                 ax.set_xlabel("head")
             if j == 0:
                 ax.set_ylabel("window D")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return C.save_figure(fig, path)
+    return finish_figure(fig, path, title)
 
 
 def main(args):
-    C.set_threads(args.threads)
-    out_dir = C.ensure_dir(args.output_dir)
-    labels = C.labels_for(args.path, args.labels)
+    out_dir = start_tool(args)
+    labels = labels_for(args.path, args.labels)
     layer_rows, head_rows, points = [], [], []
     for path, label in zip(args.path, labels):
-        model, cfg, task, use_cuda = C.load_checkpoint(path, args.data, args.cpu)
+        model, cfg, task, use_cuda = load_checkpoint(path, args.data, args.cpu)
         data = collect(model, task, args.split, max_sentences=args.max_sentences, batch_size=args.batch_size,
                        use_cuda=use_cuda, show_progress=not args.no_progress)
         if not data:
-            raise C.AnalysisError(
+            raise AnalysisError(
                 f"{path} records no Gaussian centres/windows: they come from localness_transformer and "
                 "hybrid_transformer's neighbor/local_h/local_s variants"
             )
@@ -206,20 +212,16 @@ def main(args):
         head_rows += heads
         points += sample_points(label, data, args.max_points, args.seed)
         del model
-    C.write_csv(f"{out_dir}/windows_per_layer.csv", layer_rows)
-    C.write_csv(f"{out_dir}/windows_per_head.csv", head_rows)
-    C.write_csv(f"{out_dir}/windows_points.csv", points)
+    write_csv(f"{out_dir}/windows_per_layer.csv", layer_rows)
+    write_csv(f"{out_dir}/windows_per_head.csv", head_rows)
+    write_csv(f"{out_dir}/windows_points.csv", points)
     title = f"Gaussian centres and windows, {args.split}"
     plot_windows(points, labels, f"{out_dir}/windows.png", title)
     plot_heads(points, labels, f"{out_dir}/heads.png", f"window per head, {args.split}")
     summary = {"checkpoints": dict(zip(labels, args.path)), "split": args.split, "per_layer": layer_rows,
                "per_head": head_rows}
-    C.write_json(f"{out_dir}/windows.json", summary)
+    write_json(f"{out_dir}/windows.json", summary)
     return summary
-
-
-def cli_main(argv=None):
-    return C.run_cli("windows", main, argv, get_parser())
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ def get_parser():
 
 
 def load(args):
-    from fairseq_localness.analysis.common import AnalysisError, load_checkpoint
+    from fairseq_localness.analysis.checkpoint import load_checkpoint
+    from fairseq_localness.analysis.cli_args import AnalysisError
 
     for path, what in ((args.path, "--path checkpoint"), (args.data, "data directory")):
         if not os.path.exists(path):
@@ -66,8 +67,8 @@ def _arch(cfg) -> str:
 
 def main(args):
     """Write the JSON lines; the per-sentence cutting to real tokens is
-    :func:`fairseq_localness.analysis.common.iter_sentence_stats`."""
-    from fairseq_localness.analysis.common import iter_sentence_stats
+    :func:`fairseq_localness.analysis.batches.iter_sentence_stats`."""
+    from fairseq_localness.analysis.batches import iter_sentence_stats
     from fairseq_localness.modules.observe import Observable
 
     model, cfg, task, use_cuda = load(args)

@@ -208,7 +208,7 @@ def read_run(run: Run):
     """Fill ``run.values`` (bleu, extra, params, train_seconds, updates, ups, wps) and
     ``run.phenomena`` from its files; what does not exist stays None."""
     from fairseq_localness.analysis.logs import parse_log
-    from fairseq_localness.analysis.common import AnalysisError
+    from fairseq_localness.analysis.cli_args import AnalysisError
 
     bleu = _score_of(run.score)
     if bleu is not None:
