@@ -129,6 +129,19 @@ def test_sweep_batch_rule():
                                                  decode_len=3000)
 
 
+def test_sweep_writes_after_each_length(monkeypatch, tmp_path):
+    """An interrupted sweep (e.g. under ``timeout``) keeps the lengths done: the outputs
+    are written after every length, and say which lengths are missing."""
+    args = bench.parse_args(["--lengths", "4,8,16", "--cpu", "--output-dir", str(tmp_path)])
+    monkeypatch.setattr(bench_sweep, "run", lambda one: [])
+    seen = []
+    sweep = bench_sweep.run_sweep(args, lambda done: seen.append([e["length"] for e in done]))
+    assert seen == [[4], [4, 8]] and [e["length"] for e in sweep] == [4, 8, 16]
+    payload, text = bench_sweep.report(sweep[:1], args, "a machine")
+    assert "Lengths measured so far: [4] of [4, 8, 16]." in text
+    assert [e["length"] for e in payload["sweep"]] == [4] and (tmp_path / bench_sweep.PLOT).exists()
+
+
 def test_dtype_check_by_device():
     assert bench_model.check_dtype("fp32", "cpu") is None
     assert bench_model.check_dtype("bf16", "cpu") is None

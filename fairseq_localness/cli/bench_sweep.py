@@ -24,7 +24,7 @@ import argparse
 import copy
 import os
 import sys
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_localness.cli.bench_report import baseline, records, table
 from fairseq_localness.cli.bench_run import BASELINE, Result, arithmetic_bound, decode_bound, run
@@ -91,9 +91,11 @@ def describe(length: int, args) -> str:
             f"of {length} source tokens, {s['decode_len']} output steps{capped}")
 
 
-def run_sweep(args) -> List[dict]:
-    """One :func:`run` per length; returns ``[{"length", the batch shape, "results"}]``."""
-    out = []
+def run_sweep(args, done: Optional[Callable[[List[dict]], object]] = None) -> List[dict]:
+    """One :func:`run` per length, shortest first; returns ``[{"length", the batch shape,
+    "results"}]``, and hands the lengths measured so far to ``done`` after each but the
+    last."""
+    out: List[dict] = []
     for length in args.lengths:
         one = copy.copy(args)
         for key, value in shape(length, args).items():
@@ -101,6 +103,8 @@ def run_sweep(args) -> List[dict]:
         one.output_dir = os.path.join(args.output_dir, f"T{length}")  # --profile's tables
         print(f"sweep: {describe(length, args)}", file=sys.stderr)
         out.append(dict(length=length, **shape(length, args), results=run(one)))
+        if done is not None and len(out) < len(args.lengths):
+            done(out)
     return out
 
 
@@ -173,12 +177,15 @@ def plot(rows: Dict[str, Dict[str, dict]], lengths: List[int], path: str, title:
     fig.savefig(path, dpi=110)
 
 
-def report(sweep: List[dict], args, machine: str) -> dict:
-    """Write ``bench.json``, ``bench.md`` and the plot; returns the payload."""
+def report(sweep: List[dict], args, machine: str) -> Tuple[dict, str]:
+    """Draw the plot (``OUTPUT_DIR/bench_sweep.png``); returns what goes to ``bench.json``
+    (the per-length records, the summary, the plot's name) and the text of ``bench.md``."""
     lengths = [entry["length"] for entry in sweep]
     rows = summary(sweep)
     notes = [describe(n, args) for n in lengths]
     md = [f"Measured on {machine}.", "", "Length sweep, per length:", ""] + [f"* {n}" for n in notes]
+    if len(lengths) < len(args.lengths):
+        md += ["", f"Lengths measured so far: {lengths} of {args.lengths}."]
     md += ["", sweep_table(rows, lengths)]
     for entry in sweep:
         md += [f"## T = {entry['length']}", "", table(entry["results"], machine)]
@@ -186,12 +193,9 @@ def report(sweep: List[dict], args, machine: str) -> dict:
     os.makedirs(args.output_dir, exist_ok=True)
     plot(rows, lengths, os.path.join(args.output_dir, PLOT), f"{machine}; tokens per training batch "
          f"{args.tokens_per_batch}, decoding {args.decode_tokens}, at most {args.max_decode_len} output steps")
-    with open(os.path.join(args.output_dir, "bench.md"), "w") as f:
-        f.write(text)
-    print(text)
     return dict(
         sweep=[dict({k: v for k, v in entry.items() if k != "results"}, note=describe(entry["length"], args),
                     results=records(entry["results"])) for entry in sweep],
         summary=rows,
         plot=PLOT,
-    )
+    ), text

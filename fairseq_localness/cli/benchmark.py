@@ -160,6 +160,14 @@ SETTINGS = ("size", "dtype", "attention_impl", "batch_size", "src_len", "tgt_len
             "decode_tokens", "max_decode_len")
 
 
+def _write(args, payload: dict, md: str):
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "bench.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.output_dir, "bench.json"), "w") as f:
+        json.dump(payload, f, indent=2)
+
+
 def main(argv=None):
     args = parse_args(argv)
     import fairseq_localness  # noqa: F401  (registers the models)
@@ -170,26 +178,30 @@ def main(argv=None):
         return
 
     device = select_device(args).type
+    payload = {"machine": "", "device": device, "settings": {k: getattr(args, k) for k in SETTINGS}}
+
+    def machine() -> str:  # after run() has set the threads
+        line = machine_description(device, args.dtype)
+        return line + (f", attention_impl {' '.join(args.attention_impl)}" if args.attention_impl != ["auto"] else "")
+
     if args.lengths:
-        sweep = bench_sweep.run_sweep(args)
+        def write(sweep):  # after every length, so that an interrupted sweep keeps the lengths done
+            payload["machine"] = machine()
+            summary, md = bench_sweep.report(sweep, args, payload["machine"])
+            payload.update(summary)
+            _write(args, payload, md)
+            return md
+
+        sweep = bench_sweep.run_sweep(args, write)
         results = [r for entry in sweep for r in entry["results"]]
+        md = write(sweep)
     else:
         results = run(args)
-    machine = machine_description(device, args.dtype)
-    if args.attention_impl != ["auto"]:
-        machine += f", attention_impl {' '.join(args.attention_impl)}"
-    payload = {"machine": machine, "device": device, "settings": {k: getattr(args, k) for k in SETTINGS}}
-    os.makedirs(args.output_dir, exist_ok=True)
-    if args.lengths:
-        payload.update(bench_sweep.report(sweep, args, machine))
-    else:
-        md = table(results, machine)
+        payload["machine"] = machine()
         payload["results"] = records(results)
-        with open(os.path.join(args.output_dir, "bench.md"), "w") as f:
-            f.write(md)
-        print(md)
-    with open(os.path.join(args.output_dir, "bench.json"), "w") as f:
-        json.dump(payload, f, indent=2)
+        md = table(results, payload["machine"])
+        _write(args, payload, md)
+    print(md)
     failed = sorted({r.name for r in results if r.error})
     if failed:
         print(f"systems that failed: {failed}", file=sys.stderr)
