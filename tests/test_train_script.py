@@ -171,7 +171,9 @@ def test_the_longest_pair_is_read_with_fairseqs_own_reader_the_first_pair_includ
 
     data_bin = fake_data_bin(tmp_path / "bin", 0, train=([150, 10, 30, 20, 40, 300], [140, 12, 31, 25, 41, 290]))
     # the stand-in is in fairseq's format: fairseq's reader gives its sizes back
-    assert MMapIndexedDataset(os.path.join(data_bin, "train.en-de.en")).sizes.tolist() == [150, 10, 30, 20, 40, 300]
+    dataset = MMapIndexedDataset(os.path.join(data_bin, "train.en-de.en"))  # held: its sizes live in its map
+    assert dataset.sizes.tolist() == [150, 10, 30, 20, 40, 300]
+    del dataset
     p = dry_run(data_bin, tmp_path / "ckpt", 1, 4096, 4096, None, "--max-source-positions", "200")
     assert p.returncode == 0, p.stderr
     assert "longest training pair: 150 tokens" in p.stderr, p.stderr
