@@ -184,9 +184,10 @@ def test_sdpa_path_equals_eager_path(kind, causal, dtype, device):
     torch.testing.assert_close(fast[:, 2].float(), core.out_proj.bias.float().expand(T, C))
 
 
-def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu():
-    """``"auto"``: SDPA for one branch, for several branches without gradients and in
-    half precision; the eager path for several float32 branches trained on a CPU; ``"sdpa"``
+def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_with_dropout():
+    """``"auto"``: the fast path for one branch, for several branches trained without
+    attention dropout, without gradients and in half precision; the eager path for
+    several float32 branches trained on a CPU with attention dropout; ``"sdpa"``
     forces the fast path there; an unknown setting is an error naming the allowed
     ones, from the core and from ``set_attention_impl``."""
     from model_utils import attention_paths
@@ -199,13 +200,18 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu()
             core.to(dtype)(x, x, x, need_weights=False)
         return {path for path, calls in taken.items() if calls}
 
-    single = AttentionCore(C, H, self_attention=True, branches=[local_branch(1)])
-    several = AttentionCore(C, H, self_attention=True, branches=[global_branch(), local_branch(1)])
+    single = AttentionCore(C, H, self_attention=True, branches=[local_branch(1)], dropout=0.1)
+    several = AttentionCore(C, H, self_attention=True, branches=[global_branch(), local_branch(1)], dropout=0.1)
+    no_dropout = AttentionCore(C, H, self_attention=True, branches=[global_branch(), local_branch(1)])
     assert paths(single) == {"sdpa"}
+    assert paths(no_dropout) == {"sdpa"}
     assert paths(several) == {"eager"}
     assert paths(several, torch.bfloat16) == {"sdpa"}
     several.float()
     assert paths(several, grad=False) == {"sdpa"}
+    several.eval()  # no dropout drawn
+    assert paths(several) == {"sdpa"}
+    several.train()
     several.requires_grad_(False)  # frozen parameters: nothing to train
     assert paths(several) == {"sdpa"}
     several.requires_grad_(True)

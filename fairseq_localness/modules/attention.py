@@ -37,18 +37,30 @@ distribution instead of NaN, in the forward and the backward pass.
 
 Two paths compute the same thing and are tested against each other:
 ``eager`` (the readable reference: energies once, one float32 softmax per branch,
-returns weights) and ``sdpa`` (one ``torch.nn.functional.scaled_dot_product_attention``
-call per branch with that branch's mask and bias, the fusion applied to the outputs
-as in the eager path), which applies in float32, float16 and bfloat16 to any number of
-branches whenever no distribution is needed: not with Shaw et al.'s value term (it
-needs the distribution itself), not while a recorder is on, and not when a
-one-branch attention is asked for its weights. Each branch's SDPA call draws its own
-dropout. A call per branch recomputes ``q k^T`` for every branch (L products instead
-of one, and again in the backward pass) and keeps each branch's output
-(``B x H x Tq x Dh``) for the backward pass instead of its distribution
-(``B x H x Tq x Tk``). ``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses:
-``"auto"`` takes the fast path where it applies except where the eager path was
-measured to be as fast (several float32 branches trained on a CPU:
+returns weights) and ``sdpa`` (one fused call per branch, the fusion applied to the
+outputs as in the eager path), which applies in float32, float16 and bfloat16 to any
+number of branches whenever no distribution is needed: not while a recorder is on,
+and not when a one-branch attention is asked for its weights (nor, with attention
+dropout, with Shaw et al.'s value term). Per branch, the fast path takes the
+cheapest computation that gives the branch's distribution:
+
+* a hard window narrower than the keys (a local pattern or a ``local<k>`` branch):
+  the band of :mod:`.banded`, ``O(Tq x W)`` in time and memory;
+* ``j <= i`` or ``j >= i`` (a forward or backward branch, the causal core's own
+  mask) on a CPU without dropout: the CPU flash kernel with ``is_causal`` (on the
+  reversed sequence for ``j >= i``) and the padding as a ``B x 1 x 1 x Tk`` mask;
+* learned biases (Yang et al.'s Gaussian, Shaw et al.'s key and value terms) while
+  training, without dropout: :mod:`.recompute`, which keeps nothing of size
+  ``Tq x Tk`` for the backward pass and recomputes the bias per block of queries;
+* anything else: ``torch.nn.functional.scaled_dot_product_attention`` with the
+  branch's boolean mask and bias, drawing its own dropout.
+
+A call per branch recomputes ``q k^T`` for every branch that is not a band (and again
+in the backward pass) and keeps each branch's output (``B x H x Tq x Dh``) for the
+backward pass instead of its distribution (``B x H x Tq x Tk``).
+``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses: ``"auto"`` takes the fast path
+where it applies except where the eager path was measured to be as fast (several
+float32 branches trained on a CPU with attention dropout:
 :meth:`AttentionCore._use_sdpa`),
 ``"sdpa"`` wherever it applies, ``"eager"`` never; :func:`set_attention_impl` sets
 it for a whole model, ``fairseq-localness-bench --attention-impl`` for the benchmark.
@@ -73,8 +85,10 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
+from fairseq_localness.modules.banded import banded_attention
 from fairseq_localness.modules.fusion import Fusion, MergeHeads, SumFusion, split_heads
 from fairseq_localness.modules.observe import Observable, probs_key
+from fairseq_localness.modules.recompute import recomputed_attention
 
 # A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
 # boolean attn_mask into -1e8 in fp32 and -1e4 in fp16; its decoder uses -inf).
@@ -203,6 +217,22 @@ class AttentionBranch(nn.Module, Observable):
         return None
 
     def bias(self, ctx: AttentionContext) -> Optional[Tensor]:
+        return None
+
+    def bias_terms(self, ctx: AttentionContext) -> Optional[list]:
+        """The bias as terms ``(fn, inputs)`` of :func:`~.recompute.recomputed_attention`
+        (``fn(inputs, i0, i1)`` is the bias of query rows ``i0 .. i1 - 1``, computed
+        from the small tensors ``inputs``), so the fast path can recompute it per
+        block of queries instead of keeping it; None (the default) where the branch
+        has no learned bias (the fast path then uses :meth:`bias`)."""
+        return None
+
+    def hard_window(self, ctx: AttentionContext) -> Optional[Tuple[Optional[int], Optional[int]]]:
+        """``(left, right)`` when this branch is exactly the index window
+        ``-left <= j - i <= right`` (``None``: unbounded on that side) with no bias, so
+        the fast path may compute it as a band (:mod:`.banded`) or with a causal
+        kernel; None otherwise (the default: the fast path then uses :meth:`mask` and
+        :meth:`bias`)."""
         return None
 
 
@@ -594,10 +624,12 @@ class AttentionCore(nn.Module, Observable):
         )
         ctx = self._context(query, q, k, key_padding_mask)
         base_blocked, soft_bias = self._base_mask(ctx, attn_mask)
+        ctx.cache["extra_mask"] = attn_mask is not None and not self.causal
 
         weights = None
         if self._use_sdpa(query, need_weights):
-            if self.relative_positions is not None:  # Shaw et al.'s key term only (no values)
+            if self.relative_positions is not None and self._dropout_active():
+                # Shaw et al.'s key term only (no values): a float mask for SDPA
                 key_term = self.relative_positions.key_scores(q * self.scaling, ctx)
                 soft_bias = key_term if soft_bias is None else soft_bias + key_term
             # one fused call per branch, each with its own mask, bias and dropout
@@ -634,19 +666,24 @@ class AttentionCore(nn.Module, Observable):
         The fast path applies to any number of branches in float32, float16 and
         bfloat16, unless a recorder wants the distributions, a one-branch attention is
         asked for its weights (several branches return none), or Shaw et al.'s value
-        term needs the distribution itself. ``attention_impl`` then decides (see
+        term is to be computed with attention dropout (only the eager path draws it
+        on the distribution the value term needs). ``attention_impl`` then decides (see
         :data:`ATTENTION_IMPLS`):
 
         * ``"sdpa"``: the fast path wherever it applies;
         * ``"eager"``: the reference path always;
         * ``"auto"`` (default): the fast path where it applies, except for several
-          float32 branches trained on a CPU. There the eager path computes ``q k^T``
-          once for all branches and its backward pass reuses the saved
-          distributions, where each branch's SDPA call recomputes ``q k^T`` and its
-          softmax in its own backward pass. Measured (docs/benchmark.md, "The
-          attention paths on a CPU"), the two train within a few percent of each
-          other, the eager path ahead for two of HySAN's three fusions. Without
-          gradients (validation, decoding), for one branch, in half precision and on
+          float32 branches trained on a CPU *with attention dropout*. Without
+          dropout the fast path computes hard windows as bands, forward and
+          backward branches with the causal flash kernel and learned biases by
+          recomputation (:meth:`_structured_branch`, :meth:`_recomputed_branch`),
+          and trains faster than the eager path at every length measured (HySAN at
+          T = 256: 0.81 of the transformer's speed against 0.63; docs/benchmark.md).
+          With dropout (which the CPU flash kernel and the recomputation do not
+          draw) the per-branch calls fall back to SDPA's reference kernel, where the
+          eager path, computing ``q k^T`` once for all branches and reusing the saved
+          distributions in its backward pass, was measured within a few percent of
+          it. Without gradients, for one branch, in half precision and on
           accelerators the fast path is taken.
         """
         impl = self.attention_impl
@@ -657,7 +694,7 @@ class AttentionCore(nn.Module, Observable):
         if need_weights and len(self.branches) == 1:
             return False
         rel = self.relative_positions
-        if rel is not None and rel.value_embeddings is not None:
+        if rel is not None and rel.value_embeddings is not None and self._dropout_active():
             return False
         if query.dtype not in _SDPA_DTYPES:
             return False
@@ -668,6 +705,7 @@ class AttentionCore(nn.Module, Observable):
             and query.device.type == "cpu"
             and torch.is_grad_enabled()
             and self.q_proj.weight.requires_grad
+            and self._dropout_active()
         ):
             return False
         return True
@@ -691,6 +729,92 @@ class AttentionCore(nn.Module, Observable):
             probs = probs.masked_fill(row_empty, 0.0)
         return out, probs
 
+    def _effective_window(self, ctx, branch) -> Optional[Tuple[Optional[int], Optional[int]]]:
+        """The branch's hard window (:meth:`AttentionBranch.hard_window`) with the
+        core's causal bound applied (``right <= 0``), or None."""
+        window = branch.hard_window(ctx)
+        if window is None:
+            return None
+        left, right = window
+        if self.causal:
+            right = 0 if right is None else min(right, 0)
+        return left, right
+
+    def _recomputed_branch(self, ctx, v, branch, base_blocked, soft_bias) -> Optional[Tensor]:
+        """A branch with learned biases (Yang et al. 2018's Gaussian, Shaw et al.
+        2018's key and value terms) through :func:`~.recompute.recomputed_attention`,
+        which keeps nothing of size ``Tq x Tk`` for the backward pass; None where it
+        does not apply (attention dropout, which it does not draw; no learned bias;
+        or no gradient and no value term, where SDPA takes the bias as a float mask
+        and needs no backward pass)."""
+        rel = self.relative_positions
+        if self._dropout_active():
+            return None
+        terms = branch.bias_terms(ctx) if (torch.is_grad_enabled() or rel is not None) else None
+        if terms is None and rel is None:
+            return None
+        terms = list(terms or [])
+        if not terms:
+            bias = branch.bias(ctx)
+            if bias is not None:
+                terms.append((_rows_term, (bias,)))
+        if soft_bias is not None:
+            terms.append((_rows_term, (soft_bias,)))
+        bucket = value_embeddings = None
+        if rel is not None:
+            per_distance = ctx.cache.get("rel_key_per_distance")
+            if per_distance is None:
+                per_distance = rel.key_per_distance(ctx.q * self.scaling)
+                ctx.cache["rel_key_per_distance"] = per_distance
+            bucket = rel.bucket(ctx)[0, 0]  # Tq x Tk
+            terms.append((_gathered_term(bucket), (per_distance,)))
+            value_embeddings = rel.value_embeddings
+        blocked = _combine(base_blocked, branch.mask(ctx))
+        return recomputed_attention(ctx.q, ctx.k, v, self.scaling, blocked, terms, bucket, value_embeddings)
+
+    def _dropout_active(self) -> bool:
+        return self.dropout_module.p > 0 and (self.training or self.dropout_module.apply_during_inference)
+
+    def _structured_branch(self, ctx, v, window) -> Optional[Tensor]:
+        """A branch whose keys are a hard index window, without a ``Tq x Tk`` mask:
+
+        * both sides bounded and the window narrower than the keys: the band of
+          :func:`~.banded.banded_attention`, ``O(Tq x W)``;
+        * ``j <= i`` (a forward branch, or the causal core's own mask): the CPU flash
+          kernel with ``is_causal`` (it skips the blocks above the diagonal) and the
+          padding as a ``B x 1 x 1 x Tk`` additive mask;
+        * ``j >= i`` (a backward branch, Song et al. 2019, eq. 9): the same on the
+          reversed sequence (``j >= i`` is ``j' <= i'`` for ``i' = T - 1 - i``).
+
+        The two flash cases apply on a CPU without attention dropout (the CPU kernel
+        has none) to full passes (``Tq = Tk``). Returns None where none applies (the
+        caller then uses the branch's mask)."""
+        left, right = window
+        tgt_len, src_len = ctx.tgt_len, ctx.src_len
+        if left is not None and right is not None:
+            if left + right + 1 >= src_len:
+                return None
+            dropout = self.dropout_module if self._dropout_active() else None
+            return banded_attention(ctx.q, ctx.k, v, self.scaling, left, right, ctx.key_padding_mask, dropout)
+        if (
+            _CPU_FLASH is None
+            or not _SDPA_ZEROES_EMPTY_ROWS_ON_CPU
+            or ctx.q.device.type != "cpu"
+            or tgt_len != src_len
+            or tgt_len == 1
+            or self._dropout_active()
+        ):
+            return None
+        if left is None and right == 0:
+            return _CPU_FLASH(ctx.q, ctx.k, v, 0.0, True, attn_mask=_padding_bias(ctx), scale=self.scaling)[0]
+        if left == 0 and right is None:
+            flip = lambda t: t.flip(2)  # noqa: E731
+            bias = _padding_bias(ctx)
+            bias = None if bias is None else bias.flip(-1)
+            out = _CPU_FLASH(flip(ctx.q), flip(ctx.k), flip(v), 0.0, True, attn_mask=bias, scale=self.scaling)[0]
+            return flip(out)
+        return None
+
     def _sdpa(self, ctx, v, branch, base_blocked, soft_bias):
         """Fast path for one branch: ``F.scaled_dot_product_attention`` with the
         branch's mask and bias, ``B x H x Tq x Dh`` in the input dtype.
@@ -710,6 +834,15 @@ class AttentionCore(nn.Module, Observable):
           repaired as in the eager path (unblocked, output zeroed; on a CPU only when
           a row is empty, on an accelerator always, without waiting for the device).
         """
+        out = self._recomputed_branch(ctx, v, branch, base_blocked, soft_bias)
+        if out is not None:
+            return out
+        if soft_bias is None and not ctx.cache.get("extra_mask"):
+            window = self._effective_window(ctx, branch)
+            if window is not None:
+                out = self._structured_branch(ctx, v, window)
+                if out is not None:
+                    return out
         blocked, bias = self._branch_mask_and_bias(ctx, branch, base_blocked)
         if soft_bias is not None:
             bias = soft_bias if bias is None else bias + soft_bias
@@ -739,6 +872,40 @@ class AttentionCore(nn.Module, Observable):
         if row_empty is not None:
             out = out.masked_fill(row_empty, 0.0)
         return out
+
+
+def _rows_term(inputs, i0: int, i1: int) -> Tensor:
+    """A bias term given whole (``... x Tq x Tk``, or broadcast over the queries)."""
+    bias = inputs[0]
+    return bias if bias.size(-2) == 1 else bias[..., i0:i1, :]
+
+
+def _gathered_term(bucket: Tensor):
+    """Shaw et al.'s key term of query rows i0..i1 from ``q a^K`` per bucket
+    (``B x H x Tq x R``) and the bucket of each pair (``Tq x Tk``)."""
+
+    def term(inputs, i0: int, i1: int) -> Tensor:
+        per_distance = inputs[0][:, :, i0:i1]
+        return torch.gather(per_distance, -1, bucket[i0:i1].expand(per_distance.shape[:-1] + bucket.shape[-1:]))
+
+    return term
+
+
+# The CPU flash attention kernel behind F.scaled_dot_product_attention, called directly
+# where the core needs ``is_causal`` together with a padding mask (SDPA refuses an
+# explicit mask with ``is_causal``; the kernel takes both). None where torch lacks it.
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _padding_bias(ctx: AttentionContext) -> Optional[Tensor]:
+    """The key padding mask as an additive ``B x 1 x 1 x Tk`` mask of the query dtype
+    (``-inf`` at padding), once per attention call; None without padding."""
+    if ctx.key_padding_mask is None:
+        return None
+    if "padding_bias" not in ctx.cache:
+        bias = torch.zeros(ctx.key_padding_mask.shape, dtype=ctx.q.dtype, device=ctx.q.device)
+        ctx.cache["padding_bias"] = bias.masked_fill_(ctx.key_padding_mask, float("-inf"))[:, None, None]
+    return ctx.cache["padding_bias"]
 
 
 def _half_safe_bias(bias: Tensor, blocked: Optional[Tensor], dtype: torch.dtype) -> Tensor:

@@ -25,7 +25,7 @@ causal local k       (k, 0)          Song et al. 2019, eq. 11 ``M_d``: ``i-k <= 
 In decoder self-attention the core adds the causal mask on top, so (m, m) there
 means ``i - m <= j <= i``.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -77,6 +77,11 @@ class WindowBranch(AttentionBranch):
             return self.blocked_by_distance(ctx.relative_distance())
         key = ("window", self.left, self.right)
         return distance_table(key, self.blocked_by_distance, ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
+
+    def hard_window(self, ctx: AttentionContext) -> Optional[Tuple[Optional[int], Optional[int]]]:
+        """``(left, right)`` in self-attention, where index distances are the
+        real-position distances the mask is defined on (:meth:`mask`); None otherwise."""
+        return (self.left, self.right) if ctx.self_attention else None
 
     @torch.no_grad()
     def materialize(self, tgt_len: int, src_len: Optional[int] = None) -> Tensor:

@@ -223,6 +223,24 @@ class GaussianLocalness(AttentionBranch):
         self._observe(ctx, centre, window)
         return gaussian
 
+    def bias_terms(self, ctx: AttentionContext):
+        """G of eq. 5 as one term of :func:`~.recompute.recomputed_attention`: computed
+        per block of query rows from the centres P and widths sigma = D / 2 (each
+        ``B x H x Tq``), so no ``B x H x Tq x Tk`` bias is kept for the backward pass."""
+        dt = compute_dtype(ctx)
+        centre, window = self.centre_and_window(ctx)
+        sigma = window / 2.0
+        if self.min_window == 0:
+            sigma = sigma.clamp(min=1e-10)  # only the division is guarded (module docstring)
+        k_pos = ctx.k_pos.to(dt)[:, None, None, :]  # B' x 1 x 1 x Tk
+        self._observe(ctx, centre, window)
+
+        def gaussian(inputs, i0: int, i1: int) -> Tensor:
+            c, s = inputs[0][..., i0:i1, None], inputs[1][..., i0:i1, None]
+            return -((k_pos - c) ** 2) / (2.0 * s**2)
+
+        return [(gaussian, (centre, sigma))]
+
     def _observe(self, ctx: AttentionContext, centre: Tensor, window: Tensor):
         if self.recording:
             self.record(CENTRE, centre)

@@ -60,9 +60,13 @@ class RelativePositions(nn.Module):
         key = ("shaw_bucket", self.max_distance)
         return distance_table(key, self._clipped, ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
 
+    def key_per_distance(self, q_scaled: Tensor) -> Tensor:
+        """``q_i w^K_r / sqrt(Dh)`` for every query and bucket r: ``B x H x Tq x R``."""
+        return torch.matmul(q_scaled, self.key_embeddings.to(q_scaled.dtype).t())
+
     def key_scores(self, q_scaled: Tensor, ctx: AttentionContext) -> Tensor:
         """``q_i a^K_ij / sqrt(Dh)`` for every pair: ``B x H x Tq x Tk``."""
-        per_distance = torch.matmul(q_scaled, self.key_embeddings.to(q_scaled.dtype).t())  # B x H x Tq x R
+        per_distance = self.key_per_distance(q_scaled)  # B x H x Tq x R
         index = self.bucket(ctx).expand(ctx.bsz, ctx.num_heads, -1, -1)
         return torch.gather(per_distance, -1, index)
 

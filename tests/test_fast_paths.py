@@ -1,0 +1,236 @@
+"""The fast attention paths at lengths above 256 (tiny width and heads), each against
+the eager reference: outputs and gradients, incremental decoding == the full pass,
+batch and padding invariance, no NaN in rows without keys. The paths: the band
+(:mod:`fairseq_localness.modules.banded`, ``O(T x W)``) for local branches, the CPU
+flash kernel with ``is_causal`` for forward and (reversed) backward branches, and the
+per-block recomputation of learned biases (:mod:`fairseq_localness.modules.recompute`:
+Yang et al.'s Gaussian, Shaw et al.'s relative positions)."""
+import pytest
+import torch
+
+from fairseq_localness.modules import attention as attention_module
+from fairseq_localness.modules import banded as banded_module
+from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.banded import band_slots_blocked, banded_attention
+from fairseq_localness.modules.hysan import build_fusion, make_branch
+
+T = 300  # above 256, as the speed work targets
+C, H = 8, 2
+
+
+def _dense_reference(q, k, v, scale, left, right, key_padding_mask):
+    """Masked softmax over all keys (the eager path's arithmetic), empty rows zero."""
+    tq, tk = q.size(2), k.size(2)
+    dist = torch.arange(tk)[None, :] - torch.arange(tk - tq, tk)[:, None]
+    blocked = ((dist < -left) | (dist > right))[None, None]
+    if key_padding_mask is not None:
+        blocked = blocked | key_padding_mask[:, None, None, :]
+    empty = blocked.all(-1, keepdim=True)
+    scores = (q * scale) @ k.transpose(-1, -2)
+    probs = torch.softmax(scores.masked_fill(blocked & ~empty, float("-inf")), -1)
+    return (probs @ v).masked_fill(empty, 0.0)
+
+
+def _qkv(bsz, tq, tk, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(bsz, H, n, 4, generator=g).requires_grad_(True) for n in (tq, tk, tk)]
+
+
+def _left_padding(bsz, tk, pads):
+    mask = torch.zeros(bsz, tk, dtype=torch.bool)
+    for b, n in enumerate(pads):
+        mask[b, :n] = True
+    return mask
+
+
+@pytest.mark.parametrize("left,right", [(1, 1), (3, 0), (0, 2), (5, 5)])
+@pytest.mark.parametrize("tq", [T, 1, 37])
+def test_band_equals_masked_dense_attention(left, right, tq):
+    """Values and gradients of the band == a full masked softmax, with left padding
+    (a sentence of one token, and one whose band around some queries is all padding),
+    for full passes and bottom-right aligned queries (incremental steps)."""
+    q, k, v = _qkv(3, tq, T)
+    kpm = _left_padding(3, T, [0, 40, T - 1])
+    out = banded_attention(q, k, v, 0.5, left, right, kpm)
+    ref = _dense_reference(q, k, v, 0.5, left, right, kpm)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    grad = torch.randn_like(out)
+    fast = torch.autograd.grad(out, (q, k, v), grad)
+    slow = torch.autograd.grad(ref, (q, k, v), grad)
+    for a, b in zip(fast, slow):
+        assert bool(torch.isfinite(a).all())
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_band_slots_outside_the_keys_and_at_padding_are_blocked():
+    kpm = torch.tensor([[True, False, False, False]])
+    blocked = band_slots_blocked(kpm, 4, 4, 1, 1, "cpu")[0, 0]
+    # slot o of query i is key i - 1 + o
+    expected = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(blocked, expected)
+    # a query of 1 at the end (incremental step) with a window (2, 0): keys 1, 2, 3
+    assert torch.equal(band_slots_blocked(kpm, 1, 4, 2, 0, "cpu")[0, 0], torch.tensor([[False, False, False]]))
+
+
+def _core(side, names, causal, seed=0):
+    torch.manual_seed(seed)
+    branches = [make_branch(n, side) for n in names]
+    return AttentionCore(C, H, self_attention=True, causal=causal, branches=branches,
+                         fusion=build_fusion("sum", C, names))
+
+
+ENCODER = ("encoder", ["global", "forward", "backward", "local1", "local3"], False)
+DECODER = ("decoder", ["forward", "local1", "local2"], True)
+
+
+class _Spy:
+    """Counts the band and causal-kernel calls of the core's fast path."""
+
+    def __init__(self, monkeypatch):
+        self.band = self.flash = 0
+        band, flash = banded_module.banded_attention, attention_module._CPU_FLASH
+
+        def spy_band(*a, **kw):
+            self.band += 1
+            return band(*a, **kw)
+
+        def spy_flash(*a, **kw):
+            self.flash += 1
+            return flash(*a, **kw)
+
+        monkeypatch.setattr(attention_module, "banded_attention", spy_band)
+        if flash is not None:
+            monkeypatch.setattr(attention_module, "_CPU_FLASH", spy_flash)
+
+
+@pytest.mark.parametrize("side,names,causal", [ENCODER, DECODER], ids=["encoder", "decoder"])
+def test_fast_path_equals_eager_at_300(side, names, causal, monkeypatch):
+    """Several hard-window branches (global, forward, backward, local k) on the fast
+    path == the eager reference, outputs and gradients, with left padding (a
+    sentence of one real token included), and the band and the causal kernel are the
+    paths taken."""
+    core = _core(side, names, causal)
+    x = torch.randn(T, 3, C, requires_grad=True)
+    kpm = _left_padding(3, T, [0, 57, T - 1]) if side == "encoder" else None
+    keep = torch.ones(T, 3, 1) if kpm is None else (~kpm).t().unsqueeze(-1).float()
+    results = {}
+    spy = _Spy(monkeypatch)
+    for impl in ("eager", "sdpa"):
+        core.attention_impl = impl
+        core.zero_grad()
+        x.grad = None
+        y, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+        (y * keep).pow(2).sum().backward()
+        assert bool(torch.isfinite(y).all()) and bool(torch.isfinite(x.grad).all())
+        results[impl] = [y * keep, x.grad.clone()] + [p.grad.clone() for p in core.parameters()]
+    locals_ = sum(1 for n in names if n.startswith("local"))
+    assert spy.band == locals_
+    directions = sum(1 for n in names if n in ("forward", "backward"))
+    assert spy.flash == (directions if attention_module._CPU_FLASH is not None else 0)
+    # gradients are sums over T x B tokens: compared relative to the largest one (the
+    # key bias's gradient is zero up to rounding, softmax being shift invariant)
+    scale = max(1.0, max(b.abs().max().item() for b in results["eager"]))
+    for a, b in zip(results["sdpa"], results["eager"]):
+        torch.testing.assert_close(a / scale, b / scale, atol=1e-5, rtol=1e-4)
+
+
+def test_incremental_decoding_equals_the_full_pass_at_300():
+    """A causal core with band branches, step by step (each step's band reads the
+    cache) == one teacher-forced pass on the fast path."""
+    core = _core(*DECODER).eval()
+    x = torch.randn(T, 2, C)
+    with torch.no_grad():
+        full, _ = core(x, x, x, need_weights=False)
+        state, steps = {}, []
+        for t in range(T):
+            step, _ = core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+            steps.append(step)
+    torch.testing.assert_close(torch.cat(steps, 0), full, atol=1e-5, rtol=1e-4)
+
+
+def test_a_sentence_alone_equals_it_inside_a_padded_batch_at_300():
+    """Left padding does not move what the band, forward and backward branches see."""
+    core = _core(*ENCODER).eval()
+    lengths = [T, 180, 7]
+    x = torch.randn(T, 3, C)
+    kpm = _left_padding(3, T, [T - n for n in lengths])
+    with torch.no_grad():
+        batch, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+        for b, n in enumerate(lengths):
+            alone_x = x[T - n :, b : b + 1]
+            alone, _ = core(alone_x, alone_x, alone_x, need_weights=False)
+            torch.testing.assert_close(batch[T - n :, b : b + 1], alone, atol=1e-5, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- learned biases
+def _biased_core(kind, causal=False, seed=0):
+    from fairseq_localness.modules.gaussian import GaussianLocalness
+    from fairseq_localness.modules.relative_position import RelativePositions
+
+    torch.manual_seed(seed)
+    if kind == "gaussian":
+        return AttentionCore(C, H, self_attention=True, causal=causal, branches=[GaussianLocalness(C, H)])
+    return AttentionCore(C, H, self_attention=True, causal=causal, relative_positions=RelativePositions(C // H, 3))
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "rel_pos"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_recomputed_bias_equals_eager_at_300(kind, causal, monkeypatch):
+    """Yang et al.'s Gaussian bias and Shaw et al.'s key and value terms on the fast
+    path (recomputed per block of queries, several blocks here) == the eager
+    reference, outputs and every gradient, with left padding and a row of one real
+    key; nothing of size Tq x Tk is kept for the backward pass."""
+    from fairseq_localness.modules import recompute
+
+    monkeypatch.setattr(recompute, "BLOCK_ELEMENTS", 3 * H * T * 64)  # blocks of 64 query rows
+    core = _biased_core(kind, causal)
+    x = torch.randn(T, 3, C, requires_grad=True)
+    kpm = None if causal else _left_padding(3, T, [0, 57, T - 1])
+    keep = torch.ones(T, 3, 1) if kpm is None else (~kpm).t().unsqueeze(-1).float()
+    results = {}
+    for impl in ("eager", "sdpa"):
+        core.attention_impl = impl
+        core.zero_grad()
+        x.grad = None
+        saved = []
+        # float tensors (the causal mask and Shaw et al.'s buckets are views of tables
+        # cached once per device, see distance_table)
+        pack = lambda t: saved.append(t.numel() if t.is_floating_point() else 0) or t  # noqa: E731
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+        (y * keep).pow(2).sum().backward()
+        results[impl] = [y * keep, x.grad.clone()] + [p.grad.clone() for p in core.parameters()]
+        if impl == "sdpa":
+            assert max(saved) < T * T, "a Tq x Tk float tensor was kept for the backward pass"
+    scale = max(1.0, max(b.abs().max().item() for b in results["eager"]))
+    for a, b in zip(results["sdpa"], results["eager"]):
+        assert bool(torch.isfinite(a).all())
+        torch.testing.assert_close(a / scale, b / scale, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "rel_pos"])
+def test_recomputed_bias_incremental_equals_full_at_300(kind):
+    core = _biased_core(kind, causal=True).eval()
+    core.attention_impl = "sdpa"
+    x = torch.randn(T, 2, C)
+    with torch.no_grad():
+        full, _ = core(x, x, x, need_weights=False)
+        state, steps = {}, []
+        for t in range(T):
+            step, _ = core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+            steps.append(step)
+    torch.testing.assert_close(torch.cat(steps, 0), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "rel_pos"])
+def test_recomputed_bias_batch_invariance_at_300(kind):
+    core = _biased_core(kind).train()  # training mode: the recomputed path (no dropout)
+    core.attention_impl = "sdpa"
+    lengths = [T, 180, 7]
+    x = torch.randn(T, 3, C)
+    kpm = _left_padding(3, T, [T - n for n in lengths])
+    batch, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+    for b, n in enumerate(lengths):
+        alone_x = x[T - n :, b : b + 1]
+        alone, _ = core(alone_x, alone_x, alone_x, need_weights=False)
+        torch.testing.assert_close(batch[T - n :, b : b + 1], alone, atol=1e-5, rtol=1e-4)
