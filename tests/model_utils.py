@@ -1,8 +1,10 @@
 """Helpers for the model tests: build any registered architecture on a toy
 dictionary from command-line style arguments, without data on disk."""
 import argparse
+import math
 from typing import List, Optional
 
+import pytest
 import torch
 from fairseq import options
 from fairseq.data import Dictionary
@@ -19,6 +21,14 @@ TINY = [
     "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
 ]
 
+
+
+def size_args(layers: int, dim: int, ffn: int, heads: int) -> List[str]:
+    """fairseq's size options of a transformer, the same on the encoder and the decoder
+    side: ``layers`` layers of width ``dim``, feed-forward width ``ffn``, ``heads`` heads."""
+    return [arg for side in ("encoder", "decoder") for arg in (
+        f"--{side}-layers", str(layers), f"--{side}-embed-dim", str(dim),
+        f"--{side}-ffn-embed-dim", str(ffn), f"--{side}-attention-heads", str(heads))]
 
 class ToyTask:
     def __init__(self, vocab: int = VOCAB):
@@ -76,6 +86,26 @@ def copy_shared_weights(src_model, dst_model):
         if name in dst_state and dst_state[name].shape == value.shape:
             dst_state[name] = value.clone()
     dst_model.load_state_dict(dst_state)
+
+
+def command_line_error(arch: str, args: List[str], capsys) -> str:
+    """Building ``arch`` from ``TINY + args`` fails as a command-line error does
+    (argparse-style, exit status 2); returns what it wrote on stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_model(arch, TINY + list(args))
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def check_equals_fairseq_transformer(ours, task, atol: float = 1e-6, rtol: float = 1e-5):
+    """``ours`` (built from ``TINY``) has the parameters of fairseq's transformer built
+    from ``TINY``, under the same names, and with its weights gives its outputs."""
+    ref, _ = build_model("transformer", TINY)
+    assert count_parameters(ours) == count_parameters(ref)
+    assert set(ours.state_dict()) == set(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    src, lens, prev, _ = random_batch(task, [7, 4, 5])
+    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=atol, rtol=rtol)
 
 
 # ------------------------------------------------------------------ model contract
@@ -144,6 +174,25 @@ def check_batch_invariance(model, task, lengths=(4, 9, 7), atol: float = 1e-5):
             )
             dec_alone = model.get_normalized_probs(model.decoder(alone_prev, encoder_out=enc_alone), log_probs=True)
             torch.testing.assert_close(dec_batch[b : b + 1, :m], dec_alone, atol=atol, rtol=1e-4)
+
+
+def check_generation_batch_invariance(model, task):
+    """The first sentence of a batch with longer ones, encoded and beam-searched alone,
+    gives the same encoder states, hypothesis and score as inside the batch."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    src, lens, _, _ = random_batch(task, [4, 9, 7], seed=2)
+    alone_src = src[:1, -4:]
+    with torch.no_grad():
+        enc_batch = model.encoder(src, src_lengths=lens)["encoder_out"][0]
+        enc_alone = model.encoder(alone_src, src_lengths=lens[:1])["encoder_out"][0]
+        torch.testing.assert_close(enc_batch[-4:, :1], enc_alone, atol=1e-5, rtol=1e-4)
+
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=8)
+        hyp_batch = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lens}})[0][0]
+        hyp_alone = gen.generate([model], {"net_input": {"src_tokens": alone_src, "src_lengths": lens[:1]}})[0][0]
+    assert hyp_batch["tokens"].tolist() == hyp_alone["tokens"].tolist()
+    assert math.isclose(hyp_batch["score"].item(), hyp_alone["score"].item(), rel_tol=1e-4, abs_tol=1e-5)
 
 
 def loss_and_grads(model, task, dtype=torch.float32, lengths=(5, 8, 3)):

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_localness.analysis.divergence import dc_divergence
 from fairseq_localness.models._locality import OptionError
@@ -21,7 +20,10 @@ from fairseq_localness.modules.dual_context import (
     reduce_heads,
     reduced_js,
 )
-from model_utils import TINY, build_model, copy_shared_weights, count_parameters, random_batch
+from model_utils import (
+    TINY, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance, command_line_error,
+    count_parameters, parse_model_args, random_batch,
+)
 
 ARCH = "dc_transformer"
 C, H = 8, 2
@@ -210,11 +212,7 @@ def test_sdpa_and_eager_paths_agree():
                                                           "--dc-decoder-layers", "none"]])
 def test_all_options_off_equals_fairseq_transformer(off):
     ours, task = build_model(ARCH, TINY + off)
-    ref, _ = build_model("transformer", TINY)
-    assert count_parameters(ours) == count_parameters(ref)
-    ours.load_state_dict(ref.state_dict())
-    src, lens, prev, _ = random_batch(task, [7, 4, 5])
-    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=1e-6, rtol=1e-5)
+    check_equals_fairseq_transformer(ours, task)
 
 
 def test_layers_outside_the_range_are_fairseq_layers():
@@ -266,18 +264,7 @@ def test_decoder_never_sees_future_tokens():
 @pytest.mark.parametrize("mode", ["enc", "full"])
 def test_sentence_does_not_change_when_batched_with_longer_ones(mode):
     model, task = build_model(ARCH, TINY + MODES[mode])
-    src, lens, prev, _ = random_batch(task, [4, 9, 7], seed=2)
-    alone_src = src[:1, -4:]
-    with torch.no_grad():
-        enc_batch = model.encoder(src, src_lengths=lens)["encoder_out"][0]
-        enc_alone = model.encoder(alone_src, src_lengths=lens[:1])["encoder_out"][0]
-        torch.testing.assert_close(enc_batch[-4:, :1], enc_alone, atol=1e-5, rtol=1e-4)
-
-        gen = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=8)
-        hyp_batch = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lens}})[0][0]
-        hyp_alone = gen.generate([model], {"net_input": {"src_tokens": alone_src, "src_lengths": lens[:1]}})[0][0]
-    assert hyp_batch["tokens"].tolist() == hyp_alone["tokens"].tolist()
-    assert math.isclose(hyp_batch["score"].item(), hyp_alone["score"].item(), rel_tol=1e-4, abs_tol=1e-5)
+    check_generation_batch_invariance(model, task)
 
 
 def test_teacher_forced_target_is_invariant_to_right_padding():
@@ -346,23 +333,16 @@ def test_parameters_per_layer_follow_the_kernel_size(kernel_size):
 )
 def test_invalid_options_are_command_line_errors_naming_the_option(args, message, capsys):
     """On the command line: argparse-style, exit status 2, the message on stderr."""
-    with pytest.raises(SystemExit) as exit_info:
-        build_model(ARCH, TINY + args)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in command_line_error(ARCH, args, capsys)
 
 
 def test_unknown_mode_is_an_error(capsys):
-    with pytest.raises(SystemExit):
-        build_model(ARCH, TINY + ["--dc-mode", "both"])
-    assert "--dc-mode" in capsys.readouterr().err
+    assert "--dc-mode" in command_line_error(ARCH, ["--dc-mode", "both"], capsys)
     with pytest.raises(OptionError, match="--dc-mode 'both': unknown mode; allowed: enc, dec, full, none"):
         DCOptions(dc_mode="both").validate(None)
 
 
 def test_presets():
-    from model_utils import parse_model_args
-
     small = parse_model_args("dc_transformer_iwslt_small")
     assert (small.encoder_layers, small.decoder_layers, small.encoder_embed_dim, small.encoder_attention_heads,
             small.encoder_ffn_embed_dim) == (4, 4, 256, 4, 1024)

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_localness.models._locality import OptionError
 from fairseq_localness.models.hybrid_transformer import HybridOptions
@@ -23,7 +22,8 @@ from fairseq_localness.modules.hybrid import (
     hybrid_attention,
 )
 from fairseq_localness.modules.observe import AttentionRecorder
-from model_utils import TINY, build_model, copy_shared_weights, count_parameters, parse_model_args, random_batch
+from model_utils import TINY, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance, command_line_error
+from model_utils import copy_shared_weights, count_parameters, parse_model_args, random_batch
 
 ARCH = "hybrid_transformer"
 C, H, B, T = 16, 4, 3, 6
@@ -235,11 +235,7 @@ def test_unknown_variant_and_negative_window_rejected_by_the_module():
 # ---------------------------------------------------------------- parity
 def test_hybrid_layers_off_equals_fairseq_transformer():
     ours, task = build_model(ARCH, TINY + ["--hybrid-encoder-layers", "none"])
-    ref, _ = build_model("transformer", TINY)
-    assert count_parameters(ours) == count_parameters(ref)
-    ours.load_state_dict(ref.state_dict())
-    src, lens, prev, _ = random_batch(task, [7, 4, 5])
-    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=1e-6, rtol=1e-5)
+    check_equals_fairseq_transformer(ours, task)
 
 
 def test_model_with_closed_gates_equals_fairseq_transformer_and_open_gates_local_pattern():
@@ -278,18 +274,7 @@ SETTINGS = {
 @pytest.mark.parametrize("setting", ["gate", "concat", "local_s"])
 def test_sentence_does_not_change_when_batched_with_longer_ones(setting):
     model, task = build_model(ARCH, TINY + DECODER + SETTINGS[setting])
-    src, lens, prev, _ = random_batch(task, [4, 9, 7], seed=2)
-    alone_src = src[:1, -4:]
-    with torch.no_grad():
-        enc_batch = model.encoder(src, src_lengths=lens)["encoder_out"][0]
-        enc_alone = model.encoder(alone_src, src_lengths=lens[:1])["encoder_out"][0]
-        torch.testing.assert_close(enc_batch[-4:, :1], enc_alone, atol=1e-5, rtol=1e-4)
-
-        gen = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=8)
-        hyp_batch = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lens}})[0][0]
-        hyp_alone = gen.generate([model], {"net_input": {"src_tokens": alone_src, "src_lengths": lens[:1]}})[0][0]
-    assert hyp_batch["tokens"].tolist() == hyp_alone["tokens"].tolist()
-    assert math.isclose(hyp_batch["score"].item(), hyp_alone["score"].item(), rel_tol=1e-4, abs_tol=1e-5)
+    check_generation_batch_invariance(model, task)
 
 
 # ---------------------------------------------------------------- fingerprints
@@ -354,17 +339,12 @@ def test_parameter_fingerprint_baselines_at_base_size():
 )
 def test_invalid_options_are_command_line_errors_naming_the_option(args, message, capsys):
     """On the command line: argparse-style, exit status 2, the message on stderr."""
-    with pytest.raises(SystemExit) as exit_info:
-        build_model(ARCH, TINY + args)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in command_line_error(ARCH, args, capsys)
 
 
 @pytest.mark.parametrize("flag", ["--hybrid-variant", "--hybrid-gate", "--hybrid-neighbor-window"])
 def test_unknown_choice_is_an_argparse_error_naming_the_flag(flag, capsys):
-    with pytest.raises(SystemExit):
-        build_model(ARCH, TINY + [flag, "banana"])
-    err = capsys.readouterr().err
+    err = command_line_error(ARCH, [flag, "banana"], capsys)
     assert flag in err and "banana" in err
 
 

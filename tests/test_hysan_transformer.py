@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq.models import ARCH_MODEL_REGISTRY
 
@@ -21,7 +20,8 @@ from fairseq_localness.modules.hysan import (
     make_branch,
 )
 from fairseq_localness.modules.observe import AttentionRecorder
-from model_utils import TINY, ToyTask, build_model, copy_shared_weights, count_parameters, random_batch
+from model_utils import TINY, ToyTask, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance
+from model_utils import command_line_error, count_parameters, parse_model_args, random_batch
 
 ARCH = "hysan_transformer"
 C, H = 16, 4
@@ -303,12 +303,7 @@ def test_global_branch_with_sum_fusion_equals_fairseq_transformer():
     ours, task = build_model(ARCH, TINY + only_global)
     assert all(isinstance(layer.self_attn, AttentionCore) for layer in ours.encoder.layers)
     assert all(isinstance(layer.self_attn, AttentionCore) for layer in ours.decoder.layers)
-    ref, _ = build_model("transformer", TINY)
-    assert count_parameters(ours) == count_parameters(ref)
-    assert set(ours.state_dict()) == set(ref.state_dict())
-    ours.load_state_dict(ref.state_dict())
-    src, lens, prev, _ = random_batch(task, [7, 4, 5])
-    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=1e-5, rtol=1e-4)
+    check_equals_fairseq_transformer(ours, task, atol=1e-5, rtol=1e-4)
 
 
 def test_no_hysan_layers_is_fairseq_transformer():
@@ -348,18 +343,7 @@ CONFIGS = {
 @pytest.mark.parametrize("config", ["e1_gated", "e2_concat"])
 def test_sentence_does_not_change_when_batched_with_longer_ones(config):
     model, task = build_model(ARCH, TINY + CONFIGS[config])
-    src, lens, prev, _ = random_batch(task, [4, 9, 7], seed=2)
-    alone_src = src[:1, -4:]
-    with torch.no_grad():
-        enc_batch = model.encoder(src, src_lengths=lens)["encoder_out"][0]
-        enc_alone = model.encoder(alone_src, src_lengths=lens[:1])["encoder_out"][0]
-        torch.testing.assert_close(enc_batch[-4:, :1], enc_alone, atol=1e-5, rtol=1e-4)
-
-        gen = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=8)
-        hyp_batch = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lens}})[0][0]
-        hyp_alone = gen.generate([model], {"net_input": {"src_tokens": alone_src, "src_lengths": lens[:1]}})[0][0]
-    assert hyp_batch["tokens"].tolist() == hyp_alone["tokens"].tolist()
-    assert math.isclose(hyp_batch["score"].item(), hyp_alone["score"].item(), rel_tol=1e-4, abs_tol=1e-5)
+    check_generation_batch_invariance(model, task)
 
 
 # ---------------------------------------------------------------- fingerprints (Table 2)
@@ -432,10 +416,7 @@ def test_iwslt_small_baseline_has_the_papers_size():
 )
 def test_invalid_options_are_command_line_errors_naming_the_option(args, message, capsys):
     """On the command line: argparse-style, exit status 2, the message on stderr."""
-    with pytest.raises(SystemExit) as exit_info:
-        build_model(ARCH, TINY + args)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in command_line_error(ARCH, args, capsys)
 
 
 def test_messages_list_the_allowed_values():
@@ -448,24 +429,18 @@ def test_messages_list_the_allowed_values():
 
 
 def test_unknown_fusion_is_an_argparse_error(capsys):
-    with pytest.raises(SystemExit):
-        build_model(ARCH, TINY + ["--hysan-fusion", "max"])
-    assert "--hysan-fusion" in capsys.readouterr().err
+    assert "--hysan-fusion" in command_line_error(ARCH, ["--hysan-fusion", "max"], capsys)
 
 
 def test_reduction_is_only_checked_for_the_gated_fusion(capsys):
     """A reduction the gate could not use is no error without the gate; on the command
     line it is refused as an option without effect."""
-    from model_utils import parse_model_args
-
     args = parse_model_args(ARCH, TINY + ["--hysan-fusion", "sum"])
     args.hysan_gate_reduction = 24
     model = ARCH_MODEL_REGISTRY[ARCH].build_model(args, ToyTask())
     assert isinstance(model.encoder.layers[0].self_attn, AttentionCore)
-    with pytest.raises(SystemExit) as exit_info:
-        build_model(ARCH, TINY + ["--hysan-fusion", "sum", "--hysan-gate-reduction", "24"])
-    assert exit_info.value.code == 2
-    assert "--hysan-gate-reduction applies to --hysan-fusion gated only" in capsys.readouterr().err
+    err = command_line_error(ARCH, ["--hysan-fusion", "sum", "--hysan-gate-reduction", "24"], capsys)
+    assert "--hysan-gate-reduction applies to --hysan-fusion gated only" in err
 
 
 # ---------------------------------------------------------------- observability

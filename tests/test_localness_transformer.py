@@ -4,12 +4,14 @@ import math
 
 import pytest
 import torch
-from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_localness.modules.attention import AttentionBranch, AttentionCore
 from fairseq_localness.modules.gaussian import GaussianLocalness
 from fairseq_localness.modules.observe import AttentionRecorder
-from model_utils import TINY, build_model, copy_shared_weights, count_parameters, random_batch
+from model_utils import (
+    TINY, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance, command_line_error,
+    copy_shared_weights, count_parameters, random_batch,
+)
 
 ARCH = "localness_transformer"
 
@@ -114,9 +116,7 @@ def test_window_floor_option_is_checked(capsys):
         (["--localness-fixed-window", "inf", "--localness-window", "fixed"], "--localness-fixed-window"),
         (["--localness-min-window", "-1"], "--localness-min-window"),
     ):
-        with pytest.raises(SystemExit) as exit_info:
-            build_model(ARCH, TINY + extra)
-        assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+        assert flag in command_line_error(ARCH, extra, capsys)
 
 
 def test_neighbor_centre_is_the_query_position():
@@ -145,11 +145,7 @@ def test_window_floor_keeps_bias_finite():
 def test_all_options_off_equals_fairseq_transformer():
     off = ["--localness-encoder-layers", "none"]
     ours, task = build_model(ARCH, TINY + off)
-    ref, _ = build_model("transformer", TINY)
-    assert count_parameters(ours) == count_parameters(ref)
-    ours.load_state_dict(ref.state_dict())
-    src, lens, prev, _ = random_batch(task, [7, 4, 5])
-    torch.testing.assert_close(ours(src, lens, prev)[0], ref(src, lens, prev)[0], atol=1e-6, rtol=1e-5)
+    check_equals_fairseq_transformer(ours, task)
 
 
 def _strip_gaussians(model):
@@ -184,18 +180,7 @@ PLACEMENTS = {
 @pytest.mark.parametrize("placement", ["encoder", "all_layer_window", "rel_pos"])
 def test_sentence_does_not_change_when_batched_with_longer_ones(placement):
     model, task = build_model(ARCH, TINY + PLACEMENTS[placement])
-    src, lens, prev, _ = random_batch(task, [4, 9, 7], seed=2)
-    alone_src = src[:1, -4:]
-    with torch.no_grad():
-        enc_batch = model.encoder(src, src_lengths=lens)["encoder_out"][0]
-        enc_alone = model.encoder(alone_src, src_lengths=lens[:1])["encoder_out"][0]
-        torch.testing.assert_close(enc_batch[-4:, :1], enc_alone, atol=1e-5, rtol=1e-4)
-
-        gen = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=8)
-        hyp_batch = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lens}})[0][0]
-        hyp_alone = gen.generate([model], {"net_input": {"src_tokens": alone_src, "src_lengths": lens[:1]}})[0][0]
-    assert hyp_batch["tokens"].tolist() == hyp_alone["tokens"].tolist()
-    assert math.isclose(hyp_batch["score"].item(), hyp_alone["score"].item(), rel_tol=1e-4, abs_tol=1e-5)
+    check_generation_batch_invariance(model, task)
 
 
 # ---------------------------------------------------------------- fingerprints
@@ -236,16 +221,11 @@ def test_relative_positions_add_two_tables_per_self_attention():
 )
 def test_invalid_options_are_command_line_errors_naming_the_option(args, message, capsys):
     """On the command line: argparse-style, exit status 2, the message on stderr."""
-    with pytest.raises(SystemExit) as exit_info:
-        build_model(ARCH, TINY + args)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in command_line_error(ARCH, args, capsys)
 
 
 def test_unknown_window_strategy_is_an_argparse_error(capsys):
-    with pytest.raises(SystemExit):
-        build_model(ARCH, TINY + ["--localness-window", "banana"])
-    assert "--localness-window" in capsys.readouterr().err
+    assert "--localness-window" in command_line_error(ARCH, ["--localness-window", "banana"], capsys)
 
 
 # ---------------------------------------------------------------- observability
