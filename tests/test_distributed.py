@@ -7,13 +7,9 @@ import re
 import pytest
 
 from conftest import run_script
+from model_utils import size_args
 
-MODEL = [
-    "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-]
+MODEL = size_args(layers=1, dim=16, ffn=32, heads=2)
 
 
 def commands(stderr):

@@ -60,14 +60,19 @@ def test_carriage_returns_do_not_shift_the_moses_tokenized_pairs(tmp_path):
             assert words == expected, (lang, i + 1, seg, line)
 
 
-def test_prepare_bpe_force_never_replaces_a_file(tmp_path):
+@pytest.mark.parametrize("script,inputs,option", [
+    ("prepare_bpe.sh", ["--raw", "raw_dir"], "--out"),
+    ("preprocess.sh", ["--data", "bpe_dir"], "--dest"),
+])
+def test_force_never_replaces_a_file(script, inputs, option, tmp_path):
+    """An output directory that is a file is refused, even with --force, before any command."""
     data = get_tiny_data()
     out = tmp_path / "notes.txt"
     out.write_text("keep me\n")
-    p = run_script("prepare_bpe.sh", ["--raw", data.raw_dir, "--out", out, "--src", "src", "--tgt", "tgt",
-                                      "--force"], check=False)
+    p = run_script(script, [inputs[0], getattr(data, inputs[1]), option, out, "--src", "src", "--tgt", "tgt",
+                            "--force"], check=False)
     assert p.returncode == 2
-    assert p.stderr.startswith("prepare_bpe.sh: error: --out: ") and "is not a directory" in p.stderr
+    assert p.stderr.startswith(f"{script}: error: {option}: ") and "is not a directory" in p.stderr
     assert out.read_text() == "keep me\n" and commands(p.stderr) == []
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
@@ -96,16 +101,6 @@ def test_preprocess_refuses_input_that_is_not_line_parallel(fault, message, tmp_
     assert message in p.stderr, p.stderr
     assert commands(p.stderr) == [] and not dest.exists()
     assert sorted(os.listdir(tmp_path)) == ["bpe"]
-
-
-def test_preprocess_force_never_replaces_a_file(tmp_path):
-    data = get_tiny_data()
-    dest = tmp_path / "data-bin"
-    dest.write_text("keep me\n")
-    p = run_script("preprocess.sh", ["--data", data.bpe_dir, "--dest", dest, "--src", "src", "--tgt", "tgt",
-                                     "--force"], check=False)
-    assert p.returncode == 2 and "--dest: " in p.stderr and "is not a directory" in p.stderr
-    assert dest.read_text() == "keep me\n"
 
 
 # --------------------------------------------------------------------------- evaluate.sh

@@ -14,6 +14,7 @@ from sacrebleu.metrics import BLEU
 
 from conftest import tool_env
 from fairseq_localness.cli import results as R
+from fairseq_localness.cli import results_runs, results_stats, results_tables
 from fairseq_localness.corpus import CorpusConfig, generate_corpus
 
 REFS = [" ".join(e.tgt[:-1]) + "." for e in
@@ -36,10 +37,10 @@ def stats(hyps, refs=REFS):
 
 
 def test_summary_is_mean_and_sample_sd():
-    s = R.summarize([1.0, 2.0, None, 6.0])
+    s = results_stats.summarize([1.0, 2.0, None, 6.0])
     assert (s.mean, s.n, s.min, s.max) == (3.0, 3, 1.0, 6.0)
     assert s.sd == pytest.approx(((4 + 1 + 9) / 2) ** 0.5)
-    assert R.summarize([5.0]).sd is None and R.summarize([None]).mean is None
+    assert results_stats.summarize([5.0]).sd is None and results_stats.summarize([None]).mean is None
 
 
 def test_one_seed_is_sacrebleus_paired_bootstrap():
@@ -48,7 +49,7 @@ def test_one_seed_is_sacrebleus_paired_bootstrap():
     from sacrebleu.significance import PairedTest
 
     base, system = corrupt(0.5, 1), corrupt(0.35, 2)
-    ours = R.paired_bootstrap(BLEU(), [stats(system)], [stats(base)], samples=300, seed=12345)
+    ours = results_stats.paired_bootstrap(BLEU(), [stats(system)], [stats(base)], samples=300, seed=12345)
     test = PairedTest([("base", base), ("system", system)], {"BLEU": BLEU()}, [REFS], test_type="bs",
                       n_samples=300)
     _, theirs = test()
@@ -62,12 +63,12 @@ def test_one_seed_is_sacrebleus_paired_bootstrap():
 def test_identical_systems_are_not_different():
     """(sacreBLEU's count of strictly larger differences would give p = 1 / 201 here)"""
     s = [stats(corrupt(0.3, k)) for k in (1, 2)]
-    res = R.paired_bootstrap(BLEU(), s, s, samples=200, resample_seeds=False)
+    res = results_stats.paired_bootstrap(BLEU(), s, s, samples=200, resample_seeds=False)
     assert res["delta"] == 0 and res["p_value"] == 1.0
-    res = R.paired_bootstrap(BLEU(), s, s, samples=200)
+    res = results_stats.paired_bootstrap(BLEU(), s, s, samples=200)
     assert res["delta"] == 0 and res["p_value"] > 0.05
-    assert R.verdict(res["delta"], res["p_value"], 0.05) == "n.s."
-    assert R.verdict(0.0, 0.001, 0.05) == "n.s." and R.verdict(-0.5, 0.001, 0.05) == "worse"
+    assert results_stats.verdict(res["delta"], res["p_value"], 0.05) == "n.s."
+    assert results_stats.verdict(0.0, 0.001, 0.05) == "n.s." and results_stats.verdict(-0.5, 0.001, 0.05) == "worse"
 
 
 def test_the_seed_spread_enters_the_test():
@@ -77,8 +78,8 @@ def test_the_seed_spread_enters_the_test():
     calls it significant; resampling the seeds too does not."""
     base = [stats(corrupt(r, 10 + k)) for k, r in enumerate([0.2, 0.5, 0.8])]
     system = [stats(corrupt(0.4, 20 + k)) for k in range(3)]
-    fixed = R.paired_bootstrap(BLEU(), system, base, samples=500, resample_seeds=False)
-    resampled = R.paired_bootstrap(BLEU(), system, base, samples=500)
+    fixed = results_stats.paired_bootstrap(BLEU(), system, base, samples=500, resample_seeds=False)
+    resampled = results_stats.paired_bootstrap(BLEU(), system, base, samples=500)
     assert fixed["delta"] == resampled["delta"] > 0.5
     # the observed statistic is the difference of the mean over seeds of each seed's BLEU
     mean = lambda side: np.mean([BLEU()._compute_score_from_stats(list(s.sum(0))).score for s in side])
@@ -188,7 +189,7 @@ def test_bad_manifests_fail_cleanly(tmp_path, change, message):
         text = f.read()
     with open(runs, "w") as f:
         f.write(change(text))
-    with pytest.raises(R.ResultsError) as e:
+    with pytest.raises(results_runs.ResultsError) as e:
         R.run(args("--runs", runs, "--ref", ref, "--out", tmp_path / "out"))
     assert message in str(e.value)
     assert not (tmp_path / "out").exists()
@@ -210,11 +211,11 @@ def test_inconsistent_files_fail_cleanly(tmp_path):
     runs, ref = demo_like(str(tmp_path), {"transformer": {1: 0.5}, "good": {1: 0.1}}, phen=False)
     short = tmp_path / "short.txt"
     short.write_text("one line\n")
-    with pytest.raises(R.ResultsError, match="has 300 lines but the reference .*short.txt has 1"):
+    with pytest.raises(results_runs.ResultsError, match="has 300 lines but the reference .*short.txt has 1"):
         R.run(args("--runs", runs, "--ref", short, "--baseline", "transformer"))
     other = tmp_path / "other.txt"
     other.write_text("\n".join(corrupt(0.9, 5)) + "\n")  # the score files were not computed against it
-    with pytest.raises(R.ResultsError, match="reports BLEU .* but .* scores"):
+    with pytest.raises(results_runs.ResultsError, match="reports BLEU .* but .* scores"):
         R.run(args("--runs", runs, "--ref", other, "--baseline", "transformer"))
 
 
@@ -231,7 +232,7 @@ def test_reproduce_metrics_are_named_as_in_the_one_seed_table():
                                                   os.path.join(REPO, "scripts", "reproduce", "results_table.py"))
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
-    assert R.METRIC_NAMES == table.KIND
+    assert results_tables.METRIC_NAMES == table.KIND
 
 
 def test_reproduce_layout(tmp_path, capsys):

@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fairseq_localness.analysis.outputs import ensure_dir
+
 logger = logging.getLogger("fairseq_localness.analysis")
 
 
@@ -76,8 +78,6 @@ def add_threads_arg(p: argparse.ArgumentParser):
 def start_tool(args) -> str:
     """The start of a tool that runs models: ``--threads`` applied, ``--output-dir``
     made; returns the output directory."""
-    from fairseq_localness.analysis.outputs import ensure_dir
-
     set_threads(args.threads)
     return ensure_dir(args.output_dir)
 
