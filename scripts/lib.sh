@@ -14,7 +14,7 @@
 #     succeed.
 set -euo pipefail
 
-SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"  # a linked scripts/ finds its repository
 REPO_DIR="$(dirname "$SCRIPTS_DIR")"
 PROG="$(basename "$0")"
 
