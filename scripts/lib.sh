@@ -279,7 +279,13 @@ def longest_pair(args):
 
 
 if print_longest:
-    print(longest_pair(args))
+    try:
+        longest = longest_pair(args)
+    except Exception as e:  # fairseq-train will say what is wrong with the data
+        sys.stderr.write("%s: warning: could not read the sizes of the training pairs (%s: %s)\n"
+                         % (prog, type(e).__name__, e))
+        longest = 0
+    print(longest)
 ' "$PROG" "$longest" "$@" 2> >(grep -v "^INFO:\|Please install tensorboardX" >&2) || exit 2
 }
 
