@@ -3,10 +3,10 @@
 # (configs/demo.sh, DEMO_MODEL_ARGS and the first line of DEMO_TRAIN_ARGS;
 # tests/test_train_script.py checks that they agree): 2+2 layers, d=64, 4 heads, FFN
 # 256, one embedding matrix for source, target and output (245,760 parameters for the
-# transformer with the demo's 1,000-subword vocabulary; it needs preprocess.sh's
-# joined dictionary, the default), learning rate 2e-3 with 100 warm-up updates, gradient
+# transformer on the demo's corpus; it needs preprocess.sh's joined dictionary, the
+# default), learning rate 2e-3 with 100 warm-up updates, gradient
 # clipping at 1.0, dropout 0.1, batches of at most 2048 tokens, data loading in the
-# training process. On the demo's corpus (8,000 sentence pairs, 1,000 subwords) 300
+# training process. On the demo's corpus (8,000 sentence pairs) 300
 # updates take 40-55 s on one core (the demo's transformer: 90.2 BLEU).
 #
 # These come after train.sh's Transformer-base defaults and before the arguments
