@@ -41,6 +41,7 @@ import logging
 import os
 import re
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence
@@ -49,6 +50,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import (
+    TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
     TransformerModel,
@@ -122,6 +124,41 @@ def parse_layers(spec: Optional[str], num_layers: int, option: str) -> List[int]
                 )
         chosen.update(range(first - 1, last))
     return sorted(chosen)
+
+
+def layers_to_keep(args, side: str, num_layers: int) -> Optional[List[int]]:
+    """The trained layers of ``side`` that a LayerDrop-pruned model keeps (fairseq's
+    ``--encoder-layers-to-keep`` / ``--decoder-layers-to-keep``, Fan et al. 2019:
+    comma-separated 0-based indices, e.g. ``'0,2'``), sorted; None when not pruned.
+
+    ``num_layers`` is the number of layers the model was trained with. Raises
+    :class:`OptionError` naming the option for anything but distinct indices in
+    ``0..num_layers-1`` (fairseq itself would build a model that cannot load them).
+    """
+    option = f"{side}_layers_to_keep"
+    value = getattr(args, option, None)
+    if value is None or value == "" or value == []:
+        return None
+    flag = option_flag(option)
+    parts = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    kept = []
+    for part in parts:
+        text = str(part).strip()
+        if not re.fullmatch(r"\d+", text):
+            raise OptionError(
+                f"{flag} {value!r}: cannot parse {text!r}; expected comma-separated 0-based layer "
+                f"indices such as '0,2' (allowed: 0..{num_layers - 1})"
+            )
+        index = int(text)
+        if index >= num_layers:
+            raise OptionError(
+                f"{flag} {value!r}: layer {index} is out of range; the model has {num_layers} "
+                f"{side} layers (allowed: 0..{num_layers - 1})"
+            )
+        if index in kept:
+            raise OptionError(f"{flag} {value!r}: layer {index} is listed more than once")
+        kept.append(index)
+    return sorted(kept)
 
 
 def attention_heads(cfg, side: str) -> int:
@@ -223,13 +260,17 @@ def default_layers(count: int, num_layers: int) -> str:
 
 SubmoduleBuilder = Callable[[int, object], nn.Module]  # (embed_dim, cfg) -> module
 
+SIDES = ("encoder", "decoder")
+
 
 @dataclass
 class LayerSpec:
     """What the plan puts into one layer; None keeps fairseq's module."""
 
     side: str  # "encoder" or "decoder"
-    index: int  # 0-based
+    # 0-based position in the built model (in a LayerDrop-pruned model, the position
+    # among the kept layers: encoder.layers.<index>, labelled enc<index + 1>)
+    index: int
     self_attention: Optional[SubmoduleBuilder] = None
     encoder_attention: Optional[SubmoduleBuilder] = None
     # Builds the whole layer, for variants that replace more than an attention
@@ -253,14 +294,15 @@ class LocalityEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer with the self-attention chosen by a :class:`LayerSpec`."""
 
     def __init__(self, cfg, spec: LayerSpec, return_fc: bool = False):
-        # build_self_attention is called from the base __init__ and needs the spec.
-        self.__dict__["spec"] = spec
+        # fairseq's __init__ calls build_self_attention, which reads the spec; a plain
+        # (non-Module) attribute may be set before nn.Module.__init__.
+        self.layer_spec = spec
         super().__init__(cfg, return_fc=return_fc)
         _label_observables(self.self_attn, spec.label)
 
     def build_self_attention(self, embed_dim, cfg):
-        if self.spec.self_attention is not None:
-            return self.spec.self_attention(embed_dim, cfg)
+        if self.layer_spec.self_attention is not None:
+            return self.layer_spec.self_attention(embed_dim, cfg)
         return super().build_self_attention(embed_dim, cfg)
 
 
@@ -269,19 +311,19 @@ class LocalityDecoderLayer(TransformerDecoderLayerBase):
     :class:`LayerSpec`."""
 
     def __init__(self, cfg, spec: LayerSpec, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
-        self.__dict__["spec"] = spec
+        self.layer_spec = spec  # read by the build_* methods that fairseq's __init__ calls
         super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
         _label_observables(self.self_attn, spec.label + "_self")
         _label_observables(self.encoder_attn, spec.label + "_cross")
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        if self.spec.self_attention is not None:
-            return self.spec.self_attention(embed_dim, cfg)
+        if self.layer_spec.self_attention is not None:
+            return self.layer_spec.self_attention(embed_dim, cfg)
         return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        if self.spec.encoder_attention is not None:
-            return self.spec.encoder_attention(embed_dim, cfg)
+        if self.layer_spec.encoder_attention is not None:
+            return self.layer_spec.encoder_attention(embed_dim, cfg)
         return super().build_encoder_attention(embed_dim, cfg)
 
 
@@ -293,32 +335,69 @@ def _wrap_like_fairseq(layer: nn.Module, cfg) -> nn.Module:
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
 
+class _SpecQueue:
+    """The :class:`LayerSpec` of each layer of one side, handed out in layer order.
+
+    fairseq's ``TransformerEncoderBase.__init__`` / ``TransformerDecoderBase.__init__``
+    call ``build_encoder_layer(cfg)`` / ``build_decoder_layer(cfg, ...)`` once per layer,
+    in order, without the layer's index. This is the one place that works around it:
+    the encoder/decoder below hold a queue (a plain object, set before
+    ``nn.Module.__init__``) from which each call takes the next spec.
+    """
+
+    def __init__(self, side: str, specs: Sequence[LayerSpec]):
+        self.side = side
+        self._specs = list(specs)
+        self._next = 0
+
+    def next_spec(self) -> LayerSpec:
+        if self._next >= len(self._specs):
+            raise RuntimeError(f"fairseq built more {self.side} layers than the plan has ({len(self._specs)})")
+        spec = self._specs[self._next]
+        self._next += 1
+        return spec
+
+    def check_done(self) -> None:
+        if self._next != len(self._specs):
+            raise RuntimeError(
+                f"the plan has {len(self._specs)} {self.side} layers but fairseq built {self._next}"
+            )
+
+
 class LocalityTransformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, specs: Sequence[LayerSpec], return_fc=False):
-        # fairseq's TransformerEncoderBase.__init__ calls build_encoder_layer(cfg) once
-        # per layer, in order, without the layer index. This is the one place that
-        # works around it: the specs are consumed in that order.
-        self.__dict__["_pending_specs"] = list(specs)
+        self.layer_queue = _SpecQueue("encoder", specs)  # see _SpecQueue
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        assert not self._pending_specs, "one LayerSpec per encoder layer"
+        self.layer_queue.check_done()
+        del self.layer_queue
 
     def build_encoder_layer(self, cfg):
-        spec = self._pending_specs.pop(0)
+        spec = self.layer_queue.next_spec()
         layer_class = spec.layer_class or LocalityEncoderLayer
         return _wrap_like_fairseq(layer_class(cfg, spec, return_fc=self.return_fc), cfg)
 
 
 class LocalityTransformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, specs: Sequence[LayerSpec], no_encoder_attn=False):
-        # Same ordering workaround as LocalityTransformerEncoder.
-        self.__dict__["_pending_specs"] = list(specs)
+        self.layer_queue = _SpecQueue("decoder", specs)  # see _SpecQueue
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        assert not self._pending_specs, "one LayerSpec per decoder layer"
+        self.layer_queue.check_done()
+        del self.layer_queue
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        spec = self._pending_specs.pop(0)
+        spec = self.layer_queue.next_spec()
         layer_class = spec.layer_class or LocalityDecoderLayer
         return _wrap_like_fairseq(layer_class(cfg, spec, no_encoder_attn), cfg)
+
+
+# fairseq's TransformerModelBase.build_model calls build_encoder(cfg, ...) and
+# build_decoder(cfg, ...) with --<side>-layers already cut to the number of kept layers
+# when LayerDrop pruning is asked for; the number of layers as trained, which the
+# layer options count, is gone by then. LocalityTransformerModel.build_model makes the
+# plan before and hands it over through this variable for the duration of the call.
+_PLAN_BEING_BUILT: ContextVar[Optional[Dict[str, List["LayerSpec"]]]] = ContextVar(
+    "fairseq_localness_layer_plan", default=None
+)
 
 
 class LocalityTransformerModel(TransformerModel):
@@ -354,6 +433,8 @@ class LocalityTransformerModel(TransformerModel):
                 )
         if getattr(args, "cross_self_attention", False):
             raise OptionError("--cross-self-attention is not supported by the locality models")
+        for side in SIDES:
+            layers_to_keep(args, side, getattr(args, f"{side}_layers"))
         options = cls.options_class.from_args(args)
         options.validate(args)
         return options
@@ -372,11 +453,62 @@ class LocalityTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        """fairseq's ``build_model``, with the layer plan computed first.
+
+        LayerDrop pruning (``--encoder-layers-to-keep`` / ``--decoder-layers-to-keep``,
+        e.g. through ``fairseq-generate --model-overrides``): fairseq sets
+        ``--<side>-layers`` to the number of kept layers and
+        ``checkpoint_utils.prune_state_dict`` renumbers the kept layers' parameters.
+        The plan is made for the layers as trained (the layer options count them) and
+        then restricted to the kept ones, so that every kept layer has the attention
+        and the parameters it was trained with.
+        """
         base_architecture(args)
         options = cls.check_args(args)
         for message in options.unused(args):
             logger.warning(message)
-        return super().build_model(args, task)
+        plan = cls.layer_plan(options, args)
+        for side in SIDES:
+            # as a string of sorted indices: fairseq's build_model and prune_state_dict
+            # split it (an int or a list, e.g. from --model-overrides, would stop them)
+            kept = layers_to_keep(args, side, getattr(args, f"{side}_layers"))
+            if kept is not None:
+                setattr(args, f"{side}_layers_to_keep", ",".join(map(str, kept)))
+        token = _PLAN_BEING_BUILT.set(plan)
+        try:
+            return super().build_model(args, task)
+        finally:
+            _PLAN_BEING_BUILT.reset(token)
+
+    @classmethod
+    def layer_plan(cls, options, args) -> Dict[str, List[LayerSpec]]:
+        """Side -> the :class:`LayerSpec` of each layer the model builds:
+        :meth:`layer_specs` for the layers as trained (``args.<side>_layers``), then,
+        for a LayerDrop-pruned side, only the kept ones, renumbered in order."""
+        cfg = TransformerConfig.from_namespace(args)
+        plan = {}
+        for side in SIDES:
+            specs = cls.layer_specs(options, cfg, side)
+            kept = layers_to_keep(args, side, len(specs))
+            if kept is not None:
+                specs = [dataclasses.replace(specs[i], index=position) for position, i in enumerate(kept)]
+            plan[side] = specs
+        return plan
+
+    @classmethod
+    def _specs_to_build(cls, cfg, side: str) -> List[LayerSpec]:
+        """The specs of ``side`` for ``build_encoder``/``build_decoder``: the plan
+        :meth:`build_model` made, or, when these are called on their own, the plan of
+        an unpruned ``cfg``."""
+        plan = _PLAN_BEING_BUILT.get()
+        if plan is not None:
+            return plan[side]
+        if getattr(getattr(cfg, side), "layers_to_keep", None):
+            raise OptionError(
+                f"--{side}-layers-to-keep: a pruned model must be built with build_model, which "
+                f"knows how many layers it was trained with"
+            )
+        return cls.layer_specs(cls.options_class.from_args(cfg), cfg, side)
 
     @classmethod
     def layer_specs(cls, options, cfg, side: str) -> List[LayerSpec]:
@@ -399,16 +531,12 @@ class LocalityTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
-        options = cls.options_class.from_args(cfg)
-        specs = cls.layer_specs(options, cfg, "encoder")
-        return LocalityTransformerEncoder(cfg, src_dict, embed_tokens, specs)
+        return LocalityTransformerEncoder(cfg, src_dict, embed_tokens, cls._specs_to_build(cfg, "encoder"))
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
-        options = cls.options_class.from_args(cfg)
-        specs = cls.layer_specs(options, cfg, "decoder")
         return LocalityTransformerDecoder(
-            cfg, tgt_dict, embed_tokens, specs, no_encoder_attn=cfg.no_cross_attention
+            cfg, tgt_dict, embed_tokens, cls._specs_to_build(cfg, "decoder"), no_encoder_attn=cfg.no_cross_attention
         )
 
 
