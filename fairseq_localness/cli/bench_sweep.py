@@ -22,6 +22,7 @@ ratio.
 """
 import argparse
 import copy
+import logging
 import os
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
@@ -148,6 +149,7 @@ def sweep_table(rows: Dict[str, Dict[str, dict]], lengths: List[int]) -> str:
 
 def plot(rows: Dict[str, Dict[str, dict]], lengths: List[int], path: str, title: str):
     """The sweep's curves (matplotlib on the Agg canvas, no display needed)."""
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
