@@ -82,13 +82,15 @@ def sent(lang, tag, i):
     return f"{tag} " + WORDS[lang].format(i=i)
 
 
-def iwslt_fake(raw, lang_a, lang_b, pair, year, archive, sets, test_archive=None, test_sets=(), n_train=30):
+def iwslt_fake(raw, lang_a, lang_b, pair, year, archive, sets, test_archive=None, test_sets=(), n_train=30,
+               scale=1):
     """IWSLT release .tgz: pair/train.tags.pair.{a,b} and IWSLT{year}.TED.<set>.pair.{a,b}.xml.
     Returns the expected {split-name: [(a, b)]} (train as the cleaned pairs)."""
     docs = {lang_a: [], lang_b: []}
     expected_train = []
     for d in range(2):
-        sents = [(sent(lang_a, "train", d * 100 + i), sent(lang_b, "train", d * 100 + i)) for i in range(n_train // 2)]
+        sents = [(sent(lang_a, "train", d * 100 * scale + i), sent(lang_b, "train", d * 100 * scale + i))
+                 for i in range(n_train * scale // 2)]
         ta, tb = f"Title {d} {lang_a}", f"Title {d} {lang_b}"
         da, db = f"Talk {d} about houses ({lang_a})", f"Talk {d} about houses ({lang_b})"
         docs[lang_a].append((ta, da, [s for s, _ in sents]))
@@ -116,9 +118,9 @@ def iwslt_fake(raw, lang_a, lang_b, pair, year, archive, sets, test_archive=None
     return expected
 
 
-def make_iwslt14_de_en(raw):
+def make_iwslt14_de_en(raw, scale=1):
     exp = iwslt_fake(raw, "de", "en", "de-en", 14, "de-en.tgz",
-                     ["TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012"], n_train=60)
+                     ["TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012"], n_train=60, scale=scale)
     # extra cases, appended to the last talk of the train.tags files: dropped by the
     # length cleaning (ratio > 1.5, more than 175 tokens, an empty side)
     path = os.path.join(raw, "de-en.tgz")
@@ -144,13 +146,13 @@ def wmt_train(lang_a, lang_b, tag, n, text_a=None, text_b=None):
     return pairs
 
 
-def make_wmt14(raw):
+def make_wmt14(raw, scale=1):
     exp = {}
     corpora = {"europarl": ("training-parallel-europarl-v7.tgz", "training/europarl-v7.de-en.{}"),
                "commoncrawl": ("training-parallel-commoncrawl.tgz", "commoncrawl.de-en.{}"),
                "nc9": ("training-parallel-nc-v9.tgz", "training/news-commentary-v9.de-en.{}")}
     for tag, (archive, member) in corpora.items():
-        pairs = wmt_train("en", "de", tag, 4)
+        pairs = wmt_train("en", "de", tag, 4 * scale)
         exp[tag] = pairs
         if tag == "nc9":  # Moses punctuation normalization; a pair over the 1.5 ratio
             pairs = pairs + [("He said \u201ehello\u201c .", "Er sagte \u201ehallo\u201c ."),
@@ -185,8 +187,8 @@ def zh_pairs(tag, n, start=0):
     return [(f"{tag}{ZH.format(i=i)}", f"{tag} " + ZH_EN.format(i=i)) for i in range(start, start + n)]
 
 
-def make_wmt17_zh_en(raw):
-    exp = {"nc12": zh_pairs("nc", 3), "un": zh_pairs("un", 3)}
+def make_wmt17_zh_en(raw, scale=1):
+    exp = {"nc12": zh_pairs("nc", 3 * scale), "un": zh_pairs("un", 3 * scale)}
     long_pair = ("很长的句子。" * 30, " ".join(["word"] * 60) + " .")  # over 50 words: dropped
     write_archive(os.path.join(raw, "training-parallel-nc-v12.tgz"), {
         "training/news-commentary-v12.zh-en.zh": text_file([p[0] for p in exp["nc12"]] + [long_pair[0]]),
@@ -203,7 +205,7 @@ def make_wmt17_zh_en(raw):
                ("datum2015/datum_{}.txt", "ch")] + [(f"datum2017/Book{i}_{{}}.txt", "cn") for i in range(1, 21)] \
         + [("neu2017/NEU_{}.txt", "cn")]
     for k, (pattern, zh_name) in enumerate(corpora):
-        pairs = zh_pairs(f"cwmt{k}", 1)
+        pairs = zh_pairs(f"cwmt{k}", scale)
         exp["cwmt"] += pairs
         cwmt["cwmt/" + pattern.format(zh_name)] = text_file(p[0] for p in pairs)
         cwmt["cwmt/" + pattern.format("en")] = text_file(p[1] for p in pairs)
@@ -229,11 +231,11 @@ def ja_pairs(tag, n):
     return [(f"{tag}{JA[i % 3].format(i=i)}", f"{tag} " + JA_EN[i % 3].format(i=i)) for i in range(n)]
 
 
-def make_wat17(raw):
+def make_wat17(raw, scale=1):
     base = os.path.join(raw, "ASPEC", "ASPEC-JE")  # the distribution's own top directory
     exp = {}
     for name, n in (("train-1", 12), ("train-2", 12), ("train-3", 4)):
-        pairs = ja_pairs(name, n)
+        pairs = ja_pairs(name, n * scale)
         exp[name] = pairs
         os.makedirs(os.path.join(base, "train"), exist_ok=True)
         with open(os.path.join(base, "train", f"{name}.txt"), "w", encoding="utf-8") as f:
@@ -249,31 +251,23 @@ def make_wat17(raw):
     return exp
 
 
-def make_dc_iwslt(raw, dataset):
+def make_dc_iwslt(raw, dataset, scale=1):
     if dataset == "iwslt14_es_en":
         return iwslt_fake(raw, "es", "en", "es-en", 14, "es-en.tgz",
                           ["TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012"],
-                          "2014-01-test/es-en.tgz", ["TED.tst2014"])
+                          "2014-01-test/es-en.tgz", ["TED.tst2014"], scale=scale)
     if dataset == "iwslt14_ro_en":
         return iwslt_fake(raw, "ro", "en", "ro-en", 14, "ro-en.tgz",
                           ["TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012"],
-                          "2014-01-test/ro-en.tgz", ["TED.tst2014"])
+                          "2014-01-test/ro-en.tgz", ["TED.tst2014"], scale=scale)
     if dataset == "iwslt15_en_vi":
         return iwslt_fake(raw, "en", "vi", "en-vi", 15, "en-vi.tgz",
-                          ["TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012", "TED.tst2013"])
+                          ["TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012", "TED.tst2013"], scale=scale)
     if dataset == "iwslt15_fr_en":
         return iwslt_fake(raw, "fr", "en", "fr-en", 15, "fr-en.tgz",
                           ["TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012", "TED.tst2013", "TED.tst2014"],
-                          "2015-01-test/fr-en.tgz", ["TED.tst2015"])
+                          "2015-01-test/fr-en.tgz", ["TED.tst2015"], scale=scale)
     raise ValueError(dataset)
-
-
-def split_lines(out, split, src, tgt, sub="raw"):
-    return list(zip(lines(os.path.join(out, sub, f"{split}.{src}")), lines(os.path.join(out, sub, f"{split}.{tgt}"))))
-
-
-def swap(pairs):
-    return [(b, a) for a, b in pairs]
 
 
 FAKES = {
@@ -281,27 +275,35 @@ FAKES = {
     "wmt14_en_de": make_wmt14,
     "wmt17_zh_en": make_wmt17_zh_en,
     "wat17_ja_en": make_wat17,
-    "iwslt14_es_en": lambda raw: make_dc_iwslt(raw, "iwslt14_es_en"),
-    "iwslt14_ro_en": lambda raw: make_dc_iwslt(raw, "iwslt14_ro_en"),
-    "iwslt15_en_vi": lambda raw: make_dc_iwslt(raw, "iwslt15_en_vi"),
-    "iwslt15_fr_en": lambda raw: make_dc_iwslt(raw, "iwslt15_fr_en"),
+    "iwslt14_es_en": lambda raw, scale: make_dc_iwslt(raw, "iwslt14_es_en", scale),
+    "iwslt14_ro_en": lambda raw, scale: make_dc_iwslt(raw, "iwslt14_ro_en", scale),
+    "iwslt15_en_vi": lambda raw, scale: make_dc_iwslt(raw, "iwslt15_en_vi", scale),
+    "iwslt15_fr_en": lambda raw, scale: make_dc_iwslt(raw, "iwslt15_fr_en", scale),
 }
 
 
-def make_fake(dataset, raw):
-    """Write the fake raw download of ``dataset`` into ``raw``; returns the expected splits."""
+def make_fake(dataset, raw, scale=1):
+    """Write the fake raw download of ``dataset`` into ``raw``, with ``scale`` times the
+    training sentences of the tests' fakes (the development and test sets keep their
+    few sentences); returns the expected splits."""
     if dataset not in FAKES:
         raise ValueError(f"no fake for dataset '{dataset}'; expected one of: {', '.join(sorted(FAKES))}")
     os.makedirs(raw, exist_ok=True)
-    return FAKES[dataset](raw)
+    if scale < 1:
+        raise ValueError(f"scale: expected an integer >= 1, got {scale}")
+    return FAKES[dataset](raw, scale=scale)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Write a small fake of a dataset's raw download.")
     parser.add_argument("dataset", choices=sorted(FAKES))
     parser.add_argument("raw_dir", help="the directory to write the raw files into (created)")
+    parser.add_argument("--scale", type=int, default=1,
+                        help="this many times the training sentences of the tests' fakes (default 1)")
     args = parser.parse_args(argv)
-    make_fake(args.dataset, args.raw_dir)
+    if args.scale < 1:
+        parser.error(f"--scale: expected an integer >= 1, got {args.scale}")
+    make_fake(args.dataset, args.raw_dir, args.scale)
     return 0
 
 

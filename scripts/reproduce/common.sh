@@ -41,6 +41,7 @@
 # row or configuration stops with exit status 2.
 . "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/../batch_split.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/rehearse.sh"
 
 REPRO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # (REPRODUCE_CONFIG_DIR: another directory of configurations; REPRODUCE_PIPELINE_DIR:
@@ -165,6 +166,7 @@ load_config() {
     [[ -n "$siu" ]] || cfg_die "TRAIN_ARGS has no --save-interval-updates (the last AVERAGE_LAST update checkpoints are averaged)"
     require_int "$CFG_FILE: --keep-interval-updates in TRAIN_ARGS" "${kiu:-0}" "$AVERAGE_LAST"
     CFG_MAX_TOKENS="$mt" CFG_SAVE_INTERVAL="$siu"
+    rehearse_config
 }
 
 # pair_of SPEC: sets P_DATASET P_SRC P_TGT P_BPE_SIZE P_KIND P_EXTRA from the loaded
@@ -178,6 +180,7 @@ pair_of() {
             [[ -z "$found" ]] || return 2
             found=1 P_DATASET="$dataset" P_SRC="$src" P_TGT="$tgt" P_BPE_SIZE="$size"
             P_KIND="${kinds%%+*}" P_EXTRA=""
+            (( REHEARSE )) && P_BPE_SIZE=$REHEARSE_BPE_SIZE
             [[ "$kinds" == *+* ]] && P_EXTRA="${kinds#*+}"
         fi
     done
@@ -231,6 +234,12 @@ Options (every reproduce script):
                      their own (fairseq-localness-results); every seed's numbers in
                      WORK/results.md and WORK/results.json. Not with --seed; --seeds 1
                      is the default single run
+  --rehearse         the whole path for real on the CPU in minutes: the same rows and
+                     steps on small fakes of the raw downloads, with tiny models (the
+                     sizes only: layers, dimensions, subwords, batch, updates), two
+                     processes where the paper's batch spans several GPUs; everything
+                     under WORK (default runs/rehearse/<script name>); see
+                     scripts/reproduce/rehearse.sh
   --list             print the rows and exit
 EOF
 }
@@ -238,7 +247,7 @@ EOF
 reproduce_parse_args() {
     DRY_RUN=0 TABLE_ONLY=0 LIST_ONLY=0 WORK="" DATA_DIR="" RAW_ROOT="" ONLY="" GPUS=1 CPU=0
     MAX_TOKENS="" PRECISION="" SEED=1 DOWNLOAD=0 VARIANT="" BLEU_OVERRIDE="" TRAINING_CHOICE=paper
-    PATIENCE_OVERRIDE="" SIGNIFICANCE=paper SEEDS_SPEC="" SEED_GIVEN=0 SEEDS_GIVEN=0
+    PATIENCE_OVERRIDE="" SIGNIFICANCE=paper SEEDS_SPEC="" SEED_GIVEN=0 SEEDS_GIVEN=0 REHEARSE=0
     declare -gA RAW_DIRS=()
     local script_name spec
     script_name="$(basename "$0" .sh)"
@@ -247,6 +256,7 @@ reproduce_parse_args() {
             --dry-run) DRY_RUN=1; shift ;;
             --table) TABLE_ONLY=1; shift ;;
             --list) LIST_ONLY=1; shift ;;
+            --rehearse) REHEARSE=1; shift ;;
             --work-dir) need_value "$1" $#; WORK="$2"; shift 2 ;;
             --data-dir) need_value "$1" $#; DATA_DIR="$2"; shift 2 ;;
             --raw-dir)
@@ -295,6 +305,7 @@ seed N; --seeds: one run per seed)"
     [[ -z "$PATIENCE_OVERRIDE" ]] || require_int --patience "$PATIENCE_OVERRIDE" 1
     require_choice --significance "$SIGNIFICANCE" paper "${TESTS[@]}" both none
     (( CPU == 0 || GPUS == 1 )) || die "--cpu and --gpus $GPUS: expected one of them, not both"
+    rehearse_options "$script_name"
     WORK="${WORK:-$REPO_DIR/runs/reproduce/$script_name}"
     WORK="${WORK%/}"
     DATA_DIR="${DATA_DIR:-$REPO_DIR/data/prepared}"
@@ -581,6 +592,7 @@ use another --work-dir, or remove that directory to train again"
     # that the longest training pair fits)
     BATCH_PROCS=$GPUS
     (( CPU )) && BATCH_PROCS=1
+    (( REHEARSE )) && BATCH_PROCS=$REHEARSE_PROCS
     batch_split "$EFFECTIVE_TOKENS" "$BATCH_PROCS" "${MAX_TOKENS:-$CFG_MAX_TOKENS}" \
         || die "row '${R_NAME[$i]}' (${R_CFG[$i]}): the paper's batch: $BATCH_ERROR"
 }
@@ -617,7 +629,9 @@ run_row() {  # i
     fi
 
     local score="$ROW_SCORE" ckpt="$ROW_CKPT" xscore="$ROW_XSCORE" hw=() prec=() maxtok=() gen_extra=()
-    if (( CPU )); then
+    if (( REHEARSE && REHEARSE_PROCS > 1 )); then
+        hw=(--gpus "$REHEARSE_PROCS" --cpu) gen_extra=(--cpu)
+    elif (( CPU )); then
         hw=(--cpu) gen_extra=(--cpu)
     else
         hw=(--gpus "$GPUS")
@@ -793,6 +807,7 @@ reproduce_main() {
             load_row "$i"  # a run directory trained with other settings, or no batch split, stops us here
         done
     done
+    rehearse_fakes
     # the pipeline steps exist, the architectures are registered and every dataset still
     # to prepare has its raw files (or can download them); skipped by --dry-run, which
     # imports nothing and looks at no raw file
@@ -836,6 +851,10 @@ the per-run ${RUN_TESTS// / and }")"
     for i in "${SELECTED[@]}"; do
         [[ "$seen" == *" ${R_DATASET[$i]} "* ]] && continue
         seen+="${R_DATASET[$i]} "
+        if (( REHEARSE )); then
+            note "${R_DATASET[$i]}: small fake raw files in $(raw_dir_of "${R_DATASET[$i]}") (fairseq_localness/data/fakes.py)"
+            continue
+        fi
         case "${R_DOWNLOAD[$i]}" in
             all) note "${R_DATASET[$i]}: raw files in $(raw_dir_of "${R_DATASET[$i]}")$( (( DOWNLOAD )) && echo "; --download fetches the missing ones" || echo "; --download can fetch them")" ;;
             *) note "${R_DATASET[$i]}: raw files in $(raw_dir_of "${R_DATASET[$i]}"); manual step (--download cannot fetch): ${R_MANUAL[$i]}" ;;
