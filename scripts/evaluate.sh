@@ -174,13 +174,13 @@ check_stage "hypotheses" "$n_ref" "$TMP/hyp.seg"
 case "$SEG" in
     sentencepiece) run env LC_ALL=C sed -e 's/ //g' -e 's/\xe2\x96\x81/ /g' -e 's/^ *//' -e 's/ *$//' "$TMP/hyp.seg" > "$TMP/hyp.tok" ;;
     subword-nmt) run sed -E 's/(@@ )|(@@ ?$)//g' "$TMP/hyp.seg" > "$TMP/hyp.tok" ;;
-    none) run cp "$TMP/hyp.seg" "$TMP/hyp.tok" ;;
+    none) cp "$TMP/hyp.seg" "$TMP/hyp.tok" ;;
 esac
 check_stage "subword marks removed ($SEG)" "$n_ref" "$TMP/hyp.tok"
 if [[ "$DETOK" == moses ]]; then
     run sacremoses -q -l "$TGT" -j 1 detokenize -x < "$TMP/hyp.tok" > "$TMP/hyp.detok"
 else
-    run cp "$TMP/hyp.tok" "$TMP/hyp.detok"
+    cp "$TMP/hyp.tok" "$TMP/hyp.detok"
 fi
 check_stage "detokenization ($DETOK)" "$n_ref" "$TMP/hyp.detok"
 run sacrebleu "$REF" -i "$TMP/hyp.detok" -m bleu > "$TMP/bleu.json"
