@@ -64,7 +64,8 @@ def machine_description(device: str, dtype: str = "fp32") -> str:
     except OSError:
         pass
     threads = torch.get_num_threads()
-    desc = f"{cpu}, {os.cpu_count()} cores ({threads} torch thread{"s" if threads != 1 else ""}), torch {torch.__version__}"
+    plural = "s" if threads != 1 else ""
+    desc = f"{cpu}, {os.cpu_count()} cores ({threads} torch thread{plural}), torch {torch.__version__}"
     if device == "cuda":
         desc += f", GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
     return desc + f", {dtype}"
