@@ -161,9 +161,68 @@ def layers_to_keep(args, side: str, num_layers: int) -> Optional[List[int]]:
     return sorted(kept)
 
 
+def _value(value):
+    """An option's value as compared and shown (an Enum from a ChoiceEnum field: its value)."""
+    return value.value if hasattr(value, "value") and not isinstance(value, (int, float, str)) else value
+
+
 def attention_heads(cfg, side: str) -> int:
     """H of ``side``'s attention (``cfg``: fairseq's transformer config)."""
     return cfg.encoder.attention_heads if side == "encoder" else cfg.decoder.attention_heads
+
+
+def _or(values: Sequence) -> str:
+    values = [str(v) for v in values]
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+
+
+def applies_to_text(applies_to: Dict[str, Sequence]) -> str:
+    """``{"hybrid_variant": ("neighbor", "local_s")}`` -> ``--hybrid-variant neighbor or
+    local_s``; several conditions are joined by ``with``; a switch (``(True,)``) is its
+    flag alone."""
+    parts = []
+    for name, values in applies_to.items():
+        parts.append(option_flag(name) if tuple(values) == (True,) else f"{option_flag(name)} {_or(values)}")
+    return " with ".join(parts)
+
+
+def option(default, help: str, *, applies_to: Optional[Dict[str, Sequence]] = None, scope: str = "",
+           default_text: str = "", unused_message: str = "") -> dataclasses.Field:
+    """A model option: a field of the model's options dataclass, the one declaration
+    that ``--help``, the option tables of ``docs/<model>.md``
+    (:mod:`fairseq_localness.models.options_doc`) and the refusal of options without
+    effect (:meth:`LocalityOptions.inapplicable`) are made from.
+
+    * ``help``: what the option does (what the code computes, with the paper's
+      equation);
+    * ``applies_to``: ``{other option: its values}`` under which the option has an
+      effect (all conditions together; ``(True,)`` for a switch); given otherwise, it
+      is refused on the command line and a warning when a checkpoint is loaded;
+      ``unused_message`` replaces the standard message (``{flag}``: this option,
+      ``{got}``: the other options as given);
+    * ``scope``: where it applies when that is a set of layers rather than other
+      options' values (the model's ``unused`` checks it);
+    * ``default_text``: the default in words, for a default of None (computed from
+      other options).
+
+    ``--help`` shows ``help``, then ``applies to ...``, then ``default: ...`` when
+    ``default_text`` is given.
+    """
+    where = "; ".join(filter(None, [applies_to_text(applies_to) if applies_to else "", scope]))
+    full_help = help
+    if where:
+        full_help += f". Applies to {where} only"
+    if default_text:
+        full_help += f" (default: {default_text})"
+    metadata = {
+        "help": full_help,
+        "doc": help,
+        "applies_to": dict(applies_to or {}),
+        "scope": scope,
+        "default_text": default_text,
+        "unused_message": unused_message,
+    }
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -210,6 +269,30 @@ class LocalityOptions(FairseqDataclass):
         have no effect with the other options: the variant, window strategy, fusion
         or mode they belong to is not the chosen one, or no layer uses them."""
         return []
+
+    def inapplicable(self, names: Optional[Sequence[str]] = None) -> List[str]:
+        """Messages for the options (all, or ``names``) given although their
+        ``applies_to`` condition (see :func:`option`) does not hold."""
+        out = []
+        for fld in dataclasses.fields(self):
+            applies_to = fld.metadata.get("applies_to")
+            if not applies_to or (names is not None and fld.name not in names) or not self.given(fld.name):
+                continue
+            if all(_value(getattr(self, other)) in values for other, values in applies_to.items()):
+                continue
+            got = ", ".join(
+                f"{option_flag(other)} {_value(getattr(self, other))}" if tuple(values) != (True,)
+                else f"no {option_flag(other)}"
+                for other, values in applies_to.items()
+            )
+            message = fld.metadata.get("unused_message")
+            if message:
+                out.append(message.format(flag=option_flag(fld.name), got=got))
+            elif list(applies_to.values()) == [(True,)]:
+                out.append(f"{option_flag(fld.name)} applies with {applies_to_text(applies_to)} only")
+            else:
+                out.append(f"{option_flag(fld.name)} applies to {applies_to_text(applies_to)} only (got {got})")
+        return out
 
     def given(self, name: str) -> bool:
         """Whether option ``name`` differs from its default."""

@@ -22,7 +22,7 @@ Presets: ``dc_transformer`` (base), ``dc_transformer_tiny``,
 IWSLT setting, Sect. 5.2: 4+4 layers, d = 256, 4 heads; the paper does not give the
 feed-forward size, we use 1024 = 4d, the Transformer's ratio).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
@@ -33,6 +33,7 @@ from fairseq_localness.models._locality import (
     LocalityTransformerModel,
     OptionError,
     attention_heads,
+    option,
     option_flag,
     register_presets,
     transformer_small,
@@ -47,28 +48,37 @@ _SIDES_OF_MODE = {"enc": ("encoder",), "dec": ("decoder",), "full": ("encoder", 
 class DCOptions(LocalityOptions):
     layer_option_prefix = "dc"
 
-    dc_mode: ChoiceEnum(DC_MODES) = field(
-        default="enc",
-        metadata={"help": "where the Dual Contextual module replaces self-attention: enc (Enc-DC), "
-                  "dec (Dec-DC), full (Full-DC) or none (plain transformer)"},
+    dc_mode: ChoiceEnum(DC_MODES) = option(
+        "enc",
+        "where the Dual Contextual module (eq. 6-9) replaces self-attention: enc (Enc-DC), dec "
+        "(Dec-DC), full (Full-DC) or none (fairseq's transformer)",
     )
-    dc_encoder_layers: Optional[str] = field(
-        default=None,
-        metadata={"help": "encoder layers with the DC module when --dc-mode is enc or full: 1-based "
-                  "list or ranges ('1-2', '1,3'), 'all' or 'none' (default: all)"},
+    dc_encoder_layers: Optional[str] = option(
+        None,
+        "encoder layers with the DC module: 1-based list or ranges ('1-2', '1,3'), 'all' or "
+        "'none'; given with another mode it is an error",
+        applies_to={"dc_mode": ("enc", "full")},
+        default_text="all",
     )
-    dc_decoder_layers: Optional[str] = field(
-        default=None,
-        metadata={"help": "decoder layers with the DC module when --dc-mode is dec or full "
-                  "(default: all)"},
+    dc_decoder_layers: Optional[str] = option(
+        None,
+        "decoder layers with the (causal) DC module, same syntax; given with another mode it is "
+        "an error",
+        applies_to={"dc_mode": ("dec", "full")},
+        default_text="all",
     )
-    dc_kernel_size: int = field(
-        default=2, metadata={"help": "kernel size f of the Local Context Unit's convolution (eq. 6)"}
+    dc_kernel_size: int = option(
+        2,
+        "kernel size f of the Local Context Unit's convolution (eq. 6; the paper: 2, Sect. 5.2; causal in the decoder)",
+        applies_to={"dc_mode": ("enc", "dec", "full")},
+        unused_message="{flag} has no effect with {got} (it applies to the DC module of modes enc, dec and full)",
     )
-    dc_log_divergence: bool = field(
-        default=False,
-        metadata={"help": "log the Jensen-Shannon divergence between the two FI units of every DC "
-                  "layer (eq. 10-11) as a validation metric <layer>_js"},
+    dc_log_divergence: bool = option(
+        False,
+        "log the Jensen-Shannon divergence between the two FI units of every DC layer (eq. 10-11) "
+        "as the validation metric <layer>_js",
+        applies_to={"dc_mode": ("enc", "dec", "full")},
+        unused_message="{flag} has no effect with {got} (it applies to the DC module of modes enc, dec and full)",
     )
 
     def layers_by_default(self, side: str, num_layers: int) -> str:
@@ -103,14 +113,8 @@ class DCOptions(LocalityOptions):
             self.layers(side, getattr(cfg, f"{side}_layers"))
 
     def unused(self, cfg):
-        if self.dc_mode != "none":
-            return []
-        return [
-            f"{option_flag(name)} has no effect with {option_flag('dc_mode')} none (it applies to the DC "
-            f"module of modes enc, dec and full)"
-            for name in ("dc_kernel_size", "dc_log_divergence")
-            if self.given(name)
-        ]
+        # (a layer list given for a side the mode leaves alone is an error, see layers)
+        return self.inapplicable(["dc_kernel_size", "dc_log_divergence"])
 
 
 def build_dc_module(embed_dim, cfg, *, options: DCOptions, side: str) -> DualContextModule:

@@ -30,7 +30,7 @@ Presets: ``hybrid_transformer`` (base), ``hybrid_transformer_iwslt_de_en``,
 ``hybrid_transformer_wmt_en_de``, ``hybrid_transformer_vaswani_wmt_en_de_big`` and
 ``hybrid_transformer_tiny`` (for tests and the demo).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
@@ -42,6 +42,7 @@ from fairseq_localness.models._locality import (
     OptionError,
     attention_heads,
     default_layers,
+    option,
     option_flag,
     register_presets,
 )
@@ -61,48 +62,56 @@ class HybridOptions(GaussianWindowOptions):
     layer_option_prefix = "hybrid"
     gaussian_prefix = "hybrid"
 
-    hybrid_variant: ChoiceEnum(tuple(VARIANTS)) = field(
-        default="gate",
-        metadata={"help": "the attention of the chosen layers (Xu et al. 2019, Table 1): gate (HYBRID "
-                  "(Gate), eq. 4-5), concat (HYBRID (Concate)), local_pattern (LOCAL_PATTERN), "
-                  "neighbor (NEIGHBOR), local_h (LOCAL_H), local_s (LOCAL_S)"},
+    hybrid_variant: ChoiceEnum(tuple(VARIANTS)) = option(
+        "gate",
+        "the self-attention of the chosen layers (Xu et al. 2019, Table 1): gate (HYBRID (Gate), "
+        "eq. 1-5), concat (HYBRID (Concate)), local_pattern (LOCAL_PATTERN, eq. 1, 3), neighbor "
+        "(NEIGHBOR), local_h (LOCAL_H), local_s (LOCAL_S)",
     )
-    hybrid_encoder_layers: Optional[str] = field(
-        default=None,
-        metadata={"help": "encoder layers whose self-attention becomes the variant: 1-based list or "
-                  "ranges ('1-2', '1,3'), 'all' or 'none' (default: the lowest two, 1-2, or the "
-                  "one layer of a one-layer encoder)"},
+    hybrid_encoder_layers: Optional[str] = option(
+        None,
+        "encoder layers whose self-attention becomes the variant: 1-based list or ranges "
+        "('1-2', '1,3'), 'all' or 'none'",
+        default_text="1-2, the lowest two (section 4), or the one layer of a one-layer encoder",
     )
-    hybrid_decoder_layers: str = field(
-        default="none", metadata={"help": "decoder layers whose self-attention becomes the variant"}
+    hybrid_decoder_layers: str = option(
+        "none", "decoder layers whose (causal) self-attention becomes the variant, same syntax"
     )
-    hybrid_window_m: int = field(
-        default=1,
-        metadata={"help": "m of eq. 3: the local band keeps |i - j| <= m (window size 2m+1; causal "
-                  "i-m <= j <= i in the decoder); gate, concat and local_pattern"},
+    hybrid_window_m: int = option(
+        1,
+        "m of eq. 3: the local band keeps |i - j| <= m, window size 2m+1 (the paper: m = 1; in the decoder "
+        "i-m <= j <= i)",
+        applies_to={"hybrid_variant": ("gate", "concat", "local_pattern")},
     )
-    hybrid_gate: ChoiceEnum(GATE_TYPES) = field(
-        default="token",
-        metadata={"help": "gate of the gate variant: token (one scalar per token, eq. 5) or head "
-                  "(one scalar per token and head)"},
+    hybrid_gate: ChoiceEnum(GATE_TYPES) = option(
+        "token",
+        "the gate of eq. 5: token (one scalar per token) or head (one scalar per token and head)",
+        applies_to={"hybrid_variant": ("gate",)},
     )
-    hybrid_fixed_window: float = field(
-        default=GaussianWindows.fixed_window,
-        metadata={"help": "Gaussian window D of local_h (Luong et al. 2015: 10)"},
+    hybrid_fixed_window: float = option(
+        GaussianWindows.fixed_window,
+        "Gaussian window D of LOCAL_H, used as given (Luong et al. 2015: 10; the floor "
+        "--hybrid-min-window does not apply to it)",
+        applies_to={"hybrid_variant": ("local_h",)},
     )
-    hybrid_neighbor_window: ChoiceEnum(NEIGHBOR_WINDOWS) = field(
-        default="query",
-        metadata={"help": "how neighbor learns its window: query (predicted per query, Yang et al. "
-                  "eq. 9), layer (eq. 8) or head (one learned scalar per head, eq. 11)"},
+    hybrid_neighbor_window: ChoiceEnum(NEIGHBOR_WINDOWS) = option(
+        "query",
+        "how NEIGHBOR learns its window: query (predicted per query, Yang et al. eq. 9), layer "
+        "(eq. 8) or head (one learned scalar per head, eq. 11)",
+        applies_to={"hybrid_variant": ("neighbor",)},
     )
-    hybrid_head_window_max: float = field(
-        default=GaussianWindows.head_window_max,
-        metadata={"help": "N of the head window strategy (Yang et al. eq. 11)"},
+    hybrid_head_window_max: float = option(
+        GaussianWindows.head_window_max,
+        "N of the head window: D = F + (N - F) * sigmoid(z) (Yang et al. eq. 11 with the floor F); "
+        "must be above --hybrid-min-window",
+        applies_to={"hybrid_variant": ("neighbor",), "hybrid_neighbor_window": ("head",)},
     )
-    hybrid_min_window: float = field(
-        default=GaussianWindows.min_window,
-        metadata={"help": "differentiable floor F on the learned Gaussian windows of the "
-                  "baselines: D = F + (I - F) * sigmoid(z); 0 gives Yang et al.'s eq. 6"},
+    hybrid_min_window: float = option(
+        GaussianWindows.min_window,
+        "differentiable floor F on the learned Gaussian windows: D = F + (max(I, F) - F) * "
+        "sigmoid(z) (query, layer: Yang et al. eq. 6 with the floor, I = the number of keys) and "
+        "D = F + (N - F) * sigmoid(z) (head); F = 0 gives the paper's equations exactly",
+        applies_to={"hybrid_variant": ("neighbor", "local_s")},
     )
 
     def settings(self) -> HybridSettings:
@@ -141,42 +150,15 @@ class HybridOptions(GaussianWindowOptions):
         neighbor_head = self.hybrid_variant == "neighbor" and self.hybrid_neighbor_window == "head"
         self.validate_gaussian_windows("head" if neighbor_head else "query")
 
-    # which variants each option applies to
-    _APPLIES_TO = {
-        "hybrid_window_m": ("gate", "concat", "local_pattern"),
-        "hybrid_fixed_window": ("local_h",),
-        "hybrid_neighbor_window": ("neighbor",),
-        "hybrid_min_window": ("neighbor", "local_s"),  # the learned windows
-    }
-
     def unused(self, cfg):
-        out = []
-        variant = self.hybrid_variant
-        if not (self.layers("encoder", cfg.encoder_layers) or self.layers("decoder", cfg.decoder_layers)):
-            for name in ("hybrid_variant", "hybrid_gate", *self._APPLIES_TO, "hybrid_head_window_max"):
-                if self.given(name):
-                    out.append(
-                        f"{option_flag(name)} has no effect: {option_flag('hybrid_encoder_layers')} and "
-                        f"{option_flag('hybrid_decoder_layers')} select no layer"
-                    )
-            return out
-        for name, variants in self._APPLIES_TO.items():
-            if self.given(name) and variant not in variants:
-                out.append(
-                    f"{option_flag(name)} applies to {option_flag('hybrid_variant')} {_or(variants)} "
-                    f"only (got {option_flag('hybrid_variant')} {variant})"
-                )
-        if self.given("hybrid_head_window_max") and (variant, self.hybrid_neighbor_window) != ("neighbor", "head"):
-            out.append(
-                f"{option_flag('hybrid_head_window_max')} applies to {option_flag('hybrid_variant')} neighbor "
-                f"with {option_flag('hybrid_neighbor_window')} head only (got {option_flag('hybrid_variant')} "
-                f"{variant}, {option_flag('hybrid_neighbor_window')} {self.hybrid_neighbor_window})"
-            )
-        return out
-
-
-def _or(names) -> str:
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        if self.layers("encoder", cfg.encoder_layers) or self.layers("decoder", cfg.decoder_layers):
+            return self.inapplicable()
+        return [
+            f"{option_flag(fld.name)} has no effect: {option_flag('hybrid_encoder_layers')} and "
+            f"{option_flag('hybrid_decoder_layers')} select no layer"
+            for fld in fields(self)
+            if fld.name not in ("hybrid_encoder_layers", "hybrid_decoder_layers") and self.given(fld.name)
+        ]
 
 
 def build_hybrid_attention(embed_dim, cfg, *, options: HybridOptions, side: str) -> AttentionCore:

@@ -31,7 +31,7 @@ Presets: ``hysan_transformer`` (base), ``hysan_transformer_tiny`` (tests and dem
 ``hysan_transformer_vaswani_wmt_en_de_big`` and ``hysan_transformer_iwslt_small``
 (the paper's IWSLT14 setting: 2 + 2 layers, d = 256, 4 heads, FFN 1024).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List
 
 from fairseq.dataclass import ChoiceEnum
@@ -42,6 +42,7 @@ from fairseq_localness.models._locality import (
     LocalityTransformerModel,
     OptionError,
     attention_heads,
+    option,
     option_flag,
     register_presets,
     transformer_small,
@@ -69,32 +70,38 @@ _DECODER_REFUSALS = {
 class HysanOptions(LocalityOptions):
     layer_option_prefix = "hysan"
 
-    hysan_encoder_branches: str = field(
-        default="global,forward,backward,local1",
-        metadata={"help": "branches of the encoder self-attention, comma-separated: global, "
-                  "forward, backward, local<k> (k >= 1, several allowed)"},
+    hysan_encoder_branches: str = option(
+        "global,forward,backward,local1",
+        "branches of the encoder self-attention (eq. 8-12), comma-separated: global, forward, "
+        "backward, local<k> (|i - j| <= k, k >= 1, several widths allowed)",
+        scope="the layers of --hysan-encoder-layers",
     )
-    hysan_decoder_branches: str = field(
-        default="forward,local1",
-        metadata={"help": "branches of the decoder self-attention (causal only): forward, local<k>"},
+    hysan_decoder_branches: str = option(
+        "forward,local1",
+        "branches of the decoder self-attention, causal only: forward, local<k> (i - k <= j <= i)",
+        scope="the layers of --hysan-decoder-layers",
     )
-    hysan_fusion: ChoiceEnum(FUSIONS) = field(
-        default="gated", metadata={"help": "fusion of the branch outputs (eq. 13): sum, concat, gated"}
+    hysan_fusion: ChoiceEnum(FUSIONS) = option(
+        "gated",
+        "fusion of the branch outputs (eq. 13-14, Table 2): sum, concat (projected back to d) or "
+        "gated (squeeze gate)",
     )
-    hysan_gate_reduction: int = field(
-        default=16, metadata={"help": "reduction r of the squeeze gate (C -> C/r -> C); must divide C"}
+    hysan_gate_reduction: int = option(
+        16,
+        "reduction r of the squeeze gate (d -> d/r -> d); must divide the embedding size",
+        applies_to={"hysan_fusion": ("gated",)},
     )
-    hysan_gate_bias: bool = field(
-        default=False, metadata={"help": "give the squeeze gate's linear maps biases"}
+    hysan_gate_bias: bool = option(
+        False,
+        "give the squeeze gate's two linear maps biases (off: the paper's parameter counts)",
+        applies_to={"hysan_fusion": ("gated",)},
     )
-    hysan_encoder_layers: str = field(
-        default="all",
-        metadata={"help": "encoder layers with HySAN self-attention: 1-based list or ranges "
-                  "('1-3', '1,2'), 'all' or 'none'"},
+    hysan_encoder_layers: str = option(
+        "all",
+        "encoder layers with HySAN self-attention: 1-based list or ranges ('1-3', '1,2'), 'all' "
+        "or 'none'",
     )
-    hysan_decoder_layers: str = field(
-        default="all", metadata={"help": "decoder layers with HySAN self-attention"}
-    )
+    hysan_decoder_layers: str = option("all", "decoder layers with HySAN self-attention, same syntax")
 
     def branches(self, side: str) -> List[str]:
         """The validated branch names of ``side``."""
@@ -161,13 +168,8 @@ class HysanOptions(LocalityOptions):
                         f"{option_flag(name)} has no effect: {option_flag('hysan_encoder_layers')} and "
                         f"{option_flag('hysan_decoder_layers')} select no layer"
                     )
-        elif self.hysan_fusion != "gated":
-            for name in ("hysan_gate_reduction", "hysan_gate_bias"):
-                if self.given(name):
-                    out.append(
-                        f"{option_flag(name)} applies to {option_flag('hysan_fusion')} gated only "
-                        f"(got {option_flag('hysan_fusion')} {self.hysan_fusion})"
-                    )
+        else:
+            out += self.inapplicable()
         return out
 
 

@@ -21,7 +21,7 @@ Presets: ``localness_transformer`` (base), ``localness_transformer_iwslt_de_en``
 ``localness_transformer_wmt_en_de``, ``localness_transformer_vaswani_wmt_en_de_big``
 and ``localness_transformer_tiny`` (for tests and the demo).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
@@ -35,6 +35,7 @@ from fairseq_localness.models._locality import (
     OptionError,
     attention_heads,
     default_layers,
+    option,
     option_flag,
     parse_layers,
     register_presets,
@@ -49,38 +50,59 @@ class LocalnessOptions(GaussianWindowOptions):
     layer_option_prefix = "localness"
     gaussian_prefix = "localness"
 
-    localness_encoder_layers: Optional[str] = field(
-        default=None,
-        metadata={"help": "encoder layers whose self-attention gets the Gaussian bias: "
-                  "1-based list or ranges ('1-3', '1,2,4'), 'all' or 'none' "
-                  "(default: the lowest three, 1-3, or every layer of a shallower encoder)"},
+    localness_encoder_layers: Optional[str] = option(
+        None,
+        "encoder layers whose self-attention gets the Gaussian bias (eq. 4): 1-based list or "
+        "ranges ('1-3', '1,2,4'), 'all' or 'none'",
+        default_text="1-3, the lowest three (Table 2), or every layer of a shallower encoder",
     )
-    localness_decoder_layers: str = field(
-        default="none", metadata={"help": "decoder layers whose self-attention gets the bias"}
+    localness_decoder_layers: str = option(
+        "none",
+        "decoder layers whose (causal) self-attention gets the Gaussian bias (Table 3, Dec), "
+        "same syntax",
     )
-    localness_enc_dec_layers: str = field(
-        default="none", metadata={"help": "decoder layers whose encoder-decoder attention gets the bias"}
+    localness_enc_dec_layers: str = option(
+        "none",
+        "decoder layers whose encoder-decoder attention gets the Gaussian bias (Table 3, Enc-Dec), "
+        "same syntax",
     )
-    localness_window: ChoiceEnum(WINDOW_STRATEGIES) = field(
-        default="query",
-        metadata={"help": "window strategy: fixed (D=--localness-fixed-window), layer (eq. 8), "
-                  "query (eq. 9), head (eq. 11)"},
+    localness_window: ChoiceEnum(WINDOW_STRATEGIES) = option(
+        "query",
+        "window size strategy of every Gaussian bias: fixed (D = --localness-fixed-window), "
+        "layer (eq. 8), query (eq. 9), head (eq. 11)",
+        scope="the layers with the Gaussian bias",
     )
-    localness_fixed_window: float = field(
-        default=GaussianWindows.fixed_window, metadata={"help": "D of the fixed strategy"}
+    localness_fixed_window: float = option(
+        GaussianWindows.fixed_window,
+        "the window D of the fixed strategy, used as given (any finite D > 0; the floor "
+        "--localness-min-window does not apply to it)",
+        applies_to={"localness_window": ("fixed",)},
     )
-    localness_head_window_max: float = field(
-        default=GaussianWindows.head_window_max, metadata={"help": "N of the head strategy (eq. 11)"}
+    localness_head_window_max: float = option(
+        GaussianWindows.head_window_max,
+        "N of the head strategy: D = F + (N - F) * sigmoid(z) (eq. 11 with the floor F); "
+        "must be above --localness-min-window",
+        applies_to={"localness_window": ("head",)},
     )
-    localness_min_window: float = field(
-        default=GaussianWindows.min_window,
-        metadata={"help": "differentiable floor F on the learned window: D = F + (I - F) * "
-                  "sigmoid(z); 0 gives Yang et al.'s eq. 6 exactly"},
+    localness_min_window: float = option(
+        GaussianWindows.min_window,
+        "differentiable floor F on the learned windows: D = F + (max(I, F) - F) * sigmoid(z) "
+        "(layer, query: eq. 6 with the floor, I = the number of keys) and D = F + (N - F) * "
+        "sigmoid(z) (head, eq. 11); F = 0 gives the paper's equations exactly",
+        applies_to={"localness_window": ("layer", "query", "head")},
+        unused_message="{flag} floors learned windows only; --localness-window fixed uses "
+        "--localness-fixed-window as given",
     )
-    localness_rel_pos: bool = field(
-        default=False, metadata={"help": "add Shaw et al. (2018) relative positions to every self-attention"}
+    localness_rel_pos: bool = option(
+        False,
+        "add Shaw et al. (2018) relative position representations (keys and values) to every "
+        "self-attention of the encoder and the decoder (Table 4, + Rel_Pos)",
     )
-    localness_rel_pos_k: int = field(default=16, metadata={"help": "relative position clipping distance k"})
+    localness_rel_pos_k: int = option(
+        16,
+        "clipping distance k of the relative positions (2k+1 embeddings for keys and for values)",
+        applies_to={"localness_rel_pos": (True,)},
+    )
 
     def layers_by_default(self, side: str, num_layers: int) -> str:
         """The encoder's lowest three layers (the paper's Table 2 choice)."""
@@ -106,39 +128,23 @@ class LocalnessOptions(GaussianWindowOptions):
             )
 
     def unused(self, cfg):
-        out = []
         gaussian = (
             self.layers("encoder", cfg.encoder_layers)
             or self.layers("decoder", cfg.decoder_layers)
             or self.enc_dec_layers(cfg.decoder_layers)
         )
+        if gaussian:
+            return self.inapplicable()
         window_options = ("localness_window", "localness_fixed_window", "localness_head_window_max",
                           "localness_min_window")
-        if not gaussian:
-            for name in window_options:
-                if self.given(name):
-                    out.append(
-                        f"{option_flag(name)} has no effect: no layer has the Gaussian bias "
-                        f"({option_flag('localness_encoder_layers')}, {option_flag('localness_decoder_layers')} "
-                        f"and {option_flag('localness_enc_dec_layers')} select none)"
-                    )
-        else:
-            for name, strategy in (("localness_fixed_window", "fixed"), ("localness_head_window_max", "head")):
-                if self.given(name) and self.localness_window != strategy:
-                    out.append(
-                        f"{option_flag(name)} applies to {option_flag('localness_window')} {strategy} only "
-                        f"(got {option_flag('localness_window')} {self.localness_window})"
-                    )
-            if self.given("localness_min_window") and self.localness_window == "fixed":
-                out.append(
-                    f"{option_flag('localness_min_window')} floors learned windows only; "
-                    f"{option_flag('localness_window')} fixed uses {option_flag('localness_fixed_window')} as given"
-                )
-        if self.given("localness_rel_pos_k") and not self.localness_rel_pos:
-            out.append(
-                f"{option_flag('localness_rel_pos_k')} applies with {option_flag('localness_rel_pos')} only"
-            )
-        return out
+        out = [
+            f"{option_flag(name)} has no effect: no layer has the Gaussian bias "
+            f"({option_flag('localness_encoder_layers')}, {option_flag('localness_decoder_layers')} "
+            f"and {option_flag('localness_enc_dec_layers')} select none)"
+            for name in window_options
+            if self.given(name)
+        ]
+        return out + self.inapplicable(["localness_rel_pos_k"])
 
 
 def build_localness_attention(
