@@ -68,7 +68,6 @@ TINY_MODEL_ARGS = [
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a long test (still part of `make test`)")
     _refuse_process_groups()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # `make test` runs one worker per core (pytest-xdist): one torch thread each,
