@@ -1,7 +1,8 @@
 """The seams between the tiers (README "Architecture"): the fusion interface, the
 query keep-mask of the attention context, the core's ``self_positions`` flag, the one
 metrics policy of ``Observable``, the record keys shared by modules and analysis, and
-the shared model machinery (default layer plans, the small preset)."""
+the shared model machinery (default layer plans, the small preset, the layer specs
+handed to fairseq's layer builders)."""
 import pytest
 import torch
 
@@ -243,3 +244,35 @@ def test_concat_projection_keeps_the_branch_outputs_not_their_concatenation(dtyp
     for a, t in zip(got, outs + [proj.weight, proj.bias]):
         assert a.dtype == t.grad.dtype == dtype
         torch.testing.assert_close(a.float(), t.grad.float(), **tol)
+
+
+def test_layer_specs_are_plain_attributes_and_no_build_state_is_left():
+    """Each layer keeps its spec as a plain attribute; the queue that hands the specs
+    to fairseq's build_*_layer (which gets no layer index) is gone after the build."""
+    import glob
+    import os
+
+    model, _ = build_model("hybrid_transformer", TINY + ["--hybrid-decoder-layers", "2"])
+    assert [layer.layer_spec.label for layer in model.encoder.layers] == ["enc1", "enc2", "enc3"]
+    assert [layer.layer_spec.self_attention is not None for layer in model.decoder.layers] == [False, True, False]
+    assert "layer_spec" in vars(model.encoder.layers[0])
+    assert not hasattr(model.encoder, "layer_queue") and not hasattr(model.decoder, "layer_queue")
+    models_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "fairseq_localness", "models")
+    for path in glob.glob(os.path.join(models_dir, "*.py")):
+        with open(path, encoding="utf-8") as f:
+            assert "__dict__[" not in f.read(), path
+
+
+def test_a_plan_that_does_not_match_the_layer_count_is_an_error():
+    from fairseq.models.transformer import TransformerConfig
+
+    from fairseq_localness.models._locality import LayerSpec, LocalityTransformerEncoder
+
+    model, task = build_model("hybrid_transformer", TINY)
+    cfg = TransformerConfig.from_namespace(parse_model_args("hybrid_transformer", TINY))
+    for count, message in ((2, "fairseq built more encoder layers than the plan has [(]2[)]"),
+                           (4, "the plan has 4 encoder layers but fairseq built 3")):
+        specs = [LayerSpec("encoder", i) for i in range(count)]  # the encoder has 3 layers
+        with pytest.raises(RuntimeError, match=message):
+            LocalityTransformerEncoder(cfg, task.source_dictionary, model.encoder.embed_tokens, specs)

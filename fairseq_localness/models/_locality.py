@@ -11,7 +11,10 @@ A model class provides
 
 * ``options_class``: a dataclass of its options, fields prefixed with the model's
   name (``localness_*``, ...) so fairseq's ``encoder_*``/``decoder_*`` routing never
-  touches them; it is surfaced to argparse from that one source. Its
+  touches them, each declared with :func:`option` (what it does, the settings of the
+  other options it applies to); ``--help``, the option tables of ``docs/<model>.md``
+  (:mod:`fairseq_localness.models.options_doc`) and the refusal of options without
+  effect (:meth:`LocalityOptions.inapplicable`) are made from that one source. Its
   ``layer_option_prefix`` names the layer-list options ``<prefix>_encoder_layers`` /
   ``<prefix>_decoder_layers`` that :meth:`LocalityOptions.layers` reads;
 * ``self_attention_builder(embed_dim, cfg, *, options, side)``: the module that
@@ -20,6 +23,11 @@ A model class provides
   :meth:`LocalityOptions.layers` selects (a model that changes more than the
   self-attention, e.g. the encoder-decoder attention too, overrides ``layer_specs``
   and returns one :class:`LayerSpec` per layer of a side).
+
+The plan is made for the layers as trained; with fairseq's LayerDrop pruning
+(``--encoder-layers-to-keep`` / ``--decoder-layers-to-keep``) the model keeps the
+plan's specs of the kept layers (:meth:`LocalityTransformerModel.build_model`), so a
+kept layer has the attention and the parameters it was trained with.
 
 Models with Gaussian branches derive their options from
 :class:`GaussianWindowOptions`, which reads the shared window settings once into a
