@@ -97,6 +97,7 @@ BAD = {
     "lengths_with_batch": (["--lengths", "32", "--batch-size", "4", "--decode-len", "8"],
                            "--batch-size, --decode-len: not with --lengths"),
     "tokens_per_batch_zero": (["--lengths", "32", "--tokens-per-batch", "0"], "--tokens-per-batch must be >= 1"),
+    "unknown_clock": (["--clock", "gpu"], "--clock: invalid choice: 'gpu'"),
     "sweep_option_without_lengths": (["--max-decode-len", "64"], "--max-decode-len: only with --lengths"),
 }
 
@@ -140,6 +141,18 @@ def test_sweep_writes_after_each_length(monkeypatch, tmp_path):
     payload, text = bench_sweep.report(sweep[:1], args, "a machine")
     assert "Lengths measured so far: [4] of [4, 8, 16]." in text
     assert [e["length"] for e in payload["sweep"]] == [4] and (tmp_path / bench_sweep.PLOT).exists()
+
+
+def test_cpu_clock_leaves_out_waiting():
+    """``--clock cpu`` times by the process's CPU time: a pass that waits (here: sleeps)
+    costs wall time but no CPU time."""
+    import time
+
+    cpu = torch.device("cpu")
+    assert bench_measure._timed(lambda: time.sleep(0.2), cpu, "wall") >= 0.2
+    assert bench_measure._timed(lambda: time.sleep(0.2), cpu, "cpu") < 0.05
+    busy = bench_measure._timed(lambda: sum(range(3_000_000)), cpu, "cpu")
+    assert busy > 0.01
 
 
 def test_dtype_check_by_device():
@@ -241,8 +254,9 @@ def test_tiny_length_sweep(tmp_path, capsys):
     out = tmp_path / "sweep"
     bench.main(["--size", "tiny", "--vocab", "64", "--lengths", "8,4", "--tokens-per-batch", "16",
                 "--decode-tokens", "8", "--max-decode-len", "6", "--repeats", "1", "--threads", "1", "--cpu",
-                "--systems", "hysan e1 (gated)", "--output-dir", str(out)])
+                "--clock", "cpu", "--systems", "hysan e1 (gated)", "--output-dir", str(out)])
     payload = json.loads((out / "bench.json").read_text())
+    assert payload["settings"]["clock"] == "cpu" and payload["machine"].endswith("timed by process CPU time")
     assert payload["settings"]["lengths"] == [4, 8] and payload["settings"]["tokens_per_batch"] == 16
     sweep = payload["sweep"]
     assert [(e["length"], e["batch_size"], e["decode_batch"], e["decode_len"]) for e in sweep] == [

@@ -144,17 +144,17 @@ def run(args) -> List[Result]:
                 members[name] = prepared
         for round_ in range(args.repeats):
             # training: the transformer, then each system of the group
-            t_base = _timed(lambda: _train_step(base_model, base_opt, batch), device)
+            t_base = _timed(lambda: _train_step(base_model, base_opt, batch), device, args.clock)
             base.train_times.append(t_base)
             for name, (model, opt) in members.items():
-                t = _timed(lambda: _train_step(model, opt, batch), device)
+                t = _timed(lambda: _train_step(model, opt, batch), device, args.clock)
                 results[name].train_times.append(t)
                 results[name].train_ratios.append(t_base / t)
             # decoding, in the same order
-            d_base = _timed(lambda: _decode(base_model, task, decode_src, args.decode_len), device)
+            d_base = _timed(lambda: _decode(base_model, task, decode_src, args.decode_len), device, args.clock)
             base.decode_times.append(d_base)
             for name, (model, _) in members.items():
-                d = _timed(lambda: _decode(model, task, decode_src, args.decode_len), device)
+                d = _timed(lambda: _decode(model, task, decode_src, args.decode_len), device, args.clock)
                 results[name].decode_times.append(d)
                 results[name].decode_ratios.append(d_base / d)
             print(f"group {number}/{len(groups)}: round {round_ + 1}/{args.repeats} done", file=sys.stderr)

@@ -90,6 +90,10 @@ def get_parser():
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default: 7; quick: 3)")
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                   help="what the timings measure: wall-clock time (default), or the CPU time of the process "
+                   "(CPU only; with --threads 1 it leaves out the time spent waiting for a core that other jobs "
+                   "hold, for a shared machine)")
     p.add_argument(
         "--group-size", type=int, default=None,
         help="systems held in memory at once, each group timed with the transformer (default: 4)",
@@ -152,11 +156,14 @@ def parse_args(argv=None):
         problem = check_dtype(args.dtype, device.type, name, capability)
         if problem:
             parser.error(problem)
+        if args.clock == "cpu" and device.type != "cpu":
+            parser.error("--clock cpu: only on the CPU (a GPU's kernels run outside the process's CPU time); "
+                         "expected --clock wall, or --cpu")
     return args
 
 
 SETTINGS = ("size", "dtype", "attention_impl", "batch_size", "src_len", "tgt_len", "decode_batch", "decode_len",
-            "repeats", "vocab", "quick", "group_size", "threads", "profile", "lengths", "tokens_per_batch",
+            "repeats", "vocab", "quick", "group_size", "threads", "clock", "profile", "lengths", "tokens_per_batch",
             "decode_tokens", "max_decode_len")
 
 
@@ -182,6 +189,8 @@ def main(argv=None):
 
     def machine() -> str:  # after run() has set the threads
         line = machine_description(device, args.dtype)
+        if args.clock == "cpu":
+            line += ", timed by process CPU time"
         return line + (f", attention_impl {' '.join(args.attention_impl)}" if args.attention_impl != ["auto"] else "")
 
     if args.lengths:
