@@ -53,6 +53,14 @@ bound and activations against the length (:mod:`fairseq_localness.cli.bench_swee
 
 ``--quick`` (CI) uses a small batch and few rounds and finishes in under 3 minutes on
 2 CPU cores; the default is meant for a GPU or a patient CPU.
+
+This module is the command line; the rest is split by concern: the systems
+(:mod:`~fairseq_localness.cli.bench_systems`), the models and their steps
+(:mod:`~fairseq_localness.cli.bench_model`), what is counted and observed
+(:mod:`~fairseq_localness.cli.bench_measure`), one run
+(:mod:`~fairseq_localness.cli.bench_run`), its tables and records
+(:mod:`~fairseq_localness.cli.bench_report`) and the length sweep
+(:mod:`~fairseq_localness.cli.bench_sweep`).
 """
 import argparse
 import json
