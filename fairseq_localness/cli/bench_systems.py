@@ -1,5 +1,6 @@
 """The benchmark's systems (``fairseq-localness-bench``): the one table of what
-``make bench`` runs, read by :mod:`fairseq_localness.cli.benchmark` and nothing else.
+``make bench`` runs, read by the benchmark (:mod:`fairseq_localness.cli.benchmark` and its
+``bench_*`` modules) and nothing else.
 Models do not know about the benchmark.
 
 Each system is an architecture family of this package (or fairseq's ``transformer``)
