@@ -82,18 +82,6 @@ cfg_die() {
     die "configuration $CFG_FILE: $*"
 }
 
-# opt_value OPTION WORD...: the value following OPTION in the words (last one wins).
-opt_value() {
-    local opt="$1" value="" prev=""
-    shift
-    local w
-    for w in "$@"; do
-        [[ "$prev" == "$opt" ]] && value="$w"
-        prev="$w"
-    done
-    echo "$value"
-}
-
 # check_reserved WHERE WORD...: none of the words is an option the driver owns.
 check_reserved() {
     local where="$1" w r
@@ -188,62 +176,6 @@ pair_of() {
 }
 
 # ------------------------------------------------------------------ options
-reproduce_usage_common() {
-    cat <<'EOF'
-Options (every reproduce script):
-  --dry-run          print every command (one per line, runnable), the batch arithmetic
-                     and the table, run nothing, write nothing
-  --table            only print the table from the results that exist (and write
-                     WORK/results.md)
-  --work-dir DIR     where runs and results go (default: runs/reproduce/<script name>)
-  --data-dir DIR     prepared corpora (default: data/prepared, shared by every table)
-  --raw-dir DIR      the root of the raw downloads: each dataset's files in DIR/<dataset>/
-                     (default: data/downloads)
-  --raw-dir DATASET=DIR  one dataset's raw files in DIR (repeatable)
-  --download         let prepare_data.sh download what is missing (not possible for
-                     ASPEC, CWMT and the WIT3 IWSLT releases: the dry run says which)
-  --variant V        the datasets' variant V where they have one (iwslt14_de_en: paper,
-                     the default, or fairseq: fairseq's split, lowercased)
-  --bleu KIND        the main column's BLEU for every row: nist, sacrebleu, multi-bleu or
-                     tok-compound (default: the metric each paper names)
-  --training T       paper (default: each configuration's), fixed (MAX_UPDATE updates,
-                     average of the last checkpoints) or early-stop (stop when dev BLEU
-                     has not improved for --patience validations, take checkpoint_best.pt)
-  --patience N       validations without improvement before early stopping (default: the
-                     configuration's, 10)
-  --significance S   paper (default: the test the paper reports), paired-bs (Koehn 2004,
-                     full-size resamples, sacrebleu), compare-mt, both, or none
-  --only "A B"       only these rows (names from the table below)
-  --gpus N           processes per run (default 1); the paper's batch is kept: per-process
-                     --max-tokens and --update-freq are derived from it (train.sh
-                     --effective-tokens), the dry run prints the arithmetic
-  --cpu              train and translate on the CPU (smoke runs)
-  --max-tokens N     the most tokens one process may hold (replaces the configuration's;
-                     the batch per update stays the paper's)
-  --precision P      auto (default of train.sh), fp32, fp16 or bf16
-  --seed N           training seed (default 1)
-  --seeds S          train every selected row once per seed: S is a number of seeds N
-                     (seeds 1..N) or a comma-separated list of distinct seeds (1,5,7);
-                     each seed's run in WORK/runs/<row>/seed<N>/ (a one-seed run in
-                     WORK/runs/<row>/ with one of these seeds and the row's settings is
-                     that seed's run). The table shows per row the number of seeds,
-                     each column's mean ± standard deviation, and, where --significance
-                     asks for a test, Koehn's paired bootstrap against the baseline row
-                     on the seeds' pooled translations (seeds resampled too;
-                     better/worse only where p < 0.05) and how many seeds pass it on
-                     their own (fairseq-localness-results); every seed's numbers in
-                     WORK/results.md and WORK/results.json. Not with --seed; --seeds 1
-                     is the default single run
-  --rehearse         the whole path for real on the CPU in minutes: the same rows and
-                     steps on small fakes of the raw downloads, with tiny models (the
-                     sizes only: layers, dimensions, subwords, batch, updates), two
-                     processes where the paper's batch spans several GPUs; everything
-                     under WORK (default runs/rehearse/<script name>); see
-                     scripts/reproduce/rehearse.sh
-  --list             print the rows and exit
-EOF
-}
-
 reproduce_parse_args() {
     DRY_RUN=0 TABLE_ONLY=0 LIST_ONLY=0 WORK="" DATA_DIR="" RAW_ROOT="" ONLY="" GPUS=1 CPU=0
     MAX_TOKENS="" PRECISION="" SEED=1 DOWNLOAD=0 VARIANT="" BLEU_OVERRIDE="" TRAINING_CHOICE=paper
@@ -281,7 +213,7 @@ reproduce_parse_args() {
             --precision) need_value "$1" $#; PRECISION="$2"; shift 2 ;;
             --seed) need_value "$1" $#; SEED="$2"; SEED_GIVEN=1; shift 2 ;;
             --seeds) need_value "$1" $#; SEEDS_SPEC="$2"; SEEDS_GIVEN=1; shift 2 ;;
-            -h|--help) usage; echo; reproduce_usage_common; echo; list_rows; exit 0 ;;
+            -h|--help) usage; echo; "$PY" "$REPRO_DIR/plan.py" usage; echo; list_rows; exit 0 ;;
             *) die "unknown option '$1' (see '${PROG} --help')" ;;
         esac
     done
@@ -331,12 +263,7 @@ raw_dir_of() {
 }
 
 list_rows() {
-    echo "Rows of ${TABLE_TITLE}:"
-    local entry
-    for entry in "${TABLE_ROWS[@]}"; do
-        IFS='|' read -r name cfg extra bleu _ <<< "$entry"
-        printf '  %-34s %-32s paper BLEU %-6s %s\n' "$name" "$cfg" "$bleu" "$extra"
-    done
+    printf '%s\n' "${TABLE_ROWS[@]}" | "$PY" "$REPRO_DIR/plan.py" list --title "$TABLE_TITLE"
 }
 
 # ------------------------------------------------------------------ data plans
@@ -375,30 +302,20 @@ reproduce_load_rows() {
     R_RUN=() R_TRAINING=() R_PAPER_BLEU=() R_SHARES=() R_DOWNLOAD=() R_MANUAL=() R_SPEC=()
     VARIANT_CHOICE="$VARIANT"
     (( ${#TABLE_ROWS[@]} )) || die "TABLE_ROWS is empty"
-    local entry name cfgspec extra bleu base params speed more cfg pair i variant_used=0
-    for entry in "${TABLE_ROWS[@]}"; do
-        IFS='|' read -r name cfgspec extra bleu base params speed more <<< "$entry"
-        [[ -z "$more" ]] || die "row '$entry': expected 7 fields 'name|config|extra args|paper BLEU|baseline|params|speed'"
-        [[ "$name" =~ ^[A-Za-z0-9_.+-]+$ ]] || die "row '$entry': name '$name': expected letters, digits, _ . + -"
-        [[ " ${R_NAME[*]} " != *" $name "* ]] || die "row name '$name' appears twice"
-        [[ "$bleu" == "-" ]] || require_float "row '$name': paper BLEU" "$bleu"
-        if [[ -n "$base" ]]; then
-            [[ " ${R_NAME[*]} " == *" $base "* ]] || die "row '$name': baseline '$base' is not an earlier row"
-        fi
-        cfg="${cfgspec%%:*}" pair=""
-        [[ "$cfgspec" == *:* ]] && pair="${cfgspec#*:}"
+    # the rows' fields, checked, and --only's selection (scripts/reproduce/plan.py)
+    local lines name cfg pair arch extra bleu base params speed sel i variant_used=0 words=()
+    lines="$(printf '%s\n' "${TABLE_ROWS[@]}" \
+        | "$PY" "$REPRO_DIR/plan.py" --prog "$PROG" rows --title "$TABLE_TITLE" --only "$ONLY")" || exit 2
+    SELECTED=()
+    while IFS=$'\x1f' read -r name cfg pair arch extra bleu base params speed sel; do
+        (( sel )) && SELECTED+=("${#R_NAME[@]}")
         load_config "$cfg"
         pair_of "$pair" || case $? in
             1) die "row '$name': configuration $cfg has no direction '$pair'; its directions: $PAIR_KEYS" ;;
             *) die "row '$name': configuration $cfg has several directions; name one as '$cfg:<src>-<tgt>'" ;;
         esac
-        local words=() arch="$ARCH"
         read -r -a words <<< "$extra"
-        if [[ "${words[0]:-}" == --arch ]]; then
-            [[ -n "${words[1]:-}" ]] || die "row '$name': '--arch' needs an architecture name"
-            arch="${words[1]}"
-            words=("${words[@]:2}")
-        fi
+        arch="${arch:-$ARCH}"
         check_reserved "row '$name' (extra args)" "${words[@]}"
         # the BLEU of the main column (--bleu replaces the paper's) and the extra one; one
         # tokenized BLEU per row (evaluate.sh writes one)
@@ -418,7 +335,7 @@ reproduce_load_rows() {
         R_ARCH+=("$arch") R_KIND+=("$kind") R_XKIND+=("$xkind") R_SRC+=("$P_SRC") R_TGT+=("$P_TGT")
         R_DATASET+=("$P_DATASET") R_RUN+=("$WORK/runs/$name") R_TRAINING+=("$training")
         R_PAPER_BLEU+=("$PAPER_BLEU") R_SHARES+=("$shares")
-    done
+    done <<< "$lines"
     # the data of every row: its prepared directory, variant, test set and downloads
     local specs=() spec
     for spec in "${R_SPEC[@]}"; do
@@ -436,19 +353,6 @@ reproduce_load_rows() {
     if [[ -n "$VARIANT" ]] && (( ! variant_used )); then
         die "--variant: no dataset of ${TABLE_TITLE%%:*} has a variant '$VARIANT' (see \
 'scripts/prepare_data.py list' for the datasets' variants)"
-    fi
-    # --only
-    SELECTED=()
-    if [[ -n "$ONLY" ]]; then
-        local want
-        for want in $ONLY; do
-            [[ " ${R_NAME[*]} " == *" $want "* ]] || die "--only: no row '$want' in ${TABLE_TITLE%%:*}; expected some of: ${R_NAME[*]}"
-        done
-        for i in "${!R_NAME[@]}"; do
-            [[ " $ONLY " == *" ${R_NAME[$i]} "* ]] && SELECTED+=("$i")
-        done
-    else
-        SELECTED=("${!R_NAME[@]}")
     fi
     return 0
 }

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""The table rows of a reproduce script: parsed, checked, selected and listed.
+
+scripts/reproduce/common.sh orchestrates a reproduce run in shell (it sources the
+configurations, which are shell files, and runs the pipeline steps); what it computes
+from a script's TABLE_ROWS and formats is here, in one call per run and without
+importing fairseq (standard library only):
+
+    plan.py --prog PROG rows --title TITLE [--only "A B"] < rows
+        every row checked (7 fields 'name|config[:src-tgt]|extra args|paper BLEU|
+        baseline row|paper params|paper speed', a valid and new name, a number or '-'
+        as the paper's BLEU, an earlier row as baseline, a leading '--arch NAME' split
+        off the extra args), then --only checked against the names; one line per row on stdout, its fields separated by
+        US (\\x1f): name, config, direction, architecture of a leading --arch (or
+        empty), the other extra args, paper BLEU, baseline, paper params, paper speed,
+        1 when the row is selected (else 0)
+    plan.py --prog PROG list --title TITLE < rows
+        the rows as --list prints them (nothing checked)
+    plan.py --prog PROG usage
+        the options every reproduce script takes (its --help)
+
+A bad row or --only stops with exit status 2 and 'PROG: error: ...' on stderr, the
+message common.sh's own checks would print.
+"""
+import argparse
+import re
+import sys
+
+FIELDS = ("name", "config", "extra args", "paper BLEU", "baseline", "params", "speed")
+SEP = "\x1f"
+_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
+_FLOAT = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")  # scripts/lib.sh's require_float
+
+OPTIONS_HELP = """\
+Options (every reproduce script):
+  --dry-run          print every command (one per line, runnable), the batch arithmetic
+                     and the table, run nothing, write nothing
+  --table            only print the table from the results that exist (and write
+                     WORK/results.md)
+  --work-dir DIR     where runs and results go (default: runs/reproduce/<script name>)
+  --data-dir DIR     prepared corpora (default: data/prepared, shared by every table)
+  --raw-dir DIR      the root of the raw downloads: each dataset's files in DIR/<dataset>/
+                     (default: data/downloads)
+  --raw-dir DATASET=DIR  one dataset's raw files in DIR (repeatable)
+  --download         let prepare_data.sh download what is missing (not possible for
+                     ASPEC, CWMT and the WIT3 IWSLT releases: the dry run says which)
+  --variant V        the datasets' variant V where they have one (iwslt14_de_en: paper,
+                     the default, or fairseq: fairseq's split, lowercased)
+  --bleu KIND        the main column's BLEU for every row: nist, sacrebleu, multi-bleu or
+                     tok-compound (default: the metric each paper names)
+  --training T       paper (default: each configuration's), fixed (MAX_UPDATE updates,
+                     average of the last checkpoints) or early-stop (stop when dev BLEU
+                     has not improved for --patience validations, take checkpoint_best.pt)
+  --patience N       validations without improvement before early stopping (default: the
+                     configuration's, 10)
+  --significance S   paper (default: the test the paper reports), paired-bs (Koehn 2004,
+                     full-size resamples, sacrebleu), compare-mt, both, or none
+  --only "A B"       only these rows (names from the table below)
+  --gpus N           processes per run (default 1); the paper's batch is kept: per-process
+                     --max-tokens and --update-freq are derived from it (train.sh
+                     --effective-tokens), the dry run prints the arithmetic
+  --cpu              train and translate on the CPU (smoke runs)
+  --max-tokens N     the most tokens one process may hold (replaces the configuration's;
+                     the batch per update stays the paper's)
+  --precision P      auto (default of train.sh), fp32, fp16 or bf16
+  --seed N           training seed (default 1)
+  --seeds S          train every selected row once per seed: S is a number of seeds N
+                     (seeds 1..N) or a comma-separated list of distinct seeds (1,5,7);
+                     each seed's run in WORK/runs/<row>/seed<N>/ (a one-seed run in
+                     WORK/runs/<row>/ with one of these seeds and the row's settings is
+                     that seed's run). The table shows per row the number of seeds,
+                     each column's mean ± standard deviation, and, where --significance
+                     asks for a test, Koehn's paired bootstrap against the baseline row
+                     on the seeds' pooled translations (seeds resampled too;
+                     better/worse only where p < 0.05) and how many seeds pass it on
+                     their own (fairseq-localness-results); every seed's numbers in
+                     WORK/results.md and WORK/results.json. Not with --seed; --seeds 1
+                     is the default single run
+  --rehearse         the whole path for real on the CPU in minutes: the same rows and
+                     steps on small fakes of the raw downloads, with tiny models (the
+                     sizes only: layers, dimensions, subwords, batch, updates), two
+                     processes where the paper's batch spans several GPUs; everything
+                     under WORK (default runs/rehearse/<script name>); see
+                     scripts/reproduce/rehearse.sh
+  --list             print the rows and exit
+"""
+
+
+class RowError(ValueError):
+    """A bad row or --only: the message common.sh prints after 'PROG: error: '."""
+
+
+def split_entry(entry, n=len(FIELDS)):
+    """The fields of a 'a|b|...' entry as bash's `IFS='|' read -r` gives them to n
+    variables: missing ones empty, the rest (with its '|') in the last one."""
+    parts = entry.split("|", n)
+    parts += [""] * (n + 1 - len(parts))
+    return parts[:n], parts[n]
+
+
+def parse_rows(entries):
+    """Check TABLE_ROWS' entries, in order; a list of dicts (name, config, pair, arch,
+    extra (list of words), bleu, base, params, speed)."""
+    if not entries:
+        raise RowError("TABLE_ROWS is empty")
+    rows, names = [], []
+    for entry in entries:
+        (name, cfgspec, extra, bleu, base, params, speed), more = split_entry(entry)
+        if more:
+            raise RowError(f"row '{entry}': expected 7 fields 'name|config|extra args|paper BLEU|baseline|params|speed'")
+        if not _NAME.fullmatch(name):
+            raise RowError(f"row '{entry}': name '{name}': expected letters, digits, _ . + -")
+        if name in names:
+            raise RowError(f"row name '{name}' appears twice")
+        if bleu != "-" and not _FLOAT.fullmatch(bleu):
+            raise RowError(f"row '{name}': paper BLEU: expected a number, got '{bleu}'")
+        if base and base not in names:
+            raise RowError(f"row '{name}': baseline '{base}' is not an earlier row")
+        config, _, pair = cfgspec.partition(":")
+        words, arch = extra.split(), ""
+        if words[:1] == ["--arch"]:
+            if len(words) < 2:
+                raise RowError(f"row '{name}': '--arch' needs an architecture name")
+            arch, words = words[1], words[2:]
+        names.append(name)
+        rows.append(dict(name=name, config=config, pair=pair, arch=arch, extra=words, bleu=bleu, base=base,
+                         params=params, speed=speed))
+    return rows
+
+
+def select(rows, only, title):
+    """The indices of the rows --only names (all rows when it is empty), in the table's order."""
+    names = [r["name"] for r in rows]
+    wanted = only.split()
+    for want in wanted:
+        if want not in names:
+            raise RowError(f"--only: no row '{want}' in {title.split(':')[0]}; expected some of: {' '.join(names)}")
+    return [i for i, n in enumerate(names) if not wanted or n in wanted]
+
+
+def rows_lines(rows, selected):
+    """The lines `plan.py rows` prints: one per row, fields joined by SEP."""
+    return [SEP.join([r["name"], r["config"], r["pair"], r["arch"], " ".join(r["extra"]), r["bleu"], r["base"],
+                      r["params"], r["speed"], "1" if i in selected else "0"])
+            for i, r in enumerate(rows)]
+
+
+def list_lines(entries, title):
+    """The rows as --list prints them (name, configuration, paper BLEU, extra args)."""
+    lines = [f"Rows of {title}:"]
+    for entry in entries:
+        (name, cfg, extra, bleu), _ = split_entry(entry, 4)
+        lines.append(f"  {name:<34} {cfg:<32} paper BLEU {bleu:<6} {extra}")
+    return lines
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prog", default="reproduce", help="the script name for error messages")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("rows", help="check and select TABLE_ROWS (read from stdin, one per line)")
+    p.add_argument("--title", required=True)
+    p.add_argument("--only", default="")
+    p = sub.add_parser("list", help="print TABLE_ROWS (read from stdin) as --list does")
+    p.add_argument("--title", required=True)
+    sub.add_parser("usage", help="print the options every reproduce script takes")
+    args = ap.parse_args(argv)
+    if args.cmd == "usage":
+        sys.stdout.write(OPTIONS_HELP)
+        return 0
+    entries = sys.stdin.read().splitlines()
+    if args.cmd == "list":
+        print("\n".join(list_lines(entries, args.title)))
+        return 0
+    try:
+        rows = parse_rows(entries)
+        selected = select(rows, args.only, args.title)
+    except RowError as e:
+        print(f"{args.prog}: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(rows_lines(rows, selected)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""scripts/reproduce/plan.py: what the reproduce driver (scripts/reproduce/common.sh)
+computes and formats, tested as functions (the drivers' dry runs: test_reproduce.py)."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+REPRO = os.path.join(REPO, "scripts", "reproduce")
+_spec = importlib.util.spec_from_file_location("reproduce_plan", os.path.join(REPRO, "plan.py"))
+plan = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(plan)
+
+ROWS = [
+    "en-de.transformer|xu2019_wmt14_base|--arch transformer_wmt_en_de|27.67||88.0M|",
+    "en-de.local_s|xu2019_wmt14_base|--hybrid-variant local_s  --hybrid-encoder-layers 1-3|28.11|en-de.transformer|+0.8M|",
+    "vi-en.dc|dc_iwslt:vi-en||-|en-de.transformer||3.0",
+]
+
+
+def test_rows_are_split_as_the_driver_reads_them():
+    rows = plan.parse_rows(ROWS)
+    assert [r["name"] for r in rows] == ["en-de.transformer", "en-de.local_s", "vi-en.dc"]
+    assert rows[0]["arch"] == "transformer_wmt_en_de" and rows[0]["extra"] == []
+    assert rows[1]["arch"] == "" and rows[1]["extra"] == ["--hybrid-variant", "local_s", "--hybrid-encoder-layers", "1-3"]
+    assert (rows[1]["bleu"], rows[1]["base"], rows[1]["params"], rows[1]["speed"]) == ("28.11", "en-de.transformer",
+                                                                                         "+0.8M", "")
+    assert (rows[2]["config"], rows[2]["pair"], rows[2]["bleu"], rows[2]["speed"]) == ("dc_iwslt", "vi-en", "-", "3.0")
+    assert rows[0]["pair"] == ""
+
+
+def test_split_entry_is_bash_read():
+    # `IFS='|' read -r a b c`: missing fields empty, the rest (with its '|') in the last
+    assert plan.split_entry("a|b", 3) == (["a", "b", ""], "")
+    assert plan.split_entry("a|b|c|d|e", 3) == (["a", "b", "c"], "d|e")
+    assert plan.split_entry("a|b|c|", 3) == (["a", "b", "c"], "")
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([], "TABLE_ROWS is empty"),
+    (["a|c|x|1|||"  + "|8"], "row 'a|c|x|1||||8': expected 7 fields"),
+    (["a b|c||1|||"], "row 'a b|c||1|||': name 'a b': expected letters, digits, _ . + -"),
+    (["a|c||1|||", "a|c||2|||"], "row name 'a' appears twice"),
+    (["a|c||1.2.3|||"], "row 'a': paper BLEU: expected a number, got '1.2.3'"),
+    (["a|c||x|||"], "row 'a': paper BLEU: expected a number, got 'x'"),
+    (["a|c||1|b||", "b|c||1|||"], "row 'a': baseline 'b' is not an earlier row"),
+    (["a|c|--arch|1|||"], "row 'a': '--arch' needs an architecture name"),
+])
+def test_bad_rows_are_refused_with_the_drivers_message(rows, message):
+    with pytest.raises(plan.RowError) as e:
+        plan.parse_rows(rows)
+    assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("bleu", ["27", "27.5", "-1.5", ".5", "1e3", "2.E-1", "-"])
+def test_paper_bleu_takes_what_require_float_takes(bleu):
+    assert plan.parse_rows([f"a|c||{bleu}|||"])[0]["bleu"] == bleu
+
+
+def test_only_selects_in_the_tables_order_and_names_the_rows_on_a_typo():
+    rows = plan.parse_rows(ROWS)
+    assert plan.select(rows, "", "T: x") == [0, 1, 2]
+    assert plan.select(rows, "vi-en.dc  en-de.transformer", "T: x") == [0, 2]
+    with pytest.raises(plan.RowError, match=r"^--only: no row 'nope' in Xu, Table 1; expected some of: "
+                                            r"en-de.transformer en-de.local_s vi-en.dc$"):
+        plan.select(rows, "en-de.local_s nope", "Xu, Table 1: WMT14")
+
+
+def test_the_rows_command_prints_one_separated_line_per_row_and_fails_with_status_2():
+    script = os.path.join(REPRO, "plan.py")
+    p = subprocess.run([sys.executable, script, "--prog", "t.sh", "rows", "--title", "T", "--only", "en-de.local_s"],
+                       input="\n".join(ROWS) + "\n", capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    lines = [line.split("\x1f") for line in p.stdout.splitlines()]
+    assert [len(f) for f in lines] == [10, 10, 10]
+    assert lines[0] == ["en-de.transformer", "xu2019_wmt14_base", "", "transformer_wmt_en_de", "", "27.67", "",
+                        "88.0M", "", "0"]
+    assert lines[1][4] == "--hybrid-variant local_s --hybrid-encoder-layers 1-3" and lines[1][9] == "1"
+    p = subprocess.run([sys.executable, script, "--prog", "t.sh", "rows", "--title", "T", "--only", "x"],
+                       input="\n".join(ROWS) + "\n", capture_output=True, text=True)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.startswith("t.sh: error: --only: no row 'x' in T; expected some of: en-de.transformer ")
+
+
+def test_list_lines_align_the_columns():
+    lines = plan.list_lines(ROWS[:1] + ["short|cfg"], "Xu, Table 1")
+    assert lines[0] == "Rows of Xu, Table 1:"
+    assert lines[1] == "  " + "en-de.transformer".ljust(34) + " " + "xu2019_wmt14_base".ljust(32) \
+        + " paper BLEU 27.67  --arch transformer_wmt_en_de"
+    assert lines[2] == "  " + "short".ljust(34) + " " + "cfg".ljust(32) + " paper BLEU " + " " * 6 + " "
