@@ -760,17 +760,16 @@ class AttentionCore(nn.Module, Observable):
                 terms.append((_rows_term, (bias,)))
         if soft_bias is not None:
             terms.append((_rows_term, (soft_bias,)))
-        bucket = value_embeddings = None
+        relative_key = value_embeddings = None
         if rel is not None:
-            per_distance = ctx.cache.get("rel_key_per_distance")
-            if per_distance is None:
-                per_distance = rel.key_per_distance(ctx.q * self.scaling)
-                ctx.cache["rel_key_per_distance"] = per_distance
-            bucket = rel.bucket(ctx)[0, 0]  # Tq x Tk
-            terms.append((_gathered_term(bucket), (per_distance,)))
+            relative_key = ctx.cache.get("rel_key_per_distance")
+            if relative_key is None:
+                relative_key = rel.key_per_distance(ctx.q * self.scaling)
+                ctx.cache["rel_key_per_distance"] = relative_key
             value_embeddings = rel.value_embeddings
         blocked = _combine(base_blocked, branch.mask(ctx))
-        return recomputed_attention(ctx.q, ctx.k, v, self.scaling, blocked, terms, bucket, value_embeddings)
+        return recomputed_attention(ctx.q, ctx.k, v, self.scaling, blocked, terms,
+                                    rel.max_distance if rel is not None else 0, relative_key, value_embeddings)
 
     def _dropout_active(self) -> bool:
         return self.dropout_module.p > 0 and (self.training or self.dropout_module.apply_during_inference)
@@ -878,17 +877,6 @@ def _rows_term(inputs, i0: int, i1: int) -> Tensor:
     """A bias term given whole (``... x Tq x Tk``, or broadcast over the queries)."""
     bias = inputs[0]
     return bias if bias.size(-2) == 1 else bias[..., i0:i1, :]
-
-
-def _gathered_term(bucket: Tensor):
-    """Shaw et al.'s key term of query rows i0..i1 from ``q a^K`` per bucket
-    (``B x H x Tq x R``) and the bucket of each pair (``Tq x Tk``)."""
-
-    def term(inputs, i0: int, i1: int) -> Tensor:
-        per_distance = inputs[0][:, :, i0:i1]
-        return torch.gather(per_distance, -1, bucket[i0:i1].expand(per_distance.shape[:-1] + bucket.shape[-1:]))
-
-    return term
 
 
 # The CPU flash attention kernel behind F.scaled_dot_product_attention, called directly

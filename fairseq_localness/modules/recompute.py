@@ -14,9 +14,14 @@ Per query block ``I`` (rows ``i0 .. i1 - 1``) the forward pass computes::
     P_I  = softmax(S_I)                                  (float32)
     O_I  = P_I v [+ bucket_sum(P_I) W^V]                 (Shaw et al. 2018, eq. 3)
 
-and keeps ``q, k, v, O``, the row log-sum-exp and the small tensors the biases are
-made of (per query: a centre and a width; per query and bucket: ``q a^K``). The
-backward pass recomputes ``P_I`` from them and applies the softmax's gradient
+and keeps ``q, k, v, O`` and the small tensors the biases are
+made of (per query: a centre and a width; per query and bucket: ``q a^K``). Shaw et
+al.'s buckets ``clip(j - i, -K, K) + K`` are expanded to and summed from a block by
+one ``where`` or two masked sums for the clipped buckets and 2K - 1 diagonals for the
+others (:func:`expand_buckets`, :func:`reduce_buckets`), not by a gather or scatter
+over ``Tq x Tk`` indices. The
+backward pass recomputes ``P_I`` from them (one more product ``q_I k^T`` and softmax
+per block) and applies the softmax's gradient
 ``dS = P (dP - rowsum(dO * O))`` (``dP = dO v^T`` [+ the value term's]); the biases'
 gradients come from autograd on the recomputed block bias with ``dS`` as its
 gradient, so a bias is written once, as a function of its small inputs.
@@ -48,40 +53,49 @@ def block_rows(bsz: int, heads: int, tgt_len: int, src_len: int) -> int:
 
 class _RecomputedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, blocked, fns, counts, bucket, value_emb, *inputs):
+    def forward(ctx, q, k, v, scale, blocked, fns, counts, rel_k, rel_key, value_emb, *inputs):
         # B x H x T x Dh views of the projections (heads split from T x B x C) would be
         # copied by every batched product: copied once here instead (the backward pass
         # keeps these copies, and the projections' outputs are then free)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         bsz, heads, tgt_len, _ = q.shape
         src_len = k.size(2)
+        offset = src_len - tgt_len
         rows = block_rows(bsz, heads, tgt_len, src_len)
         dt = torch.float64 if q.dtype == torch.float64 else torch.float32
         out = q.new_empty(bsz, heads, tgt_len, v.size(-1))
-        lse = torch.empty(bsz, heads, tgt_len, dtype=dt, device=q.device)
+        per_bucket = None if value_emb is None else q.new_empty(bsz, heads, tgt_len, value_emb.size(0), dtype=dt)
         groups = _split(inputs, counts)
         for i0 in range(0, tgt_len, rows):
             i1 = min(tgt_len, i0 + rows)
-            probs, lse[:, :, i0:i1], empty = _block_probs(q, k, scale, blocked, fns, groups, i0, i1, dt)
-            o = torch.matmul(probs.to(v.dtype), v)
-            if value_emb is not None:
-                o = o + torch.matmul(_bucket_sum(probs, bucket, i0, i1, value_emb.size(0)), value_emb.to(dt)).to(v.dtype)
-            if empty is not None:
-                o = o.masked_fill(empty, 0.0)
+            with torch.no_grad():
+                scores, _ = _block_scores(q, k, scale, fns, groups, i0, i1, dt)
+                if rel_key is not None:
+                    scores = scores + expand_buckets(rel_key[:, :, i0:i1].to(dt), i0, i1, src_len, offset, rel_k)
+                probs, empty = _softmax_block(scores, blocked, i0, i1)
+                o = torch.matmul(probs.to(v.dtype), v)
+                if value_emb is not None:
+                    sums = reduce_buckets(probs, i0, i1, offset, rel_k)
+                    per_bucket[:, :, i0:i1] = sums if empty is None else sums.masked_fill(empty, 0.0)
+                    o = o + torch.matmul(sums, value_emb.to(dt)).to(v.dtype)
+                if empty is not None:
+                    o = o.masked_fill(empty, 0.0)
             out[:, :, i0:i1] = o
-        ctx.scale, ctx.fns, ctx.counts, ctx.rows, ctx.dt = scale, fns, counts, rows, dt
-        ctx.has_blocked, ctx.has_bucket, ctx.has_value = blocked is not None, bucket is not None, value_emb is not None
-        ctx.save_for_backward(q, k, v, out, lse, blocked, bucket, value_emb, *inputs)
+        ctx.scale, ctx.fns, ctx.counts, ctx.rows, ctx.dt, ctx.rel_k = scale, fns, counts, rows, dt, rel_k
+        ctx.has = (blocked is not None, rel_key is not None, value_emb is not None)
+        ctx.save_for_backward(q, k, v, out, blocked, rel_key, value_emb, per_bucket, *inputs)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, blocked, bucket, value_emb, *inputs = ctx.saved_tensors
-        blocked = blocked if ctx.has_blocked else None
-        bucket = bucket if ctx.has_bucket else None
-        value_emb = value_emb if ctx.has_value else None
-        dt, scale, rows, fns = ctx.dt, ctx.scale, ctx.rows, ctx.fns
-        tgt_len = q.size(2)
+        q, k, v, out, blocked, rel_key, value_emb, per_bucket, *inputs = ctx.saved_tensors
+        has_blocked, has_rel_key, has_value = ctx.has
+        blocked = blocked if has_blocked else None
+        rel_key = rel_key if has_rel_key else None
+        value_emb = value_emb if has_value else None
+        dt, scale, rows, fns, rel_k = ctx.dt, ctx.scale, ctx.rows, ctx.fns, ctx.rel_k
+        tgt_len, src_len = q.size(2), k.size(2)
+        offset = src_len - tgt_len
         leaves = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
         groups = _split(leaves, ctx.counts)
         grad_out = grad_out.to(dt)
@@ -89,37 +103,39 @@ class _RecomputedAttention(torch.autograd.Function):
         grad_q = torch.zeros_like(q, dtype=dt)
         grad_k = torch.zeros_like(k, dtype=dt)
         grad_v = torch.zeros_like(v, dtype=dt)
-        grad_value_emb = None if value_emb is None else torch.zeros_like(value_emb, dtype=dt)
+        grad_rel_key = None if rel_key is None else torch.zeros_like(rel_key, dtype=dt)
+        grad_value_emb = None
         kd, vd = k.to(dt), v.to(dt)
         for i0 in range(0, tgt_len, rows):
             i1 = min(tgt_len, i0 + rows)
             qd = q[:, :, i0:i1].to(dt)
             with torch.enable_grad():
                 scores, bias = _block_scores(q, k, scale, fns, groups, i0, i1, dt)
-            blocked_i = None if blocked is None else _rows(blocked, i0, i1)
             masked = scores.detach()
+            if rel_key is not None:
+                masked = masked + expand_buckets(rel_key[:, :, i0:i1].to(dt), i0, i1, src_len, offset, rel_k)
+            probs, empty = _softmax_block(masked, blocked, i0, i1)
             go = grad_out[:, :, i0:i1]
-            if blocked_i is not None:
-                empty = blocked_i.all(-1, keepdim=True)
-                masked = masked.masked_fill(blocked_i & ~empty, float("-inf"))
+            if empty is not None:
                 go = go.masked_fill(empty, 0.0)  # the forward pass zeroed these rows
-            probs = torch.exp(masked - lse[:, :, i0:i1, None])
             grad_probs = torch.matmul(go, vd.transpose(-1, -2))
             if value_emb is not None:
-                per_bucket = torch.matmul(go, value_emb.to(dt).t())  # B x H x rows x R
-                index = bucket[i0:i1].expand(probs.shape)
-                grad_probs = grad_probs + torch.gather(per_bucket, -1, index)
-                grad_value_emb += torch.matmul(
-                    _bucket_sum(probs, bucket, i0, i1, value_emb.size(0)).flatten(0, 2).t(), go.flatten(0, 2))
+                per_value = torch.matmul(go, value_emb.to(dt).t())  # B x H x rows x R
+                grad_probs = grad_probs + expand_buckets(per_value, i0, i1, src_len, offset, rel_k)
             grad_scores = probs * (grad_probs - delta[:, :, i0:i1])
             grad_v += torch.matmul(probs.transpose(-1, -2), go)
             grad_q[:, :, i0:i1] = torch.matmul(grad_scores, kd) * scale
             grad_k += torch.matmul(grad_scores.transpose(-1, -2), qd) * scale
+            if rel_key is not None:
+                grad_rel_key[:, :, i0:i1] = reduce_buckets(grad_scores, i0, i1, offset, rel_k)
             if bias is not None and bias.requires_grad:
                 torch.autograd.backward(bias, _sum_to(grad_scores, bias.shape))
+        if value_emb is not None:
+            flat = lambda t: t.reshape(-1, t.size(-1))  # noqa: E731
+            grad_value_emb = flat(per_bucket).t().matmul(flat(grad_out)).to(value_emb.dtype)
         grads = [None if not leaf.requires_grad else leaf.grad for leaf in leaves]
         return (grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None, None, None,
-                None if grad_value_emb is None else grad_value_emb.to(value_emb.dtype), *grads)
+                None if grad_rel_key is None else grad_rel_key.to(rel_key.dtype), grad_value_emb, *grads)
 
 
 def _split(inputs: Sequence[Tensor], counts: Sequence[int]) -> List[Tuple[Tensor, ...]]:
@@ -151,25 +167,61 @@ def _block_scores(q, k, scale, fns, groups, i0, i1, dt):
     return (scores if bias is None else scores + bias), bias
 
 
-def _block_probs(q, k, scale, blocked, fns, groups, i0, i1, dt):
-    with torch.no_grad():
-        scores, _ = _block_scores(q, k, scale, fns, groups, i0, i1, dt)
-        empty = None
-        if blocked is not None:
-            blocked_i = _rows(blocked, i0, i1)
-            empty = blocked_i.all(-1, keepdim=True)
-            scores = scores.masked_fill(blocked_i & ~empty, float("-inf"))
-            if empty.device.type == "cpu" and not bool(empty.any()):
-                empty = None  # the common case: no repair (no host sync on accelerators)
-        lse = torch.logsumexp(scores, -1)
-        probs = torch.exp(scores - lse.unsqueeze(-1))
-    return probs, lse, empty
+def _softmax_block(scores: Tensor, blocked: Optional[Tensor], i0: int, i1: int):
+    """Masked float softmax of a block and its empty rows (None on a CPU when there is
+    none); empty rows are unblocked (their output is zeroed)."""
+    empty = None
+    if blocked is not None:
+        blocked_i = _rows(blocked, i0, i1)
+        empty = blocked_i.all(-1, keepdim=True)
+        scores = scores.masked_fill(blocked_i & ~empty, float("-inf"))
+        if empty.device.type == "cpu" and not bool(empty.any()):
+            empty = None  # the common case: no repair (no host sync on accelerators)
+    return torch.softmax(scores, -1), empty
 
 
-def _bucket_sum(probs: Tensor, bucket: Tensor, i0: int, i1: int, num_buckets: int) -> Tensor:
-    """``sum_j P_ij [b(i, j) = r]``: ``B x H x rows x R``."""
-    per_bucket = probs.new_zeros(probs.shape[:-1] + (num_buckets,))
-    return per_bucket.scatter_add_(-1, bucket[i0:i1].expand(probs.shape), probs)
+def _far_masks(i0: int, i1: int, src_len: int, offset: int, k: int, device):
+    """``rows x Tk`` masks of the keys with ``j - i' <= -K`` and ``>= K`` (the clipped
+    buckets 0 and 2K), ``i' = offset + i`` the key index of query i."""
+    pos = torch.arange(offset + i0, offset + i1, device=device).unsqueeze(1)
+    dist = torch.arange(src_len, device=device).unsqueeze(0) - pos
+    return dist <= -k, dist >= k
+
+
+def _diagonals(i0: int, i1: int, src_len: int, offset: int, k: int):
+    """For each unclipped distance d (``|d| < K``): the bucket ``d + K``, the offset of
+    its diagonal in a block of query rows i0..i1 (``j = offset + i + d``) and the rows
+    ``r0 .. r1 - 1`` of the block that diagonal covers."""
+    rows = i1 - i0
+    for d in range(1 - k, k):
+        diag = offset + i0 + d
+        r0, r1 = max(0, -diag), min(rows, src_len - diag)
+        if r1 > r0:
+            yield d + k, diag, r0, r1
+
+
+def expand_buckets(per_bucket: Tensor, i0: int, i1: int, src_len: int, offset: int, k: int) -> Tensor:
+    """``x_ij = per_bucket[i, clip(j - i', -K, K) + K]`` for query rows i0..i1
+    (``per_bucket``: ``... x rows x (2K + 1)``): the clipped buckets by one ``where``
+    over the block, the 2K - 1 others along their diagonals (no gather)."""
+    far_left, _ = _far_masks(i0, i1, src_len, offset, k, per_bucket.device)
+    out = torch.where(far_left, per_bucket[..., :1], per_bucket[..., -1:])
+    for r, diag, r0, r1 in _diagonals(i0, i1, src_len, offset, k):
+        out.diagonal(diag, -2, -1).copy_(per_bucket[..., r0:r1, r])
+    return out
+
+
+def reduce_buckets(x: Tensor, i0: int, i1: int, offset: int, k: int) -> Tensor:
+    """``sum_j x_ij [clip(j - i', -K, K) + K = r]``: ``... x rows x (2K + 1)`` (the
+    transpose of :func:`expand_buckets`), by two masked sums and 2K - 1 diagonals (no
+    scatter)."""
+    far_left, far_right = _far_masks(i0, i1, x.size(-1), offset, k, x.device)
+    out = x.new_zeros(x.shape[:-1] + (2 * k + 1,))
+    out[..., 0] = (x * far_left).sum(-1)
+    out[..., -1] = (x * far_right).sum(-1)
+    for r, diag, r0, r1 in _diagonals(i0, i1, x.size(-1), offset, k):
+        out[..., r0:r1, r] = x.diagonal(diag, -2, -1)
+    return out
 
 
 def recomputed_attention(
@@ -179,14 +231,19 @@ def recomputed_attention(
     scale: float,
     blocked: Optional[Tensor] = None,
     bias_terms: Sequence[BiasTerm] = (),
-    bucket: Optional[Tensor] = None,
+    relative_k: int = 0,
+    relative_key: Optional[Tensor] = None,
     value_embeddings: Optional[Tensor] = None,
 ) -> Tensor:
-    """``softmax(q k^T * scale + sum of the bias terms, masked by blocked) (v + a^V)``,
-    ``B x H x Tq x Dh`` (see the module docstring). ``blocked``: boolean,
-    broadcastable to ``B x H x Tq x Tk``, True = masked. ``bucket`` (``Tq x Tk`` long)
-    and ``value_embeddings`` (``R x Dh``): Shaw et al.'s value term, or None."""
+    """``softmax(q k^T * scale + bias, masked by blocked) (v + a^V)``, ``B x H x Tq x
+    Dh`` (see the module docstring). ``blocked``: boolean, broadcastable to
+    ``B x H x Tq x Tk``, True = masked. ``bias``: the sum of the ``bias_terms`` and of
+    Shaw et al.'s key term ``relative_key[i, clip(j - i', -K, K) + K]``
+    (``relative_key``: ``q_i w^K_r * scale``, ``B x H x Tq x (2K + 1)``, K =
+    ``relative_k``); ``value_embeddings`` (``(2K + 1) x Dh``): Shaw et al.'s value
+    term, or None. Queries are bottom-right aligned (``i' = Tk - Tq + i``)."""
     fns = tuple(fn for fn, _ in bias_terms)
     counts = tuple(len(inputs) for _, inputs in bias_terms)
     inputs = [x for _, group in bias_terms for x in group]
-    return _RecomputedAttention.apply(q, k, v, scale, blocked, fns, counts, bucket, value_embeddings, *inputs)
+    return _RecomputedAttention.apply(
+        q, k, v, scale, blocked, fns, counts, relative_k, relative_key, value_embeddings, *inputs)
