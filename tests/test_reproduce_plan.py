@@ -91,3 +91,85 @@ def test_list_lines_align_the_columns():
     assert lines[1] == "  " + "en-de.transformer".ljust(34) + " " + "xu2019_wmt14_base".ljust(32) \
         + " paper BLEU 27.67  --arch transformer_wmt_en_de"
     assert lines[2] == "  " + "short".ljust(34) + " " + "cfg".ljust(32) + " paper BLEU " + " " * 6 + " "
+
+
+DATASETS = ["iwslt14_de_en", "wmt14_en_de"]
+
+
+def options(*argv, paper_test="none"):
+    return plan.parse_options(list(argv), DATASETS, "t.sh", paper_test)
+
+
+def test_options_defaults_and_values():
+    v = options()
+    assert {k: v[k] for k in ("DRY_RUN", "GPUS", "SEED", "TRAINING_CHOICE", "SIGNIFICANCE", "WORK")} == dict(
+        DRY_RUN="0", GPUS="1", SEED="1", TRAINING_CHOICE="paper", SIGNIFICANCE="paper", WORK="")
+    assert v["SEEDS"] == [1] and v["RAW_DIRS"] == {} and v["RUN_TESTS"] == ""
+    v = options("--dry-run", "--gpus", "04", "--seed", "007", "--max-tokens", "0100", "--raw-dir", "/r",
+                "--raw-dir", "wmt14_en_de=/w=x", "--work-dir", "--cpu")
+    assert (v["DRY_RUN"], v["GPUS"], v["SEED"], v["SEEDS"]) == ("1", "4", "7", [7])
+    assert v["MAX_TOKENS"] == "0100"  # (passed on as given, like the shell did)
+    assert v["RAW_ROOT"] == "/r" and v["RAW_DIRS"] == {"wmt14_en_de": "/w=x"} and v["WORK"] == "--cpu"
+    assert options("--seeds", "3")["SEEDS"] == [1, 2, 3]
+    v = options("--seeds", "05,1,7")
+    assert v["SEEDS"] == [5, 1, 7] and v["SEED"] == "5"
+    assert options("--raw-dir", "Some=dir")["RAW_ROOT"] == "Some=dir"  # not a dataset name: the root
+
+
+def test_help_wins_unless_an_error_comes_first():
+    assert options("--gpus", "0", "--help") == {"HELP": "1"}
+    with pytest.raises(plan.RowError, match="unknown option '--x' \\(see 't.sh --help'\\)"):
+        options("--x", "-h")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus"], "option --gpus needs a value"),
+    (["--dry-run", "--table"], "--dry-run and --table: expected one of them, not both"),
+    (["--gpus", "0"], "--gpus: expected a whole number >= 1, got '0'"),
+    (["--seed", "-1"], "--seed: expected a whole number >= 0, got '-1'"),
+    (["--seed", "1", "--seeds", "2"], "--seed and --seeds: expected one of them, not both"),
+    (["--seeds", "1,2,01"], "--seeds: '1,2,01' names a seed twice"),
+    (["--seeds", "0"], "--seeds: expected a whole number >= 1, got '0' (a number of seeds N"),
+    (["--seeds", "1;2"], "--seeds: expected a number of seeds (e.g. 3: seeds 1,2,3)"),
+    (["--max-tokens", "0"], "--max-tokens: expected a whole number >= 1, got '0'"),
+    (["--precision", "fp8"], "--precision: expected one of: auto fp32 fp16 bf16; got 'fp8'"),
+    (["--variant", "a b"], "--variant: expected a variant name, got 'a b'"),
+    (["--bleu", "chrf"], "--bleu: expected one of: nist sacrebleu multi-bleu tok-compound; got 'chrf'"),
+    (["--training", "x"], "--training: expected one of: paper fixed early-stop; got 'x'"),
+    (["--patience", "0"], "--patience: expected a whole number >= 1, got '0'"),
+    (["--significance", "t"], "--significance: expected one of: paper paired-bs compare-mt both none; got 't'"),
+    (["--cpu", "--gpus", "2"], "--cpu and --gpus 2: expected one of them, not both"),
+    (["--raw-dir", "wmt15_en_de=/x"], "--raw-dir DATASET=DIR: dataset: expected one of: iwslt14_de_en wmt14_en_de; "
+                                      "got 'wmt15_en_de'"),
+    (["--raw-dir", "wmt14_en_de="], "--raw-dir wmt14_en_de=: expected a directory after '='"),
+    # the first error in the shell's order is the one reported
+    (["--patience", "0", "--gpus", "0"], "--gpus: expected"),
+    (["--bleu", "x", "--precision", "y"], "--precision: expected"),
+])
+def test_bad_options_name_the_option_and_what_it_takes(argv, message):
+    with pytest.raises(plan.RowError) as e:
+        options(*argv)
+    assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("significance, paper, tests", [
+    ("paper", "none", ""), ("paper", "paired-bs", "paired-bs"), ("paper", "compare-mt", "compare-mt"),
+    ("paper", "1", "compare-mt"), ("paper", "0", ""), ("both", "none", "paired-bs compare-mt"),
+    ("none", "paired-bs", ""), ("compare-mt", "paired-bs", "compare-mt"),
+])
+def test_the_tests_to_run(significance, paper, tests):
+    assert plan.run_tests(significance, paper) == tests
+    assert options("--significance", significance, paper_test=paper)["RUN_TESTS"] == tests
+
+
+def test_the_options_command_prints_assignments_bash_reads_back():
+    script = os.path.join(REPRO, "plan.py")
+    cmd = [sys.executable, script, "--prog", "t.sh", "options", "--datasets", " ".join(DATASETS), "--",
+           "--only", "a 'b' $c", "--raw-dir", "wmt14_en_de=/d i r", "--seeds", "2", "--help-me"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr == "t.sh: error: unknown option '--help-me' (see 't.sh --help')\n"
+    p = subprocess.run(cmd[:-1], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    shell = 'declare -A RAW_DIRS=(); eval "$1"; printf "%s|" "$ONLY" "${RAW_DIRS[wmt14_en_de]}" "${SEEDS[@]}" "$GPUS"'
+    out = subprocess.run(["bash", "-c", shell, "-", p.stdout], capture_output=True, text=True, check=True).stdout
+    assert out == "a 'b' $c|/d i r|1|2|1|"

@@ -54,7 +54,6 @@ for _m in "$REPO_DIR"/data/manifests/*.json; do _m="${_m##*/}"; DATASETS+=("${_m
 unset _m
 BLEU_KINDS=(nist sacrebleu multi-bleu tok-compound)
 TRAININGS=(fixed early-stop)
-TESTS=(paired-bs compare-mt)
 # What a configuration file defines (reset before each one is read), and the optional
 # ones with their defaults.
 CONFIG_VARS=(DESCRIPTION PAIRS BPE ARCH MODEL_ARGS METHOD_ARGS TRAIN_ARGS MAX_UPDATE
@@ -177,66 +176,16 @@ pair_of() {
 
 # ------------------------------------------------------------------ options
 reproduce_parse_args() {
-    DRY_RUN=0 TABLE_ONLY=0 LIST_ONLY=0 WORK="" DATA_DIR="" RAW_ROOT="" ONLY="" GPUS=1 CPU=0
-    MAX_TOKENS="" PRECISION="" SEED=1 DOWNLOAD=0 VARIANT="" BLEU_OVERRIDE="" TRAINING_CHOICE=paper
-    PATIENCE_OVERRIDE="" SIGNIFICANCE=paper SEEDS_SPEC="" SEED_GIVEN=0 SEEDS_GIVEN=0 REHEARSE=0
-    declare -gA RAW_DIRS=()
-    local script_name spec
+    # the options, checked, as shell assignments (scripts/reproduce/plan.py)
+    local script_name assignments HELP=0
     script_name="$(basename "$0" .sh)"
-    while (( $# )); do
-        case "$1" in
-            --dry-run) DRY_RUN=1; shift ;;
-            --table) TABLE_ONLY=1; shift ;;
-            --list) LIST_ONLY=1; shift ;;
-            --rehearse) REHEARSE=1; shift ;;
-            --work-dir) need_value "$1" $#; WORK="$2"; shift 2 ;;
-            --data-dir) need_value "$1" $#; DATA_DIR="$2"; shift 2 ;;
-            --raw-dir)
-                need_value "$1" $#; spec="$2"; shift 2
-                if [[ "$spec" == *=* && "${spec%%=*}" =~ ^[a-z0-9_]+$ ]]; then
-                    require_choice "--raw-dir DATASET=DIR: dataset" "${spec%%=*}" "${DATASETS[@]}"
-                    [[ -n "${spec#*=}" ]] || die "--raw-dir ${spec%%=*}=: expected a directory after '='"
-                    RAW_DIRS["${spec%%=*}"]="${spec#*=}"
-                else
-                    RAW_ROOT="$spec"
-                fi ;;
-            --download) DOWNLOAD=1; shift ;;
-            --variant) need_value "$1" $#; VARIANT="$2"; shift 2 ;;
-            --bleu) need_value "$1" $#; BLEU_OVERRIDE="$2"; shift 2 ;;
-            --training) need_value "$1" $#; TRAINING_CHOICE="$2"; shift 2 ;;
-            --patience) need_value "$1" $#; PATIENCE_OVERRIDE="$2"; shift 2 ;;
-            --significance) need_value "$1" $#; SIGNIFICANCE="$2"; shift 2 ;;
-            --only) need_value "$1" $#; ONLY="$2"; shift 2 ;;
-            --gpus) need_value "$1" $#; GPUS="$2"; shift 2 ;;
-            --cpu) CPU=1; shift ;;
-            --max-tokens) need_value "$1" $#; MAX_TOKENS="$2"; shift 2 ;;
-            --precision) need_value "$1" $#; PRECISION="$2"; shift 2 ;;
-            --seed) need_value "$1" $#; SEED="$2"; SEED_GIVEN=1; shift 2 ;;
-            --seeds) need_value "$1" $#; SEEDS_SPEC="$2"; SEEDS_GIVEN=1; shift 2 ;;
-            -h|--help) usage; echo; "$PY" "$REPRO_DIR/plan.py" usage; echo; list_rows; exit 0 ;;
-            *) die "unknown option '$1' (see '${PROG} --help')" ;;
-        esac
-    done
-    (( DRY_RUN + TABLE_ONLY <= 1 )) || die "--dry-run and --table: expected one of them, not both"
-    require_int --gpus "$GPUS" 1
-    GPUS=$((10#$GPUS))
-    require_int --seed "$SEED" 0
-    # the seeds: --seed's one (today's single run, in WORK/runs/<row>/), or --seeds'
-    SEEDS=("$((10#$SEED))")
-    if (( SEEDS_GIVEN )); then
-        (( ! SEED_GIVEN )) || die "--seed and --seeds: expected one of them, not both (--seed N: one run with \
-seed N; --seeds: one run per seed)"
-        parse_seeds --seeds "$SEEDS_SPEC"
+    assignments="$("$PY" "$REPRO_DIR/plan.py" --prog "$PROG" options --datasets "${DATASETS[*]}" \
+        --paper-test "${TABLE_SIGNIFICANCE:-none}" -- "$@")" || exit 2
+    declare -gA RAW_DIRS=()
+    eval "$assignments"
+    if (( HELP )); then
+        usage; echo; "$PY" "$REPRO_DIR/plan.py" usage; echo; list_rows; exit 0
     fi
-    SEED="${SEEDS[0]}"
-    [[ -z "$MAX_TOKENS" ]] || require_int --max-tokens "$MAX_TOKENS" 1
-    [[ -z "$PRECISION" ]] || require_choice --precision "$PRECISION" auto fp32 fp16 bf16
-    [[ -z "$VARIANT" ]] || [[ "$VARIANT" =~ ^[A-Za-z0-9_-]+$ ]] || die "--variant: expected a variant name, got '$VARIANT'"
-    [[ -z "$BLEU_OVERRIDE" ]] || require_choice --bleu "$BLEU_OVERRIDE" "${BLEU_KINDS[@]}"
-    require_choice --training "$TRAINING_CHOICE" paper "${TRAININGS[@]}"
-    [[ -z "$PATIENCE_OVERRIDE" ]] || require_int --patience "$PATIENCE_OVERRIDE" 1
-    require_choice --significance "$SIGNIFICANCE" paper "${TESTS[@]}" both none
-    (( CPU == 0 || GPUS == 1 )) || die "--cpu and --gpus $GPUS: expected one of them, not both"
     rehearse_options "$script_name"
     WORK="${WORK:-$REPO_DIR/runs/reproduce/$script_name}"
     WORK="${WORK%/}"
@@ -246,15 +195,6 @@ seed N; --seeds: one run per seed)"
     RAW_ROOT="${RAW_ROOT%/}"
     [[ ! -e "$WORK" || -d "$WORK" ]] || die "--work-dir: '$WORK' exists and is not a directory"
     [[ ! -e "$DATA_DIR" || -d "$DATA_DIR" ]] || die "--data-dir: '$DATA_DIR' exists and is not a directory"
-    # the significance tests to run
-    local paper_test="${TABLE_SIGNIFICANCE:-none}"
-    case "$paper_test" in 0) paper_test=none ;; 1) paper_test=compare-mt ;; esac
-    case "$SIGNIFICANCE" in
-        paper) RUN_TESTS="${paper_test/none/}" ;;
-        both) RUN_TESTS="paired-bs compare-mt" ;;
-        none) RUN_TESTS="" ;;
-        *) RUN_TESTS="$SIGNIFICANCE" ;;
-    esac
 }
 
 # raw_dir_of DATASET: where prepare_data.sh finds the dataset's raw files.

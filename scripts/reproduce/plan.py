@@ -24,6 +24,7 @@ message common.sh's own checks would print.
 """
 import argparse
 import re
+import shlex
 import sys
 
 FIELDS = ("name", "config", "extra args", "paper BLEU", "baseline", "params", "speed")
@@ -87,7 +88,133 @@ Options (every reproduce script):
 
 
 class RowError(ValueError):
-    """A bad row or --only: the message common.sh prints after 'PROG: error: '."""
+    """A bad option, row or --only: the message common.sh prints after 'PROG: error: '."""
+
+
+# ------------------------------------------------------------------ options
+BLEU_KINDS = ("nist", "sacrebleu", "multi-bleu", "tok-compound")
+TRAININGS = ("fixed", "early-stop")
+TESTS = ("paired-bs", "compare-mt")
+# The options: flag -> (variable, value it sets); value options -> variable. Their
+# defaults are OPTION_DEFAULTS; --raw-dir, --seed, --seeds and --help are read apart.
+FLAGS = {"--dry-run": "DRY_RUN", "--table": "TABLE_ONLY", "--list": "LIST_ONLY", "--rehearse": "REHEARSE",
+         "--download": "DOWNLOAD", "--cpu": "CPU"}
+VALUES = {"--work-dir": "WORK", "--data-dir": "DATA_DIR", "--variant": "VARIANT", "--bleu": "BLEU_OVERRIDE",
+          "--training": "TRAINING_CHOICE", "--patience": "PATIENCE_OVERRIDE", "--significance": "SIGNIFICANCE",
+          "--only": "ONLY", "--gpus": "GPUS", "--max-tokens": "MAX_TOKENS", "--precision": "PRECISION",
+          "--seed": "SEED", "--seeds": "SEEDS_SPEC", "--raw-dir": "RAW_ROOT"}
+OPTION_DEFAULTS = dict(DRY_RUN="0", TABLE_ONLY="0", LIST_ONLY="0", REHEARSE="0", DOWNLOAD="0", CPU="0", WORK="",
+                       DATA_DIR="", RAW_ROOT="", ONLY="", GPUS="1", MAX_TOKENS="", PRECISION="", SEED="1",
+                       VARIANT="", BLEU_OVERRIDE="", TRAINING_CHOICE="paper", PATIENCE_OVERRIDE="",
+                       SIGNIFICANCE="paper", SEEDS_SPEC="")
+_INT = re.compile(r"[0-9]+")
+
+
+def require_int(opt, value, minimum=1):
+    """scripts/lib.sh's require_int: a whole number >= minimum."""
+    if not (_INT.fullmatch(value) and int(value) >= minimum):
+        raise RowError(f"{opt}: expected a whole number >= {minimum}, got '{value}'")
+
+
+def require_choice(opt, value, choices):
+    """scripts/lib.sh's require_choice."""
+    if value not in choices:
+        raise RowError(f"{opt}: expected one of: {' '.join(choices)}; got '{value}'")
+
+
+def parse_seeds(opt, value):
+    """scripts/lib.sh's parse_seeds: a number of seeds N (1..N) or a list of distinct seeds."""
+    if _INT.fullmatch(value):
+        if int(value) < 1:
+            raise RowError(f"{opt}: expected a whole number >= 1, got '{value}' (a number of seeds N, seeds 1..N, "
+                           "or a comma-separated list of distinct seeds, e.g. 1,5,7)")
+        return list(range(1, int(value) + 1))
+    if re.fullmatch(r"[0-9]+(,[0-9]+)+", value):
+        seeds = [int(s) for s in value.split(",")]
+        if len(set(seeds)) != len(seeds):
+            raise RowError(f"{opt}: '{value}' names a seed twice; expected distinct seeds (e.g. 1,5,7)")
+        return seeds
+    raise RowError(f"{opt}: expected a number of seeds (e.g. 3: seeds 1,2,3) or a comma-separated list of seeds "
+                   f"(whole numbers, e.g. 1,5,7), got '{value}'")
+
+
+def run_tests(significance, paper_test):
+    """The significance tests to run (a space-separated list) for --significance and the
+    script's TABLE_SIGNIFICANCE (none, paired-bs, compare-mt; 0 and 1 the old none and compare-mt)."""
+    paper_test = {"0": "none", "1": "compare-mt", "": "none"}.get(paper_test, paper_test)
+    return {"paper": paper_test.replace("none", "", 1), "both": "paired-bs compare-mt", "none": ""}.get(
+        significance, significance)
+
+
+def parse_options(argv, datasets, prog, paper_test="none"):
+    """The reproduce options in argv, checked in the order common.sh checked them: a dict
+    of the shell variables they set (OPTION_DEFAULTS' names, SEEDS a list, RAW_DIRS a
+    dict, RUN_TESTS), or {"HELP": "1"} at a --help that comes before any error."""
+    v, raw_dirs, given, i = dict(OPTION_DEFAULTS), {}, set(), 0
+    while i < len(argv):
+        opt = argv[i]
+        if opt in ("-h", "--help"):
+            return {"HELP": "1"}
+        if opt in FLAGS:
+            v[FLAGS[opt]] = "1"
+            i += 1
+            continue
+        if opt not in VALUES:
+            raise RowError(f"unknown option '{opt}' (see '{prog} --help')")
+        if i + 1 >= len(argv):
+            raise RowError(f"option {opt} needs a value")
+        value, i = argv[i + 1], i + 2
+        given.add(opt)
+        dataset, eq, where = value.partition("=")
+        if opt == "--raw-dir" and eq and re.fullmatch(r"[a-z0-9_]+", dataset):
+            require_choice("--raw-dir DATASET=DIR: dataset", dataset, datasets)
+            if not where:
+                raise RowError(f"--raw-dir {dataset}=: expected a directory after '='")
+            raw_dirs[dataset] = where
+        else:
+            v[VALUES[opt]] = value
+    if v["DRY_RUN"] == "1" and v["TABLE_ONLY"] == "1":
+        raise RowError("--dry-run and --table: expected one of them, not both")
+    require_int("--gpus", v["GPUS"], 1)
+    v["GPUS"] = str(int(v["GPUS"]))
+    require_int("--seed", v["SEED"], 0)
+    seeds = [int(v["SEED"])]
+    if "--seeds" in given:
+        if "--seed" in given:
+            raise RowError("--seed and --seeds: expected one of them, not both (--seed N: one run with seed N; "
+                           "--seeds: one run per seed)")
+        seeds = parse_seeds("--seeds", v["SEEDS_SPEC"])
+    v["SEED"] = str(seeds[0])
+    if v["MAX_TOKENS"]:
+        require_int("--max-tokens", v["MAX_TOKENS"], 1)
+    if v["PRECISION"]:
+        require_choice("--precision", v["PRECISION"], ("auto", "fp32", "fp16", "bf16"))
+    if v["VARIANT"] and not re.fullmatch(r"[A-Za-z0-9_-]+", v["VARIANT"]):
+        raise RowError(f"--variant: expected a variant name, got '{v['VARIANT']}'")
+    if v["BLEU_OVERRIDE"]:
+        require_choice("--bleu", v["BLEU_OVERRIDE"], BLEU_KINDS)
+    require_choice("--training", v["TRAINING_CHOICE"], ("paper",) + TRAININGS)
+    if v["PATIENCE_OVERRIDE"]:
+        require_int("--patience", v["PATIENCE_OVERRIDE"], 1)
+    require_choice("--significance", v["SIGNIFICANCE"], ("paper",) + TESTS + ("both", "none"))
+    if v["CPU"] == "1" and v["GPUS"] != "1":
+        raise RowError(f"--cpu and --gpus {v['GPUS']}: expected one of them, not both")
+    v.update(SEEDS=seeds, RAW_DIRS=raw_dirs, RUN_TESTS=run_tests(v["SIGNIFICANCE"], paper_test))
+    return v
+
+
+def shell_assignments(v):
+    """The variables of parse_options as lines for bash's eval (RAW_DIRS: an associative
+    array the caller has declared)."""
+    lines = []
+    for name, value in v.items():
+        if name == "SEEDS":
+            lines.append("SEEDS=(%s)" % " ".join(str(s) for s in value))
+        elif name == "RAW_DIRS":
+            lines += ["RAW_DIRS[%s]=%s" % (shlex.quote(k), shlex.quote(d)) for k, d in value.items()]
+        else:
+            lines.append(f"{name}={shlex.quote(value)}")
+    return lines
 
 
 def split_entry(entry, n=len(FIELDS)):
@@ -164,7 +291,20 @@ def main(argv=None):
     p = sub.add_parser("list", help="print TABLE_ROWS (read from stdin) as --list does")
     p.add_argument("--title", required=True)
     sub.add_parser("usage", help="print the options every reproduce script takes")
+    p = sub.add_parser("options", help="check a reproduce script's options; print them as shell assignments")
+    p.add_argument("--datasets", required=True, help="the datasets (space-separated) --raw-dir DATASET=DIR names")
+    p.add_argument("--paper-test", default="none", help="the script's TABLE_SIGNIFICANCE")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="after --: the script's arguments")
     args = ap.parse_args(argv)
+    if args.cmd == "options":
+        words = args.args[1:] if args.args[:1] == ["--"] else args.args
+        try:
+            v = parse_options(words, args.datasets.split(), args.prog, args.paper_test)
+        except RowError as e:
+            print(f"{args.prog}: error: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(shell_assignments(v)))
+        return 0
     if args.cmd == "usage":
         sys.stdout.write(OPTIONS_HELP)
         return 0
