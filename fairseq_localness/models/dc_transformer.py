@@ -41,6 +41,8 @@ from fairseq_localness.models._locality import (
 from fairseq_localness.modules.dual_context import DualContextModule
 
 DC_MODES = ("enc", "dec", "full", "none")
+# why --dc-kernel-size / --dc-log-divergence are refused with --dc-mode none
+_DC_MODULE_ONLY = "{flag} has no effect with {got} (it applies to the DC module of modes enc, dec and full)"
 _SIDES_OF_MODE = {"enc": ("encoder",), "dec": ("decoder",), "full": ("encoder", "decoder"), "none": ()}
 
 
@@ -71,14 +73,14 @@ class DCOptions(LocalityOptions):
         2,
         "kernel size f of the Local Context Unit's convolution (eq. 6; the paper: 2, Sect. 5.2; causal in the decoder)",
         applies_to={"dc_mode": ("enc", "dec", "full")},
-        unused_message="{flag} has no effect with {got} (it applies to the DC module of modes enc, dec and full)",
+        unused_message=_DC_MODULE_ONLY,
     )
     dc_log_divergence: bool = option(
         False,
         "log the Jensen-Shannon divergence between the two FI units of every DC layer (eq. 10-11) "
         "as the validation metric <layer>_js",
         applies_to={"dc_mode": ("enc", "dec", "full")},
-        unused_message="{flag} has no effect with {got} (it applies to the DC module of modes enc, dec and full)",
+        unused_message=_DC_MODULE_ONLY,
     )
 
     def layers_by_default(self, side: str, num_layers: int) -> str:
