@@ -16,6 +16,10 @@ saved checkpoint it checks:
 * the fast attention paths == the eager reference (fp32 within 1e-5; bf16 and fp16
   within their precision), outputs and gradients.
 
+At sentences longer than 256 tokens (:func:`test_model_contract_at_long_lengths`, a
+fresh tiny model per paper: the lengths where the fast paths use bands, the causal
+kernel and recomputed biases), the same checks but the half precisions.
+
 Placements: ``enc`` (encoder self-attention), ``dec`` (decoder self-attention),
 ``encdec`` (encoder-decoder attention, localness only: the other papers change
 self-attention only), ``enc+dec`` (both self-attentions at once: relative positions,
@@ -306,3 +310,50 @@ def test_a_fast_path_that_drops_the_bias_fails_the_contract(monkeypatch):
     monkeypatch.setattr(attention.AttentionCore, "_sdpa", without_bias)
     with pytest.raises(AssertionError):
         check_fast_path_equals_eager(model, task)
+
+
+# --------------------------------------------------------------------------- long sentences
+LONG = (300, 140, 290)  # above 256: the bands, causal kernels and recomputed biases at length
+LONG_CASES = {
+    "hysan-e1_gated": ("hysan_transformer", ["--hysan-gate-reduction", "4"]),
+    "hybrid-gate-enc+dec": ("hybrid_transformer", ["--hybrid-encoder-layers", "all", "--hybrid-decoder-layers", "all"]),
+    "localness-query-enc+dec": ("localness_transformer", ["--localness-decoder-layers", "all"]),
+    "localness-rel_pos-enc+dec": ("localness_transformer", ["--localness-rel-pos", "--localness-rel-pos-k", "4"]),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG_CASES))
+def test_model_contract_at_long_lengths(name):
+    """At sentences of 140-300 tokens (a fresh tiny model): the fast paths == the eager
+    reference (log-probabilities and every gradient, training mode), batch and padding
+    invariance, and incremental decoding == the full pass over a 300-token prefix."""
+    from model_utils import build_model, decoding_batch, loss_and_grads
+
+    from fairseq_localness.modules.attention import set_attention_impl
+
+    torch.set_num_threads(1)
+    arch, args = LONG_CASES[name]
+    model, task = build_model(arch, MODEL_ARGS + args)
+    results = {}
+    for impl in ("eager", "sdpa"):
+        set_attention_impl(model, impl)
+        results[impl] = loss_and_grads(model, task, lengths=LONG)
+    set_attention_impl(model, "auto")
+    (ref, ref_grads), (fast, fast_grads) = results["eager"], results["sdpa"]
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-4)
+    scale = max(1.0, max(g.abs().max().item() for g in ref_grads.values() if g is not None))
+    for key, g in ref_grads.items():
+        if g is not None:
+            torch.testing.assert_close(fast_grads[key] / scale, g / scale, atol=1e-5, rtol=1e-4, msg=key)
+
+    check_batch_invariance(model, task, lengths=LONG)
+
+    src, lens, prev = decoding_batch(task, lengths=LONG[:2], beam=1)
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lens)
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            steps.append(out)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
