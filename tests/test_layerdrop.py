@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from conftest import USER_DIR, get_tiny_data, parse_hypotheses, run_fairseq, train_command
-from model_utils import build_model, parse_model_args, random_batch, size_args
+from model_utils import build_model, command_line_error, parse_model_args, random_batch, size_args
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.modules import MultiheadAttention
 
@@ -133,6 +133,12 @@ def test_bad_layers_to_keep_are_refused_naming_the_option(keep, message):
     with pytest.raises(OptionError) as error:
         ARCH_MODEL_REGISTRY[arch].build_model(args, build_model(arch, SIZES)[1])
     assert message in str(error.value)
+
+
+def test_bad_layers_to_keep_on_the_command_line_are_an_argparse_error(capsys):
+    arch, options = MODELS["dc_full"]
+    err = command_line_error(arch, SIZES + options + ["--decoder-layers-to-keep", "0,5"], capsys)
+    assert "error: --decoder-layers-to-keep '0,5': layer 5 is out of range; the model has 3 decoder layers" in err
 
 
 # through the command line: one run per model (dc_full covers both sides of the DC

@@ -4,6 +4,7 @@ it applies to) is what the code does."""
 import argparse
 import dataclasses
 import enum
+import os
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ MODELS = list(options_doc.MODEL_DOCS)
 
 @pytest.mark.parametrize("model", MODELS)
 def test_doc_table_is_the_generated_one(model):
-    path = options_doc.os.path.join(options_doc.repo_root(), options_doc.MODEL_DOCS[model])
+    path = os.path.join(options_doc.repo_root(), options_doc.MODEL_DOCS[model])
     with open(path, encoding="utf-8") as f:
         text = f.read()
     assert options_doc.update_text(text, model) == text, (
@@ -32,7 +33,7 @@ def test_check_mode_reports_a_stale_table(tmp_path, capsys):
     root = tmp_path
     for model, doc in options_doc.MODEL_DOCS.items():
         (root / "docs").mkdir(exist_ok=True)
-        with open(options_doc.os.path.join(options_doc.repo_root(), doc), encoding="utf-8") as f:
+        with open(os.path.join(options_doc.repo_root(), doc), encoding="utf-8") as f:
             (root / doc).write_text(f.read(), encoding="utf-8")
     assert options_doc.main(["--check", "--root", str(root)]) == 0
     doc = root / options_doc.MODEL_DOCS["hybrid_transformer"]

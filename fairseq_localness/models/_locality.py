@@ -148,7 +148,9 @@ def layers_to_keep(args, side: str, num_layers: int) -> Optional[List[int]]:
     if value is None or value == "" or value == []:
         return None
     flag = option_flag(option)
-    parts = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    # a string from --model-overrides; a list from fairseq's own parser (List[int])
+    parts = list(value) if isinstance(value, (list, tuple)) else str(value).split(",")
+    value = ",".join(str(p) for p in parts)  # as the messages show it
     kept = []
     for part in parts:
         text = str(part).strip()
