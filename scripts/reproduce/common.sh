@@ -453,9 +453,8 @@ prepare_args() {
 
 run_row() {  # i
     local i="$1" name="${R_NAME[$1]}" run_dir="${R_RUN[$1]}" data="${R_DATA[$1]}"
-    local src="${R_SRC[$1]}" tgt="${R_TGT[$1]}" kind="${R_KIND[$1]}" xkind="${R_XKIND[$1]}"
+    local src="${R_SRC[$1]}" tgt="${R_TGT[$1]}"
     load_row "$i"
-    local fairseq_args=("${FAIRSEQ_ARGS[@]}") signature="$SIGNATURE"
     note "=== $name: ${R_ARCH[$i]}, ${R_CFG[$i]} (${R_DATASET[$i]}${R_VARIANT[$i]:+ ${R_VARIANT[$i]}} $src-$tgt)$( \
         (( ${#SEEDS[@]} > 1 )) && echo ", seed $SEED") ==="
     if (( ${#SEEDS[@]} > 1 )) && [[ "$run_dir" == "$WORK/runs/$name" ]]; then
@@ -472,7 +471,23 @@ run_row() {  # i
         PREPARED_THIS_RUN+=" $data"
     fi
 
-    local score="$ROW_SCORE" ckpt="$ROW_CKPT" xscore="$ROW_XSCORE" hw=() prec=() maxtok=() gen_extra=()
+    local score="$ROW_SCORE" ckpt="$ROW_CKPT" xscore="$ROW_XSCORE"
+    if [[ -f "$score" && "$score" -nt "$run_dir/checkpoint_last.pt" && "$score" -nt "$ckpt" \
+          && ( -z "$xscore" || -f "$xscore" ) ]]; then
+        note "$name: trained and evaluated ($score)"
+    else
+        train_and_evaluate "$i"
+    fi
+    row_significance "$i"
+}
+
+# train_and_evaluate i: train row i (with its configuration and row loaded: load_row's
+# FAIRSEQ_ARGS and SIGNATURE, row_files' ROW_CKPT), average or take the best checkpoint,
+# and translate and score the test set.
+train_and_evaluate() {  # i
+    local i="$1" name="${R_NAME[$1]}" run_dir="${R_RUN[$1]}" data="${R_DATA[$1]}"
+    local src="${R_SRC[$1]}" tgt="${R_TGT[$1]}" kind="${R_KIND[$1]}" xkind="${R_XKIND[$1]}"
+    local ckpt="$ROW_CKPT" hw=() prec=() maxtok=() gen_extra=()
     if (( REHEARSE && REHEARSE_PROCS > 1 )); then
         hw=(--gpus "$REHEARSE_PROCS" --cpu) gen_extra=(--cpu)
     elif (( CPU )); then
@@ -482,69 +497,67 @@ run_row() {  # i
     fi
     [[ -n "$PRECISION" ]] && prec=(--precision "$PRECISION")
     [[ -n "$MAX_TOKENS" ]] && maxtok=(--max-tokens "$MAX_TOKENS")
-    if [[ -f "$score" && "$score" -nt "$run_dir/checkpoint_last.pt" && "$score" -nt "$ckpt" \
-          && ( -z "$xscore" || -f "$xscore" ) ]]; then
-        note "$name: trained and evaluated ($score)"
-    else
-        emit mkdir -p "$run_dir"
-        (( DRY_RUN )) || printf '%s\n' "$signature" > "$run_dir/SYSTEM"
-        emit bash "$PIPELINE_DIR/train.sh" --arch "${R_ARCH[$i]}" --data-bin "$data/bin" --save-dir "$run_dir" \
-            --max-update "$MAX_UPDATE" --src "$src" --tgt "$tgt" --seed "$SEED" "${hw[@]}" \
-            --effective-tokens "$EFFECTIVE_TOKENS" "${prec[@]}" \
-            -- "${fairseq_args[@]}" "${maxtok[@]}" --log-file "$run_dir/train.log"
-        if [[ "${R_TRAINING[$i]}" != early-stop ]] && [[ ! -f "$ckpt" || "$run_dir/checkpoint_last.pt" -nt "$ckpt" ]]; then
-            emit bash "$PIPELINE_DIR/average.sh" --save-dir "$run_dir" --last "$AVERAGE_LAST" --by update \
-                --output "$ckpt"
-        fi
-        # sacreBLEU (bleu.json) always; one tokenized BLEU (tok_bleu.json) where the main
-        # or the extra column reports it
-        local bleu_opts=() k
-        for k in "$kind" "$xkind"; do
-            case "$k" in
-                multi-bleu) bleu_opts=(--tok-bleu) ;;
-                tok-compound) bleu_opts=(--tok-bleu --compound-split) ;;
-            esac
-        done
-        local gen=("${GENERATE_ARGS[@]}" "${gen_extra[@]}")
-        local tail=()
-        (( ${#gen[@]} )) && tail=(-- "${gen[@]}")
-        emit bash "$PIPELINE_DIR/evaluate.sh" --data-bin "$data/bin" --checkpoint "$ckpt" --src "$src" --tgt "$tgt" \
-            --ref "$data/raw/test.$tgt" --subset test --beam "$BEAM" --lenpen "$LENPEN" --out "$run_dir/eval" \
-            "${bleu_opts[@]}" "${tail[@]}"
+    emit mkdir -p "$run_dir"
+    (( DRY_RUN )) || printf '%s\n' "$SIGNATURE" > "$run_dir/SYSTEM"
+    emit bash "$PIPELINE_DIR/train.sh" --arch "${R_ARCH[$i]}" --data-bin "$data/bin" --save-dir "$run_dir" \
+        --max-update "$MAX_UPDATE" --src "$src" --tgt "$tgt" --seed "$SEED" "${hw[@]}" \
+        --effective-tokens "$EFFECTIVE_TOKENS" "${prec[@]}" \
+        -- "${FAIRSEQ_ARGS[@]}" "${maxtok[@]}" --log-file "$run_dir/train.log"
+    if [[ "${R_TRAINING[$i]}" != early-stop ]] && [[ ! -f "$ckpt" || "$run_dir/checkpoint_last.pt" -nt "$ckpt" ]]; then
+        emit bash "$PIPELINE_DIR/average.sh" --save-dir "$run_dir" --last "$AVERAGE_LAST" --by update \
+            --output "$ckpt"
     fi
+    # sacreBLEU (bleu.json) always; one tokenized BLEU (tok_bleu.json) where the main
+    # or the extra column reports it
+    local bleu_opts=() k
+    for k in "$kind" "$xkind"; do
+        case "$k" in
+            multi-bleu) bleu_opts=(--tok-bleu) ;;
+            tok-compound) bleu_opts=(--tok-bleu --compound-split) ;;
+        esac
+    done
+    local gen=("${GENERATE_ARGS[@]}" "${gen_extra[@]}")
+    local tail=()
+    (( ${#gen[@]} )) && tail=(-- "${gen[@]}")
+    emit bash "$PIPELINE_DIR/evaluate.sh" --data-bin "$data/bin" --checkpoint "$ckpt" --src "$src" --tgt "$tgt" \
+        --ref "$data/raw/test.$tgt" --subset test --beam "$BEAM" --lenpen "$LENPEN" --out "$run_dir/eval" \
+        "${bleu_opts[@]}" "${tail[@]}"
+}
 
-    # significance against the baseline row, on the main column's BLEU: sacreBLEU's
-    # tokenization of the detokenized output, or evaluate.sh's tokenized texts as they are
-    # (with several seeds, the table's paired bootstrap over the seeds instead: seeds_table)
-    local base="${R_BASE[$i]}"
-    if [[ -n "$RUN_TESTS" && -n "$base" ]] && (( ${#SEEDS[@]} == 1 )); then
-        local b j texts=hyp.detok ref="$data/raw/test.$tgt" tok=13a tokenize=()
-        if [[ "$kind" == multi-bleu || "$kind" == tok-compound ]]; then
-            texts=hyp.tok_bleu ref="$run_dir/eval/ref.tok_bleu" tok=none tokenize=(--tokenize none)
-        fi
-        for j in "${!R_NAME[@]}"; do [[ "${R_NAME[$j]}" == "$base" ]] && b="$j"; done
-        local base_hyp="${R_RUN[$b]}/eval/$texts" hyp="$run_dir/eval/$texts" test out
-        if [[ " ${SELECTED[*]} " != *" $b "* && ! -f "$base_hyp" ]]; then
-            note "$name: no significance test: the baseline row '$base' is not selected and has no translation yet"
-        else
-            for test in $RUN_TESTS; do
-                if [[ "$test" == compare-mt ]]; then
-                    out="$run_dir/significance/significance.json"
-                else
-                    out="$run_dir/paired_bs/paired_bs.json"
-                fi
-                if [[ -f "$out" && "$out" -nt "$hyp" && "$out" -nt "$base_hyp" ]]; then
-                    note "$name: $test significance test done ($out)"
-                elif [[ "$test" == compare-mt ]]; then
-                    emit bash "$PIPELINE_DIR/significance.sh" --ref "$ref" --baseline "$base=$base_hyp" \
-                        --system "$name=$hyp" --samples 1000 "${tokenize[@]}" --out "$run_dir/significance"
-                else
-                    emit "$PY" "$REPRO_DIR/paired_bs.py" --ref "$ref" --baseline "$base=$base_hyp" \
-                        --system "$name=$hyp" --samples 1000 --tokenize "$tok" --out "$run_dir/paired_bs"
-                fi
-            done
-        fi
+# row_significance i: the significance tests of row i against its baseline row, on the
+# main column's BLEU: sacreBLEU's tokenization of the detokenized output, or
+# evaluate.sh's tokenized texts as they are (with several seeds, the table's paired
+# bootstrap over the seeds instead: seeds_table).
+row_significance() {  # i
+    local i="$1" name="${R_NAME[$1]}" run_dir="${R_RUN[$1]}" data="${R_DATA[$1]}"
+    local tgt="${R_TGT[$1]}" kind="${R_KIND[$1]}" base="${R_BASE[$1]}"
+    [[ -n "$RUN_TESTS" && -n "$base" ]] && (( ${#SEEDS[@]} == 1 )) || return 0
+    local b j texts=hyp.detok ref="$data/raw/test.$tgt" tok=13a tokenize=()
+    if [[ "$kind" == multi-bleu || "$kind" == tok-compound ]]; then
+        texts=hyp.tok_bleu ref="$run_dir/eval/ref.tok_bleu" tok=none tokenize=(--tokenize none)
     fi
+    for j in "${!R_NAME[@]}"; do [[ "${R_NAME[$j]}" == "$base" ]] && b="$j"; done
+    local base_hyp="${R_RUN[$b]}/eval/$texts" hyp="$run_dir/eval/$texts" test out
+    if [[ " ${SELECTED[*]} " != *" $b "* && ! -f "$base_hyp" ]]; then
+        note "$name: no significance test: the baseline row '$base' is not selected and has no translation yet"
+        return 0
+    fi
+    for test in $RUN_TESTS; do
+        if [[ "$test" == compare-mt ]]; then
+            out="$run_dir/significance/significance.json"
+        else
+            out="$run_dir/paired_bs/paired_bs.json"
+        fi
+        if [[ -f "$out" && "$out" -nt "$hyp" && "$out" -nt "$base_hyp" ]]; then
+            note "$name: $test significance test done ($out)"
+        elif [[ "$test" == compare-mt ]]; then
+            emit bash "$PIPELINE_DIR/significance.sh" --ref "$ref" --baseline "$base=$base_hyp" \
+                --system "$name=$hyp" --samples 1000 "${tokenize[@]}" --out "$run_dir/significance"
+        else
+            emit "$PY" "$REPRO_DIR/paired_bs.py" --ref "$ref" --baseline "$base=$base_hyp" \
+                --system "$name=$hyp" --samples 1000 --tokenize "$tok" --out "$run_dir/paired_bs"
+        fi
+    done
 }
 
 # ------------------------------------------------------------------ table
@@ -631,56 +644,41 @@ write_table() {
 }
 
 # ------------------------------------------------------------------ main
-reproduce_main() {
-    reproduce_parse_args "$@"
-    if (( LIST_ONLY )); then
-        list_rows
-        return 0
-    fi
-    reproduce_load_rows
-    if (( TABLE_ONLY )); then
-        write_table
-        echo "(written to $WORK/results.md)" >&2
-        return 0
-    fi
-    local names=() i seed
-    for i in "${SELECTED[@]}"; do names+=("${R_NAME[$i]}"); done
-    for seed in "${SEEDS[@]}"; do
-        use_seed "$seed"
-        for i in "${SELECTED[@]}"; do
-            load_row "$i"  # a run directory trained with other settings, or no batch split, stops us here
-        done
+# preflight: before a real run (not --dry-run, which imports nothing and looks at no
+# raw file): the pipeline steps exist, the architectures are registered and every
+# dataset still to prepare has its raw files (or can download them).
+preflight() {
+    local i step
+    for step in prepare_data train average evaluate $( [[ " $RUN_TESTS " == *" compare-mt "* ]] && echo significance); do
+        require_file "$PIPELINE_DIR/$step.sh" "pipeline step $step"
     done
-    rehearse_fakes
-    # the pipeline steps exist, the architectures are registered and every dataset still
-    # to prepare has its raw files (or can download them); skipped by --dry-run, which
-    # imports nothing and looks at no raw file
-    if (( ! DRY_RUN )); then
-        local step
-        for step in prepare_data train average evaluate $( [[ " $RUN_TESTS " == *" compare-mt "* ]] && echo significance); do
-            require_file "$PIPELINE_DIR/$step.sh" "pipeline step $step"
-        done
-        local archs=() unknown
-        for i in "${SELECTED[@]}"; do archs+=("${R_ARCH[$i]}"); done
-        unknown="$("$PY" -c '
+    local archs=() unknown
+    for i in "${SELECTED[@]}"; do archs+=("${R_ARCH[$i]}"); done
+    unknown="$("$PY" -c '
 import sys
 import fairseq_localness  # noqa: F401  (registers our models)
 from fairseq.models import ARCH_MODEL_REGISTRY
 print(" ".join(sorted({a for a in sys.argv[1:] if a not in ARCH_MODEL_REGISTRY})))
 ' "${archs[@]}" 2>/dev/null)" || die "importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why"
-        [[ -z "$unknown" ]] || die "architecture(s) not registered with fairseq: $unknown \
+    [[ -z "$unknown" ]] || die "architecture(s) not registered with fairseq: $unknown \
 (see the ARCH of the configurations and the rows' --arch)"
-        local checked=" " msg
-        for i in "${SELECTED[@]}"; do
-            [[ -f "${R_DATA[$i]}/PREPARED" || "$checked" == *" ${R_DATA[$i]} "* ]] && continue
-            checked+="${R_DATA[$i]} "
-            load_config "${R_CFG[$i]}"
-            pair_of "${R_PAIR[$i]}"
-            prepare_args "$i"
-            msg="$(bash "$PIPELINE_DIR/prepare_data.sh" "${PREP_ARGS[@]}" --check 2>&1 >/dev/null)" \
-                || die "row '${R_NAME[$i]}': its data cannot be prepared: ${msg#prepare_data.sh: error: }"
-        done
-    fi
+    local checked=" " msg
+    for i in "${SELECTED[@]}"; do
+        [[ -f "${R_DATA[$i]}/PREPARED" || "$checked" == *" ${R_DATA[$i]} "* ]] && continue
+        checked+="${R_DATA[$i]} "
+        load_config "${R_CFG[$i]}"
+        pair_of "${R_PAIR[$i]}"
+        prepare_args "$i"
+        msg="$(bash "$PIPELINE_DIR/prepare_data.sh" "${PREP_ARGS[@]}" --check 2>&1 >/dev/null)" \
+            || die "row '${R_NAME[$i]}': its data cannot be prepared: ${msg#prepare_data.sh: error: }"
+    done
+}
+
+# announce: what the run does (the rows, the directories, the hardware, the seeds) and
+# where each dataset's raw files go, and what --download cannot fetch.
+announce() {
+    local names=() i seen=" "
+    for i in "${SELECTED[@]}"; do names+=("${R_NAME[$i]}"); done
     note "${TABLE_TITLE}"
     note "rows: ${names[*]}"
     note "work dir: $WORK; prepared data: $DATA_DIR; downloads: $RAW_ROOT/<dataset>; $( (( CPU )) && echo "CPU" || echo "$GPUS GPU(s)"); seed$( (( ${#SEEDS[@]} > 1 )) && echo s) ${SEEDS[*]}"
@@ -690,8 +688,6 @@ mean ± sd over the seeds$( [[ -n "$RUN_TESTS" ]] && echo "; significance: Koehn
 baseline row on the seeds' pooled translations, seeds resampled too (fairseq-localness-results), in place of \
 the per-run ${RUN_TESTS// / and }")"
     fi
-    # the raw files of each dataset: where they go, and what --download cannot fetch
-    local seen=" "
     for i in "${SELECTED[@]}"; do
         [[ "$seen" == *" ${R_DATASET[$i]} "* ]] && continue
         seen+="${R_DATASET[$i]} "
@@ -704,6 +700,30 @@ the per-run ${RUN_TESTS// / and }")"
             *) note "${R_DATASET[$i]}: raw files in $(raw_dir_of "${R_DATASET[$i]}"); manual step (--download cannot fetch): ${R_MANUAL[$i]}" ;;
         esac
     done
+}
+
+reproduce_main() {
+    reproduce_parse_args "$@"
+    if (( LIST_ONLY )); then
+        list_rows
+        return 0
+    fi
+    reproduce_load_rows
+    if (( TABLE_ONLY )); then
+        write_table
+        echo "(written to $WORK/results.md)" >&2
+        return 0
+    fi
+    local i seed
+    for seed in "${SEEDS[@]}"; do
+        use_seed "$seed"
+        for i in "${SELECTED[@]}"; do
+            load_row "$i"  # a run directory trained with other settings, or no batch split, stops us here
+        done
+    done
+    rehearse_fakes
+    (( DRY_RUN )) || preflight
+    announce
     PREPARED_THIS_RUN=""
     for seed in "${SEEDS[@]}"; do  # seed by seed: a partial run has every row of the first seeds
         use_seed "$seed"
