@@ -173,3 +173,11 @@ def test_the_options_command_prints_assignments_bash_reads_back():
     shell = 'declare -A RAW_DIRS=(); eval "$1"; printf "%s|" "$ONLY" "${RAW_DIRS[wmt14_en_de]}" "${SEEDS[@]}" "$GPUS"'
     out = subprocess.run(["bash", "-c", shell, "-", p.stdout], capture_output=True, text=True, check=True).stdout
     assert out == "a 'b' $c|/d i r|1|2|1|"
+
+
+def test_the_shell_and_plan_py_name_the_same_bleu_kinds_and_trainings():
+    with open(os.path.join(REPRO, "config.sh"), encoding="utf-8") as f:
+        text = f.read()
+    for name in ("BLEU_KINDS", "TRAININGS"):
+        line = next(line for line in text.splitlines() if line.startswith(name + "=("))
+        assert tuple(line[len(name) + 2:line.index(")")].split()) == getattr(plan, name)
