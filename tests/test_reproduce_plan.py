@@ -32,11 +32,18 @@ def test_rows_are_split_as_the_driver_reads_them():
     assert rows[0]["pair"] == ""
 
 
-def test_split_entry_is_bash_read():
-    # `IFS='|' read -r a b c`: missing fields empty, the rest (with its '|') in the last
-    assert plan.split_entry("a|b", 3) == (["a", "b", ""], "")
-    assert plan.split_entry("a|b|c|d|e", 3) == (["a", "b", "c"], "d|e")
-    assert plan.split_entry("a|b|c|", 3) == (["a", "b", "c"], "")
+def test_bash_read_splits_as_bash_does():
+    # `IFS='|' read -r a b c`: missing values empty, the rest of the line (with its '|')
+    # in the last one, less a single trailing '|' after its only field
+    assert plan.bash_read("a|b", 3) == ["a", "b", ""]
+    assert plan.bash_read("a|b|c|d|e", 3) == ["a", "b", "c|d|e"]
+    assert plan.bash_read("a|b|c|", 3) == ["a", "b", "c"]
+    assert plan.bash_read("a|b|c||", 3) == ["a", "b", "c||"]
+    assert plan.bash_read("a|b||", 3) == ["a", "b", ""]
+    script = 'IFS="|" read -r a b c <<< "$1"; printf "%s\\n" "$a" "$b" "$c"'
+    for line in ("a|b", "a|b|c|d|e", "a|b|c|", "a|b|c||", "a|b||", "|", "a| b |c |"):
+        out = subprocess.run(["bash", "-c", script, "-", line], capture_output=True, text=True, check=True).stdout
+        assert out.split("\n")[:3] == plan.bash_read(line, 3), line
 
 
 @pytest.mark.parametrize("rows, message", [
@@ -48,6 +55,7 @@ def test_split_entry_is_bash_read():
     (["a|c||x|||"], "row 'a': paper BLEU: expected a number, got 'x'"),
     (["a|c||1|b||", "b|c||1|||"], "row 'a': baseline 'b' is not an earlier row"),
     (["a|c|--arch|1|||"], "row 'a': '--arch' needs an architecture name"),
+    (["a|c|--arch t --lr 1 --seed 2|1|||"], "row 'a' (extra args): '--seed' is set by the reproduce driver"),
 ])
 def test_bad_rows_are_refused_with_the_drivers_message(rows, message):
     with pytest.raises(plan.RowError) as e:
@@ -175,9 +183,76 @@ def test_the_options_command_prints_assignments_bash_reads_back():
     assert out == "a 'b' $c|/d i r|1|2|1|"
 
 
-def test_the_shell_and_plan_py_name_the_same_bleu_kinds_and_trainings():
-    with open(os.path.join(REPRO, "config.sh"), encoding="utf-8") as f:
-        text = f.read()
-    for name in ("BLEU_KINDS", "TRAININGS"):
-        line = next(line for line in text.splitlines() if line.startswith(name + "=("))
-        assert tuple(line[len(name) + 2:line.index(")")].split()) == getattr(plan, name)
+CONFIG = {"DESCRIPTION": ["d"], "PAIRS": ["wmt14_en_de|en|de|32000|nist+multi-bleu"], "BPE": ["subword-nmt"],
+          "ARCH": ["a"], "MODEL_ARGS": ["--share-all-embeddings"], "METHOD_ARGS": [],
+          "TRAIN_ARGS": ["--max-tokens", "4096", "--save-interval-updates", "1000", "--keep-interval-updates", "5",
+                         "--max-tokens", "2048"],
+          "MAX_UPDATE": ["100000"], "EFFECTIVE_TOKENS": ["25000"], "AVERAGE_LAST": ["5"], "BEAM": ["4"],
+          "LENPEN": ["0.6"], "GENERATE_ARGS": [], "PAPER_BLEU": ["tokenized"], "BPE_JOINT": ["yes"],
+          "TRAINING": ["fixed"], "PATIENCE": ["10"], "PAPER_EMBEDDINGS": ["shared"]}
+
+
+def check(**change):
+    return plan.check_config({**CONFIG, **change}, "c.sh", DATASETS)
+
+
+def test_a_configuration_gives_its_batch_and_checkpoint_interval():
+    assert check() == {"CFG_MAX_TOKENS": "2048", "CFG_SAVE_INTERVAL": "1000"}  # (the last --max-tokens)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(BPE=["bpe"]), "c.sh: BPE: expected one of: subword-nmt sentencepiece; got 'bpe'"),
+    (dict(BPE_JOINT=["1"]), "c.sh: BPE_JOINT: expected one of: yes no; got '1'"),
+    (dict(TRAINING=["x"]), "c.sh: TRAINING: expected one of: fixed early-stop; got 'x'"),
+    (dict(PAPER_EMBEDDINGS=["x"]), "c.sh: PAPER_EMBEDDINGS: expected one of: shared separate; got 'x'"),
+    (dict(ARCH=[""]), "configuration c.sh: ARCH is empty"),
+    (dict(PAPER_BLEU=[]), "configuration c.sh: PAPER_BLEU is empty"),
+    (dict(MAX_UPDATE=["1e5"]), "c.sh: MAX_UPDATE: expected a whole number >= 1, got '1e5'"),
+    (dict(PATIENCE=["0"]), "c.sh: PATIENCE: expected a whole number >= 1, got '0'"),
+    (dict(LENPEN=["x"]), "c.sh: LENPEN: expected a number, got 'x'"),
+    (dict(PAIRS=[]), "configuration c.sh: PAIRS is empty; expected entries 'dataset|src|tgt|bpe size|bleu kind"),
+    (dict(PAIRS=["wmt15|en|de|1|nist"]), "c.sh: PAIRS entry 'wmt15|en|de|1|nist': dataset: expected one of: "
+                                         "iwslt14_de_en wmt14_en_de; got 'wmt15'"),
+    (dict(PAIRS=["wmt14_en_de|e-n|de|1|nist"]), "c.sh: PAIRS entry 'wmt14_en_de|e-n|de|1|nist': source language: "
+                                                "expected a language code (letters, digits, '_'), got 'e-n'"),
+    (dict(PAIRS=["wmt14_en_de|en||1|nist"]), "c.sh: PAIRS entry 'wmt14_en_de|en||1|nist': target language"),
+    (dict(PAIRS=["wmt14_en_de|en|de|0|nist"]), "c.sh: PAIRS entry 'wmt14_en_de|en|de|0|nist': bpe size: expected"),
+    (dict(PAIRS=["wmt14_en_de|en|de|1|bleu"]), "c.sh: PAIRS entry 'wmt14_en_de|en|de|1|bleu': bleu kind: expected "
+                                               "one of: nist sacrebleu multi-bleu tok-compound; got 'bleu'"),
+    (dict(PAIRS=["wmt14_en_de|en|de|1|nist+chrf"]), "c.sh: PAIRS entry 'wmt14_en_de|en|de|1|nist+chrf': extra bleu "
+                                                    "kind: expected one of: nist sacrebleu multi-bleu tok-compound"),
+    (dict(PAIRS=["wmt14_en_de|en|de|1|nist", "iwslt14_de_en|en|de|1|nist"]),
+     "configuration c.sh: PAIRS lists the direction en-de twice"),
+    (dict(METHOD_ARGS=["--x", "--patience", "3"]), "c.sh: METHOD_ARGS: '--patience' is set by the reproduce driver"),
+    (dict(TRAIN_ARGS=["--save-interval-updates", "1"]), "configuration c.sh: TRAIN_ARGS has no --max-tokens"),
+    (dict(TRAIN_ARGS=["--max-tokens", "0", "--save-interval-updates", "1"]),
+     "c.sh: --max-tokens in TRAIN_ARGS: expected a whole number >= 1, got '0'"),
+    (dict(TRAIN_ARGS=["--max-tokens", "1"]), "configuration c.sh: TRAIN_ARGS has no --save-interval-updates"),
+    (dict(TRAIN_ARGS=["--max-tokens", "1", "--save-interval-updates", "1", "--keep-interval-updates", "4"]),
+     "c.sh: --keep-interval-updates in TRAIN_ARGS: expected a whole number >= 5, got '4'"),
+    (dict(TRAIN_ARGS=["--max-tokens", "1", "--save-interval-updates", "1"]),
+     "c.sh: --keep-interval-updates in TRAIN_ARGS: expected a whole number >= 5, got '0'"),
+])
+def test_bad_configurations_name_the_file_and_the_value(change, message):
+    with pytest.raises(plan.RowError) as e:
+        check(**change)
+    assert str(e.value).startswith(message)
+
+
+def test_the_config_command_reads_what_config_values_writes(tmp_path):
+    cfg = tmp_path / "c.sh"
+    lines = ["DESCRIPTION='a \"b\" c'", "PAIRS=('wmt14_en_de|en|de|8|nist')", "BPE=subword-nmt", "ARCH=a",
+             "MODEL_ARGS=()", "METHOD_ARGS=(--x 'y z')", "TRAIN_ARGS=(--max-tokens 64 --save-interval-updates 2 "
+             "--keep-interval-updates 1)", "MAX_UPDATE=3", "EFFECTIVE_TOKENS=64", "AVERAGE_LAST=1", "BEAM=1",
+             "LENPEN=1", "GENERATE_ARGS=()", "PAPER_BLEU=x"]
+    cfg.write_text("\n".join(lines) + "\n")
+    shell = (f'. {REPRO}/config.sh; config_defaults; . "$1"; config_values | "$2" {REPRO}/plan.py --prog t.sh '
+             f'config --file "$1" --datasets "{" ".join(DATASETS)}"')
+    p = subprocess.run(["bash", "-c", shell, "-", str(cfg), sys.executable], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["CFG_MAX_TOKENS=64", "CFG_SAVE_INTERVAL=2"]
+    cfg.write_text("\n".join(lines).replace("BEAM=1", "BEAM=(0 1)") + "\n")
+    p = subprocess.run(["bash", "-c", shell, "-", str(cfg), sys.executable], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr == f"t.sh: error: {cfg}: BEAM: expected a whole number >= 1, got '0'\n"
+    values = plan.read_values("A\x001\x00x y\x00B\x000\x00C\x002\x00--p\x00\x00")
+    assert values == {"A": ["x y"], "B": [], "C": ["--p", ""]}

@@ -27,6 +27,10 @@ import re
 import shlex
 import sys
 
+# Options the driver and train.sh set themselves; a configuration or row must not.
+RESERVED_OPTS = ("--max-update", "--update-freq", "--seed", "--save-dir", "--arch", "--cpu", "--log-file",
+                 "--source-lang", "--target-lang", "--user-dir", "--task", "--fp16", "--bf16", "--restore-file",
+                 "--eval-bleu", "--patience", "--best-checkpoint-metric")
 FIELDS = ("name", "config", "extra args", "paper BLEU", "baseline", "params", "speed")
 SEP = "\x1f"
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
@@ -111,8 +115,8 @@ _INT = re.compile(r"[0-9]+")
 
 
 def require_int(opt, value, minimum=1):
-    """scripts/lib.sh's require_int: a whole number >= minimum."""
-    if not (_INT.fullmatch(value) and int(value) >= minimum):
+    """scripts/lib.sh's require_int: a whole number >= minimum (a number, or a string of digits)."""
+    if not (_INT.fullmatch(value) and int(value) >= int(minimum)):
         raise RowError(f"{opt}: expected a whole number >= {minimum}, got '{value}'")
 
 
@@ -203,6 +207,86 @@ def parse_options(argv, datasets, prog, paper_test="none"):
     return v
 
 
+# ------------------------------------------------------------------ configurations
+_LANG = re.compile(r"[A-Za-z0-9_]+")
+
+
+def require_float(opt, value):
+    """scripts/lib.sh's require_float."""
+    if not _FLOAT.fullmatch(value):
+        raise RowError(f"{opt}: expected a number, got '{value}'")
+
+
+def check_config(values, path, datasets):
+    """Check the values a configuration (configs/papers/NAME.sh at `path`) sets, in the
+    order common.sh checked them: `values` maps each variable to its list of values (one
+    for a scalar). Returns the per-process --max-tokens and the --save-interval-updates of
+    its TRAIN_ARGS (CFG_MAX_TOKENS, CFG_SAVE_INTERVAL)."""
+    def one(name):
+        return (values.get(name) or [""])[0]
+
+    def die(message):
+        raise RowError(f"configuration {path}: {message}")
+
+    require_choice(f"{path}: BPE", one("BPE"), ("subword-nmt", "sentencepiece"))
+    require_choice(f"{path}: BPE_JOINT", one("BPE_JOINT"), ("yes", "no"))
+    require_choice(f"{path}: TRAINING", one("TRAINING"), TRAININGS)
+    require_choice(f"{path}: PAPER_EMBEDDINGS", one("PAPER_EMBEDDINGS"), ("shared", "separate"))
+    if not one("ARCH"):
+        die("ARCH is empty")
+    if not one("PAPER_BLEU"):
+        die("PAPER_BLEU is empty; expected the paper's words on its BLEU")
+    for name in ("MAX_UPDATE", "EFFECTIVE_TOKENS", "AVERAGE_LAST", "PATIENCE", "BEAM"):
+        require_int(f"{path}: {name}", one(name), 1)
+    require_float(f"{path}: LENPEN", one("LENPEN"))
+    if not values.get("PAIRS"):
+        die("PAIRS is empty; expected entries 'dataset|src|tgt|bpe size|bleu kind[+extra kind]'")
+    directions = []
+    for entry in values["PAIRS"]:
+        dataset, src, tgt, size, kinds = bash_read(entry, 5)
+        where = f"{path}: PAIRS entry '{entry}'"
+        require_choice(f"{where}: dataset", dataset, datasets)
+        for what, lang in (("source", src), ("target", tgt)):
+            if not _LANG.fullmatch(lang):
+                raise RowError(f"{where}: {what} language: expected a language code (letters, digits, '_'), "
+                               f"got '{lang}'")
+        require_int(f"{where}: bpe size", size, 1)
+        kind, plus, extra = kinds.partition("+")
+        require_choice(f"{where}: bleu kind", kind, BLEU_KINDS)
+        if plus and extra:
+            require_choice(f"{where}: extra bleu kind", extra, BLEU_KINDS)
+        if f"{src}-{tgt}" in directions:
+            die(f"PAIRS lists the direction {src}-{tgt} twice")
+        directions.append(f"{src}-{tgt}")
+    for name in ("MODEL_ARGS", "METHOD_ARGS", "TRAIN_ARGS"):
+        reserved_in(f"{path}: {name}", values.get(name, []))
+    train = values.get("TRAIN_ARGS", [])
+    last = {}  # the value after each option (the last one wins)
+    for prev, w in zip(train, train[1:]):
+        last[prev] = w
+    max_tokens, save, keep = (last.get(o, "") for o in
+                              ("--max-tokens", "--save-interval-updates", "--keep-interval-updates"))
+    if not max_tokens:
+        die("TRAIN_ARGS has no --max-tokens (the most tokens per process and batch; EFFECTIVE_TOKENS is split "
+            "within it)")
+    require_int(f"{path}: --max-tokens in TRAIN_ARGS", max_tokens, 1)
+    if not save:
+        die("TRAIN_ARGS has no --save-interval-updates (the last AVERAGE_LAST update checkpoints are averaged)")
+    require_int(f"{path}: --keep-interval-updates in TRAIN_ARGS", keep or "0", one("AVERAGE_LAST"))
+    return {"CFG_MAX_TOKENS": max_tokens, "CFG_SAVE_INTERVAL": save}
+
+
+def read_values(data):
+    """The variables config_values (config.sh) writes: NUL-separated name, number of
+    values, values."""
+    fields, values, k = data.split("\0"), {}, 0
+    while k + 1 < len(fields):
+        name, n = fields[k], int(fields[k + 1])
+        values[name] = fields[k + 2:k + 2 + n]
+        k += 2 + n
+    return values
+
+
 def shell_assignments(v):
     """The variables of parse_options as lines for bash's eval (RAW_DIRS: an associative
     array the caller has declared)."""
@@ -217,12 +301,26 @@ def shell_assignments(v):
     return lines
 
 
-def split_entry(entry, n=len(FIELDS)):
-    """The fields of a 'a|b|...' entry as bash's `IFS='|' read -r` gives them to n
-    variables: missing ones empty, the rest (with its '|') in the last one."""
-    parts = entry.split("|", n)
-    parts += [""] * (n + 1 - len(parts))
-    return parts[:n], parts[n]
+def reserved_in(where, words):
+    """Raise RowError at the first of `words` that the driver or train.sh sets itself."""
+    for w in words:
+        if w in RESERVED_OPTS:
+            raise RowError(
+                f"{where}: '{w}' is set by the reproduce driver and train.sh (--max-update from MAX_UPDATE, "
+                "--update-freq from EFFECTIVE_TOKENS, --seed/--cpu/--precision from the command line, the "
+                "architecture from ARCH or a row's leading --arch, early stopping from TRAINING); remove it")
+
+
+def bash_read(entry, nvars):
+    """The nvars values bash's `IFS='|' read -r v1 ... vN` gives for the line `entry`:
+    missing ones empty, the rest of the line (with its '|') in the last one, less a
+    single trailing '|' after its only field."""
+    parts = entry.split("|", nvars - 1)
+    parts += [""] * (nvars - len(parts))
+    last = parts[-1]
+    if last.endswith("|") and "|" not in last[:-1]:
+        parts[-1] = last[:-1]
+    return parts
 
 
 def parse_rows(entries):
@@ -232,7 +330,7 @@ def parse_rows(entries):
         raise RowError("TABLE_ROWS is empty")
     rows, names = [], []
     for entry in entries:
-        (name, cfgspec, extra, bleu, base, params, speed), more = split_entry(entry)
+        name, cfgspec, extra, bleu, base, params, speed, more = bash_read(entry, len(FIELDS) + 1)
         if more:
             raise RowError(f"row '{entry}': expected 7 fields 'name|config|extra args|paper BLEU|baseline|params|speed'")
         if not _NAME.fullmatch(name):
@@ -249,6 +347,7 @@ def parse_rows(entries):
             if len(words) < 2:
                 raise RowError(f"row '{name}': '--arch' needs an architecture name")
             arch, words = words[1], words[2:]
+        reserved_in(f"row '{name}' (extra args)", words)
         names.append(name)
         rows.append(dict(name=name, config=config, pair=pair, arch=arch, extra=words, bleu=bleu, base=base,
                          params=params, speed=speed))
@@ -276,7 +375,7 @@ def list_lines(entries, title):
     """The rows as --list prints them (name, configuration, paper BLEU, extra args)."""
     lines = [f"Rows of {title}:"]
     for entry in entries:
-        (name, cfg, extra, bleu), _ = split_entry(entry, 4)
+        name, cfg, extra, bleu, _ = bash_read(entry, 5)
         lines.append(f"  {name:<34} {cfg:<32} paper BLEU {bleu:<6} {extra}")
     return lines
 
@@ -295,7 +394,18 @@ def main(argv=None):
     p.add_argument("--datasets", required=True, help="the datasets (space-separated) --raw-dir DATASET=DIR names")
     p.add_argument("--paper-test", default="none", help="the script's TABLE_SIGNIFICANCE")
     p.add_argument("args", nargs=argparse.REMAINDER, help="after --: the script's arguments")
+    p = sub.add_parser("config", help="check a configuration's values (stdin: config.sh's config_values)")
+    p.add_argument("--file", required=True, help="the configuration file, for messages")
+    p.add_argument("--datasets", required=True, help="the datasets (space-separated) PAIRS may name")
     args = ap.parse_args(argv)
+    if args.cmd == "config":
+        try:
+            cfg = check_config(read_values(sys.stdin.read()), args.file, args.datasets.split())
+        except RowError as e:
+            print(f"{args.prog}: error: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(shell_assignments(cfg)))
+        return 0
     if args.cmd == "options":
         words = args.args[1:] if args.args[:1] == ["--"] else args.args
         try:

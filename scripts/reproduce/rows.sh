@@ -52,7 +52,6 @@ reproduce_load_rows() {
         esac
         read -r -a words <<< "$extra"
         arch="${arch:-$ARCH}"
-        check_reserved "row '$name' (extra args)" "${words[@]}"
         # the BLEU of the main column (--bleu replaces the paper's) and the extra one; one
         # tokenized BLEU per row (evaluate.sh writes one)
         local kind="${BLEU_OVERRIDE:-$P_KIND}" xkind="$P_EXTRA"
