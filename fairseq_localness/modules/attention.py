@@ -760,16 +760,11 @@ class AttentionCore(nn.Module, Observable):
                 terms.append((_rows_term, (bias,)))
         if soft_bias is not None:
             terms.append((_rows_term, (soft_bias,)))
-        relative_key = value_embeddings = None
-        if rel is not None:
-            relative_key = ctx.cache.get("rel_key_per_distance")
-            if relative_key is None:
-                relative_key = rel.key_per_distance(ctx.q * self.scaling)
-                ctx.cache["rel_key_per_distance"] = relative_key
-            value_embeddings = rel.value_embeddings
         blocked = _combine(base_blocked, branch.mask(ctx))
-        return recomputed_attention(ctx.q, ctx.k, v, self.scaling, blocked, terms,
-                                    rel.max_distance if rel is not None else 0, relative_key, value_embeddings)
+        if rel is None:
+            return recomputed_attention(ctx.q, ctx.k, v, self.scaling, blocked, terms)
+        return recomputed_attention(ctx.q, ctx.k, v, self.scaling, blocked, terms, rel.max_distance,
+                                    rel.key_embeddings, rel.value_embeddings)
 
     def _dropout_active(self) -> bool:
         return self.dropout_module.p > 0 and (self.training or self.dropout_module.apply_during_inference)

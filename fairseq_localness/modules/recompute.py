@@ -53,7 +53,7 @@ def block_rows(bsz: int, heads: int, tgt_len: int, src_len: int) -> int:
 
 class _RecomputedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, blocked, fns, counts, rel_k, rel_key, value_emb, *inputs):
+    def forward(ctx, q, k, v, scale, blocked, fns, counts, rel_k, key_emb, value_emb, *inputs):
         # B x H x T x Dh views of the projections (heads split from T x B x C) would be
         # copied by every batched product: copied once here instead (the backward pass
         # keeps these copies, and the projections' outputs are then free)
@@ -66,12 +66,13 @@ class _RecomputedAttention(torch.autograd.Function):
         out = q.new_empty(bsz, heads, tgt_len, v.size(-1))
         per_bucket = None if value_emb is None else q.new_empty(bsz, heads, tgt_len, value_emb.size(0), dtype=dt)
         groups = _split(inputs, counts)
+        rel_key = None if key_emb is None else _relative_key(q, key_emb, scale, dt)
         for i0 in range(0, tgt_len, rows):
             i1 = min(tgt_len, i0 + rows)
             with torch.no_grad():
                 scores, _ = _block_scores(q, k, scale, fns, groups, i0, i1, dt)
                 if rel_key is not None:
-                    scores = scores + expand_buckets(rel_key[:, :, i0:i1].to(dt), i0, i1, src_len, offset, rel_k)
+                    scores = scores + expand_buckets(rel_key[:, :, i0:i1], i0, i1, src_len, offset, rel_k)
                 probs, empty = _softmax_block(scores, blocked, i0, i1)
                 o = torch.matmul(probs.to(v.dtype), v)
                 if value_emb is not None:
@@ -82,16 +83,16 @@ class _RecomputedAttention(torch.autograd.Function):
                     o = o.masked_fill(empty, 0.0)
             out[:, :, i0:i1] = o
         ctx.scale, ctx.fns, ctx.counts, ctx.rows, ctx.dt, ctx.rel_k = scale, fns, counts, rows, dt, rel_k
-        ctx.has = (blocked is not None, rel_key is not None, value_emb is not None)
-        ctx.save_for_backward(q, k, v, out, blocked, rel_key, value_emb, per_bucket, *inputs)
+        ctx.has = (blocked is not None, key_emb is not None, value_emb is not None)
+        ctx.save_for_backward(q, k, v, out, blocked, key_emb, value_emb, per_bucket, *inputs)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, blocked, rel_key, value_emb, per_bucket, *inputs = ctx.saved_tensors
-        has_blocked, has_rel_key, has_value = ctx.has
+        q, k, v, out, blocked, key_emb, value_emb, per_bucket, *inputs = ctx.saved_tensors
+        has_blocked, has_key_emb, has_value = ctx.has
         blocked = blocked if has_blocked else None
-        rel_key = rel_key if has_rel_key else None
+        key_emb = key_emb if has_key_emb else None
         value_emb = value_emb if has_value else None
         dt, scale, rows, fns, rel_k = ctx.dt, ctx.scale, ctx.rows, ctx.fns, ctx.rel_k
         tgt_len, src_len = q.size(2), k.size(2)
@@ -103,7 +104,8 @@ class _RecomputedAttention(torch.autograd.Function):
         grad_q = torch.zeros_like(q, dtype=dt)
         grad_k = torch.zeros_like(k, dtype=dt)
         grad_v = torch.zeros_like(v, dtype=dt)
-        grad_rel_key = None if rel_key is None else torch.zeros_like(rel_key, dtype=dt)
+        rel_key = None if key_emb is None else _relative_key(q, key_emb, scale, dt)
+        grad_rel_key = None if rel_key is None else torch.zeros_like(rel_key)
         grad_value_emb = None
         kd, vd = k.to(dt), v.to(dt)
         for i0 in range(0, tgt_len, rows):
@@ -113,7 +115,7 @@ class _RecomputedAttention(torch.autograd.Function):
                 scores, bias = _block_scores(q, k, scale, fns, groups, i0, i1, dt)
             masked = scores.detach()
             if rel_key is not None:
-                masked = masked + expand_buckets(rel_key[:, :, i0:i1].to(dt), i0, i1, src_len, offset, rel_k)
+                masked = masked + expand_buckets(rel_key[:, :, i0:i1], i0, i1, src_len, offset, rel_k)
             probs, empty = _softmax_block(masked, blocked, i0, i1)
             go = grad_out[:, :, i0:i1]
             if empty is not None:
@@ -130,12 +132,24 @@ class _RecomputedAttention(torch.autograd.Function):
                 grad_rel_key[:, :, i0:i1] = reduce_buckets(grad_scores, i0, i1, offset, rel_k)
             if bias is not None and bias.requires_grad:
                 torch.autograd.backward(bias, _sum_to(grad_scores, bias.shape))
+        flat = lambda t: t.reshape(-1, t.size(-1))  # noqa: E731
+        grad_key_emb = None
+        if key_emb is not None:  # rel_key = q W^K^T * scale
+            grad_rel_key = grad_rel_key * scale
+            grad_q += torch.matmul(grad_rel_key, key_emb.to(dt))
+            grad_key_emb = flat(grad_rel_key).t().matmul(flat(q.to(dt))).to(key_emb.dtype)
         if value_emb is not None:
-            flat = lambda t: t.reshape(-1, t.size(-1))  # noqa: E731
             grad_value_emb = flat(per_bucket).t().matmul(flat(grad_out)).to(value_emb.dtype)
         grads = [None if not leaf.requires_grad else leaf.grad for leaf in leaves]
         return (grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None, None, None,
-                None if grad_rel_key is None else grad_rel_key.to(rel_key.dtype), grad_value_emb, *grads)
+                grad_key_emb, grad_value_emb, *grads)
+
+
+def _relative_key(q: Tensor, key_emb: Tensor, scale: float, dt) -> Tensor:
+    """Shaw et al.'s ``q_i w^K_r * scale`` per query and bucket, ``B x H x Tq x R``:
+    recomputed from ``q`` in the backward pass rather than kept (R multiply-adds per
+    query and channel)."""
+    return torch.matmul(q, key_emb.to(q.dtype).t()).to(dt) * scale
 
 
 def _split(inputs: Sequence[Tensor], counts: Sequence[int]) -> List[Tuple[Tensor, ...]]:
@@ -232,18 +246,18 @@ def recomputed_attention(
     blocked: Optional[Tensor] = None,
     bias_terms: Sequence[BiasTerm] = (),
     relative_k: int = 0,
-    relative_key: Optional[Tensor] = None,
+    key_embeddings: Optional[Tensor] = None,
     value_embeddings: Optional[Tensor] = None,
 ) -> Tensor:
     """``softmax(q k^T * scale + bias, masked by blocked) (v + a^V)``, ``B x H x Tq x
     Dh`` (see the module docstring). ``blocked``: boolean, broadcastable to
     ``B x H x Tq x Tk``, True = masked. ``bias``: the sum of the ``bias_terms`` and of
-    Shaw et al.'s key term ``relative_key[i, clip(j - i', -K, K) + K]``
-    (``relative_key``: ``q_i w^K_r * scale``, ``B x H x Tq x (2K + 1)``, K =
-    ``relative_k``); ``value_embeddings`` (``(2K + 1) x Dh``): Shaw et al.'s value
-    term, or None. Queries are bottom-right aligned (``i' = Tk - Tq + i``)."""
+    Shaw et al.'s key term ``q_i w^K_{clip(j - i', -K, K) + K} * scale``
+    (``key_embeddings``: ``w^K``, ``(2K + 1) x Dh``, K = ``relative_k``);
+    ``value_embeddings`` (``(2K + 1) x Dh``): Shaw et al.'s value term, or None.
+    Queries are bottom-right aligned (``i' = Tk - Tq + i``)."""
     fns = tuple(fn for fn, _ in bias_terms)
     counts = tuple(len(inputs) for _, inputs in bias_terms)
     inputs = [x for _, group in bias_terms for x in group]
     return _RecomputedAttention.apply(
-        q, k, v, scale, blocked, fns, counts, relative_k, relative_key, value_embeddings, *inputs)
+        q, k, v, scale, blocked, fns, counts, relative_k, key_embeddings, value_embeddings, *inputs)
