@@ -2,6 +2,7 @@
 computes and formats, tested as functions (the drivers' dry runs: test_reproduce.py)."""
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -256,3 +257,9 @@ def test_the_config_command_reads_what_config_values_writes(tmp_path):
     assert p.returncode == 2 and p.stderr == f"t.sh: error: {cfg}: BEAM: expected a whole number >= 1, got '0'\n"
     values = plan.read_values("A\x001\x00x y\x00B\x000\x00C\x002\x00--p\x00\x00")
     assert values == {"A": ["x y"], "B": [], "C": ["--p", ""]}
+
+
+def test_the_help_names_every_option_plan_py_reads():
+    with open(os.path.join(REPRO, "options.txt"), encoding="utf-8") as f:
+        helped = set(re.findall(r"^  (--[a-z-]+)", f.read(), re.M))
+    assert helped == set(plan.FLAGS) | set(plan.VALUES)

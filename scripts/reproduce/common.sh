@@ -44,8 +44,9 @@
 # config.sh (the configurations), rows.sh (the rows, their data, run directories and
 # fairseq options), steps.sh (the commands of a row, the table), rehearse.sh
 # (--rehearse); what is computed from the options and the rows and printed from them
-# is plan.py's (checked options, checked and selected rows, --list, --help; unit tests
-# in tests/test_reproduce_plan.py), the table results_table.py's.
+# is plan.py's (checked options and configurations, checked and selected rows, --list;
+# unit tests in tests/test_reproduce_plan.py), the table results_table.py's; options.txt
+# is the --help of the options every script takes.
 . "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/../batch_split.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/rehearse.sh"
@@ -73,7 +74,7 @@ reproduce_parse_args() {
     declare -gA RAW_DIRS=()
     eval "$assignments"
     if (( HELP )); then
-        usage; echo; "$PY" "$REPRO_DIR/plan.py" usage; echo; list_rows; exit 0
+        usage; echo; cat "$REPRO_DIR/options.txt"; echo; list_rows; exit 0
     fi
     rehearse_options "$script_name"
     WORK="${WORK:-$REPO_DIR/runs/reproduce/$script_name}"

@@ -1,26 +1,34 @@
 #!/usr/bin/env python3
-"""The table rows of a reproduce script: parsed, checked, selected and listed.
+"""What the reproduce driver computes: its options, configurations and rows, checked.
 
 scripts/reproduce/common.sh orchestrates a reproduce run in shell (it sources the
-configurations, which are shell files, and runs the pipeline steps); what it computes
-from a script's TABLE_ROWS and formats is here, in one call per run and without
-importing fairseq (standard library only):
+configurations, which are shell files, and runs the pipeline steps); the checks and
+the text it derives from its options, configurations and TABLE_ROWS are here, in a few
+calls per run (standard library only: fairseq is not imported):
 
+    plan.py --prog PROG options --datasets "D ..." --paper-test T -- ARGS...
+        the script's options checked (in the order of their checks in the shell, so
+        the first error is the same), printed as shell assignments for eval: DRY_RUN,
+        WORK, GPUS, ..., SEEDS (an array), RAW_DIRS[dataset]=dir, RUN_TESTS (the
+        significance tests to run); HELP=1 alone at a --help before any error
+    plan.py --prog PROG config --file F --datasets "D ..." < values
+        the values a configuration sets (config.sh's config_values: NUL-separated
+        name, count, values) checked; prints CFG_MAX_TOKENS and CFG_SAVE_INTERVAL
     plan.py --prog PROG rows --title TITLE [--only "A B"] < rows
         every row checked (7 fields 'name|config[:src-tgt]|extra args|paper BLEU|
         baseline row|paper params|paper speed', a valid and new name, a number or '-'
         as the paper's BLEU, an earlier row as baseline, a leading '--arch NAME' split
-        off the extra args), then --only checked against the names; one line per row on stdout, its fields separated by
+        off the extra args, none of the options the driver sets itself), then --only
+        checked against the names; one line per row on stdout, its fields separated by
         US (\\x1f): name, config, direction, architecture of a leading --arch (or
         empty), the other extra args, paper BLEU, baseline, paper params, paper speed,
         1 when the row is selected (else 0)
     plan.py --prog PROG list --title TITLE < rows
         the rows as --list prints them (nothing checked)
-    plan.py --prog PROG usage
-        the options every reproduce script takes (its --help)
 
-A bad row or --only stops with exit status 2 and 'PROG: error: ...' on stderr, the
-message common.sh's own checks would print.
+A bad option, configuration, row or --only stops with exit status 2 and
+'PROG: error: ...' on stderr, the message of scripts/lib.sh's checks (require_int,
+require_choice, ...) where they are the same check.
 """
 import argparse
 import re
@@ -36,59 +44,6 @@ SEP = "\x1f"
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 _FLOAT = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")  # scripts/lib.sh's require_float
 
-OPTIONS_HELP = """\
-Options (every reproduce script):
-  --dry-run          print every command (one per line, runnable), the batch arithmetic
-                     and the table, run nothing, write nothing
-  --table            only print the table from the results that exist (and write
-                     WORK/results.md)
-  --work-dir DIR     where runs and results go (default: runs/reproduce/<script name>)
-  --data-dir DIR     prepared corpora (default: data/prepared, shared by every table)
-  --raw-dir DIR      the root of the raw downloads: each dataset's files in DIR/<dataset>/
-                     (default: data/downloads)
-  --raw-dir DATASET=DIR  one dataset's raw files in DIR (repeatable)
-  --download         let prepare_data.sh download what is missing (not possible for
-                     ASPEC, CWMT and the WIT3 IWSLT releases: the dry run says which)
-  --variant V        the datasets' variant V where they have one (iwslt14_de_en: paper,
-                     the default, or fairseq: fairseq's split, lowercased)
-  --bleu KIND        the main column's BLEU for every row: nist, sacrebleu, multi-bleu or
-                     tok-compound (default: the metric each paper names)
-  --training T       paper (default: each configuration's), fixed (MAX_UPDATE updates,
-                     average of the last checkpoints) or early-stop (stop when dev BLEU
-                     has not improved for --patience validations, take checkpoint_best.pt)
-  --patience N       validations without improvement before early stopping (default: the
-                     configuration's, 10)
-  --significance S   paper (default: the test the paper reports), paired-bs (Koehn 2004,
-                     full-size resamples, sacrebleu), compare-mt, both, or none
-  --only "A B"       only these rows (names from the table below)
-  --gpus N           processes per run (default 1); the paper's batch is kept: per-process
-                     --max-tokens and --update-freq are derived from it (train.sh
-                     --effective-tokens), the dry run prints the arithmetic
-  --cpu              train and translate on the CPU (smoke runs)
-  --max-tokens N     the most tokens one process may hold (replaces the configuration's;
-                     the batch per update stays the paper's)
-  --precision P      auto (default of train.sh), fp32, fp16 or bf16
-  --seed N           training seed (default 1)
-  --seeds S          train every selected row once per seed: S is a number of seeds N
-                     (seeds 1..N) or a comma-separated list of distinct seeds (1,5,7);
-                     each seed's run in WORK/runs/<row>/seed<N>/ (a one-seed run in
-                     WORK/runs/<row>/ with one of these seeds and the row's settings is
-                     that seed's run). The table shows per row the number of seeds,
-                     each column's mean ± standard deviation, and, where --significance
-                     asks for a test, Koehn's paired bootstrap against the baseline row
-                     on the seeds' pooled translations (seeds resampled too;
-                     better/worse only where p < 0.05) and how many seeds pass it on
-                     their own (fairseq-localness-results); every seed's numbers in
-                     WORK/results.md and WORK/results.json. Not with --seed; --seeds 1
-                     is the default single run
-  --rehearse         the whole path for real on the CPU in minutes: the same rows and
-                     steps on small fakes of the raw downloads, with tiny models (the
-                     sizes only: layers, dimensions, subwords, batch, updates), two
-                     processes where the paper's batch spans several GPUs; everything
-                     under WORK (default runs/rehearse/<script name>); see
-                     scripts/reproduce/rehearse.sh
-  --list             print the rows and exit
-"""
 
 
 class RowError(ValueError):
@@ -389,7 +344,6 @@ def main(argv=None):
     p.add_argument("--only", default="")
     p = sub.add_parser("list", help="print TABLE_ROWS (read from stdin) as --list does")
     p.add_argument("--title", required=True)
-    sub.add_parser("usage", help="print the options every reproduce script takes")
     p = sub.add_parser("options", help="check a reproduce script's options; print them as shell assignments")
     p.add_argument("--datasets", required=True, help="the datasets (space-separated) --raw-dir DATASET=DIR names")
     p.add_argument("--paper-test", default="none", help="the script's TABLE_SIGNIFICANCE")
@@ -414,9 +368,6 @@ def main(argv=None):
             print(f"{args.prog}: error: {e}", file=sys.stderr)
             return 2
         print("\n".join(shell_assignments(v)))
-        return 0
-    if args.cmd == "usage":
-        sys.stdout.write(OPTIONS_HELP)
         return 0
     entries = sys.stdin.read().splitlines()
     if args.cmd == "list":
