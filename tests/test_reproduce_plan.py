@@ -1,6 +1,7 @@
 """scripts/reproduce/plan.py: what the reproduce driver (scripts/reproduce/common.sh)
 computes and formats, tested as functions (the drivers' dry runs: test_reproduce.py)."""
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -198,7 +199,15 @@ def check(**change):
 
 
 def test_a_configuration_gives_its_batch_and_checkpoint_interval():
-    assert check() == {"CFG_MAX_TOKENS": "2048", "CFG_SAVE_INTERVAL": "1000"}  # (the last --max-tokens)
+    assert check() == {"CFG_MAX_TOKENS": "2048", "CFG_SAVE_INTERVAL": "1000",  # (the last --max-tokens)
+                       "CFG_EVAL_BLEU_ARGS": '{"beam": 4, "lenpen": 0.6}'}
+
+
+def test_eval_bleu_args_carry_the_papers_decoding_as_written():
+    assert plan.eval_bleu_args("5", "1.", ["--max-len-a", "1.2", "--nbest", "1", "--max-len-b", "10"]) == \
+        '{"beam": 5, "lenpen": 1., "max_len_a": 1.2, "max_len_b": 10}'
+    assert json.loads(plan.eval_bleu_args("4", "0.6", ["--max-len-b", "50"])) == \
+        {"beam": 4, "lenpen": 0.6, "max_len_b": 50}
 
 
 @pytest.mark.parametrize("change, message", [
@@ -251,7 +260,8 @@ def test_the_config_command_reads_what_config_values_writes(tmp_path):
              f'config --file "$1" --datasets "{" ".join(DATASETS)}"')
     p = subprocess.run(["bash", "-c", shell, "-", str(cfg), sys.executable], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ["CFG_MAX_TOKENS=64", "CFG_SAVE_INTERVAL=2"]
+    assert p.stdout.split("\n")[:2] == ["CFG_MAX_TOKENS=64", "CFG_SAVE_INTERVAL=2"]
+    assert p.stdout.split("\n")[2] == """CFG_EVAL_BLEU_ARGS='{"beam": 1, "lenpen": 1}'"""
     cfg.write_text("\n".join(lines).replace("BEAM=1", "BEAM=(0 1)") + "\n")
     p = subprocess.run(["bash", "-c", shell, "-", str(cfg), sys.executable], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr == f"t.sh: error: {cfg}: BEAM: expected a whole number >= 1, got '0'\n"

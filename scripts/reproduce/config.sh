@@ -9,7 +9,7 @@ config_defaults() {
     BPE_JOINT=yes TRAINING=fixed PATIENCE=10 PAPER_EMBEDDINGS=shared
 }
 # The configurations checked so far: name -> plan.py config's output (CFG_MAX_TOKENS,
-# CFG_SAVE_INTERVAL); each is checked once per run.
+# CFG_SAVE_INTERVAL, CFG_EVAL_BLEU_ARGS); each is checked once per run.
 declare -A CONFIG_CHECKED=()
 
 # config_names: the configurations that exist, for error messages.
@@ -57,7 +57,7 @@ load_config() {
         CONFIG_CHECKED[$name]="$(config_values | "$PY" "$REPRO_DIR/plan.py" --prog "$PROG" config \
             --file "$CFG_FILE" --datasets "${DATASETS[*]}")" || exit 2
     fi
-    eval "${CONFIG_CHECKED[$name]}"  # CFG_MAX_TOKENS CFG_SAVE_INTERVAL
+    eval "${CONFIG_CHECKED[$name]}"  # CFG_MAX_TOKENS CFG_SAVE_INTERVAL CFG_EVAL_BLEU_ARGS
     rehearse_config
 }
 

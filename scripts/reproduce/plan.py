@@ -13,7 +13,8 @@ calls per run (standard library only: fairseq is not imported):
         significance tests to run); HELP=1 alone at a --help before any error
     plan.py --prog PROG config --file F --datasets "D ..." < values
         the values a configuration sets (config.sh's config_values: NUL-separated
-        name, count, values) checked; prints CFG_MAX_TOKENS and CFG_SAVE_INTERVAL
+        name, count, values) checked; prints CFG_MAX_TOKENS, CFG_SAVE_INTERVAL and
+        CFG_EVAL_BLEU_ARGS (--eval-bleu-args for early stopping)
     plan.py --prog PROG rows --title TITLE [--only "A B"] < rows
         every row checked (7 fields 'name|config[:src-tgt]|extra args|paper BLEU|
         baseline row|paper params|paper speed', a valid and new name, a number or '-'
@@ -228,7 +229,19 @@ def check_config(values, path, datasets):
     if not save:
         die("TRAIN_ARGS has no --save-interval-updates (the last AVERAGE_LAST update checkpoints are averaged)")
     require_int(f"{path}: --keep-interval-updates in TRAIN_ARGS", keep or "0", one("AVERAGE_LAST"))
-    return {"CFG_MAX_TOKENS": max_tokens, "CFG_SAVE_INTERVAL": save}
+    return {"CFG_MAX_TOKENS": max_tokens, "CFG_SAVE_INTERVAL": save,
+            "CFG_EVAL_BLEU_ARGS": eval_bleu_args(one("BEAM"), one("LENPEN"), values.get("GENERATE_ARGS", []))}
+
+
+def eval_bleu_args(beam, lenpen, generate_args):
+    """fairseq-train's --eval-bleu-args for early stopping on development BLEU: the
+    paper's beam, length penalty and maximum length (--max-len-a/-b of GENERATE_ARGS),
+    the values as the configuration writes them."""
+    gen = f'{{"beam": {beam}, "lenpen": {lenpen}'
+    for prev, w in zip(generate_args, generate_args[1:]):
+        if prev in ("--max-len-a", "--max-len-b"):
+            gen += f', "{prev[2:].replace("-", "_")}": {w}'
+    return gen + "}"
 
 
 def read_values(data):

@@ -152,20 +152,12 @@ $CFG_SAVE_INTERVAL updates; at most $MAX_UPDATE updates), checkpoint_best.pt ($w
 
 # early_stop_args i: fairseq-train's options for early stopping on development BLEU
 # (fairseq's --eval-bleu with the paper's beam and length penalty on the detokenized
-# output, sacreBLEU as the papers' NIST BLEU; validation at each checkpoint).
+# output, sacreBLEU as the papers' NIST BLEU; validation at each checkpoint;
+# CFG_EVAL_BLEU_ARGS: plan.py config's).
 early_stop_args() {
-    local i="$1" detok=space remove=sentencepiece gen prev="" w
+    local i="$1" detok=space remove=sentencepiece
     [[ "$BPE" == subword-nmt ]] && detok=moses remove=subword_nmt
-    gen="{\"beam\": $BEAM, \"lenpen\": $LENPEN"
-    for w in "${GENERATE_ARGS[@]}"; do
-        case "$prev" in
-            --max-len-a) gen+=", \"max_len_a\": $w" ;;
-            --max-len-b) gen+=", \"max_len_b\": $w" ;;
-        esac
-        prev="$w"
-    done
-    gen+="}"
-    EARLY_ARGS=(--eval-bleu --eval-bleu-args "$gen" --eval-bleu-detok "$detok")
+    EARLY_ARGS=(--eval-bleu --eval-bleu-args "$CFG_EVAL_BLEU_ARGS" --eval-bleu-detok "$detok")
     [[ "$detok" == moses ]] && EARLY_ARGS+=(--eval-bleu-detok-args "{\"target_lang\": \"${R_TGT[$i]}\"}")
     EARLY_ARGS+=(--eval-bleu-remove-bpe "$remove" --best-checkpoint-metric bleu --maximize-best-checkpoint-metric
                  --patience "${PATIENCE_OVERRIDE:-$PATIENCE}" --validate-interval-updates "$CFG_SAVE_INTERVAL")
