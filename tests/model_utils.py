@@ -222,6 +222,12 @@ def check_finite(model, task, dtype):
     assert not bad, f"non-finite gradients in {dtype}: {bad[:5]}"
 
 
+def _value_term_needs_eager(core) -> bool:
+    """Shaw et al.'s value term runs on the eager path only while attention dropout is on."""
+    rel = core.relative_positions
+    return rel is not None and rel.value_embeddings is not None and core._dropout_active()
+
+
 class attention_paths:
     """Context manager that records which path every attention core's branches took:
     ``paths["sdpa"]`` / ``paths["eager"]`` list, per branch evaluated, whether that
@@ -243,8 +249,7 @@ class attention_paths:
             return use_sdpa(core, query, need_weights)
 
         def needs_eager(core) -> bool:
-            return (core.relative_positions is not None and core.relative_positions.value_embeddings is not None) \
-                or id(core) in weights_asked
+            return _value_term_needs_eager(core) or id(core) in weights_asked
 
         def spy_sdpa(core, *args, **kwargs):
             self.paths["sdpa"].append(needs_eager(core))
@@ -304,8 +309,7 @@ def check_fast_path_equals_eager(model, task, dtype=torch.float32):
         f"{dtype}: {paths['sdpa']['eager'].count(False)} branch evaluations that need no distribution took the "
         f"eager path under attention_impl='sdpa'"
     )
-    fast_cores = [m for m in model.modules() if isinstance(m, AttentionCore)
-                  and (m.relative_positions is None or m.relative_positions.value_embeddings is None)]
+    fast_cores = [m for m in model.modules() if isinstance(m, AttentionCore) and not _value_term_needs_eager(m)]
     assert bool(paths["sdpa"]["sdpa"]) == bool(fast_cores), f"{dtype}: no attention core took the fast path"
     (ref, ref_grads), (fast, fast_grads) = results["eager"], results["sdpa"]
     torch.testing.assert_close(fast.float(), ref.float(), **tol)
