@@ -346,10 +346,13 @@ def test_several_attention_impls_are_interleaved_in_one_run(tmp_path, capsys):
 
 
 def test_hysan_gate_saves_only_its_bottleneck():
-    """HySAN's gated sum keeps, beyond what the sum fusion keeps, only the squeeze
-    gate's bottleneck ReLU(f1(x_b)) (C/r values per token and branch): the branch
-    outputs it also needs are kept by the attention's fast path already (plain
-    autograd would keep x_b, f1(x_b), the bottleneck and SG(x_b): 2 C + 2 C/r)."""
+    """HySAN's gated sum keeps, beyond what the sum fusion keeps, the squeeze gate's
+    bottleneck ReLU(f1(x_b)) (C/r values per token and branch) and the branch output
+    x_b only where the attention's fast path does not keep it already: the flash
+    kernel's output of the global and forward branches is x_b itself, while a backward
+    branch's output is the reversed kernel output and a window branch's comes from the
+    banded path, which keeps its probabilities (plain autograd would keep x_b, f1(x_b),
+    the bottleneck and SG(x_b): 2 C + 2 C/r for every branch)."""
     from fairseq_localness.modules.attention import set_attention_impl
     from fairseq_localness.modules.hysan import GatedSumFusion
 
@@ -365,7 +368,9 @@ def test_hysan_gate_saves_only_its_bottleneck():
     for name, module in models["gated"].named_modules():
         if isinstance(module, GatedSumFusion):
             tokens = batch[0].numel() if name.startswith("encoder") else batch[2].numel()
+            outputs_not_kept = sum(1 for b in module.names if b == "backward" or b.startswith("local"))
             expected += len(module.names) * tokens * module.gate.f1.out_features * 4
+            expected += outputs_not_kept * tokens * module.gate.f1.in_features * 4
     assert expected > 0
     attention = {fusion: sum(b for k, b in saved[fusion].items() if "self_attn" in k) for fusion in saved}
     assert attention["gated"] - attention["sum"] == expected

@@ -262,17 +262,25 @@ def test_a_broken_cache_reorder_fails_the_contract(monkeypatch):
         check_incremental_equals_full(model, task)
 
 
-def test_a_broken_causal_mask_fails_the_contract(monkeypatch):
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_a_broken_causal_mask_fails_the_contract(monkeypatch, impl):
     """A decoder self-attention that can see the future is caught (teacher forcing sees
-    later targets, incremental decoding cannot)."""
+    later targets, incremental decoding cannot), on the eager path (the causal mask) and
+    on the fast path (the CPU flash kernel's ``is_causal``)."""
     from fairseq_localness.modules import attention
+    from fairseq_localness.modules.attention import set_attention_impl
     from model_utils import build_model
 
     model, task = build_model("hybrid_transformer", MODEL_ARGS + ["--hybrid-encoder-layers", "none",
                                                                   "--hybrid-decoder-layers", "all"])
+    set_attention_impl(model, impl)
     check_incremental_equals_full(model, task)
     monkeypatch.setattr(attention, "causal_mask",
                         lambda tq, tk, device: torch.zeros(tq, tk, dtype=torch.bool, device=device))
+    if attention._CPU_FLASH is not None:
+        flash = attention._CPU_FLASH
+        monkeypatch.setattr(attention, "_CPU_FLASH",
+                            lambda q, k, v, p, is_causal, **kw: flash(q, k, v, p, False, **kw))
     with pytest.raises(AssertionError):
         check_incremental_equals_full(model, task)
 
