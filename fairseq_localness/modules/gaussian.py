@@ -211,29 +211,27 @@ class GaussianLocalness(AttentionBranch):
         mean = keys.sum(1, keepdim=True) / counts
         return mean.expand(bsz, ctx.tgt_len, heads * head_dim).to(ctx.k.dtype)
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """G of eq. 5, ``B x H x Tq x Tk`` (float32, or float64)."""
-        dt = compute_dtype(ctx)
+    def _centre_sigma_keys(self, ctx: AttentionContext):
+        """P and sigma = D / 2 (each ``B x H x Tq``) and the key positions
+        (``B' x 1 x 1 x Tk``) of eq. 5, observed once per call."""
         centre, window = self.centre_and_window(ctx)
         sigma = window / 2.0
         if self.min_window == 0:
             sigma = sigma.clamp(min=1e-10)  # only the division is guarded (module docstring)
-        k_pos = ctx.k_pos.to(dt)[:, None, None, :]  # B' x 1 x 1 x Tk
-        gaussian = -((k_pos - centre.unsqueeze(-1)) ** 2) / (2.0 * sigma.unsqueeze(-1) ** 2)
+        k_pos = ctx.k_pos.to(compute_dtype(ctx))[:, None, None, :]
         self._observe(ctx, centre, window)
-        return gaussian
+        return centre, sigma, k_pos
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """G of eq. 5, ``B x H x Tq x Tk`` (float32, or float64)."""
+        centre, sigma, k_pos = self._centre_sigma_keys(ctx)
+        return -((k_pos - centre.unsqueeze(-1)) ** 2) / (2.0 * sigma.unsqueeze(-1) ** 2)
 
     def bias_terms(self, ctx: AttentionContext):
         """G of eq. 5 as one term of :func:`~.recompute.recomputed_attention`: computed
         per block of query rows from the centres P and widths sigma = D / 2 (each
         ``B x H x Tq``), so no ``B x H x Tq x Tk`` bias is kept for the backward pass."""
-        dt = compute_dtype(ctx)
-        centre, window = self.centre_and_window(ctx)
-        sigma = window / 2.0
-        if self.min_window == 0:
-            sigma = sigma.clamp(min=1e-10)  # only the division is guarded (module docstring)
-        k_pos = ctx.k_pos.to(dt)[:, None, None, :]  # B' x 1 x 1 x Tk
-        self._observe(ctx, centre, window)
+        centre, sigma, k_pos = self._centre_sigma_keys(ctx)
 
         def gaussian(inputs, i0: int, i1: int) -> Tensor:
             c, s = inputs[0][..., i0:i1, None], inputs[1][..., i0:i1, None]
