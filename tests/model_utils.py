@@ -123,7 +123,7 @@ def decoding_batch(task, lengths=(6, 3, 5), beam: int = 2, seed: int = 1):
     return src, lens, prev
 
 
-def check_incremental_equals_full(model, task, reorder_at: int = 2, atol: float = 1e-5):
+def check_incremental_equals_full(model, task, reorder_at: int = 2, atol: float = 1e-5, lengths=(6, 3, 5)):
     """Step-by-step decoding == one teacher-forced pass, with a beam-search reorder
     mid-sequence.
 
@@ -131,7 +131,7 @@ def check_incremental_equals_full(model, task, reorder_at: int = 2, atol: float 
     attention relies on that), so the batch is sentences x beam and the new order maps
     each row to a beam of the same sentence; rows are duplicated and swapped.
     """
-    src, lens, prev = decoding_batch(task, beam=2)
+    src, lens, prev = decoding_batch(task, lengths=lengths, beam=2)
     # 3 sentences x beam 2: a beam duplicated (rows 0, 1 <- 1), one swapped (2 <-> 3),
     # one kept twice (4, 5 <- 4)
     order = torch.tensor([1, 1, 3, 2, 4, 4])

@@ -335,7 +335,7 @@ def test_model_contract_at_long_lengths(name):
     """At sentences of 140-300 tokens (a fresh tiny model): the fast paths == the eager
     reference (log-probabilities and every gradient, training mode), batch and padding
     invariance, and incremental decoding == the full pass over a 300-token prefix."""
-    from model_utils import build_model, decoding_batch, loss_and_grads
+    from model_utils import build_model, loss_and_grads
 
     from fairseq_localness.modules.attention import set_attention_impl
 
@@ -356,12 +356,4 @@ def test_model_contract_at_long_lengths(name):
 
     check_batch_invariance(model, task, lengths=LONG)
 
-    src, lens, prev = decoding_batch(task, lengths=LONG[:2], beam=1)
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=lens)
-        full, _ = model.decoder(prev, encoder_out=enc)
-        state, steps = {}, []
-        for t in range(prev.size(1)):
-            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
-            steps.append(out)
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+    check_incremental_equals_full(model, task, lengths=LONG)

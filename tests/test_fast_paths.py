@@ -134,10 +134,9 @@ def test_fast_path_equals_eager_at_300(side, names, causal, monkeypatch):
         torch.testing.assert_close(a / scale, b / scale, atol=1e-5, rtol=1e-4)
 
 
-def test_incremental_decoding_equals_the_full_pass_at_300():
-    """A causal core with band branches, step by step (each step's band reads the
-    cache) == one teacher-forced pass on the fast path."""
-    core = _core(*DECODER).eval()
+
+def _check_steps_equal_full(core):
+    """T self-attention steps through the cache == one pass over the T tokens."""
     x = torch.randn(T, 2, C)
     with torch.no_grad():
         full, _ = core(x, x, x, need_weights=False)
@@ -146,6 +145,12 @@ def test_incremental_decoding_equals_the_full_pass_at_300():
             step, _ = core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
             steps.append(step)
     torch.testing.assert_close(torch.cat(steps, 0), full, atol=1e-5, rtol=1e-4)
+
+def test_incremental_decoding_equals_the_full_pass_at_300():
+    """A causal core with band branches, step by step (each step's band reads the
+    cache) == one teacher-forced pass on the fast path."""
+    core = _core(*DECODER).eval()
+    _check_steps_equal_full(core)
 
 
 def test_a_sentence_alone_equals_it_inside_a_padded_batch_at_300():
@@ -212,14 +217,7 @@ def test_recomputed_bias_equals_eager_at_300(kind, causal, monkeypatch):
 def test_recomputed_bias_incremental_equals_full_at_300(kind):
     core = _biased_core(kind, causal=True).eval()
     core.attention_impl = "sdpa"
-    x = torch.randn(T, 2, C)
-    with torch.no_grad():
-        full, _ = core(x, x, x, need_weights=False)
-        state, steps = {}, []
-        for t in range(T):
-            step, _ = core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
-            steps.append(step)
-    torch.testing.assert_close(torch.cat(steps, 0), full, atol=1e-5, rtol=1e-4)
+    _check_steps_equal_full(core)
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "rel_pos"])
