@@ -7,7 +7,7 @@
 # default), learning rate 2e-3 with 100 warm-up updates, gradient
 # clipping at 1.0, dropout 0.1, batches of at most 2048 tokens, data loading in the
 # training process. On the demo's corpus (8,000 sentence pairs) 300
-# updates take 40-55 s on one core (the demo's transformer: 90.2 BLEU).
+# updates take 40-55 s on one core (the demo's transformer: 88.6 BLEU in docs/results.md).
 #
 # These come after train.sh's Transformer-base defaults and before the arguments
 # after --, which override them (e.g. `-- --max-tokens 4096`). A preset of your own:
