@@ -44,7 +44,11 @@ Started by ``torchrun`` (``python -m torch.distributed.run``), fairseq 0.12 read
 GPUs, even with ``--cpu``. Its ``pytorch_ddp``/``c10d`` wrapper then passes
 ``device_ids=[device_id]`` to ``DistributedDataParallel``, which torch refuses for
 a model on the CPU. :func:`patch_cpu_distributed` makes both work without a GPU
-(device 0, no ``device_ids``); with GPUs nothing changes.
+(device 0, no ``device_ids``); with GPUs nothing changes. fairseq also leaves its
+process groups to the interpreter's exit, where gloo's destructor can abort a
+finished process ("terminate called without an active exception", exit status
+-6, after the last checkpoint was written); :func:`patch_cpu_distributed` destroys
+them once training has returned, on every device.
 
 bfloat16 training on GPUs and CPUs (``--bf16``)
 -----------------------------------------------
@@ -189,7 +193,11 @@ def patch_cpu_distributed():
     - the ``DistributedDataParallel`` used by
       ``fairseq.models.distributed_fairseq_model`` drops ``device_ids`` and
       ``output_device`` for a module whose parameters are on the CPU (torch
-      requires ``None`` there).
+      requires ``None`` there);
+    - ``fairseq.distributed.utils.distributed_main`` (each process's training,
+      ending with fairseq's barrier) then destroys the process groups, so no
+      communicator is torn down by the interpreter's exit. Only after training
+      returned: a failing process keeps its error and exit status.
     """
     from fairseq.distributed import utils as dist_utils
     from fairseq.models import distributed_fairseq_model as dfm
@@ -223,6 +231,18 @@ def patch_cpu_distributed():
         DistributedDataParallel.__doc__ = original_ddp.__doc__
         setattr(DistributedDataParallel, _DIST_MARK, True)
         dfm.DistributedDataParallel = DistributedDataParallel
+
+    original_main = dist_utils.distributed_main
+    if not getattr(original_main, _DIST_MARK, False):
+
+        def distributed_main(i, main, cfg, kwargs):
+            original_main(i, main, cfg, kwargs)
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+
+        distributed_main.__wrapped__ = original_main
+        setattr(distributed_main, _DIST_MARK, True)
+        dist_utils.distributed_main = distributed_main
 
 
 _BF16_MARK = "_fairseq_localness_bf16_without_tpu"

@@ -192,6 +192,38 @@ def test_ddp_wrapper_accepts_a_cpu_model(tmp_path):
     assert "output shape (4, 2)" in proc.stdout
 
 
+MAIN_SCRIPT = r"""
+import sys
+import torch.distributed as dist
+import fairseq_localness  # noqa: F401  (the fix)
+from fairseq.dataclass.configs import FairseqConfig
+from fairseq.distributed import utils as dist_utils
+
+cfg = FairseqConfig()
+dt = cfg.distributed_training
+dt.distributed_world_size, dt.distributed_rank, dt.distributed_backend = 1, 0, "gloo"
+dt.distributed_init_method = "file://" + sys.argv[1]
+cfg.common.cpu = True
+seen = []
+dist_utils.distributed_main(0, lambda cfg: seen.append(dist.is_initialized()), cfg, {})
+print("inside", seen, "after", dist.is_initialized())
+"""
+
+
+def test_training_processes_destroy_their_process_group(tmp_path):
+    """fairseq's distributed_main (training, then its barrier) leaves the group to the
+    interpreter's exit, where gloo can abort a finished run (exit status -6); with
+    the fix the group is gone when it returns. A one-process gloo group in a
+    subprocess, through fairseq's own function."""
+    import sys
+
+    from conftest import run_command, tool_env
+
+    proc = run_command([sys.executable, "-c", MAIN_SCRIPT, tmp_path / "store"], env=tool_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "inside [True] after False" in proc.stdout
+
+
 def test_process_groups_are_refused_in_the_pytest_process(tmp_path):
     import torch.distributed as dist
 
