@@ -103,3 +103,47 @@ def banded_attention(
     if row_empty is not None:
         out = out.masked_fill(row_empty, 0.0)
     return out
+
+
+# Band products for code that computes its own gradients (autograd Functions: no
+# graph is recorded, and the results are written in place). Slot o of query i is key
+# ``i' - left + o``; slots outside the keys contribute nothing.
+
+
+def _spans(tgt_len: int, src_len: int, left: int, right: int):
+    return [_rows_read(tgt_len, src_len, left, o) for o in range(left + right + 1)]
+
+
+def band_scores(x: Tensor, y: Tensor, left: int, right: int) -> Tensor:
+    """``s_io = x_i . y_{i' - left + o}`` (0 where the slot is not a key): ``x`` ``B x H
+    x Tq x D``, ``y`` ``B x H x Tk x D`` -> ``B x H x Tq x W``."""
+    tgt_len = x.size(2)
+    out = x.new_zeros(x.shape[:3] + (left + right + 1,))
+    for o, (a, b, j) in enumerate(_spans(tgt_len, y.size(2), left, right)):
+        if b > a:
+            torch.sum(x[:, :, a:b] * y[:, :, j : j + b - a], -1, out=out[:, :, a:b, o])
+    return out
+
+
+def band_apply(p: Tensor, y: Tensor, left: int, right: int) -> Tensor:
+    """``sum_o p_io y_{i' - left + o}``: ``p`` ``B x H x Tq x W``, ``y`` ``B x H x Tk x
+    D`` -> ``B x H x Tq x D``."""
+    tgt_len = p.size(2)
+    out = y.new_zeros(p.shape[:3] + y.shape[-1:])
+    for o, (a, b, j) in enumerate(_spans(tgt_len, y.size(2), left, right)):
+        if b > a:
+            out[:, :, a:b].addcmul_(p[:, :, a:b, o : o + 1], y[:, :, j : j + b - a])
+    return out
+
+
+def band_apply_transposed(p: Tensor, x: Tensor, left: int, right: int, src_len: Optional[int] = None) -> Tensor:
+    """The transpose of :func:`band_apply` over the keys: ``sum_{(i, o) -> j} p_io x_i``
+    for every key j: ``p`` ``B x H x Tq x W``, ``x`` ``B x H x Tq x D`` -> ``B x H x Tk
+    x D`` (``Tk`` = ``src_len``, default Tq)."""
+    tgt_len = p.size(2)
+    src_len = tgt_len if src_len is None else src_len
+    out = x.new_zeros(x.shape[:2] + (src_len, x.size(-1)))
+    for o, (a, b, j) in enumerate(_spans(tgt_len, src_len, left, right)):
+        if b > a:
+            out[:, :, j : j + b - a].addcmul_(p[:, :, a:b, o : o + 1], x[:, :, a:b])
+    return out
