@@ -836,6 +836,24 @@ class AttentionCore(nn.Module, Observable):
             return flip(out)
         return None
 
+    def _step_branch(self, ctx, v, left: Optional[int]) -> Tensor:
+        """One query row (an incremental step, the query at the last key position, or
+        a one-token pass) over the keys ``j >= Tk - 1 - left`` (all for ``left`` None):
+        the energies of the last ``left + 1`` keys, a float32 softmax and one product,
+        as fairseq's own attention computes a step. (The fused kernels' per-call cost
+        exceeds the arithmetic of one row.) A row without keys gives 0."""
+        k, kpm = ctx.k, ctx.key_padding_mask
+        if left is not None and left + 1 < ctx.src_len:
+            k, v = k[:, :, -(left + 1) :], v[:, :, -(left + 1) :]
+            kpm = None if kpm is None else kpm[:, -(left + 1) :]
+        scores = at_least_float32(torch.matmul(ctx.q, k.transpose(-1, -2)) * self.scaling)  # B x H x 1 x W
+        if kpm is not None:
+            scores = scores.masked_fill(kpm[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, -1)
+        if kpm is not None:
+            probs = probs.nan_to_num(0.0)
+        return torch.matmul(probs.to(v.dtype), v)
+
     def _sdpa(self, ctx, v, branch, base_blocked, soft_bias):
         """Fast path for one branch: ``F.scaled_dot_product_attention`` with the
         branch's mask and bias, ``B x H x Tq x Dh`` in the input dtype.
@@ -860,6 +878,11 @@ class AttentionCore(nn.Module, Observable):
             return out
         if soft_bias is None and not ctx.cache.get("extra_mask"):
             window = self._effective_window(ctx, branch)
+            if ctx.tgt_len == 1 and not self._dropout_active():
+                if window is not None:
+                    return self._step_branch(ctx, v, window[0])
+                if branch.mask(ctx) is None and branch.bias(ctx) is None:  # e.g. encoder-decoder attention
+                    return self._step_branch(ctx, v, None)
             if window is not None:
                 out = self._structured_branch(ctx, v, window)
                 if out is not None:
