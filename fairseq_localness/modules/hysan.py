@@ -181,19 +181,21 @@ class GatedSumFusion(Fusion):
 
     def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
         assert len(outputs) == len(self.names)
+        fused = None
         keep = None
         log = self.logging_metrics
         if log:
             keep = ctx.query_keep()
             keep = None if keep is None else keep.t().unsqueeze(-1)  # Tq x B x 1
-        if torch.is_grad_enabled():
-            fused, gates = _SqueezeGatedSum.apply(
-                self.gate.f1.weight, self.gate.f1.bias, self.gate.f2.weight, self.gate.f2.bias, *outputs)
-        else:  # nothing to keep (validation, beam search): the plain expression
-            x = torch.stack([merge_heads(out) for out in outputs])  # L x Tq x B x C
-            gates = self.gate(x)
-            fused = (x * gates).sum(0)
-        for name, g in zip(self.names, gates):
+        for name, out in zip(self.names, outputs):
+            if torch.is_grad_enabled():
+                y, g = _SqueezeGated.apply(out, self.gate.f1.weight, self.gate.f1.bias, self.gate.f2.weight,
+                                           self.gate.f2.bias)
+            else:  # nothing to keep (validation, beam search): the plain expression
+                x = merge_heads(out)
+                g = self.gate(x)
+                y = x * g
+            fused = y if fused is None else fused + y
             if log:
                 self.log_metric(gate_key(name), masked_mean(g, keep))
             if self.recording:
@@ -201,43 +203,39 @@ class GatedSumFusion(Fusion):
         return fused
 
 
-class _SqueezeGatedSum(torch.autograd.Function):
-    """``sum_b x_b * SG(x_b)`` with ``x_b = merge_heads(out_b)`` and ``SG(x) =
-    sigmoid(f2(h))``, ``h = ReLU(f1(x))`` (Song et al. 2019, eq. 13-14), for the L
-    branch outputs ``out_b`` (``B x H x Tq x Dh`` each); returns the sum (``Tq x B x
-    C``) and the gates ``SG(x_b)`` (``L x Tq x B x C``, not differentiable: for logging
-    and recording).
+class _SqueezeGated(torch.autograd.Function):
+    """``y = x * SG(x)`` with ``x = merge_heads(out)`` and ``SG(x) = sigmoid(f2(h))``,
+    ``h = ReLU(f1(x))`` (Song et al. 2019, eq. 13-14), for one branch output ``out``
+    (``B x H x Tq x Dh``); returns ``y`` and the gate ``SG(x)`` (``Tq x B x C``, not
+    differentiable: for logging and recording).
 
-    The L branches go through the gate together, as one ``L*Tq*B x C`` batch: two
-    matrix products forward (and five backward) for the sublayer instead of two (five)
-    per branch, on inputs L times taller. What the backward pass keeps: the
-    ``out_b`` (which the attentions' own backward passes keep anyway) and the
-    bottleneck ``h`` (C/r values per token and branch). Autograd on the plain
-    expression would keep ``x``, ``f1(x)``, ``h`` and ``SG(x)`` (2 C + 2 C/r); here
-    ``x`` is re-read from the ``out_b`` and ``SG(x)`` recomputed from ``h`` by ``f2``
-    (C^2/r multiply-adds per token, half the gate's forward arithmetic). Under
-    autocast the saved tensors are in the autocast dtype and the backward pass
-    computes in it; gradients come back in each input's dtype.
+    What the backward pass keeps: ``out`` (which the attention's own backward pass
+    keeps anyway) and the bottleneck ``h`` (C/r values per token). Autograd on the
+    plain expression would keep ``x``, ``f1(x)``, ``h`` and ``SG(x)`` (2 C + 2 C/r);
+    here ``x`` is re-read from ``out`` and ``SG(x)`` recomputed from ``h`` by ``f2``
+    (C^2/r multiply-adds per token, half the gate's forward arithmetic).
+    Under autocast the saved tensors are in the autocast dtype and the backward pass
+    computes in it; gradients come back in each parameter's dtype.
     """
 
     @staticmethod
-    def forward(ctx, w1, b1, w2, b2, *outputs):
-        x = torch.stack([merge_heads(out) for out in outputs])  # L x Tq x B x C
+    def forward(ctx, out, w1, b1, w2, b2):
+        x = merge_heads(out)
         h = torch.relu(F.linear(x, w1, b1))
         g = torch.sigmoid(F.linear(h, w2, b2))
-        ctx.save_for_backward(h, w1, w2, b2, *outputs)
+        ctx.save_for_backward(out, h, w1, w2, b2)
         ctx.has_b1 = b1 is not None
         ctx.mark_non_differentiable(g)
-        return (x * g).sum(0), g
+        return x * g, g
 
     @staticmethod
     def backward(ctx, grad_y, _grad_g):
-        h, w1, w2, b2, *outputs = ctx.saved_tensors
+        out, h, w1, w2, b2 = ctx.saved_tensors
         dtype = h.dtype
         w1c, w2c = w1.to(dtype), w2.to(dtype)
-        x = torch.stack([merge_heads(out) for out in outputs]).to(dtype)
+        x = merge_heads(out).to(dtype)
         g = torch.sigmoid(F.linear(h, w2c, None if b2 is None else b2.to(dtype)))
-        grad_y = grad_y.to(dtype)  # the same for every branch (a sum)
+        grad_y = grad_y.to(dtype)
         grad_z = torch.ops.aten.sigmoid_backward(grad_y * x, g)  # through SG's sigmoid
         grad_h = torch.ops.aten.threshold_backward(grad_z.matmul(w2c), h, 0)  # through f2 and the ReLU
         grad_x = torch.addcmul(grad_h.matmul(w1c), grad_y, g)  # f1's path + the product's
@@ -246,9 +244,8 @@ class _SqueezeGatedSum(torch.autograd.Function):
         grad_w1 = flat(grad_h).t().matmul(flat(x)).to(w1.dtype)
         grad_b2 = flat(grad_z).sum(0).to(b2.dtype) if b2 is not None else None
         grad_b1 = flat(grad_h).sum(0).to(w1.dtype) if ctx.has_b1 else None
-        heads = outputs[0].size(1)
-        grads = [split_heads(gx, heads).to(out.dtype) for gx, out in zip(grad_x, outputs)]
-        return (grad_w1, grad_b1, grad_w2, grad_b2, *grads)
+        grad_out = split_heads(grad_x, out.size(1)).to(out.dtype)
+        return grad_out, grad_w1, grad_b1, grad_w2, grad_b2
 
 
 def build_fusion(kind: str, embed_dim: int, names: Sequence[str], reduction: int = 16, gate_bias: bool = False):
