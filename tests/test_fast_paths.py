@@ -4,9 +4,8 @@ batch and padding invariance, no NaN in rows without keys. The paths: the band
 (:mod:`fairseq_localness.modules.banded`, ``O(T x W)``) for local branches, the CPU
 flash kernel with ``is_causal`` for forward and (reversed) backward branches, and the
 per-block recomputation of learned biases (:mod:`fairseq_localness.modules.recompute`:
-Yang et al.'s Gaussian, alone and with Shaw et al.'s relative positions), and Shaw et
-al.'s relative positions alone on two flash-kernel calls and a band
-(:mod:`fairseq_localness.modules.shaw_flash`)."""
+Yang et al.'s Gaussian and Shaw et al.'s relative positions, alone and together), and
+the one-row step of Shaw et al.'s terms in incremental decoding."""
 import itertools
 
 import pytest
@@ -259,57 +258,11 @@ def _shaw_reference(q, k, v, scale, key_emb, value_emb, causal, kpm):
     return probs @ v + per_bucket @ value_emb
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
-def test_shaw_flash_equals_the_dense_equation(causal):
-    """:func:`~fairseq_localness.modules.shaw_flash.shaw_flash_attention` == Shaw et
-    al.'s equations over all pairs, outputs and the gradients of q, k, v, w^K and w^V
-    (float64), for sentences shorter than, equal to and longer than the clipping
-    distance, with padding (left in the encoder, right in the decoder) that fills
-    whole far regions and, in one row, every key."""
-    from fairseq_localness.modules.shaw_flash import shaw_flash_attention
-
-    g = torch.Generator().manual_seed(0)
-    for t, k_clip in itertools.product([2, 3, 5, 9, 40], [1, 2, 4]):
-        q, k, v = (torch.randn(3, 2, t, 4, dtype=torch.float64, generator=g).requires_grad_() for _ in range(3))
-        key_emb, value_emb = (torch.randn(2 * k_clip + 1, 4, dtype=torch.float64, generator=g).requires_grad_()
-                              for _ in range(2))
-        kpm = torch.zeros(3, t, dtype=torch.bool)
-        kpm[1, : min(t - 1, k_clip + 1)] = True
-        kpm[2] = True  # no key at all: output and gradients 0
-        if causal:
-            kpm = kpm.flip(-1)
-        out = shaw_flash_attention(q, k, v, 0.5, key_emb, value_emb, causal, kpm)
-        ref = _shaw_reference(q, k, v, 0.5, key_emb, value_emb, causal, kpm)
-        torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-9)
-        grad = torch.randn(out.shape, dtype=out.dtype, generator=g)
-        inputs = (q, k, v, key_emb, value_emb)
-        for a, b in zip(torch.autograd.grad(out, inputs, grad), torch.autograd.grad(ref, inputs, grad)):
-            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)
-
-
-def test_shaw_flash_is_the_path_of_relative_positions_alone(monkeypatch):
-    """Training on a CPU: relative positions alone take the flash path (one call per
-    attention); with a Gaussian bias they are recomputed per block."""
-    from fairseq_localness.modules import shaw_flash
-
-    calls = []
-    real = shaw_flash._ShawFlash.apply
-    monkeypatch.setattr(shaw_flash._ShawFlash, "apply", lambda *a: calls.append(1) or real(*a))
-    x = torch.randn(T, 2, C, requires_grad=True)
-    for kind, expected in (("rel_pos", 1), ("gaussian+rel_pos", 0)):
-        calls.clear()
-        core = _biased_core(kind).train()
-        core.dropout_module.p = 0.0
-        y, _ = core(x, x, x, need_weights=False)
-        y.sum().backward()
-        assert len(calls) == expected, kind
-
-
 def test_shaw_step_equals_the_last_row_of_the_dense_equation():
     """An incremental step (the query at the last position) == the last row of Shaw et
     al.'s equations over all pairs, with padding and prefixes shorter and longer than
     the clipping distance."""
-    from fairseq_localness.modules.shaw_flash import shaw_step_attention
+    from fairseq_localness.modules.relative_position import RelativePositions
 
     g = torch.Generator().manual_seed(1)
     for t, k_clip in itertools.product([1, 2, 4, 9], [1, 3]):
@@ -318,8 +271,13 @@ def test_shaw_step_equals_the_last_row_of_the_dense_equation():
         kpm = torch.zeros(2, t, dtype=torch.bool)
         kpm[1, : t // 2] = True
         ref = _shaw_reference(q, k, v, 0.5, key_emb, value_emb, True, kpm)[:, :, -1:]
-        for values in (value_emb, None):
-            out = shaw_step_attention(q[:, :, -1:], k, v, 0.5, key_emb, values, kpm)
-            expected = ref if values is not None else _shaw_reference(
+        for values in (True, False):
+            rel = RelativePositions(4, k_clip, values=values).double()
+            with torch.no_grad():
+                rel.key_embeddings.copy_(key_emb)
+                if values:
+                    rel.value_embeddings.copy_(value_emb)
+            out = rel.step_attention(q[:, :, -1:], k, v, 0.5, kpm)
+            expected = ref if values else _shaw_reference(
                 q, k, v, 0.5, key_emb, torch.zeros_like(value_emb), True, kpm)[:, :, -1:]
             torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-9)

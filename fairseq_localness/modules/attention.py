@@ -49,14 +49,13 @@ cheapest computation that gives the branch's distribution:
 * ``j <= i`` or ``j >= i`` (a forward or backward branch, the causal core's own
   mask) on a CPU without dropout: the CPU flash kernel with ``is_causal`` (on the
   reversed sequence for ``j >= i``) and the padding as a ``B x 1 x 1 x Tk`` mask;
-* Shaw et al.'s key and value terms alone (no other bias or mask than padding and
-  causality) in a full self-attention pass on a CPU, without dropout:
-  :mod:`.shaw_flash`, two calls of the CPU flash kernel for the keys beyond the
-  clipping distance (where the relative term is one constant per row) and a band of
-  ``2K - 1`` keys for the others, nothing of size ``Tq x Tk`` written or kept;
-* other learned biases (Yang et al.'s Gaussian, with or without Shaw et al.'s terms)
-  while training, without dropout: :mod:`.recompute`, which keeps nothing of size
+* learned biases (Yang et al.'s Gaussian, Shaw et al.'s key and value terms) while
+  training, without dropout: :mod:`.recompute`, which keeps nothing of size
   ``Tq x Tk`` for the backward pass and recomputes the bias per block of queries;
+* an incremental step (one query row) of a window or of the global branch: the
+  window's last keys by one product and softmax (:meth:`AttentionCore._step_branch`;
+  with Shaw et al.'s terms alone,
+  :meth:`~.relative_position.RelativePositions.step_attention`);
 * anything else: ``torch.nn.functional.scaled_dot_product_attention`` with the
   branch's boolean mask and bias, drawing its own dropout.
 
@@ -93,9 +92,7 @@ from torch import Tensor, nn
 from fairseq_localness.modules.banded import banded_attention
 from fairseq_localness.modules.fusion import Fusion, MergeHeads, SumFusion, split_heads
 from fairseq_localness.modules.observe import Observable, probs_key
-from fairseq_localness.modules import shaw_flash
 from fairseq_localness.modules.recompute import recomputed_attention
-from fairseq_localness.modules.shaw_flash import shaw_flash_attention, shaw_step_attention
 
 # A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
 # boolean attn_mask into -1e8 in fp32 and -1e4 in fp16; its decoder uses -inf).
@@ -768,30 +765,13 @@ class AttentionCore(nn.Module, Observable):
         if soft_bias is not None:
             terms.append((_rows_term, (soft_bias,)))
         branch_mask = branch.mask(ctx)
-        if rel is not None and not terms and branch_mask is None and self._shaw_flash_applies(ctx):
-            return shaw_flash_attention(ctx.q, ctx.k, v, self.scaling, rel.key_embeddings, rel.value_embeddings,
-                                        self.causal, ctx.key_padding_mask)
         if rel is not None and not terms and branch_mask is None and ctx.self_attention and ctx.tgt_len == 1:
-            return shaw_step_attention(ctx.q, ctx.k, v, self.scaling, rel.key_embeddings, rel.value_embeddings,
-                                       ctx.key_padding_mask)
+            return rel.step_attention(ctx.q, ctx.k, v, self.scaling, ctx.key_padding_mask)
         blocked = _combine(base_blocked, branch_mask)
         if rel is None:
             return recomputed_attention(ctx.q, ctx.k, v, self.scaling, blocked, terms)
         return recomputed_attention(ctx.q, ctx.k, v, self.scaling, blocked, terms, rel.max_distance,
-                                    rel.key_embeddings, rel.value_embeddings)
-
-    def _shaw_flash_applies(self, ctx) -> bool:
-        """Whether Shaw et al.'s terms alone (no other bias or mask than padding and
-        causality) can take :func:`~.shaw_flash.shaw_flash_attention`: a full
-        self-attention pass (``Tq = Tk > 1``) on a CPU in float32 or float64."""
-        return (
-            shaw_flash.AVAILABLE
-            and ctx.q.device.type == "cpu"
-            and ctx.q.dtype in (torch.float32, torch.float64)
-            and ctx.self_attention
-            and ctx.tgt_len == ctx.src_len > 1
-            and not ctx.cache.get("extra_mask")
-        )
+                                    rel.key_embeddings, rel.value_embeddings, self.causal)
 
     def _dropout_active(self) -> bool:
         return self.dropout_module.p > 0 and (self.training or self.dropout_module.apply_during_inference)

@@ -23,6 +23,8 @@ term is computed once per attention call and shared by its branches; an incremen
 step computes it for its one query row (``B x H x 1 x R``, then gathered over the
 keys), with no tensor over the prefix but the row itself.
 """
+from typing import Optional
+
 import torch
 from torch import Tensor, nn
 
@@ -78,3 +80,36 @@ class RelativePositions(nn.Module):
         per_distance = probs.new_zeros(probs.shape[:-1] + (self.value_embeddings.size(0),))
         per_distance.scatter_add_(-1, index, probs)  # B x H x Tq x R
         return torch.matmul(per_distance, self.value_embeddings.to(probs.dtype))
+
+    def step_attention(self, q: Tensor, k: Tensor, v: Tensor, scale: float,
+                       key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        """One incremental step of self-attention with these key and value terms (eq.
+        3-4): the query is the last position (``i' = Tk - 1``), ``q`` ``B x H x 1 x Dh``
+        (unscaled), ``k``, ``v`` ``B x H x Tk x Dh``. Every key is at distance ``j - i'
+        <= 0``: the first ``Tk - K`` are in bucket 0 and the last K in buckets ``1 ..
+        K``, so the key term is one constant and K values concatenated, and the value
+        term is bucket 0's summed probability times ``w^V_0`` plus the last K
+        probabilities times ``w^V_1 .. w^V_K``, with no gather or scatter over the
+        keys. A row without keys gives 0. Returns ``B x H x 1 x Dh``."""
+        key_embeddings, value_embeddings = self.key_embeddings, self.value_embeddings
+        k_clip = (key_embeddings.size(0) - 1) // 2
+        src_len = k.size(2)
+        near = min(k_clip, src_len)  # keys in buckets K - near + 1 .. K
+        far = src_len - near
+        per_bucket = torch.matmul(q, key_embeddings.to(q.dtype).t()) * scale  # B x H x 1 x R
+        near_buckets = slice(k_clip + 1 - near, k_clip + 1)
+        terms = per_bucket[..., near_buckets]
+        if far:
+            terms = torch.cat([per_bucket[..., :1].expand(-1, -1, -1, far), terms], dim=-1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale + terms
+        scores = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, -1).nan_to_num(0.0)  # a row without keys: 0
+        out = torch.matmul(probs.to(v.dtype), v)
+        if value_embeddings is not None:
+            value = value_embeddings.to(probs.dtype)
+            out = out + torch.matmul(probs[..., far:], value[near_buckets]).to(v.dtype)
+            if far:
+                out = out + (probs[..., :far].sum(-1, keepdim=True) * value[0]).to(v.dtype)
+        return out
