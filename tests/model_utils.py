@@ -244,9 +244,9 @@ class attention_paths:
         sdpa, eager, use_sdpa = self._saved
         weights_asked = set()  # ids of the one-branch cores whose current call wants weights
 
-        def spy_use_sdpa(core, query, need_weights):
+        def spy_use_sdpa(core, query, need_weights, src_len=None):
             (weights_asked.add if need_weights and len(core.branches) == 1 else weights_asked.discard)(id(core))
-            return use_sdpa(core, query, need_weights)
+            return use_sdpa(core, query, need_weights, src_len)
 
         def needs_eager(core) -> bool:
             return _value_term_needs_eager(core) or id(core) in weights_asked
@@ -293,7 +293,8 @@ def check_fast_path_equals_eager(model, task, dtype=torch.float32):
     of every attention core took the fast path (SDPA), single- or multi-branch, in
     every dtype, except in cores with Shaw et al.'s value term (eager by design), and
     with ``"eager"`` none did. (``"auto"``, the default, differs from ``"sdpa"`` only
-    in keeping several branches on the eager path when they are trained on a CPU.)"""
+    in keeping several branches on the eager path when they are trained on a CPU with
+    attention dropout or over few keys.)"""
     from fairseq_localness.modules.attention import AttentionCore
 
     tol = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=5e-2, rtol=5e-2),

@@ -186,16 +186,17 @@ def test_sdpa_path_equals_eager_path(kind, causal, dtype, device):
 
 def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_with_dropout():
     """``"auto"``: the fast path for one branch, for several branches trained without
-    attention dropout, without gradients and in half precision; the eager path for
-    several float32 branches trained on a CPU with attention dropout; ``"sdpa"``
-    forces the fast path there; an unknown setting is an error naming the allowed
-    ones, from the core and from ``set_attention_impl``."""
+    attention dropout over more than EAGER_MAX_KEYS keys, without gradients and in half
+    precision; the eager path for several float32 branches trained on a CPU with
+    attention dropout or over at most EAGER_MAX_KEYS keys; ``"sdpa"`` forces the fast
+    path there; an unknown setting is an error naming the allowed ones, from the core
+    and from ``set_attention_impl``."""
     from model_utils import attention_paths
 
-    from fairseq_localness.modules.attention import set_attention_impl
+    from fairseq_localness.modules.attention import EAGER_MAX_KEYS, set_attention_impl
 
-    def paths(core, dtype=torch.float32, grad=True):
-        x = torch.randn(T, B, C, dtype=dtype)
+    def paths(core, dtype=torch.float32, grad=True, length=T):
+        x = torch.randn(length, B, C, dtype=dtype)
         with attention_paths() as taken, torch.set_grad_enabled(grad):
             core.to(dtype)(x, x, x, need_weights=False)
         return {path for path, calls in taken.items() if calls}
@@ -204,13 +205,17 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_w
     several = AttentionCore(C, H, self_attention=True, branches=[global_branch(), local_branch(1)], dropout=0.1)
     no_dropout = AttentionCore(C, H, self_attention=True, branches=[global_branch(), local_branch(1)])
     assert paths(single) == {"sdpa"}
-    assert paths(no_dropout) == {"sdpa"}
+    assert paths(no_dropout, length=EAGER_MAX_KEYS + 1) == {"sdpa"}
+    assert paths(no_dropout, length=EAGER_MAX_KEYS) == {"eager"}
+    assert paths(no_dropout, grad=False) == {"sdpa"}
     assert paths(several) == {"eager"}
+    assert paths(several, length=EAGER_MAX_KEYS + 1) == {"eager"}
     assert paths(several, torch.bfloat16) == {"sdpa"}
     several.float()
     assert paths(several, grad=False) == {"sdpa"}
     several.eval()  # no dropout drawn
-    assert paths(several) == {"sdpa"}
+    assert paths(several, length=EAGER_MAX_KEYS + 1) == {"sdpa"}
+    assert paths(several) == {"eager"}  # few keys
     several.train()
     several.requires_grad_(False)  # frozen parameters: nothing to train
     assert paths(several) == {"sdpa"}

@@ -64,8 +64,8 @@ in the backward pass) and keeps each branch's output (``B x H x Tq x Dh``) for t
 backward pass instead of its distribution (``B x H x Tq x Tk``).
 ``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses: ``"auto"`` takes the fast path
 where it applies except where the eager path was measured to be as fast (several
-float32 branches trained on a CPU with attention dropout:
-:meth:`AttentionCore._use_sdpa`),
+float32 branches trained on a CPU with attention dropout or over at most
+:data:`EAGER_MAX_KEYS` keys: :meth:`AttentionCore._use_sdpa`),
 ``"sdpa"`` wherever it applies, ``"eager"`` never; :func:`set_attention_impl` sets
 it for a whole model, ``fairseq-localness-bench --attention-impl`` for the benchmark.
 
@@ -114,6 +114,15 @@ _SDPA_ZEROES_EMPTY_ROWS_ON_CPU = _torch_version() >= (2, 5)
 # The settings of AttentionCore.attention_impl: "auto" (the fast path where it applies
 # and pays), "sdpa" (the fast path wherever it applies), "eager" (the reference path).
 ATTENTION_IMPLS = ("auto", "sdpa", "eager")
+
+# "auto" keeps several float32 branches trained on a CPU on the eager path up to this
+# many keys: there one q k^T shared by the branches and their small saved
+# distributions cost less than a kernel call (and its backward pass) per branch.
+# Measured with the benchmark (iwslt size, 2,048 tokens per step, 2 threads), training
+# ratio / bound of HySAN e1 eager against the fast path: 0.964 / 0.917 at T = 32,
+# 0.947 / 0.907 at T = 64, 0.937 / 0.934 at T = 128 (where the eager path keeps more);
+# the fast path is ahead from T = 256 on.
+EAGER_MAX_KEYS = 64
 
 
 def set_attention_impl(model: nn.Module, impl: str) -> int:
@@ -631,7 +640,7 @@ class AttentionCore(nn.Module, Observable):
         ctx.cache["extra_mask"] = attn_mask is not None and not self.causal
 
         weights = None
-        if self._use_sdpa(query, need_weights):
+        if self._use_sdpa(query, need_weights, ctx.src_len):
             if self.relative_positions is not None and self._dropout_active():
                 # Shaw et al.'s key term only (no values): a float mask for SDPA
                 key_term = self.relative_positions.key_scores(q * self.scaling, ctx)
@@ -664,7 +673,7 @@ class AttentionCore(nn.Module, Observable):
                 weights = weights.mean(dim=0)
         return x, weights
 
-    def _use_sdpa(self, query: Tensor, need_weights: bool) -> bool:
+    def _use_sdpa(self, query: Tensor, need_weights: bool, src_len: Optional[int] = None) -> bool:
         """Whether this call takes the fast path.
 
         The fast path applies to any number of branches in float32, float16 and
@@ -677,12 +686,14 @@ class AttentionCore(nn.Module, Observable):
         * ``"sdpa"``: the fast path wherever it applies;
         * ``"eager"``: the reference path always;
         * ``"auto"`` (default): the fast path where it applies, except for several
-          float32 branches trained on a CPU *with attention dropout*. Without
-          dropout the fast path computes hard windows as bands, forward and
-          backward branches with the causal flash kernel and learned biases by
-          recomputation (:meth:`_structured_branch`, :meth:`_recomputed_branch`),
-          and trains faster than the eager path at every length measured (HySAN at
-          T = 256: 0.81 of the transformer's speed against 0.63; docs/benchmark.md).
+          float32 branches trained on a CPU *with attention dropout* or over at most
+          :data:`EAGER_MAX_KEYS` keys. Without dropout the fast path computes hard
+          windows as bands, forward and backward branches with the causal flash
+          kernel and learned biases by recomputation (:meth:`_structured_branch`,
+          :meth:`_recomputed_branch`), and trains faster than the eager path from
+          about 128 keys on (HySAN at T = 256: 0.81 of the transformer's speed
+          against 0.63; docs/benchmark.md); over fewer keys the eager path's one
+          ``q k^T`` for all branches costs less than a kernel call per branch.
           With dropout (which the CPU flash kernel and the recomputation do not
           draw) the per-branch calls fall back to SDPA's reference kernel, where the
           eager path, computing ``q k^T`` once for all branches and reusing the saved
@@ -709,7 +720,7 @@ class AttentionCore(nn.Module, Observable):
             and query.device.type == "cpu"
             and torch.is_grad_enabled()
             and self.q_proj.weight.requires_grad
-            and self._dropout_active()
+            and (self._dropout_active() or (src_len or query.size(0)) <= EAGER_MAX_KEYS)
         ):
             return False
         return True
