@@ -244,7 +244,7 @@ class attention_paths:
         sdpa, eager, use_sdpa = self._saved
         weights_asked = set()  # ids of the one-branch cores whose current call wants weights
 
-        def spy_use_sdpa(core, query, need_weights, src_len=None):
+        def spy_use_sdpa(core, query, need_weights, src_len):
             (weights_asked.add if need_weights and len(core.branches) == 1 else weights_asked.discard)(id(core))
             return use_sdpa(core, query, need_weights, src_len)
 

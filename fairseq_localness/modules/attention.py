@@ -366,6 +366,16 @@ def safe_masked_softmax(scores: Tensor, blocked: Optional[Tensor]) -> Tuple[Tens
     return probs, row_empty
 
 
+def one_row_softmax(scores: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+    """The distribution of one query row (energies ``B x H x 1 x Tk``; at least float32)
+    without the padding keys (``key_padding_mask`` ``B x Tk``, True at padding); a row
+    without keys gets 0 instead of NaN, with no host sync (incremental steps)."""
+    scores = at_least_float32(scores)
+    if key_padding_mask is None:
+        return torch.softmax(scores, -1)
+    return torch.softmax(scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf")), -1).nan_to_num(0.0)
+
+
 def empty_rows(blocked: Tensor) -> Optional[Tensor]:
     """``... x Tq x 1``, True at the query rows in which every key is blocked, or None
     when there is no such row on a CPU (the common case: the caller then skips the
@@ -673,7 +683,7 @@ class AttentionCore(nn.Module, Observable):
                 weights = weights.mean(dim=0)
         return x, weights
 
-    def _use_sdpa(self, query: Tensor, need_weights: bool, src_len: Optional[int] = None) -> bool:
+    def _use_sdpa(self, query: Tensor, need_weights: bool, src_len: int) -> bool:
         """Whether this call takes the fast path.
 
         The fast path applies to any number of branches in float32, float16 and
@@ -720,7 +730,7 @@ class AttentionCore(nn.Module, Observable):
             and query.device.type == "cpu"
             and torch.is_grad_enabled()
             and self.q_proj.weight.requires_grad
-            and (self._dropout_active() or (src_len or query.size(0)) <= EAGER_MAX_KEYS)
+            and (self._dropout_active() or src_len <= EAGER_MAX_KEYS)
         ):
             return False
         return True
@@ -837,12 +847,7 @@ class AttentionCore(nn.Module, Observable):
         if left is not None and left + 1 < ctx.src_len:
             k, v = k[:, :, -(left + 1) :], v[:, :, -(left + 1) :]
             kpm = None if kpm is None else kpm[:, -(left + 1) :]
-        scores = at_least_float32(torch.matmul(ctx.q, k.transpose(-1, -2)) * self.scaling)  # B x H x 1 x W
-        if kpm is not None:
-            scores = scores.masked_fill(kpm[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, -1)
-        if kpm is not None:
-            probs = probs.nan_to_num(0.0)
+        probs = one_row_softmax(torch.matmul(ctx.q, k.transpose(-1, -2)) * self.scaling, kpm)  # B x H x 1 x W
         return torch.matmul(probs.to(v.dtype), v)
 
     def _sdpa(self, ctx, v, branch, base_blocked, soft_bias):
@@ -867,18 +872,17 @@ class AttentionCore(nn.Module, Observable):
         out = self._recomputed_branch(ctx, v, branch, base_blocked, soft_bias)
         if out is not None:
             return out
-        if soft_bias is None and not ctx.cache.get("extra_mask"):
+        plain = soft_bias is None and not ctx.cache.get("extra_mask")
+        one_row = plain and ctx.tgt_len == 1 and not self._dropout_active()
+        if plain:
             window = self._effective_window(ctx, branch)
-            if ctx.tgt_len == 1 and not self._dropout_active():
-                if window is not None:
-                    return self._step_branch(ctx, v, window[0])
-                if branch.mask(ctx) is None and branch.bias(ctx) is None:  # e.g. encoder-decoder attention
-                    return self._step_branch(ctx, v, None)
             if window is not None:
-                out = self._structured_branch(ctx, v, window)
+                out = self._step_branch(ctx, v, window[0]) if one_row else self._structured_branch(ctx, v, window)
                 if out is not None:
                     return out
         blocked, bias = self._branch_mask_and_bias(ctx, branch, base_blocked)
+        if one_row and bias is None and blocked is base_blocked:  # no mask or bias of its own: e.g. cross-attention
+            return self._step_branch(ctx, v, None)
         if soft_bias is not None:
             bias = soft_bias if bias is None else bias + soft_bias
         row_empty = None

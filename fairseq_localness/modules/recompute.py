@@ -232,14 +232,6 @@ def _softmax_block(scores: Tensor, blocked: Optional[Tensor], i0: int, i1: int):
     return torch.softmax(scores, -1), empty
 
 
-def _far_masks(i0: int, i1: int, src_len: int, offset: int, k: int, device):
-    """``rows x Tk`` masks of the keys with ``j - i' <= -K`` and ``>= K`` (the clipped
-    buckets 0 and 2K), ``i' = offset + i`` the key index of query i."""
-    pos = torch.arange(offset + i0, offset + i1, device=device).unsqueeze(1)
-    dist = torch.arange(src_len, device=device).unsqueeze(0) - pos
-    return dist <= -k, dist >= k
-
-
 def _diagonals(i0: int, i1: int, src_len: int, offset: int, k: int):
     """For each unclipped distance d (``|d| < K``): the bucket ``d + K``, the offset of
     its diagonal in a block of query rows i0..i1 (``j = offset + i + d``) and the rows
@@ -280,7 +272,7 @@ def reduce_buckets(x: Tensor, i0: int, i1: int, offset: int, k: int, causal: boo
     ``causal``), the 2K - 1 diagonals, and the far left as the rest of the row sum."""
     out = x.new_zeros(x.shape[:-1] + (2 * k + 1,))
     if not causal:
-        _, far_right = _far_masks(i0, i1, x.size(-1), offset, k, x.device)
+        far_right = _bucket_index(i0, i1, x.size(-1), offset, k, x.device) == 2 * k  # j - i' >= K
         out[..., -1] = torch.where(far_right, x, x.new_zeros(())).sum(-1)
     for r, diag, r0, r1 in _diagonals(i0, i1, x.size(-1), offset, k):
         out[..., r0:r1, r] = x.diagonal(diag, -2, -1)

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import AttentionContext, distance_table
+from fairseq_localness.modules.attention import AttentionContext, distance_table, one_row_softmax
 
 
 class RelativePositions(nn.Module):
@@ -101,11 +101,7 @@ class RelativePositions(nn.Module):
         terms = per_bucket[..., near_buckets]
         if far:
             terms = torch.cat([per_bucket[..., :1].expand(-1, -1, -1, far), terms], dim=-1)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * scale + terms
-        scores = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, -1).nan_to_num(0.0)  # a row without keys: 0
+        probs = one_row_softmax(torch.matmul(q, k.transpose(-1, -2)) * scale + terms, key_padding_mask)
         out = torch.matmul(probs.to(v.dtype), v)
         if value_embeddings is not None:
             value = value_embeddings.to(probs.dtype)
