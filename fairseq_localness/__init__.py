@@ -4,7 +4,7 @@ Load it with ``--user-dir fairseq_localness`` (any fairseq CLI) or ``import
 fairseq_localness``. Importing the package registers the models and their named
 architectures and the ``adam_l2`` optimizer (:mod:`fairseq_localness.optim`), makes
 fairseq load checkpoints on torch >= 2.6 without running code from them
-(:mod:`fairseq_localness.safe_load`), stops fairseq from dropping the sentences of a
+(:mod:`fairseq_localness.checkpoint`), stops fairseq from dropping the sentences of a
 last, smaller batch, lets torchrun-launched training run on the CPU, makes ``--bf16``
 train on CUDA GPUs and the CPU when no TPU is set up, translates the beginning of a
 sentence too long for the model in ``fairseq-interactive``, ``fairseq-generate`` and

@@ -11,7 +11,7 @@ weights, so every fairseq entry point that reads a checkpoint (``fairseq-generat
 All of those entry points read checkpoints through ``fairseq.checkpoint_utils``, and
 all of them import the ``--user-dir`` before the first read. :func:`patch_checkpoint_loading`
 gives that one module a ``torch`` whose ``load`` is
-:func:`fairseq_localness.safe_load.torch_load_checkpoint`: ``weights_only=True`` with
+:func:`fairseq_localness.checkpoint.torch_load_checkpoint`: ``weights_only=True`` with
 ``argparse.Namespace`` allowed, which is everything a fairseq 0.12 checkpoint holds; a
 checkpoint that needs anything else (a pickle that would call ``os.system``, say) is
 refused in one line naming what it needs, before it is unpickled, unless
@@ -92,6 +92,7 @@ message (:data:`HYDRA_DEPRECATIONS`), and nothing else. fairseq imports the
 so none of them is printed.
 """
 import argparse
+import functools
 import importlib.util
 import logging
 import os
@@ -128,20 +129,64 @@ class _TorchWithLoad(types.ModuleType):
         return getattr(torch, name)
 
 
+def _first_line(error: BaseException) -> str:
+    """The error's type and message on one line, at most about 240 characters."""
+    line = " ".join(str(error).split())
+    line = line if len(line) <= 240 else line[:237] + "..."
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__
+
+
+def _one_line_failures(function, files_of):
+    """``function`` (which builds a model from a checkpoint) with every failure that
+    is not about the environment (a missing file is) raised as one
+    :class:`~fairseq_localness.checkpoint.CheckpointError` naming the checkpoint."""
+    from fairseq_localness.checkpoint import CheckpointError, MalformedCheckpointError
+
+    if getattr(function, _MARK, False):
+        return function
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (CheckpointError, OSError):
+            raise
+        except Exception as e:
+            cause = e.__context__ if str(e).startswith("Cannot load model parameters from checkpoint") else e
+            raise MalformedCheckpointError(
+                files_of(*args, **kwargs),
+                f"fairseq cannot build the model it describes ({_first_line(cause or e)})") from e
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
 def patch_checkpoint_loading():
     """Make ``fairseq.checkpoint_utils`` load fairseq checkpoints on torch >= 2.6
-    through :func:`~fairseq_localness.safe_load.torch_load_checkpoint`, and
-    ``fairseq.distributed.utils`` receive the state rank 0 sends. Installs the hook
-    that prints a refused checkpoint as one line. Idempotent.
+    through :func:`~fairseq_localness.checkpoint.torch_load_checkpoint`, and
+    ``fairseq.distributed.utils`` receive the state rank 0 sends; make fairseq's
+    ``eval()`` of its settings parse literals only
+    (:mod:`fairseq_localness.checkpoint.literals`); turn a failure to build a model
+    from a loaded checkpoint (weights that do not fit the model its settings
+    describe, a damaged setting) into one line naming the file, in
+    ``load_model_ensemble_and_task`` (generation, the hub, the analyses) and
+    ``Trainer.load_checkpoint`` (resuming, ``--restore-file``,
+    ``--finetune-from-model``). Installs the hook that prints a refused checkpoint
+    as one line. Idempotent.
     """
-    from fairseq import checkpoint_utils
+    from fairseq import checkpoint_utils, trainer
     from fairseq.distributed import utils as distributed_utils
 
-    from fairseq_localness.safe_load import install_excepthook, torch_load_checkpoint
+    from fairseq_localness.checkpoint import install_excepthook, literals, torch_load_checkpoint
 
+    literals.install()
     for module, load in ((checkpoint_utils, torch_load_checkpoint), (distributed_utils, process_group_torch_load)):
         if not getattr(module.torch, _MARK, False):
             module.torch = _TorchWithLoad(load)
+    checkpoint_utils.load_model_ensemble_and_task = _one_line_failures(
+        checkpoint_utils.load_model_ensemble_and_task, lambda filenames, *a, **k: ", ".join(map(str, filenames)))
+    trainer.Trainer.load_checkpoint = _one_line_failures(
+        trainer.Trainer.load_checkpoint, lambda self, filename, *a, **k: str(filename))
     install_excepthook()
 
 

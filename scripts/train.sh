@@ -280,34 +280,28 @@ fi
 RESUME_ARGS=()
 if [[ -z "$EXTRA_RESTORE" && -d "$SAVE_DIR" ]]; then
     resume="$("$PY" - "$SAVE_DIR" <<'PYEOF'
-import os, re, sys, zipfile
+import os, re, sys
 
 def readable(path):
-    """torch.save's zip format, complete: the central directory at the end, the pickle
-    inside, every member within the file. A file cut short (a kill during fairseq's
-    copy) fails this; an old non-zip checkpoint is loaded to find out, through the
-    package's safe load (weights_only=True and its allowlist, or full unpickling with
-    FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1): a checkpoint it refuses is not taken for
-    a cut-short one; its one-line refusal stops train.sh."""
+    """The package's checks of the container and the pickle (docs/security.md; with
+    FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1, a full load): a file cut short (a kill
+    during fairseq's copy) or otherwise damaged is not readable; a checkpoint refused
+    as unsafe is not taken for a cut-short one: its one-line refusal stops train.sh."""
+    from fairseq_localness.checkpoint import (MalformedCheckpointError, UntrustedCheckpointError, check_file,
+                                              torch_load_checkpoint, trusted)
     try:
-        with open(path, "rb") as f:
-            zipped = f.read(4) == b"PK\x03\x04"
-        if zipped:
-            size = os.path.getsize(path)
-            with zipfile.ZipFile(path) as z:
-                infos = z.infolist()
-                return (any(i.filename.endswith("data.pkl") for i in infos)
-                        and all(i.header_offset + i.compress_size <= size for i in infos))
-    except Exception:
-        return False
-    from fairseq_localness.safe_load import UntrustedCheckpointError, torch_load_checkpoint, trusted
-    try:
-        trusted()
+        trust = trusted()
     except ValueError as e:  # the switch has a value that is neither yes nor no
         refuse(e)
     try:
-        torch_load_checkpoint(path, map_location="cpu")
+        if trust:
+            torch_load_checkpoint(path, map_location="cpu")
+        else:
+            with open(path, "rb") as f:
+                check_file(f, path)
         return True
+    except MalformedCheckpointError:
+        return False
     except UntrustedCheckpointError as e:
         refuse(e)
     except Exception:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_localness.cli import average_checkpoints as A
-from fairseq_localness.safe_load import torch_load_checkpoint
+from fairseq_localness.checkpoint import torch_load_checkpoint
 
 
 def make_ckpt(path, params, extra=None):
@@ -178,7 +178,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_unless_trusted(tmp_path, ca
     stops the average with one line naming it, before it runs; --trust-checkpoint
     loads it in full (so the payload runs: the refusal above was real), for this
     command only."""
-    from fairseq_localness.safe_load import TRUST_ENV
+    from fairseq_localness.checkpoint import TRUST_ENV
 
     monkeypatch.delenv(TRUST_ENV, raising=False)
     marker = tmp_path / "ran"

@@ -25,7 +25,7 @@ import torch
 
 from conftest import USER_DIR, parse_hypotheses, run_fairseq, tool_env, train_command
 
-from fairseq_localness.safe_load import torch_load_checkpoint
+from fairseq_localness.checkpoint import torch_load_checkpoint
 
 MAX_POSITIONS = 40
 

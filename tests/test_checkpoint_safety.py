@@ -1,4 +1,4 @@
-"""Loading a checkpoint does not run its code (fairseq_localness.safe_load).
+"""Loading a checkpoint does not run its code (fairseq_localness.checkpoint).
 
 Real checkpoints of every kind (fairseq's transformer and every model of this
 package, bf16 with EMA and this package's optimizer, update checkpoints with their
@@ -24,7 +24,7 @@ import torch
 from conftest import USER_DIR, get_tiny_data, parse_hypotheses, run_fairseq, run_script, tool_env, train_command
 
 from fairseq_localness import safe_load
-from fairseq_localness.safe_load import (TRUST_ENV, UntrustedCheckpointError, torch_load_checkpoint, trusting,
+from fairseq_localness.checkpoint import (TRUST_ENV, UntrustedCheckpointError, torch_load_checkpoint, trusting,
                                          unsafe_globals)
 
 SMALL_MODEL = [

@@ -14,9 +14,10 @@
 It differs where fairseq's script is unsafe or unclear:
 
 - checkpoints are loaded without running code from them
-  (:func:`fairseq_localness.safe_load.torch_load_checkpoint`: ``weights_only=True``
-  with the one global fairseq checkpoints need, ``argparse.Namespace``); a file that
-  needs anything else is refused, naming it, unless ``--trust-checkpoint`` (or
+  (:func:`fairseq_localness.checkpoint.torch_load_checkpoint`: the globals fairseq
+  checkpoints hold and nothing else, settings checked): a file the load would refuse,
+  for its pickle or for its settings, is refused here too, naming it, so that no
+  average passes on what a load would refuse, unless ``--trust-checkpoint`` (or
   ``FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1``) says to unpickle it in full
   (docs/security.md). fairseq's script loads with full unpickling;
 - sums are accumulated in float64 and cast back to each parameter's own dtype (fp16
@@ -44,7 +45,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from fairseq_localness.safe_load import UntrustedCheckpointError, add_trust_argument, torch_load_checkpoint, trusting
+from fairseq_localness.checkpoint import CheckpointError, add_trust_argument, torch_load_checkpoint, trusting
 
 logger = logging.getLogger("fairseq_localness.average")
 
@@ -80,11 +81,11 @@ def last_n_checkpoints(
 
 def load_checkpoint(path: str) -> dict:
     """Load a fairseq checkpoint on CPU, without running code from it unless trusted
-    (:func:`~fairseq_localness.safe_load.torch_load_checkpoint`)."""
+    (:func:`~fairseq_localness.checkpoint.torch_load_checkpoint`)."""
     try:
         with open(path, "rb") as f:
             state = torch_load_checkpoint(f, map_location="cpu")
-    except UntrustedCheckpointError as e:
+    except CheckpointError as e:
         raise AverageError(str(e)) from None
     except Exception as e:  # a truncated or foreign file: say which one
         raise AverageError(f"cannot load checkpoint '{path}': {type(e).__name__}: {e}") from e

@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 
-from fairseq_localness.safe_load import add_trust_argument, trusting
+from fairseq_localness.checkpoint import add_trust_argument, trusting
 
 logger = logging.getLogger("fairseq_localness.dump")
 

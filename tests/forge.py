@@ -1,0 +1,165 @@
+"""Crafting hostile checkpoints for the tests of fairseq_localness.checkpoint.
+
+Each function writes a file that a fairseq checkpoint could be replaced with by
+whoever controls it (a model zoo, a shared run directory): a real checkpoint with a
+payload in its pickle or its settings, a pickle rewritten opcode by opcode, a zip
+repacked with a compressed or oversized member. Nothing here loads a file with full
+unpickling except :func:`load_real`, which reads the test's own real checkpoints.
+"""
+import argparse
+import io
+import os
+import pickle
+import struct
+import subprocess
+import zipfile
+
+import torch
+
+MARKER_COMMAND = "touch '{marker}'"
+
+
+def load_real(path):
+    """A real checkpoint of the test's own, as a dict (numpy allowed for --eval-bleu)."""
+    from fairseq_localness.checkpoint.load import allowed_globals
+
+    with torch.serialization.safe_globals(allowed_globals()):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# --------------------------------------------------------------------------- pickle payloads
+class OsSystem:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (MARKER_COMMAND.format(marker=self.marker),)
+
+
+class SubprocessCall(OsSystem):
+    def __reduce__(self):
+        return subprocess.call, (["touch", self.marker],)
+
+
+class BuiltinsExec(OsSystem):
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+class BuiltinsEval(OsSystem):
+    def __reduce__(self):
+        return eval, (f"open({self.marker!r}, 'w').close()",)
+
+
+PAYLOADS = {"os.system": (OsSystem, "posix.system"), "subprocess": (SubprocessCall, "subprocess.call"),
+            "exec": (BuiltinsExec, "builtins.exec"), "eval": (BuiltinsEval, "builtins.eval")}
+
+
+def with_payload(real_checkpoint, path, payload, marker):
+    """``real_checkpoint`` with one more entry whose unpickling runs ``payload``."""
+    state = load_real(real_checkpoint)
+    state["extra_state"]["payload"] = PAYLOADS[payload][0](str(marker))
+    torch.save(state, path)
+    return str(path)
+
+
+# --------------------------------------------------------------------------- settings payloads
+def code_setting(marker) -> str:
+    """A setting value that, evaluated, runs a shell command creating ``marker``."""
+    return f"__import__('os').system({MARKER_COMMAND.format(marker=marker)!r}) and None"
+
+
+def with_settings(real_checkpoint, path, change):
+    """``real_checkpoint`` with ``change(cfg)`` applied to its settings (``cfg``: the
+    dict fairseq saves, whose ``model`` is an ``argparse.Namespace``)."""
+    state = load_real(real_checkpoint)
+    change(state["cfg"])
+    torch.save(state, path)
+    return str(path)
+
+
+def set_model_option(name, value):
+    def change(cfg):
+        setattr(cfg["model"], name, value)
+    return change
+
+
+def shared_reference_bomb(depth):
+    """A value of ``depth`` levels, each a list holding the level below twice: a few
+    bytes pickled, 2**depth values when copied."""
+    value = ["x"]
+    for _ in range(depth):
+        value = [value, value]
+    return value
+
+
+# --------------------------------------------------------------------------- containers and pickles
+def members(path):
+    """The members of a torch.save zip: [(name, bytes)] in order."""
+    with zipfile.ZipFile(path) as z:
+        return [(i.filename, z.read(i)) for i in z.infolist()]
+
+
+def repack(path, out, replace=None, compress=None, drop=()):
+    """Rewrite the zip ``path`` to ``out``: member bytes replaced by ``replace``
+    ({suffix: bytes}), members whose name ends with a suffix in ``compress``
+    deflated, members ending with a suffix in ``drop`` left out."""
+    replace, compress = replace or {}, compress or ()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members(path):
+            if any(name.endswith(s) for s in drop):
+                continue
+            for suffix, new in replace.items():
+                if name.endswith(suffix):
+                    data = new
+            kind = zipfile.ZIP_DEFLATED if any(name.endswith(s) for s in compress) else zipfile.ZIP_STORED
+            z.writestr(zipfile.ZipInfo(name), data, compress_type=kind)
+    return str(out)
+
+
+def data_pkl(path) -> bytes:
+    return next(data for name, data in members(path) if name.endswith("/data.pkl"))
+
+
+def tensor_file(tensors, path):
+    """A small torch.save file: {name: tensor}."""
+    torch.save(dict(tensors), path)
+    return str(path)
+
+
+def pickle_ops(*ops) -> bytes:
+    """A protocol-2 pickle from raw opcode bytes (``PROTO 2`` ... ``STOP``)."""
+    return b"\x80\x02" + b"".join(ops) + b"."
+
+
+def binunicode(text: str) -> bytes:
+    data = text.encode()
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def namespace_pickle(**values) -> bytes:
+    return pickle.dumps(argparse.Namespace(**values), protocol=2)
+
+
+def as_checkpoint(pickle_bytes, out, template):
+    """``template`` (a torch.save file) with its pickle replaced by ``pickle_bytes``."""
+    return repack(template, out, replace={"/data.pkl": pickle_bytes})
+
+
+def file_bytes(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write(path, data: bytes):
+    with open(path, "wb") as f:
+        f.write(data)
+    return str(path)
+
+
+def zip_bytes(entries) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries:
+            z.writestr(name, data)
+    return buf.getvalue()
