@@ -1,18 +1,21 @@
-"""Loading a checkpoint does not run its code (fairseq_localness.checkpoint).
+"""Loading a checkpoint runs none of its code (fairseq_localness.checkpoint).
 
 Real checkpoints of every kind (fairseq's transformer and every model of this
-package, bf16 with EMA and this package's optimizer, update checkpoints with their
-optimizer state, an average, an EMA extracted by fairseq) load with
-``weights_only=True`` and the allowlist, and need exactly it. A checkpoint whose
-pickle would run a command (``os.system``, ``subprocess.call``, ``builtins.exec``,
-``builtins.eval``: each writes a marker file) is refused through every entry point's
-real command line, with one line naming what it needs, a non-zero exit status and no
-marker; loaded on purpose (``FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1``) the same file
-does run, which is what makes "no marker" mean something.
+package; bf16 with EMA and this package's optimizer; --eval-bleu with early stopping
+on BLEU, --report-accuracy and --keep-best-checkpoints; the fp16 optimizer's state
+with its loss scale; update checkpoints with their optimizer state; an average; an
+EMA extracted by fairseq) load, and name no global outside the allowlist. A
+checkpoint that would run a command, by its pickle (``os.system``,
+``subprocess.call``, ``builtins.exec``, ``builtins.eval``) or by a setting fairseq
+evaluates (``adaptive_softmax_cutoff``), is refused through every entry point's real
+command line, with one line naming what it needs or the setting, a non-zero exit
+status and no marker; loaded on purpose (``FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1``)
+the pickle payload does run, which is what makes "no marker" mean something.
+Crafted files (memory, malformed pickles, mutations): test_checkpoint_limits.py.
 """
-import argparse
 import glob
 import os
+import pickletools
 import shutil
 import subprocess
 import sys
@@ -22,10 +25,10 @@ import pytest
 import torch
 
 from conftest import USER_DIR, get_tiny_data, parse_hypotheses, run_fairseq, run_script, tool_env, train_command
+from forge import PAYLOADS, code_setting, data_pkl, load_real, set_model_option, with_payload, with_settings
 
-from fairseq_localness import safe_load
-from fairseq_localness.checkpoint import (TRUST_ENV, UntrustedCheckpointError, torch_load_checkpoint, trusting,
-                                         unsafe_globals)
+from fairseq_localness.checkpoint import TRUST_ENV, UntrustedCheckpointError, torch_load_checkpoint, trusted, trusting
+from fairseq_localness.checkpoint import scan
 
 SMALL_MODEL = [
     "--encoder-layers", "1", "--decoder-layers", "1",
@@ -33,6 +36,9 @@ SMALL_MODEL = [
     "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
     "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
 ]
+EVAL_BLEU = ["--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_b": 3}', "--eval-tokenized-bleu",
+             "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric", "--keep-best-checkpoints", "1",
+             "--report-accuracy", "--no-epoch-checkpoints"]
 RUNS = {
     # name: (arch, fairseq-train options, model options, updates)
     "transformer": ("transformer", ["--save-interval-updates", "1", "--no-epoch-checkpoints"], SMALL_MODEL, 2),
@@ -40,56 +46,16 @@ RUNS = {
     "localness_bf16_ema": ("localness_transformer_tiny", [
         "--bf16", "--cpu", "--store-ema", "--ema-fp32", "--ema-start-update", "0", "--optimizer", "adam_l2",
         "--no-epoch-checkpoints"], [], 1),
-    "hybrid": ("hybrid_transformer_tiny", ["--no-epoch-checkpoints"], [], 1),
-    "hysan": ("hysan_transformer_tiny", ["--no-epoch-checkpoints"], [], 1),
+    # early stopping on BLEU (Xu et al.'s drivers): numpy arrays of BLEU statistics in extra_state
+    "hybrid_eval_bleu": ("hybrid_transformer_tiny", EVAL_BLEU, [], 1),
+    # the fp16 optimizer's state (its loss scale), as --fp16 writes it on a GPU
+    "hysan_fp16_state": ("hysan_transformer_tiny", ["--memory-efficient-fp16", "--cpu", "--no-epoch-checkpoints"],
+                         [], 1),
     "dc": ("dc_transformer_tiny", ["--no-epoch-checkpoints"], [], 1),
 }
 HYDRA_MESSAGES = ("is no longer experimental", "version_base parameter is not specified",
                   "Usage of deprecated keyword in package header", "is validated against ConfigStore schema",
                   "The strict flag in the compose API is deprecated", "Hydra14MigrationWarning")
-
-
-# --------------------------------------------------------------------------- payloads
-class OsSystem:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch '{self.marker}'",)
-
-
-class SubprocessCall(OsSystem):
-    def __reduce__(self):
-        return subprocess.call, (["touch", self.marker],)
-
-
-class BuiltinsExec(OsSystem):
-    def __reduce__(self):
-        return exec, (f"open({self.marker!r}, 'w').close()",)
-
-
-class BuiltinsEval(OsSystem):
-    def __reduce__(self):
-        return eval, (f"open({self.marker!r}, 'w').close()",)
-
-
-PAYLOADS = {"os.system": (OsSystem, "posix.system"), "subprocess": (SubprocessCall, "subprocess.call"),
-            "exec": (BuiltinsExec, "builtins.exec"), "eval": (BuiltinsEval, "builtins.eval")}
-
-
-def load_allowed(path):
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def malicious(real_checkpoint, path, payload, marker):
-    """``real_checkpoint`` with one more entry whose unpickling runs ``payload``."""
-    state = load_allowed(real_checkpoint)
-    state["extra_state"]["payload"] = PAYLOADS[payload][0](str(marker))
-    torch.save(state, path)
-    return str(path)
-
-
 # --------------------------------------------------------------------------- real checkpoints
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
@@ -119,22 +85,44 @@ def real(tmp_path_factory):
     return {"kinds": kinds, "logs": logs, "base": base, "data": data}
 
 
-def test_every_kind_of_real_checkpoint_loads_and_needs_exactly_the_allowlist(real):
+def _globals_named(path):
+    """Every global a checkpoint's pickle names, read with pickletools (independently
+    of the package's scan)."""
+    named = set()
+    for op, arg, _ in pickletools.genops(data_pkl(path)):
+        assert op.name != "STACK_GLOBAL", path  # torch.save writes protocol 2: GLOBAL only
+        if op.name == "GLOBAL":
+            named.add(scan.python3_name(*arg.split(" ", 1)))
+    return named
+
+
+def test_every_kind_of_real_checkpoint_loads_and_names_only_the_allowlist(real):
     kinds = real["kinds"]
     assert {"transformer/checkpoint_1_1.pt", "transformer/checkpoint_1_2.pt", "transformer/checkpoint_last.pt",
-            "localness_bf16_ema/checkpoint_last.pt", "hybrid/checkpoint_last.pt", "hysan/checkpoint_last.pt",
+            "localness_bf16_ema/checkpoint_last.pt", "hybrid_eval_bleu/checkpoint_last.pt",
+            "hybrid_eval_bleu/checkpoint_best.pt", "hysan_fp16_state/checkpoint_last.pt",
             "dc/checkpoint_last.pt"} <= set(kinds)
-    needed = set()
+    assert any(k.startswith("hybrid_eval_bleu/checkpoint.best_bleu_") for k in kinds)  # --keep-best-checkpoints
+    named = set()
     for kind, path in kinds.items():
-        needed |= set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-        assert unsafe_globals(path) == [], kind
+        named |= _globals_named(path)
         state = torch_load_checkpoint(path, map_location="cpu")
         assert state["model"] and all(torch.is_tensor(v) for v in state["model"].values()), kind
-    # exactly what the allowlist holds: nothing more is allowed than some checkpoint needs
-    assert needed == {"argparse.Namespace"} == {f"{g.__module__}.{g.__name__}" for g in safe_load.CHECKPOINT_GLOBALS}
+    assert named <= scan.GLOBALS
+    # nothing is allowed that no checkpoint names, but the other tensor types' storages
+    # and numpy's functions under their numpy 1 names
+    numpy1 = {"numpy.core.multiarray._reconstruct"}
+    assert scan.GLOBALS - named <= set(scan.STORAGE_TYPES) | numpy1, scan.GLOBALS - named
+    assert {"argparse.Namespace", "numpy.ndarray", "numpy.dtype"} <= named
+    bleu = torch_load_checkpoint(kinds["hybrid_eval_bleu/checkpoint_last.pt"])
+    counts = {name: meter for _, name, _, meter in bleu["extra_state"]["metrics"]["valid"]}["_bleu_counts"]
+    assert counts["sum"].dtype.kind == "i" and counts["sum"].shape == (4,)
+    assert bleu["cfg"]["checkpoint"]["best_checkpoint_metric"] == "bleu"
     bf16 = torch_load_checkpoint(kinds["localness_bf16_ema/checkpoint_last.pt"])
     assert bf16["cfg"]["common"]["bf16"]  # (fairseq writes the weights in fp32)
     assert "ema" in bf16["extra_state"] and bf16["optimizer_history"][-1]["optimizer_name"] == "FP16Optimizer"
+    fp16 = torch_load_checkpoint(kinds["hysan_fp16_state/checkpoint_last.pt"])
+    assert fp16["last_optimizer_state"]["loss_scale"] > 0
     assert "exp_avg" in str(torch_load_checkpoint(kinds["transformer/checkpoint_last.pt"])["last_optimizer_state"])
 
 
@@ -182,7 +170,7 @@ def test_the_hydra_filter_hides_exactly_those_warnings():
 def test_a_payload_is_refused_before_it_runs_and_runs_when_trusted(real, tmp_path, payload, monkeypatch):
     monkeypatch.delenv(TRUST_ENV, raising=False)
     marker = tmp_path / "marker"
-    path = malicious(real["kinds"]["transformer/checkpoint_last.pt"], tmp_path / "evil.pt", payload, marker)
+    path = with_payload(real["kinds"]["transformer/checkpoint_last.pt"], tmp_path / "evil.pt", payload, marker)
     with pytest.raises(UntrustedCheckpointError) as e:
         torch_load_checkpoint(path)
     message = str(e.value)
@@ -199,22 +187,23 @@ def test_a_payload_is_refused_before_it_runs_and_runs_when_trusted(real, tmp_pat
     assert TRUST_ENV not in os.environ  # restored
 
 
-def test_a_legacy_format_payload_is_refused_by_the_weights_only_unpickler(real, tmp_path):
-    marker = tmp_path / "marker"
-    state = load_allowed(real["kinds"]["transformer/checkpoint_last.pt"])
+def test_the_legacy_format_is_refused_in_one_line_and_loads_when_trusted(real, tmp_path, monkeypatch):
+    """torch's pre-1.6 format allocates each storage at the size its pickle claims,
+    before reading it: refused (fairseq-train writes the zip format)."""
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    state = load_real(real["kinds"]["transformer/checkpoint_last.pt"])
     torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
-    assert torch_load_checkpoint(str(tmp_path / "old.pt"))["model"]  # a real one loads
-    state["extra_state"]["payload"] = BuiltinsExec(str(marker))
-    torch.save(state, tmp_path / "evil.pt", _use_new_zipfile_serialization=False)
-    with pytest.raises(UntrustedCheckpointError, match=r"refusing to load checkpoint .*evil.pt': it needs exec"):
-        torch_load_checkpoint(str(tmp_path / "evil.pt"))
-    assert not marker.exists()
+    with pytest.raises(UntrustedCheckpointError, match=r"refusing to load checkpoint .*old.pt': it is in torch's "
+                       r"legacy serialization format \(torch < 1.6\).*; if you trust this file, set "):
+        torch_load_checkpoint(str(tmp_path / "old.pt"))
+    with trusting():
+        assert torch_load_checkpoint(str(tmp_path / "old.pt"))["model"]
 
 
 def test_the_switch_takes_yes_or_no_only(monkeypatch, tmp_path):
     for value, expected in (("1", True), ("yes", True), ("0", False), ("", False)):
         monkeypatch.setenv(TRUST_ENV, value)
-        assert safe_load.trusted() is expected
+        assert trusted() is expected
     monkeypatch.setenv(TRUST_ENV, "maybe")
     with pytest.raises(ValueError, match=f"{TRUST_ENV}='maybe': expected 1"):
         torch_load_checkpoint(str(tmp_path / "x.pt"))
@@ -231,6 +220,13 @@ model = TransformerModel.from_pretrained(save_dir, checkpoint_file=name, data_na
                                          user_dir=user_dir, beam=1, max_len_b=3)
 print("LOADED", model.translate("a"))
 """
+EMA_SCRIPT = r"""
+import sys
+import fairseq_localness
+from fairseq import checkpoint_utils
+checkpoint_utils.save_ema_as_checkpoint(sys.argv[1], sys.argv[2])
+"""
+ANALYSIS_TOOLS = ("gates", "windows", "heatmaps", "divergence", "probing")
 
 
 def _entry_command(entry, evil, real, work):
@@ -248,38 +244,63 @@ def _entry_command(entry, evil, real, work):
         save_dir.mkdir()
         shutil.copy(evil, save_dir / "checkpoint_last.pt")
         return "fairseq", ("fairseq-train", train_command("transformer", data, str(save_dir), [], SMALL_MODEL, 3))
-    if entry == "fairseq-train --restore-file":
+    if entry in ("fairseq-train --restore-file", "fairseq-train --finetune-from-model"):
+        option = entry.split()[-1]
         return "fairseq", ("fairseq-train", train_command("transformer", data, str(work / "restore"),
-                                                          ["--restore-file", evil], SMALL_MODEL, 3))
+                                                          [option, evil], SMALL_MODEL, 3))
     if entry == "from_pretrained":
         return "python", [sys.executable, "-c", HUB_SCRIPT, os.path.dirname(evil), os.path.basename(evil),
                           data.data_bin, USER_DIR]
+    if entry == "save_ema_as_checkpoint":
+        return "python", [sys.executable, "-c", EMA_SCRIPT, evil, str(work / "ema.pt")]
     if entry == "scripts/average.sh":
         save_dir = work / "avg"
         save_dir.mkdir()
         shutil.copy(real["kinds"]["transformer/checkpoint_1_1.pt"], save_dir / "checkpoint_1_1.pt")
         shutil.copy(evil, save_dir / "checkpoint_1_2.pt")
         return "script", ("average.sh", ["--save-dir", save_dir, "--last", "2", "--by", "update"])
+    if entry == "fairseq-localness-average":
+        return "fairseq", ("fairseq-localness-average", ["--inputs", evil, real["kinds"]["transformer/checkpoint_1_1.pt"],
+                                                         "--output", work / "average.pt"])
     if entry == "scripts/evaluate.sh":
         return "script", ("evaluate.sh", ["--data-bin", data.data_bin, "--checkpoint", evil, "--src", "src",
                                           "--tgt", "tgt", "--ref", os.path.join(data.raw_dir, "test.tgt"),
                                           "--beam", "1", "--out", work / "eval", "--", "--max-len-b", "3"])
-    if entry == "fairseq-localness-analysis gates":
-        return "fairseq", ("fairseq-localness-analysis", ["gates", data.data_bin, "--path", evil,
-                                                          "--output-dir", work / "gates", "--cpu"])
+    if entry == "fairseq-localness-dump":
+        return "fairseq", ("fairseq-localness-dump", [data.data_bin, "--path", evil, "--output", work / "dump.jsonl",
+                                                      "--cpu"])
+    tool = entry.split()[-1]
+    if entry.startswith("fairseq-localness-analysis") and tool in ANALYSIS_TOOLS:
+        extra = []  # what each tool checks before it loads the checkpoint
+        if tool == "heatmaps":
+            extra = ["--ids", "0"]
+        elif tool == "probing":
+            probe = work / "probe.txt"
+            probe.write_text("".join(f"{split}\t{label}\ta b\n" for split in ("tr", "va", "te") for label in "01"))
+            extra = ["--task", f"Probe={probe}", "--bpe", "none"]
+        return "fairseq", ("fairseq-localness-analysis", [tool, data.data_bin, "--path", evil,
+                                                          "--output-dir", work / tool, "--cpu", *extra])
     raise AssertionError(entry)
 
 
-ENTRY_POINTS = {  # entry point: the payload its checkpoint carries (each payload through two)
+ENTRY_POINTS = {  # entry point: the pickle payload its checkpoint carries (each payload through several)
     "fairseq-generate": "os.system",
     "fairseq-interactive": "subprocess",
     "fairseq-train resuming checkpoint_last.pt": "exec",
     "fairseq-train --restore-file": "eval",
+    "fairseq-train --finetune-from-model": "os.system",
     "from_pretrained": "subprocess",
+    "save_ema_as_checkpoint": "exec",
     "scripts/average.sh": "exec",
+    "fairseq-localness-average": "subprocess",
     "scripts/evaluate.sh": "eval",
-    "fairseq-localness-analysis gates": "os.system",
+    "fairseq-localness-dump": "os.system",
+    **{f"fairseq-localness-analysis {tool}": "eval" for tool in ANALYSIS_TOOLS},
 }
+SETTINGS_ENTRY_POINTS = [  # where a setting fairseq evaluates would run (the model is built), and the average
+    "fairseq-generate", "fairseq-interactive", "fairseq-train --restore-file", "fairseq-train --finetune-from-model",
+    "from_pretrained", "fairseq-localness-average", "scripts/evaluate.sh", "fairseq-localness-dump",
+    *(f"fairseq-localness-analysis {tool}" for tool in ANALYSIS_TOOLS)]
 
 
 def _run(kind, command, env=None):
@@ -290,18 +311,40 @@ def _run(kind, command, env=None):
     return subprocess.run(command, capture_output=True, text=True, env=tool_env(env), timeout=300)
 
 
-@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
-def test_a_malicious_checkpoint_is_refused_through_every_entry_point(real, tmp_path, entry):
-    payload = ENTRY_POINTS[entry]
-    marker = tmp_path / "marker"
-    evil = malicious(real["kinds"]["transformer/checkpoint_last.pt"], tmp_path / "model.pt", payload, marker)
-    kind, command = _entry_command(entry, evil, real, tmp_path)
-    proc = _run(kind, command, env={TRUST_ENV: "0"})
+def _refused_in_one_line(proc, needs):
     assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     refusals = [line for line in proc.stderr.splitlines() if "refusing to load checkpoint" in line]
     assert len(refusals) == 1, proc.stderr[-3000:]
-    assert f"it needs {PAYLOADS[payload][1]}," in refusals[0] and f"{TRUST_ENV}=1" in refusals[0]
+    assert needs in refusals[0], refusals[0]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return refusals[0]
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_a_malicious_pickle_is_refused_through_every_entry_point(real, tmp_path, entry):
+    payload = ENTRY_POINTS[entry]
+    marker = tmp_path / "marker"
+    evil = with_payload(real["kinds"]["transformer/checkpoint_last.pt"], tmp_path / "model.pt", payload, marker)
+    kind, command = _entry_command(entry, evil, real, tmp_path)
+    line = _refused_in_one_line(_run(kind, command, env={TRUST_ENV: "0"}), f"it needs {PAYLOADS[payload][1]},")
+    assert f"{TRUST_ENV}=1" in line
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("entry", SETTINGS_ENTRY_POINTS)
+def test_a_setting_holding_code_is_refused_through_every_entry_point(real, tmp_path, entry):
+    """A checkpoint of nothing but data whose ``adaptive_softmax_cutoff`` (evaluated by
+    fairseq's transformer decoder) is a shell command: refused, naming the setting;
+    trusting the file does not change that (the settings are not the pickle)."""
+    marker = tmp_path / "marker"
+    evil = with_settings(real["kinds"]["transformer/checkpoint_last.pt"], tmp_path / "model.pt",
+                         set_model_option("adaptive_softmax_cutoff", code_setting(marker)))
+    kind, command = _entry_command(entry, evil, real, tmp_path)
+    trust = "1" if entry == "fairseq-generate" else "0"
+    line = _refused_in_one_line(_run(kind, command, env={TRUST_ENV: trust}),
+                                "its setting cfg.model.adaptive_softmax_cutoff = ")
+    assert "is not a Python literal" in line and "fairseq evaluates that setting" in line
+    assert f"{TRUST_ENV}=1" not in line  # trusting the file would not run it
     assert not marker.exists()
 
 
@@ -311,7 +354,7 @@ def test_with_the_switch_a_foreign_checkpoint_loads(real, tmp_path):
     import fractions
 
     data = real["data"]
-    state = load_allowed(real["kinds"]["transformer/checkpoint_last.pt"])
+    state = load_real(real["kinds"]["transformer/checkpoint_last.pt"])
     state["extra_state"]["note"] = fractions.Fraction(1, 3)
     path = str(tmp_path / "foreign.pt")
     torch.save(state, path)

@@ -18,6 +18,7 @@ naming the checkpoint and the setting it came from where it came from one
 """
 import ast
 import builtins
+import functools
 import sys
 import threading
 from typing import Dict, Optional, Tuple
@@ -189,7 +190,8 @@ def fairseq_eval(source, globals=None, locals=None):  # noqa: A002  (eval's own 
         raise refusal(source, str(e)) from None
 
 
-fairseq_eval.__wrapped__ = _builtin_eval
+# the wrapper stands in for the builtin: pickle, inspect and help() see ``builtins.eval``
+functools.update_wrapper(fairseq_eval, _builtin_eval)
 
 
 def install():

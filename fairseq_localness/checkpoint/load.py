@@ -18,11 +18,12 @@ before the next starts:
 
 The one switch: ``FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1`` in the environment (or
 ``--trust-checkpoint`` on this package's command lines, which sets it) loads with
-``weights_only=False`` and none of these checks, as fairseq does on torch < 2.6,
-i.e. runs whatever the file asks; it is logged once per process. There is no
-fallback from the safe load to the full one. fairseq's ``eval`` of its settings
-parses literals whether or not the file is trusted
-(:mod:`~fairseq_localness.checkpoint.literals`).
+``weights_only=False`` and none of the checks of steps 1 to 3, as fairseq does on
+torch < 2.6, i.e. runs whatever the file asks; it is logged once per process. There
+is no fallback from the safe load to the full one. The settings fairseq evaluates
+are literals whether or not the file is trusted (step 4's
+:func:`~fairseq_localness.checkpoint.settings.check_settings`, and
+:mod:`~fairseq_localness.checkpoint.literals`): trust is about the pickle.
 """
 import argparse
 import contextlib
@@ -36,7 +37,7 @@ import torch
 from fairseq_localness.checkpoint import scan as scanning
 from fairseq_localness.checkpoint.errors import (TRUST_ENV, CheckpointError, MalformedCheckpointError,
                                                  UntrustedCheckpointError)
-from fairseq_localness.checkpoint.settings import check_state
+from fairseq_localness.checkpoint.settings import check_settings, check_state
 
 logger = logging.getLogger("fairseq_localness.checkpoint")
 
@@ -102,7 +103,7 @@ def allowed_globals():
     # numpy >= 1.25 builds each dtype as an instance of its own class (numpy.dtypes.Int64DType, ...)
     allowed += sorted({type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDG"} - {np.dtype}, key=str)
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        allowed += [(multiarray._reconstruct, f"{module}._reconstruct"), (multiarray.scalar, f"{module}.scalar")]
+        allowed.append((multiarray._reconstruct, f"{module}._reconstruct"))
     return allowed
 
 
@@ -165,7 +166,10 @@ def torch_load_checkpoint(f, map_location=None, **kw):
         if not _logged_trust[0]:
             _logged_trust[0] = True
             logger.warning("%s=1: loading checkpoints with full unpickling (any code they hold runs)", TRUST_ENV)
-        return torch.load(f, map_location=map_location, weights_only=False, **kw)
+        state = torch.load(f, map_location=map_location, weights_only=False, **kw)
+        if isinstance(state, dict):  # trusted or not, no setting fairseq evaluates runs code
+            check_settings({key: state.get(key) for key in ("cfg", "args")}, _name(f))
+        return state
     name = _name(f)
     if not hasattr(torch.serialization, "safe_globals"):
         raise UntrustedCheckpointError(

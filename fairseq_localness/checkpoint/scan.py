@@ -53,11 +53,10 @@ ORDERED_DICT = "collections.OrderedDict"
 NAMESPACE = "argparse.Namespace"
 CODECS_ENCODE = "_codecs.encode"
 NUMPY_RECONSTRUCT = ("numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct")
-NUMPY_SCALAR = ("numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar")
 NUMPY_NDARRAY = "numpy.ndarray"
 NUMPY_DTYPE = "numpy.dtype"
 
-CALLS = frozenset({REBUILD_TENSOR, ORDERED_DICT, CODECS_ENCODE, NUMPY_DTYPE, *NUMPY_RECONSTRUCT, *NUMPY_SCALAR})
+CALLS = frozenset({REBUILD_TENSOR, ORDERED_DICT, CODECS_ENCODE, NUMPY_DTYPE, *NUMPY_RECONSTRUCT})
 """The globals a checkpoint's pickle may call (REDUCE); ``argparse.Namespace`` is
 built by NEWOBJ, ``numpy.ndarray`` is only an argument of ``_reconstruct``, and the
 storage types only name a storage's type."""
@@ -388,11 +387,6 @@ class _Machine:
             return _Object("array")
         if func.name == NUMPY_DTYPE:
             return self.dtype(args)
-        if func.name in NUMPY_SCALAR:
-            if (len(args) != 2 or not isinstance(args[0], _Object) or args[0].kind != "dtype"
-                    or not isinstance(args[1], bytes) or len(args[1]) != args[0].info):
-                self.malformed("a numpy scalar whose bytes are not one value of its numeric dtype")
-            return _Object("scalar")
         raise AssertionError(func.name)  # pragma: no cover
 
     def dtype(self, args):

@@ -114,7 +114,7 @@ def measure(root, file: str, where: str, max_nodes: int):
             if sizes[key] > max_nodes:
                 raise UntrustedCheckpointError(
                     file, f"{where} expands to more than {max_nodes} values when copied (shared references), far "
-                    "more than a fairseq checkpoint holds")
+                    "more than a fairseq checkpoint holds")  # (where: 'it', 'its cfg', 'its args')
             continue
         if key in sizes:
             continue
@@ -233,10 +233,10 @@ def check_state(state, file: str, names: bool = True):
     settings = {key: state.get(key) for key in ("cfg", "args")}
     for key, value in settings.items():
         if value is not None:
-            _, chars = measure(value, file, f"its settings ({key})", MAX_SETTINGS_NODES)
+            _, chars = measure(value, file, f"its {key}", MAX_SETTINGS_NODES)
             if chars > MAX_SETTINGS_CHARS:
                 raise UntrustedCheckpointError(
-                    file, f"its settings ({key}) expand to more than {MAX_SETTINGS_CHARS} characters when copied")
+                    file, f"its {key} expands to more than {MAX_SETTINGS_CHARS} characters when copied")
     measure(state, file, "it", MAX_NODES)
     check_settings(settings, file)
     if names:

@@ -1,0 +1,433 @@
+"""Crafted checkpoints: bounded memory and time, one line always, literals only.
+
+Every file here is one a model zoo or a shared run directory could hold in place of
+a checkpoint. Each is refused (or, for mutations that leave a valid checkpoint,
+loaded) within seconds, before anything large is allocated, with one line naming
+the file and the reason, and never a traceback or a hang, through the loader and
+through fairseq's real command lines. fairseq's ``eval()`` of its settings parses
+literals only (fairseq_localness.checkpoint.literals).
+"""
+import io
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+import forge
+from conftest import USER_DIR, get_tiny_data, parse_hypotheses, run_fairseq, tool_env, train_command
+
+from fairseq_localness.checkpoint import (CheckpointError, MalformedCheckpointError, UntrustedCheckpointError,
+                                          torch_load_checkpoint)
+from fairseq_localness.checkpoint import literals, scan, settings
+from fairseq_localness.checkpoint.literals import NotALiteral, literal
+
+SMALL_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+               "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+               "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """A real transformer checkpoint trained with --eval-bleu (numpy statistics in it)."""
+    data = get_tiny_data()
+    save_dir = str(tmp_path_factory.mktemp("limits") / "run")
+    run_fairseq("fairseq-train", train_command("transformer", data, save_dir, [
+        "--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_b": 3}', "--best-checkpoint-metric", "bleu",
+        "--maximize-best-checkpoint-metric", "--no-epoch-checkpoints"], SMALL_MODEL, 2))
+    return {"path": os.path.join(save_dir, "checkpoint_last.pt"), "data": data}
+
+
+def refused(path, kind=CheckpointError, fragment=""):
+    """The one-line refusal of ``path``, checked: its kind, the file, ``fragment``, time."""
+    start = time.monotonic()
+    with pytest.raises(CheckpointError) as e:
+        torch_load_checkpoint(path, map_location="cpu")
+    assert time.monotonic() - start < 10
+    message = str(e.value)
+    assert isinstance(e.value, kind), message
+    assert "\n" not in message and message.startswith(f"refusing to load checkpoint '{path}': "), message
+    assert fragment in message, message
+    return message
+
+
+# --------------------------------------------------------------------------- crafted files
+def _pickle_of(path):
+    return forge.data_pkl(path)
+
+
+def _crafted(real, tmp, case):
+    """(path, kind, fragment) of one crafted file."""
+    r, out = real["path"], str(tmp / f"{case}.pt")
+    m = str(tmp / "marker")
+    if case == "bytearray of 2 GiB":  # 4 opcodes ask torch's allowed bytearray for 2 GiB
+        ops = forge.pickle_ops(b"c__builtin__\nbytearray\n", b"J\xff\xff\xff\x7f", b"\x85R")
+        return forge.as_checkpoint(ops, out, r), UntrustedCheckpointError, "it needs builtins.bytearray"
+    if case == "STACK_GLOBAL of memoized strings":
+        ops = forge.pickle_ops(forge.binunicode("os"), b"q\x00", forge.binunicode("system"), b"q\x01",
+                               b"h\x00h\x01\x93", forge.binunicode(f"touch {m}"), b"\x85R")
+        return forge.as_checkpoint(ops, out, r), UntrustedCheckpointError, "it needs os.system"
+    if case == "INST":
+        ops = forge.pickle_ops(b"(", forge.binunicode(f"touch {m}"), b"ios\nsystem\n")
+        return forge.as_checkpoint(ops, out, r), UntrustedCheckpointError, "the opcode INST"
+    if case == "OBJ":
+        ops = forge.pickle_ops(b"(cos\nsystem\n", forge.binunicode(f"touch {m}"), b"o")
+        return forge.as_checkpoint(ops, out, r), UntrustedCheckpointError, "it needs os.system"
+    if case == "unknown opcode":
+        return forge.as_checkpoint(b"\x80\x02\xff.", out, r), MalformedCheckpointError, "opcode b'\\xff' unknown"
+    if case == "protocol-4 plain pickle":
+        import pickle
+        return forge.write(out, pickle.dumps({"model": {}}, protocol=4)), UntrustedCheckpointError, "a plain pickle"
+    if case == "empty file":
+        return forge.write(out, b""), MalformedCheckpointError, "it is empty"
+    if case == "random bytes":
+        return forge.write(out, random.Random(0).randbytes(4096)), MalformedCheckpointError, "not in torch.save's zip"
+    if case == "cut short":
+        data = forge.file_bytes(r)
+        return forge.write(out, data[: len(data) // 2]), MalformedCheckpointError, "cut short"
+    if case == "deflated pickle":
+        return forge.repack(r, out, compress=("/data.pkl",)), UntrustedCheckpointError, "is compressed"
+    if case == "no data.pkl":
+        return forge.repack(r, out, drop=("/data.pkl",)), MalformedCheckpointError, "without torch's data.pkl"
+    if case == "missing storage record":
+        return forge.repack(r, out, drop=("/data/0",)), MalformedCheckpointError, "has no record"
+    if case == "storage larger than its record":
+        return forge.repack(r, out, replace={"/data/0": b"\0"}), MalformedCheckpointError, "its record holds 1"
+    if case == "tensor repeated from one element":
+        return (forge.tensor_file({"w": torch.ones(1).expand(10 ** 9)}, out), UntrustedCheckpointError,
+                "more elements than its storage")
+    if case == "numpy array of 10**10 elements":
+        path = forge.tensor_file({"a": np.zeros(2, dtype=np.int64)}, tmp / "array.pt")
+        data = _pickle_of(path).replace(b"K\x00\x85", b"J\x00\xe4\x0bT\x85")  # _reconstruct's shape (0,) -> (10**10,)
+        return forge.as_checkpoint(data, out, path), MalformedCheckpointError, "_reconstruct called with anything"
+    if case == "object array":
+        return (forge.tensor_file({"a": np.array([1, "x"], dtype=object)}, out), UntrustedCheckpointError,
+                "numpy array of dtype 'O8'")
+    if case == "structured array":
+        return (forge.tensor_file({"a": np.zeros(2, dtype=[("x", "i4")])}, out), UntrustedCheckpointError,
+                "numpy array of dtype 'V4'")
+    if case == "pickle of 17 MiB":
+        state = forge.load_real(r)
+        state["extra_state"]["blob"] = "x" * (17 << 20)
+        torch.save(state, out)
+        return out, UntrustedCheckpointError, "more than the 16777216 a fairseq checkpoint needs"
+    if case == "a cycle":
+        loop = []
+        loop.append(loop)
+        return (forge.with_settings(r, out, lambda cfg: cfg["common"].__setitem__("x", loop)), UntrustedCheckpointError,
+                "contains itself")
+    if case == "settings bomb (2**40 values)":
+        bomb = forge.shared_reference_bomb(40)
+        return (forge.with_settings(r, out, lambda cfg: cfg["common"].__setitem__("x", bomb)), UntrustedCheckpointError,
+                "its cfg expands to more than 50000 values")
+    if case == "a class as a setting":
+        return (forge.with_settings(r, out, forge.set_model_option("arch", zipfile.ZipFile)), UntrustedCheckpointError,
+                "it needs zipfile.ZipFile")
+    if case == "a namespace class as a value":
+        import argparse
+        return (forge.with_settings(r, out, lambda cfg: cfg["common"].__setitem__("x", argparse.Namespace)),
+                UntrustedCheckpointError, "holds a type")
+    if case == "unregistered architecture":
+        return (forge.with_settings(r, out, forge.set_model_option("arch", "evil_arch")), UntrustedCheckpointError,
+                "cfg.model.arch = 'evil_arch' names no registered architecture")
+    if case == "unregistered task":
+        return (forge.with_settings(r, out, lambda cfg: cfg["task"].__setitem__("_name", "evil_task")),
+                UntrustedCheckpointError, "cfg.task._name = 'evil_task' names no registered task")
+    if case == "unregistered criterion":
+        return (forge.with_settings(r, out, lambda cfg: cfg["criterion"].__setitem__("_name", "evil")),
+                UntrustedCheckpointError, "names no registered criterion")
+    if case == "interpolation":
+        return (forge.with_settings(r, out, lambda cfg: cfg["common"].__setitem__("log_file", "${oc.env:HOME}")),
+                UntrustedCheckpointError, "cfg.common.log_file = '${oc.env:HOME}' is an OmegaConf interpolation")
+    if case == "code in adam_betas":
+        code = forge.code_setting(m)
+        return (forge.with_settings(r, out, lambda cfg: cfg["optimizer"].__setitem__("adam_betas", code)),
+                UntrustedCheckpointError, "its setting cfg.optimizer.adam_betas = ")
+    raise AssertionError(case)
+
+
+CRAFTED = ["bytearray of 2 GiB", "STACK_GLOBAL of memoized strings", "INST", "OBJ", "unknown opcode",
+           "protocol-4 plain pickle", "empty file", "random bytes", "cut short", "deflated pickle", "no data.pkl",
+           "missing storage record", "storage larger than its record", "tensor repeated from one element",
+           "numpy array of 10**10 elements", "object array", "structured array", "pickle of 17 MiB", "a cycle",
+           "settings bomb (2**40 values)", "a class as a setting", "a namespace class as a value",
+           "unregistered architecture", "unregistered task", "unregistered criterion", "interpolation",
+           "code in adam_betas"]
+
+
+@pytest.mark.parametrize("case", CRAFTED)
+def test_a_crafted_checkpoint_is_refused_in_one_line(real, tmp_path, case):
+    path, kind, fragment = _crafted(real, tmp_path, case)
+    refused(path, kind, fragment)
+    assert not (tmp_path / "marker").exists()
+
+
+MEMORY_SCRIPT = r"""
+import json, resource, sys, time
+import fairseq_localness
+from fairseq_localness.checkpoint import CheckpointError, torch_load_checkpoint
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+results = {}
+for path in sys.argv[1:]:
+    start = time.monotonic()
+    try:
+        torch_load_checkpoint(path)
+        results[path] = "loaded"
+    except CheckpointError as e:
+        results[path] = str(e)
+    results[path + " seconds"] = time.monotonic() - start
+results["grew_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+print(json.dumps(results))
+"""
+
+
+def _deflate_bomb(template, out, inflated=1 << 30):
+    """``template`` with a data.pkl deflated from ``inflated`` zero bytes (about 1 MB on disk)."""
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for name, data in forge.members(template):
+            if name.endswith("/data.pkl"):
+                info = zipfile.ZipInfo(name)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with z.open(info, "w", force_zip64=True) as member:
+                    chunk = bytes(1 << 20)
+                    for _ in range(inflated >> 20):
+                        member.write(chunk)
+            else:
+                z.writestr(zipfile.ZipInfo(name), data)
+    return str(out)
+
+
+def test_memory_bombs_are_refused_within_a_few_hundred_megabytes(real, tmp_path):
+    """In a fresh process: each file would allocate gigabytes if it were read as it
+    claims; the process grows by less than 300 MB over all of them."""
+    files = [_crafted(real, tmp_path, case)[0] for case in (
+        "bytearray of 2 GiB", "tensor repeated from one element", "numpy array of 10**10 elements",
+        "settings bomb (2**40 values)", "storage larger than its record")]
+    files.append(_deflate_bomb(real["path"], tmp_path / "deflated_1GiB.pt"))
+    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, *files], capture_output=True, text=True,
+                          env=tool_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    for path in files:
+        assert results[path].startswith(f"refusing to load checkpoint '{path}'"), results[path]
+        assert results[path + " seconds"] < 10, results
+    assert results["grew_mb"] < 300, results
+
+
+CLI_CASES = ["INST", "cut short", "random bytes", "deflated pickle", "settings bomb (2**40 values)", "a cycle",
+             "unregistered task", "interpolation"]
+
+
+@pytest.mark.parametrize("case", CLI_CASES)
+def test_fairseq_generate_refuses_a_crafted_checkpoint_in_one_line(real, tmp_path, case):
+    path, _, fragment = _crafted(real, tmp_path, case)
+    data = real["data"]
+    proc = run_fairseq("fairseq-generate", [data.data_bin, "--user-dir", USER_DIR, "--source-lang", "src",
+                                            "--target-lang", "tgt", "--path", path, "--gen-subset", "test",
+                                            "--beam", "1", "--max-len-b", "3"], check=False, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("fairseq-generate: error: ")]
+    assert len(errors) == 1 and f"refusing to load checkpoint '{path}': " in errors[0] and fragment in errors[0]
+
+
+# --------------------------------------------------------------------------- mutations
+def _mutants(path, count, seed=0):
+    """``count`` mutants of the checkpoint ``path``, as bytes, with their kind: bits
+    flipped anywhere in the file, bits flipped or opcodes swapped inside the pickle
+    (repacked, so the zip's checksums hold and the pickle itself is tested), the file
+    cut short."""
+    import pickletools
+
+    raw, pkl = forge.file_bytes(path), forge.data_pkl(path)
+    positions = [pos for _, _, pos in pickletools.genops(pkl)]
+    opcodes = sorted({pkl[p] for p in positions})
+    rng = random.Random(seed)
+    for i in range(count):
+        kind = ("file bits", "pickle bits", "pickle opcode", "cut short")[i % 4]
+        if kind == "file bits":
+            data = bytearray(raw)
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        elif kind == "cut short":
+            data = raw[: rng.randrange(len(raw))]
+        else:
+            q = bytearray(pkl)
+            if kind == "pickle bits":
+                q[rng.randrange(len(q))] ^= 1 << rng.randrange(8)
+            else:
+                q[rng.choice(positions)] = rng.choice(opcodes)
+            buf = io.BytesIO()
+            forge.repack(path, buf, replace={"/data.pkl": bytes(q)})
+            data = buf.getvalue()
+        yield kind, bytes(data)
+
+
+@pytest.mark.timeout(600)
+def test_four_hundred_mutants_each_load_or_are_refused_in_one_line(real, tmp_path):
+    outcomes = {}
+    for i, (kind, data) in enumerate(_mutants(real["path"], 400)):
+        start = time.monotonic()
+        try:
+            torch_load_checkpoint(data, map_location="cpu")
+            outcome = "loaded"
+        except CheckpointError as e:
+            assert "\n" not in str(e) and str(e).startswith("refusing to load checkpoint '<checkpoint stream>': ")
+            outcome = type(e).__name__
+        assert time.monotonic() - start < 10, (i, kind)
+        outcomes[(kind, outcome)] = outcomes.get((kind, outcome), 0) + 1
+    # each kind of mutation was refused at least once, and some mutants are valid checkpoints still
+    for kind in ("file bits", "pickle bits", "pickle opcode", "cut short"):
+        assert any(k == kind and o != "loaded" for k, o in outcomes), outcomes
+    assert sum(n for (k, o), n in outcomes.items() if o == "loaded") > 0, outcomes
+
+
+@pytest.mark.timeout(600)
+def test_mutants_through_fairseq_generate_translate_or_are_refused_in_one_line(real, tmp_path):
+    """Mutants the loader accepts (a name or a number changed in the pickle) through
+    fairseq-generate: each translates, or stops with one line (weights that no longer
+    fit the model its settings describe), never a traceback."""
+    data, chosen = real["data"], []
+    for kind, mutant in _mutants(real["path"], 400, seed=1):
+        if kind != "pickle bits":
+            continue
+        try:
+            torch_load_checkpoint(mutant)
+        except CheckpointError:
+            continue
+        chosen.append(forge.write(tmp_path / f"mutant{len(chosen)}.pt", mutant))
+        if len(chosen) == 8:
+            break
+    outcomes = []
+    for path in chosen:
+        proc = run_fairseq("fairseq-generate", [data.data_bin, "--user-dir", USER_DIR, "--source-lang", "src",
+                                                "--target-lang", "tgt", "--path", path, "--gen-subset", "test",
+                                                "--beam", "1", "--max-len-b", "3"], check=False, timeout=120)
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        if proc.returncode == 0:
+            assert len(parse_hypotheses(proc.stdout)) == len(data.lines("test", "src"))
+            outcomes.append("translated")
+        else:
+            errors = [line for line in proc.stderr.splitlines() if line.startswith("fairseq-generate: error: ")]
+            assert len(errors) == 1 and f"refusing to load checkpoint '{path}'" in errors[0], proc.stderr[-2000:]
+            outcomes.append("refused")
+    assert len(outcomes) == 8
+
+
+# --------------------------------------------------------------------------- literals
+@pytest.mark.parametrize("text, value", [
+    ("(0.9, 0.98)", (0.9, 0.98)), ("[(512, 3)] * 20 + [(1024, 3)]", [(512, 3)] * 20 + [(1024, 3)]),
+    ("1e-8", 1e-8), ("-1", -1), ("10 ** -3", 10 ** -3), ("{'a': [1, 2]}", {"a": [1, 2]}), ("True", True),
+    ("None", None), ("'10000,20000'", "10000,20000"), ("10000,20000", (10000, 20000)), ("1 - 1e-3", 1 - 1e-3),
+])
+def test_literal_parses_what_fairseq_settings_hold(text, value):
+    assert literal(text) == value
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("__import__('os').system('true')", "a call"), ("open('/etc/passwd')", "a call"), ("os.environ", "an attribute"),
+    ("x", "a name"), ("[x for x in ()]", "a comprehension"), ("lambda: 0", "a lambda"), ("(1,) * 10 ** 9", "more than"),
+    ("2 ** 10 ** 10", "power"), ("()" * 10_000 + "x", "longer than"), ("(" * 500 + ")" * 500, "Error"),
+    ("f'{1}'", "f-string"), ("a[0]", "a subscript"),
+])
+def test_literal_refuses_everything_else(text, problem):
+    with pytest.raises(NotALiteral, match=re.escape(problem)):
+        literal(text)
+
+
+def test_fairseqs_eval_helpers_parse_literals_and_run_nothing(tmp_path):
+    from fairseq import utils
+
+    import fairseq_localness  # noqa: F401  (installs the literal eval)
+
+    assert utils.eval_str_list("[1, 2]", type=int) == [1, 2]
+    assert utils.eval_str_list("10000,20000", type=int) == [10000, 20000]
+    assert utils.eval_bool("True") is True and utils.eval_str_dict("{'a': 1}") == {"a": 1}
+    marker = tmp_path / "marker"
+    with pytest.raises(NotALiteral, match="is not a Python literal"):
+        utils.eval_str_list(forge.code_setting(marker), type=int)
+    assert not marker.exists()
+    # code outside fairseq keeps Python's eval, with its caller's namespaces
+    local = 20
+    assert eval("local + 1") == 21 and eval("x * 2", {"x": 4}) == 8
+    assert eval.__module__ == "builtins" and eval.__name__ == "eval"
+
+
+def test_a_setting_outside_the_list_is_refused_when_fairseq_evaluates_it(real, tmp_path, monkeypatch):
+    """The load-time list of evaluated settings is the first line of defence; fairseq's
+    eval is the second: with adaptive_softmax_cutoff left off the list, building the
+    model refuses the checkpoint, naming the setting, and runs nothing."""
+    from fairseq import checkpoint_utils
+
+    marker = tmp_path / "marker"
+    path = forge.with_settings(real["path"], tmp_path / "evil.pt",
+                               forge.set_model_option("adaptive_softmax_cutoff", forge.code_setting(marker)))
+    monkeypatch.setattr(settings, "EVALUATED_SETTINGS", settings.EVALUATED_SETTINGS - {"adaptive_softmax_cutoff"})
+    with pytest.raises(UntrustedCheckpointError) as e:
+        checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": real["data"].data_bin})
+    assert str(e.value).startswith(f"refusing to load checkpoint '{path}': its setting "
+                                   "cfg.model.adaptive_softmax_cutoff = ")
+    assert "is not a Python literal (it holds a boolean operation)" in str(e.value)
+    assert not marker.exists()
+
+
+def _evaluated_in_fairseq_source():
+    """Names of the settings fairseq's installed source passes to eval() or its eval
+    helpers (``eval(cfg.adam_betas)``, ``utils.eval_str_list(args.x, ...)``)."""
+    import fairseq
+
+    root = os.path.dirname(fairseq.__file__)
+    pattern = re.compile(r"\b(?:eval|eval_str_list|eval_str_dict|eval_bool)\(\s*(?:self\.)?"
+                         r"(?:cfg|args|model_cfg|modality_cfg|override_args|common_eval)(?:\.\w+)*\.(\w+)\b")
+    names = set()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "examples"]
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    names |= set(pattern.findall(f.read()))
+    return names
+
+
+def test_the_list_of_evaluated_settings_covers_fairseqs_source():
+    found = _evaluated_in_fairseq_source()
+    assert {"adam_betas", "adaptive_softmax_cutoff", "encoder_layers", "left_pad_source"} <= found
+    assert found <= settings.EVALUATED_SETTINGS, found - settings.EVALUATED_SETTINGS
+
+
+def test_a_user_dir_named_by_a_checkpoint_is_not_imported(real, tmp_path):
+    """fairseq imports the --user-dir of the command line, never the one a checkpoint
+    records: a checkpoint naming a directory of code translates, and the code does
+    not run."""
+    evil = tmp_path / "evil_plugin"
+    evil.mkdir()
+    marker = tmp_path / "marker"
+    (evil / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    path = forge.with_settings(real["path"], tmp_path / "model.pt",
+                               lambda cfg: cfg["common"].__setitem__("user_dir", str(evil)))
+    data = real["data"]
+    proc = run_fairseq("fairseq-generate", [data.data_bin, "--user-dir", USER_DIR, "--source-lang", "src",
+                                            "--target-lang", "tgt", "--path", path, "--gen-subset", "test",
+                                            "--beam", "1", "--max-len-b", "3"])
+    assert len(parse_hypotheses(proc.stdout)) == len(data.lines("test", "src"))
+    assert not marker.exists()
+
+
+def test_the_allowlist_is_what_the_scan_and_torch_are_given():
+    from fairseq_localness.checkpoint.load import allowed_globals
+
+    given = set()
+    for item in allowed_globals():
+        obj, name = item if isinstance(item, tuple) else (item, f"{item.__module__}.{item.__qualname__}")
+        given.add(name)
+    assert {"argparse.Namespace", "numpy.ndarray", "numpy.dtype", "numpy._core.multiarray._reconstruct",
+            "numpy.core.multiarray._reconstruct"} <= given
+    assert {g for g in given if not g.startswith("numpy.dtypes.")} <= scan.GLOBALS
+    assert literals.fairseq_eval is eval
