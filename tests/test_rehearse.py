@@ -8,9 +8,10 @@ updates (two processes over gloo where the paper's batch spans several GPUs), av
 significance test and writes the results table (scripts/reproduce/rehearse.sh).
 
 The dry runs of every script check what a rehearsal changes (the sizes only) and
-what it refuses. One rehearsal runs in the normal suite: two rows of Yang et al.'s
+what it refuses. Two rehearsals run in the normal suite: two rows of Yang et al.'s
 Table 4 (WMT14 En-De from its fake archives, two processes, averaging, the paired
-bootstrap). The full rehearsal of every script is marked slow: `make test
+bootstrap) and two rows of Xu et al.'s Table 2 (early stopping on BLEU, whose
+checkpoints hold numpy arrays). The full rehearsal of every script is marked slow: `make test
 PYTEST_ARGS="-m slow"` runs it (dc_table2.sh's 32 rows take the longest).
 """
 import json
@@ -152,6 +153,23 @@ def test_rehearsal_of_two_rows_runs_every_step(tmp_path):
     prepared = [d for d in os.listdir(os.path.join(work, "data")) if d.startswith("wmt14_en_de")]
     assert len(prepared) == 1 and os.path.exists(os.path.join(work, "data", prepared[0], "PREPARED"))
     assert "rehearsal" in open(os.path.join(work, "results.md"), encoding="utf-8").read()
+
+
+@pytest.mark.timeout(600)
+def test_rehearsal_of_rows_that_early_stop_on_bleu(tmp_path):
+    """Xu et al.'s Table 2, WAT17 Ja-En's transformer and hybrid-gate rows: trained with
+    --eval-bleu and --best-checkpoint-metric bleu (numpy arrays of BLEU statistics in
+    every checkpoint), decoded from checkpoint_best.pt, the paired bootstrap."""
+    work = str(tmp_path / "work")
+    rows = ["ja-en.transformer", "ja-en.hybrid_gate"]
+    p = reproduce("xu2019_table2.sh", "--rehearse", "--work-dir", work, "--only", " ".join(rows), timeout=540)
+    table = check_rehearsal("xu2019_table2.sh", work, p, rows)
+    for name in rows:
+        run = os.path.join(work, "runs", name)
+        assert os.path.exists(os.path.join(run, "checkpoint_best.pt"))
+        assert not [f for f in os.listdir(run) if f.startswith("checkpoint_avg")]
+    assert "--best-checkpoint-metric bleu" in p.stderr and "--eval-bleu" in p.stderr
+    assert re.fullmatch(r"\d\.\d{3}|<0\.001", table["ja-en.hybrid_gate"]["p (paired bootstrap)"])
 
 
 @pytest.mark.slow
