@@ -169,6 +169,7 @@ def patch_checkpoint_loading():
     (:mod:`fairseq_localness.checkpoint.literals`); turn a failure to build a model
     from a loaded checkpoint (weights that do not fit the model its settings
     describe, a damaged setting) into one line naming the file, in
+    ``load_checkpoint_to_cpu`` (fairseq's upgrade of older settings),
     ``load_model_ensemble_and_task`` (generation, the hub, the analyses) and
     ``Trainer.load_checkpoint`` (resuming, ``--restore-file``,
     ``--finetune-from-model``). Installs the hook that prints a refused checkpoint
@@ -183,6 +184,8 @@ def patch_checkpoint_loading():
     for module, load in ((checkpoint_utils, torch_load_checkpoint), (distributed_utils, process_group_torch_load)):
         if not getattr(module.torch, _MARK, False):
             module.torch = _TorchWithLoad(load)
+    checkpoint_utils.load_checkpoint_to_cpu = _one_line_failures(
+        checkpoint_utils.load_checkpoint_to_cpu, lambda path, *a, **k: str(path))
     checkpoint_utils.load_model_ensemble_and_task = _one_line_failures(
         checkpoint_utils.load_model_ensemble_and_task, lambda filenames, *a, **k: ", ".join(map(str, filenames)))
     trainer.Trainer.load_checkpoint = _one_line_failures(

@@ -335,7 +335,8 @@ def test_literal_parses_what_fairseq_settings_hold(text, value):
     ("__import__('os').system('true')", "a call"), ("open('/etc/passwd')", "a call"), ("os.environ", "an attribute"),
     ("x", "a name"), ("[x for x in ()]", "a comprehension"), ("lambda: 0", "a lambda"), ("(1,) * 10 ** 9", "more than"),
     ("2 ** 10 ** 10", "power"), ("()" * 10_000 + "x", "longer than"), ("(" * 500 + ")" * 500, "Error"),
-    ("f'{1}'", "f-string"), ("a[0]", "a subscript"),
+    ("f'{1}'", "f-string"), ("a[0]", "a subscript"), ("10 ** 999 * 10 ** 999", "bits"),
+    ("[1] * 99999 + [1] * 99999", "more than"),
 ])
 def test_literal_refuses_everything_else(text, problem):
     with pytest.raises(NotALiteral, match=re.escape(problem)):

@@ -30,6 +30,7 @@ MAX_SOURCE = 10_000
 MAX_SEQUENCE = 100_000
 """The longest list, tuple or string that ``*`` may build."""
 MAX_EXPONENT = 1_000
+MAX_INT_BITS = 4_096
 
 
 class NotALiteral(ValueError):
@@ -68,6 +69,8 @@ def _binop(node: ast.BinOp, left, right):
     if op is ast.Add and isinstance(left, sequences):
         if type(left) is not type(right):
             raise NotALiteral("+ of a sequence and something else")
+        if len(left) + len(right) > MAX_SEQUENCE:
+            raise NotALiteral(f"a sequence of more than {MAX_SEQUENCE} items")
         return left + right
     if not (_number(left) and _number(right)):
         raise NotALiteral(f"{type(node.op).__name__} of {type(left).__name__} and {type(right).__name__}")
@@ -75,9 +78,12 @@ def _binop(node: ast.BinOp, left, right):
                           or (isinstance(left, int) and abs(left) > MAX_EXPONENT and isinstance(right, int))):
         raise NotALiteral("a power this large")
     try:
-        return _OPS[op](left, right)
+        value = _OPS[op](left, right)
     except (ArithmeticError, ValueError) as e:
         raise NotALiteral(str(e)) from None
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise NotALiteral(f"a number of more than {MAX_INT_BITS} bits")
+    return value
 
 
 def _value(node):
