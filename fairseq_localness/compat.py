@@ -166,7 +166,9 @@ def patch_checkpoint_loading():
     through :func:`~fairseq_localness.checkpoint.torch_load_checkpoint`, and
     ``fairseq.distributed.utils`` receive the state rank 0 sends; make fairseq's
     ``eval()`` of its settings parse literals only
-    (:mod:`fairseq_localness.checkpoint.literals`); turn a failure to build a model
+    (:mod:`fairseq_localness.checkpoint.literals`); refuse a checkpoint whose
+    settings describe a model larger than it stores before fairseq allocates it
+    (:mod:`fairseq_localness.checkpoint.model_size`); turn a failure to build a model
     from a loaded checkpoint (weights that do not fit the model its settings
     describe, a damaged setting) into one line naming the file, in
     ``load_checkpoint_to_cpu`` (fairseq's upgrade of older settings),
@@ -175,12 +177,14 @@ def patch_checkpoint_loading():
     ``--finetune-from-model``). Installs the hook that prints a refused checkpoint
     as one line. Idempotent.
     """
-    from fairseq import checkpoint_utils, trainer
+    from fairseq import checkpoint_utils, models, trainer
     from fairseq.distributed import utils as distributed_utils
 
     from fairseq_localness.checkpoint import install_excepthook, literals, torch_load_checkpoint
+    from fairseq_localness.checkpoint.model_size import guarded_build_model
 
     literals.install()
+    models.build_model = guarded_build_model(models.build_model)
     for module, load in ((checkpoint_utils, torch_load_checkpoint), (distributed_utils, process_group_torch_load)):
         if not getattr(module.torch, _MARK, False):
             module.torch = _TorchWithLoad(load)

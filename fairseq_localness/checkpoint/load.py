@@ -37,6 +37,7 @@ import torch
 from fairseq_localness.checkpoint import scan as scanning
 from fairseq_localness.checkpoint.errors import (TRUST_ENV, CheckpointError, MalformedCheckpointError,
                                                  UntrustedCheckpointError)
+from fairseq_localness.checkpoint.model_size import remember_weights
 from fairseq_localness.checkpoint.settings import check_settings, check_state
 
 logger = logging.getLogger("fairseq_localness.checkpoint")
@@ -168,7 +169,8 @@ def torch_load_checkpoint(f, map_location=None, **kw):
             logger.warning("%s=1: loading checkpoints with full unpickling (any code they hold runs)", TRUST_ENV)
         state = torch.load(f, map_location=map_location, weights_only=False, **kw)
         if isinstance(state, dict):  # trusted or not, no setting fairseq evaluates runs code
-            check_settings({key: state.get(key) for key in ("cfg", "args")}, _name(f))
+            check_settings({key: state.get(key) for key in ("cfg", "args")}, _name(f), plain=False)
+            remember_weights(state, _name(f))
         return state
     name = _name(f)
     if not hasattr(torch.serialization, "safe_globals"):
@@ -198,6 +200,7 @@ def torch_load_checkpoint(f, map_location=None, **kw):
             f.seek(start)
             raise MalformedCheckpointError(name, f"torch cannot read it ({type(e).__name__}: {_first(e)})") from None
     check_state(state, name)
+    remember_weights(state, name)
     return state
 
 

@@ -98,10 +98,28 @@ def read_container(f, name: str, size: int) -> Container:
             UnicodeDecodeError, NotImplementedError) as e:
         raise MalformedCheckpointError(name, f"its zip directory cannot be read ({_short(e)}): the file is cut short "
                                        "or is not a checkpoint") from None
-    pickles = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
+    # torch's reader takes the folder of the first member as the archive's, and finds
+    # members by name ignoring case, the later of two equal names winning: names must
+    # be one folder's and unique ignoring case, or the pickle read is not the one scanned
+    if not infos or "/" not in infos[0].filename:
+        raise MalformedCheckpointError(name, "it is a zip file whose first member is in no folder: not a torch.save "
+                                       "checkpoint")
+    top = infos[0].filename.split("/", 1)[0]
+    seen = {}
+    for info in infos:
+        if info.filename.split("/", 1)[0] != top:
+            raise UntrustedCheckpointError(name, f"its member '{info.filename[:80]}' is outside the folder "
+                                           f"'{top[:40]}' of its first member, which torch.save never writes")
+        folded = info.filename.casefold()
+        if folded in seen:
+            raise UntrustedCheckpointError(
+                name, f"its members '{seen[folded][:80]}' and '{info.filename[:80]}' have the same name (ignoring "
+                "case), which torch.save never writes and which would let torch read another pickle than the one "
+                "checked")
+        seen[folded] = info.filename
+    pickles = [i for i in infos if i.filename == f"{top}/data.pkl"]
     if len(pickles) != 1:
         raise MalformedCheckpointError(name, "it is a zip file without torch's data.pkl: not a torch.save checkpoint")
-    top = pickles[0].filename[: -len("/data.pkl")]
     spans = []
     for info in infos:
         if info.compress_type != zipfile.ZIP_STORED:
@@ -115,6 +133,9 @@ def read_container(f, name: str, size: int) -> Container:
                                            f"({size} bytes): the file is cut short or damaged")
         spans.append((info.header_offset, info.header_offset + 30 + len(info.orig_filename) + info.compress_size,
                       info.filename))
+    if sum(info.file_size for info in infos) > size:
+        raise UntrustedCheckpointError(name, f"its members hold more bytes than the file ({size} bytes): members "
+                                       "share their bytes, which torch.save never writes")
     spans.sort()
     for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
         if start < end:

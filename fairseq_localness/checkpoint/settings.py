@@ -13,15 +13,20 @@ returned to fairseq:
   are reached: a few kilobytes of references to references expand exponentially
   when OmegaConf or a log line copies them), of which at most
   :data:`MAX_SETTINGS_NODES` values and :data:`MAX_SETTINGS_CHARS` characters in
-  the settings.
+  the settings, and at most :data:`MAX_NAMESPACES` namespaces; the settings hold
+  plain values only (strings, numbers, ``None``, in lists, dicts and namespaces).
+- **What fairseq reads has fairseq's types** (:func:`check_structure`): the weights
+  are dicts of named tensors, the optimizer history and what resuming reads of
+  ``extra_state`` are as fairseq writes them.
 - **Registered components.** The model's architecture, the task, and the criterion,
   optimizer, learning-rate scheduler, tokenizer, BPE and scorer the settings name
   are ones registered with fairseq (by fairseq itself, or by a ``--user-dir`` already
   imported, such as this package).
-- **No interpolation.** No setting holds ``${``: OmegaConf would resolve it when
-  the setting is read (a resolver such as ``${oc.env:...}`` reads the environment; a
-  string of many references expands exponentially). fairseq writes its settings
-  resolved.
+- **No interpolation.** No setting holds ``${``, nor spells it as a Python literal
+  (``'\\x24{...}'``, which fairseq's upgrade of older settings reads with
+  ``ast.literal_eval``): OmegaConf would resolve it when the setting is read (a
+  resolver such as ``${oc.env:...}`` reads the environment; a string of many
+  references expands exponentially). fairseq writes its settings resolved.
 - **Literal where fairseq evaluates.** Every setting fairseq passes to ``eval()``
   (:data:`EVALUATED_SETTINGS`) is, where it is a string, a literal
   (:func:`~fairseq_localness.checkpoint.literals.literal`); fairseq's ``eval`` itself
@@ -32,6 +37,7 @@ The settings' strings are remembered with their paths
 (:func:`~fairseq_localness.checkpoint.literals.remember_settings`) for that refusal.
 """
 import argparse
+import ast
 from typing import Dict
 
 import numpy as np
@@ -42,9 +48,11 @@ from fairseq_localness.checkpoint.literals import NotALiteral, literal, remember
 
 MAX_DEPTH = 64
 MAX_NODES = 5_000_000
-MAX_SETTINGS_NODES = 50_000
-"""A fairseq 0.12 checkpoint's settings are about 500 values."""
-MAX_SETTINGS_CHARS = 4_000_000
+MAX_SETTINGS_NODES = {"cfg": 10_000, "args": 1_000}
+"""A fairseq 0.12 checkpoint's settings (``cfg``) are about 500 values; the legacy
+``args`` about 250, which fairseq turns into hydra overrides, parsed at about 5 ms a
+value (a list of 40,000 values took 5 minutes)."""
+MAX_SETTINGS_CHARS = {"cfg": 1_000_000, "args": 200_000}
 """... and about 10,000 characters."""
 
 EVALUATED_SETTINGS = frozenset({
@@ -61,6 +69,11 @@ EVALUATED_SETTINGS = frozenset({
 })
 """The settings fairseq 0.12 evaluates (``tests/test_checkpoint_settings.py`` checks
 this list against fairseq's installed source)."""
+
+MAX_NAMESPACES = 16
+"""A fairseq checkpoint's settings hold one ``Namespace`` (the model's, or the legacy
+``args``)."""
+_SETTING_LEAVES = (str, int, float, bool, type(None))
 
 REGISTRY_GROUPS = ("criterion", "optimizer", "lr_scheduler", "tokenizer", "bpe", "scoring")
 
@@ -135,12 +148,19 @@ def measure(root, file: str, where: str, max_nodes: int):
     return 1, len(root) if isinstance(root, (str, bytes)) else 0
 
 
-def _walk_settings(value, path, out):
-    """Every leaf of the settings with its dotted path (shared values once per path)."""
+def _walk_settings(value, path, out, file):
+    """Every leaf of the settings with its dotted path (shared values once per path);
+    raises past :data:`MAX_NAMESPACES` namespaces."""
+    namespaces = 0
     stack = [(value, path)]
     while stack:
         value, path = stack.pop()
         if isinstance(value, argparse.Namespace):
+            namespaces += 1
+            if namespaces > MAX_NAMESPACES:
+                raise UntrustedCheckpointError(
+                    file, f"its settings hold more than {MAX_NAMESPACES} namespaces (counted as a copy would count "
+                    "them), far more than fairseq writes; fairseq turns each into hundreds of overrides")
             value = vars(value)
         if isinstance(value, dict):
             stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in value.items())
@@ -148,6 +168,22 @@ def _walk_settings(value, path, out):
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
         else:
             out.append((path, value))
+
+
+def _strings(value):
+    """The strings in a literal's value (a string, or the strings inside lists,
+    tuples, sets and dicts)."""
+    stack, found = [value], []
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend(value)
+    return found
 
 
 def _get(group, key):
@@ -197,21 +233,22 @@ def check_names(cfg, args, file: str):
                 _registered(file, f"args.{group}", value, REGISTRIES[group]["registry"], group.replace("_", "-"))
 
 
-def check_settings(settings: Dict[str, object], file: str):
-    """No interpolation; literals where fairseq evaluates (see the module docstring)."""
+def check_settings(settings: Dict[str, object], file: str, plain: bool = True):
+    """Plain values only (unless not ``plain``: a trusted file may hold other objects);
+    no interpolation, also once a setting is read as a literal; literals where fairseq
+    evaluates (see the module docstring)."""
     leaves = []
     for top, value in settings.items():
         if value is not None:
-            _walk_settings(value, top, leaves)
+            _walk_settings(value, top, leaves, file)
     strings = {}
     for path, value in leaves:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        if plain and not isinstance(value, _SETTING_LEAVES):
+            raise UntrustedCheckpointError(
+                file, f"its setting {path} is a {_describe(value)}, which fairseq's settings never are", trust_helps=False)
         if not isinstance(value, str):
             continue
-        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-        if "${" in value:
-            raise UntrustedCheckpointError(
-                file, f"its setting {path} = {shown} is an OmegaConf interpolation, which fairseq never writes "
-                "and OmegaConf would resolve when the setting is read", trust_helps=False)
         name = path.rsplit(".", 1)[-1]
         if name in EVALUATED_SETTINGS:
             try:
@@ -220,8 +257,88 @@ def check_settings(settings: Dict[str, object], file: str):
                 raise UntrustedCheckpointError(
                     file, f"its setting {path} = {shown} is not a Python literal ({e}), and fairseq evaluates "
                     "that setting; this package parses it as a literal and runs nothing", trust_helps=False)
+        read = []
+        if "$" in value or "\\" in value:  # fairseq's upgrade of older settings reads them with ast.literal_eval
+            try:
+                read = _strings(ast.literal_eval(value))
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                pass
+        if any("${" in text for text in [value, *read]):
+            raise UntrustedCheckpointError(
+                file, f"its setting {path} = {shown} is an OmegaConf interpolation (or a literal of one), which "
+                "fairseq never writes and OmegaConf would resolve when the setting is read", trust_helps=False)
         strings[path] = value
     remember_settings(file, strings)
+
+
+METERS = frozenset({"AverageMeter", "SumMeter", "ConcatTensorMeter", "TimeMeter", "StopwatchMeter"})
+"""The meters of fairseq's logging, which its metrics state names by class."""
+_NUMBER = (int, float)
+
+
+def _tensors(value, file, where):
+    if not (isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                             for k, v in value.items())):
+        raise MalformedCheckpointError(file, f"its {where} is not a dict of named tensors, as fairseq writes it")
+
+
+def _number(value, file, where, none=True):
+    if not (value is None and none or isinstance(value, _NUMBER) and not isinstance(value, bool)):
+        raise MalformedCheckpointError(file, f"its {where} is a {_describe(value)}, not a number")
+
+
+def check_structure(state, file: str):
+    """The entries fairseq reads from a checkpoint have the types fairseq writes: the
+    weights (``model``, ``criterion``, the EMA's) dicts of named tensors, the
+    optimizer history's counters and names, and what resuming reads of
+    ``extra_state`` (the epoch iterator's position, the best score, the metrics with
+    fairseq's own meters). Other entries are left as they are."""
+    if "model" in state:
+        _tensors(state["model"], file, "model")
+    if state.get("criterion") is not None:
+        _tensors(state["criterion"], file, "criterion")
+    history = state.get("optimizer_history")
+    if history is not None:
+        if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+            raise MalformedCheckpointError(file, "its optimizer_history is not a list of dicts")
+        for h in history:
+            for key in ("criterion_name", "optimizer_name"):
+                if key in h and not isinstance(h[key], str):
+                    raise MalformedCheckpointError(file, f"its optimizer_history's {key} is not a string")
+            if "num_updates" in h and (not isinstance(h["num_updates"], int) or isinstance(h["num_updates"], bool)):
+                raise MalformedCheckpointError(file, "its optimizer_history's num_updates is not an integer")
+    extra = state.get("extra_state")
+    if extra is None:
+        return
+    if not isinstance(extra, dict):
+        raise MalformedCheckpointError(file, f"its extra_state is a {_describe(extra)}, not a dict")
+    for key in ("best", "val_loss"):
+        if key in extra:
+            _number(extra[key], file, f"extra_state's {key}")
+    if "previous_training_time" in extra:
+        _number(extra["previous_training_time"], file, "extra_state's previous_training_time", none=False)
+    iterator = extra.get("train_iterator")
+    if iterator is not None:
+        if not (isinstance(iterator, dict)
+                and all(isinstance(iterator.get(k, 0), int) and not isinstance(iterator.get(k, 0), bool)
+                        for k in ("epoch", "iterations_in_epoch", "version"))
+                and isinstance(iterator.get("shuffle", True), bool)):
+            raise MalformedCheckpointError(file, "its extra_state's train_iterator is not fairseq's (epoch, "
+                                           "iterations_in_epoch, shuffle)")
+    for key in ("ema", "ema_fp32_params"):
+        if extra.get(key) is not None:
+            _tensors(extra[key], file, f"extra_state's {key}")
+    metrics = extra.get("metrics")
+    if metrics is not None:
+        ok = isinstance(metrics, dict) and all(
+            isinstance(name, str) and isinstance(meters, list) and all(
+                isinstance(m, (tuple, list)) and len(m) == 4 and isinstance(m[0], int) and isinstance(m[1], str)
+                and m[2] in METERS and isinstance(m[3], dict) and all(isinstance(k, str) for k in m[3])
+                for m in meters)
+            for name, meters in metrics.items())
+        if not ok:
+            raise MalformedCheckpointError(file, "its extra_state's metrics are not fairseq's (priority, name, "
+                                           f"meter, state) with its own meters ({', '.join(sorted(METERS))})")
 
 
 def check_state(state, file: str, names: bool = True):
@@ -233,11 +350,12 @@ def check_state(state, file: str, names: bool = True):
     settings = {key: state.get(key) for key in ("cfg", "args")}
     for key, value in settings.items():
         if value is not None:
-            _, chars = measure(value, file, f"its {key}", MAX_SETTINGS_NODES)
-            if chars > MAX_SETTINGS_CHARS:
+            _, chars = measure(value, file, f"its {key}", MAX_SETTINGS_NODES[key])
+            if chars > MAX_SETTINGS_CHARS[key]:
                 raise UntrustedCheckpointError(
-                    file, f"its {key} expands to more than {MAX_SETTINGS_CHARS} characters when copied")
+                    file, f"its {key} expands to more than {MAX_SETTINGS_CHARS[key]} characters when copied")
     measure(state, file, "it", MAX_NODES)
+    check_structure(state, file)
     check_settings(settings, file)
     if names:
         check_names(settings["cfg"], settings["args"], file)
