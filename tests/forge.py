@@ -84,6 +84,31 @@ def set_model_option(name, value):
     return change
 
 
+def legacy_args(state):
+    """``state`` as fairseq < 0.10 saved it: no ``cfg``, the model's settings as one
+    ``argparse.Namespace`` in ``args`` (which fairseq upgrades through hydra)."""
+    args = dict(vars(state["cfg"]["model"]))
+    args.pop("_name", None)
+    state["cfg"], state["args"] = None, argparse.Namespace(**args)
+    return state
+
+
+def with_legacy_args(real_checkpoint, path, change):
+    """``real_checkpoint`` as a legacy ``args`` checkpoint, with ``change(args)`` applied."""
+    state = legacy_args(load_real(real_checkpoint))
+    change(state["args"])
+    torch.save(state, path)
+    return str(path)
+
+
+def with_state(real_checkpoint, path, change):
+    """``real_checkpoint`` with ``change(state)`` applied to the whole dict."""
+    state = load_real(real_checkpoint)
+    change(state)
+    torch.save(state, path)
+    return str(path)
+
+
 def shared_reference_bomb(depth):
     """A value of ``depth`` levels, each a list holding the level below twice: a few
     bytes pickled, 2**depth values when copied."""
@@ -100,10 +125,11 @@ def members(path):
         return [(i.filename, z.read(i)) for i in z.infolist()]
 
 
-def repack(path, out, replace=None, compress=None, drop=()):
+def repack(path, out, replace=None, compress=None, drop=(), add=()):
     """Rewrite the zip ``path`` to ``out``: member bytes replaced by ``replace``
     ({suffix: bytes}), members whose name ends with a suffix in ``compress``
-    deflated, members ending with a suffix in ``drop`` left out."""
+    deflated, members ending with a suffix in ``drop`` left out, members ``add``
+    ([(name, bytes)]) appended."""
     replace, compress = replace or {}, compress or ()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
         for name, data in members(path):
@@ -114,6 +140,8 @@ def repack(path, out, replace=None, compress=None, drop=()):
                     data = new
             kind = zipfile.ZIP_DEFLATED if any(name.endswith(s) for s in compress) else zipfile.ZIP_STORED
             z.writestr(zipfile.ZipInfo(name), data, compress_type=kind)
+        for name, data in add:
+            z.writestr(zipfile.ZipInfo(name), data)
     return str(out)
 
 

@@ -7,6 +7,7 @@ the file and the reason, and never a traceback or a hang, through the loader and
 through fairseq's real command lines. fairseq's ``eval()`` of its settings parses
 literals only (fairseq_localness.checkpoint.literals).
 """
+import argparse
 import io
 import json
 import os
@@ -118,6 +119,11 @@ def _crafted(real, tmp, case):
         state["extra_state"]["blob"] = "x" * (17 << 20)
         torch.save(state, out)
         return out, UntrustedCheckpointError, "more than the 16777216 a fairseq checkpoint needs"
+    if case == "a model larger than it stores":  # the positions' table is not stored: 5,000,000 x 16 floats
+        def large(cfg):
+            cfg["model"].max_source_positions = cfg["model"].max_target_positions = 5_000_000
+        return (forge.with_settings(r, out, large), UntrustedCheckpointError,
+                "its settings describe a model of 160,")
     if case == "a cycle":
         loop = []
         loop.append(loop)
@@ -126,12 +132,11 @@ def _crafted(real, tmp, case):
     if case == "settings bomb (2**40 values)":
         bomb = forge.shared_reference_bomb(40)
         return (forge.with_settings(r, out, lambda cfg: cfg["common"].__setitem__("x", bomb)), UntrustedCheckpointError,
-                "its cfg expands to more than 50000 values")
+                "its cfg expands to more than 10000 values")
     if case == "a class as a setting":
         return (forge.with_settings(r, out, forge.set_model_option("arch", zipfile.ZipFile)), UntrustedCheckpointError,
                 "it needs zipfile.ZipFile")
     if case == "a namespace class as a value":
-        import argparse
         return (forge.with_settings(r, out, lambda cfg: cfg["common"].__setitem__("x", argparse.Namespace)),
                 UntrustedCheckpointError, "holds a type")
     if case == "unregistered architecture":
@@ -146,6 +151,38 @@ def _crafted(real, tmp, case):
     if case == "interpolation":
         return (forge.with_settings(r, out, lambda cfg: cfg["common"].__setitem__("log_file", "${oc.env:HOME}")),
                 UntrustedCheckpointError, "cfg.common.log_file = '${oc.env:HOME}' is an OmegaConf interpolation")
+    if case == "a second pickle named DATA.PKL":  # torch's reader would take it, ignoring case
+        top = forge.members(r)[0][0].split("/")[0]
+        ops = forge.pickle_ops(b"c__builtin__\nbytearray\n", b"J\xff\xff\xff\x7f", b"\x85R")
+        return (forge.repack(r, out, add=[(f"{top}/DATA.PKL", ops)]), UntrustedCheckpointError,
+                "have the same name (ignoring case)")
+    if case == "a member outside the folder":
+        return (forge.repack(r, out, add=[("other/data.pkl", b"")]), UntrustedCheckpointError,
+                "is outside the folder")
+    if case == "an escaped interpolation in legacy args":  # '\x24{' is '${' once read with ast.literal_eval
+        return (forge.with_legacy_args(r, out, lambda a: setattr(a, "adam_betas", "'\\x24{oc.env:HOME}'")),
+                UntrustedCheckpointError, "(or a literal of one)")
+    if case == "namespaces fanned out":
+        def fan(a):
+            inner = [argparse.Namespace() for _ in range(5)]
+            a.fan = [argparse.Namespace(x=inner) for _ in range(5)]
+        return forge.with_legacy_args(r, out, fan), UntrustedCheckpointError, "more than 16 namespaces"
+    if case == "a long list in legacy args":  # each value a hydra override: 40,000 took 5 minutes
+        return (forge.with_legacy_args(r, out, lambda a: setattr(a, "update_freq", [1] * 2000)),
+                UntrustedCheckpointError, "its args expands to more than 1000 values")
+    if case == "bytes as a setting":
+        return (forge.with_settings(r, out, lambda cfg: cfg["common"].__setitem__("x", b"${x}")),
+                UntrustedCheckpointError, "its setting cfg.common.x is a bytes")
+    if case == "a string as the iterator's position":
+        return (forge.with_state(r, out, lambda st: st["extra_state"]["train_iterator"].__setitem__(
+            "iterations_in_epoch", "x")), MalformedCheckpointError, "train_iterator is not fairseq's")
+    if case == "weights that are a list":
+        return (forge.with_state(r, out, lambda st: st.__setitem__("model", [1, 2])), MalformedCheckpointError,
+                "its model is not a dict of named tensors")
+    if case == "an unknown meter":
+        def meter(st):
+            st["extra_state"]["metrics"]["valid"][0] = (10, "loss", "OrderedDict", {})
+        return forge.with_state(r, out, meter), MalformedCheckpointError, "its extra_state's metrics are not"
     if case == "code in adam_betas":
         code = forge.code_setting(m)
         return (forge.with_settings(r, out, lambda cfg: cfg["optimizer"].__setitem__("adam_betas", code)),
@@ -159,7 +196,10 @@ CRAFTED = ["bytearray of 2 GiB", "STACK_GLOBAL of memoized strings", "INST", "OB
            "numpy array of 10**10 elements", "object array", "structured array", "pickle of 17 MiB", "a cycle",
            "settings bomb (2**40 values)", "a class as a setting", "a namespace class as a value",
            "unregistered architecture", "unregistered task", "unregistered criterion", "interpolation",
-           "code in adam_betas"]
+           "code in adam_betas", "a second pickle named DATA.PKL", "a member outside the folder",
+           "an escaped interpolation in legacy args", "namespaces fanned out", "a long list in legacy args",
+           "bytes as a setting", "a string as the iterator's position", "weights that are a list",
+           "an unknown meter"]
 
 
 @pytest.mark.parametrize("case", CRAFTED)
@@ -209,7 +249,7 @@ def test_memory_bombs_are_refused_within_a_few_hundred_megabytes(real, tmp_path)
     claims; the process grows by less than 300 MB over all of them."""
     files = [_crafted(real, tmp_path, case)[0] for case in (
         "bytearray of 2 GiB", "tensor repeated from one element", "numpy array of 10**10 elements",
-        "settings bomb (2**40 values)", "storage larger than its record")]
+        "settings bomb (2**40 values)", "storage larger than its record", "a second pickle named DATA.PKL")]
     files.append(_deflate_bomb(real["path"], tmp_path / "deflated_1GiB.pt"))
     proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, *files], capture_output=True, text=True,
                           env=tool_env(), timeout=300)
@@ -222,7 +262,7 @@ def test_memory_bombs_are_refused_within_a_few_hundred_megabytes(real, tmp_path)
 
 
 CLI_CASES = ["INST", "cut short", "random bytes", "deflated pickle", "settings bomb (2**40 values)", "a cycle",
-             "unregistered task", "interpolation"]
+             "unregistered task", "interpolation", "a model larger than it stores"]
 
 
 @pytest.mark.parametrize("case", CLI_CASES)

@@ -283,8 +283,17 @@ def _tensors(value, file, where):
 
 
 def _number(value, file, where, none=True):
-    if not (value is None and none or isinstance(value, _NUMBER) and not isinstance(value, bool)):
-        raise MalformedCheckpointError(file, f"its {where} is a {_describe(value)}, not a number")
+    """A number as fairseq writes one: a Python number, or (after a distributed run's
+    all-reduce, or from numpy) a one-element tensor or numeric array."""
+    if value is None and none:
+        return
+    if isinstance(value, _NUMBER) and not isinstance(value, bool):
+        return
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return
+    if isinstance(value, (np.ndarray, np.generic)) and value.size == 1 and value.dtype.kind in "biuf":
+        return
+    raise MalformedCheckpointError(file, f"its {where} is a {_describe(value)}, not a number")
 
 
 def check_structure(state, file: str):
