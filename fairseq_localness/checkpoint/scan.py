@@ -29,7 +29,7 @@ import pickletools
 import re
 import struct
 import zipfile
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List
 
 from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError
 
@@ -180,7 +180,6 @@ class _Object:
         self.kind, self.filled, self.info = kind, False, info
 
 
-_LITERAL = (str, bytes, int, float, bool, type(None))
 ALLOWED_OPCODES = frozenset({
     "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP",
     "NONE", "NEWTRUE", "NEWFALSE", "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4",
