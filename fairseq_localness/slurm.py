@@ -352,15 +352,16 @@ def time_minutes(value, delay):
     return -(-seconds // 60)
 
 
-def submit(args):
+def check(args):
+    """The options and the cluster: SLURM's commands, the partition, --time against its limit."""
     if args.signal_delay < 10:
         raise UsageError(f"--signal-delay: expected a whole number >= 10, got '{args.signal_delay}'")
-    args.time = time_minutes(args.time, args.signal_delay) if args.time else None
+    if args.time and not isinstance(args.time, int):
+        args.time = time_minutes(args.time, args.signal_delay)
     for a in args.slurm_arg:
         if not re.fullmatch(r"[a-z][a-z0-9-]*=.*", a):
             raise UsageError(f"--slurm-arg: expected KEY=VALUE with an sbatch option's long name as KEY "
                              f"(e.g. exclude=node7, mail-type=END), got '{a}'")
-    rows, jobs = read_graph(args.graph)
     need_slurm()
     parts = partitions()
     if args.partition and args.partition not in parts:
@@ -371,6 +372,11 @@ def submit(args):
         raise UsageError(f"--time {args.time}: longer than partition {args.partition or '(default)'}'s limit of "
                          f"{limit} minutes; expected at most {limit}")
     args.time_minutes = args.time or limit or 7 * 24 * 60
+
+
+def submit(args):
+    check(args)
+    rows, jobs = read_graph(args.graph)
     args.name = "fl-" + hashlib.sha1(os.path.abspath(args.state_dir).encode()).hexdigest()[:6]
     os.makedirs(args.state_dir, exist_ok=True) if not args.dry_run else None
     lock = open(os.path.join(args.state_dir, "lock"), "w") if not args.dry_run else None
@@ -449,7 +455,7 @@ def last_update(log):
             text = f.read()
     except OSError:
         return None
-    m = re.findall(r'"num_updates": "?(\d+)', text)
+    m = re.findall(r'num_updates"?: "?(\d+)', text)
     return int(m[-1]) if m else None
 
 
@@ -505,14 +511,7 @@ def cancel(args):
     print(f"{args.prog}: cancelled {len(live)} job(s)" + (f": {' '.join(live)}" if live else ""))
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m fairseq_localness.slurm", description=__doc__.split("\n")[0])
-    p.add_argument("--prog", default=PROG)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("submit")
-    s.add_argument("--graph", required=True)
-    s.add_argument("--state-dir", required=True)
-    s.add_argument("--dry-run", action="store_true")
+def add_resources(s):
     s.add_argument("--partition")
     s.add_argument("--nodes", type=int, default=1)
     s.add_argument("--gpus-per-node", type=int, default=1)
@@ -526,13 +525,26 @@ def main(argv=None):
     s.add_argument("--max-requeues", type=int, default=3)
     s.add_argument("--signal-delay", type=int, default=90)
     s.add_argument("--slurm-arg", action="append", default=[])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m fairseq_localness.slurm", description=__doc__.split("\n")[0])
+    p.add_argument("--prog", default=PROG)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("submit")
+    c = sub.add_parser("check")
+    s.add_argument("--graph", required=True)
+    s.add_argument("--state-dir", required=True)
+    s.add_argument("--dry-run", action="store_true")
+    for s in (s, c):
+        add_resources(s)
     for name in ("status", "cancel"):
         q = sub.add_parser(name)
         q.add_argument("--graph")
         q.add_argument("--state-dir", required=True)
     args = p.parse_args(argv)
     try:
-        {"submit": submit, "status": status, "cancel": cancel}[args.cmd](args)
+        {"submit": submit, "status": status, "cancel": cancel, "check": check}[args.cmd](args)
     except UsageError as e:
         print(f"{args.prog}: error: {e}", file=sys.stderr)
         return 2

@@ -30,6 +30,9 @@ slurm_options() {
     else return 0
     fi
     [[ "$SLURM_MODE" == submit ]] || DRY_RUN=1
+    if [[ "$SLURM_MODE" == submit ]]; then  # the cluster and the options, before anything else
+        "$PY" -m fairseq_localness.slurm --prog "$PROG" check "${SLURM_SUBMIT_ARGS[@]}" || exit 2
+    fi
     SLURM_GRAPH="$(mktemp "${TMPDIR:-/tmp}/slurm-graph.XXXXXX")"
     trap 'rm -f "$SLURM_GRAPH"' EXIT
 }
