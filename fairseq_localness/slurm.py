@@ -107,8 +107,8 @@ class Step:
         self.key, self.commands, self.state_dir, self.max_requeues = key, commands, state_dir, max_requeues
 
     def _write(self, **state):
-        if int(os.environ.get("SLURM_PROCID", "0")) != 0:
-            return
+        if int(os.environ.get("SLURM_PROCID", "0")) != 0 and state.get("state") != "failed":
+            return  # (task 0 writes the job's state; any task its failure)
         path = os.path.join(self.state_dir, "jobs", safe(self.key) + ".json")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         state.update(job_id=os.environ.get("SLURM_JOB_ID", ""), restarts=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
@@ -149,8 +149,9 @@ class Step:
                     except subprocess.TimeoutExpired:
                         os.killpg(child.pid, signal.SIGKILL)
             if rc != 0:
-                if stopping:
-                    time.sleep(600)  # SLURM's SIGKILL comes first
+                if stopping:  # stopped by SLURM (a requeue, a cancel, another task's failure)
+                    time.sleep(60)  # (SLURM's SIGKILL usually comes first)
+                    raise RuntimeError(f"{self.key}: stopped by SLURM (SIGTERM)")
                 sys.stderr.flush()
                 message = _last_line(log) or f"exit status {rc}"
                 self._write(state="failed", message=f"exit status {rc}: {message}", log=log)

@@ -441,6 +441,8 @@ if (( WORLD > 1 && ! SLURM_TASK )); then
     CMD=("${LAUNCH[@]}" -m fairseq_cli.train "${TRAIN_ARGS[@]}")
 else
     CMD=(fairseq-train "${TRAIN_ARGS[@]}")
+    # a SLURM task on the CPU: fairseq would select CUDA device SLURM_LOCALID
+    (( SLURM_TASK && CPU && WORLD > 1 )) && CMD=(env SLURM_LOCALID=0 "${CMD[@]}")
 fi
 
 if (( DRY_RUN )); then

@@ -237,15 +237,17 @@ def job_state(save):
 @pytest.mark.timeout(300)
 def test_a_two_task_job_trains_through_srun_over_gloo(cluster, tiny_data_bin, tmp_path):
     save = tmp_path / "two"
-    p = train_slurm(tiny_data_bin, save, "--gpus-per-node", "2", "--cpu", "--time", "5")
+    p = train_slurm(tiny_data_bin, save, "--gpus-per-node", "2", "--cpu", "--time", "5", "--signal-delay", "30")
     assert p.returncode == 0, p.stderr
     job = re.search(r"submitted train:two: job (\d+)", p.stderr).group(1)
-    wait_for(lambda: job not in squeue_ids(), 240, f"job {job}")
-    assert job_state(save)["state"] == "done"
+    wait_for(lambda: job not in squeue_ids(), 200, f"job {job}")
+    assert job_state(save)["state"] == "done" and job_state(save)["restarts"] == 0
     logs = open(save / "slurm" / "logs" / f"{job}_0_log.err", errors="replace").read()
     assert "--distributed-world-size 2 --distributed-backend gloo --distributed-port" in logs
-    assert "distributed init (rank 0): tcp://" in logs
-    assert "distributed init (rank 1)" in open(save / "slurm" / "logs" / f"{job}_1_log.err").read()
+    train_log = open(save / "train.log", errors="replace").read()
+    assert re.search(r"distributed init \(rank 0\): tcp://\S+:\d+", train_log)
+    assert "distributed init (rank 1)" in train_log and "Rank 1, device_id: 0" in train_log
+    assert "--slurm-task" in open(save / "slurm" / "logs" / f"{job}_1_log.err").read()
     assert max(updates_logged(save)) == 4 and os.path.exists(save / "checkpoint_last.pt")
 
 
