@@ -114,8 +114,9 @@ def failing_pipeline(tmp_path, row):
     """REPRODUCE_PIPELINE_DIR: the pipeline's steps, with a train.sh that fails for `row`."""
     d = tmp_path / "pipeline"
     d.mkdir()
-    for step in ("prepare_data", "average", "evaluate", "significance"):
-        os.symlink(os.path.join(REPO, "scripts", f"{step}.sh"), d / f"{step}.sh")
+    for name in os.listdir(os.path.join(REPO, "scripts")):  # the steps and what they source
+        if name != "train.sh":
+            os.symlink(os.path.join(REPO, "scripts", name), d / name)
     (d / "train.sh").write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *"/runs/{row} "* ]]; then\n'
                                 f'    echo "train.sh: error: a failure of {row} for the test" >&2; exit 3\nfi\n'
                                 f'exec bash {TRAIN} "$@"\n')
@@ -226,7 +227,7 @@ def updates_logged(save):
         text = open(save / "train.log", errors="replace").read()
     except OSError:
         return []
-    return [int(u) for u in re.findall(r'"num_updates": "(\d+)"', text)]
+    return [int(u) for u in re.findall(r'num_updates": "(\d+)"', text)]
 
 
 def job_state(save):
