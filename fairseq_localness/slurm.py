@@ -25,7 +25,10 @@ which resumes from the row's checkpoint_last.pt (train.sh). Requeues are counted
 (SLURM_RESTART_COUNT) and bounded (--max-requeues).
 
 Every job records its state in DIR/jobs/<key>.json (running, done, failed with its
-log's last line); DIR/submitted.json maps each key to its job id and log.
+log's last line); DIR/submitted.json maps each key to its job id and log. A job's log
+is DIR/logs/<job id>_<task>_log.err: its commands' output and errors (fairseq's
+progress, "Loaded checkpoint ... (epoch E @ U updates)" after a requeue, distributed
+init), submitit's and SLURM's messages.
 """
 import argparse
 import fcntl
@@ -137,7 +140,8 @@ class Step:
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
         for cmd in self.commands:
             print("+ " + cmd, file=sys.stderr, flush=True)
-            child = subprocess.Popen(["bash", "-c", cmd], start_new_session=True,
+            # (its output in the job's one log: fairseq logs to stdout, "Loaded checkpoint ..." included)
+            child = subprocess.Popen(["bash", "-c", cmd], start_new_session=True, stdout=sys.stderr,
                                      preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
             try:
                 rc = child.wait()
@@ -206,10 +210,10 @@ class FinalStep(Step):
         ok = True
         for cmd in self.commands:
             print("+ " + cmd, file=sys.stderr, flush=True)
-            if subprocess.run(["bash", "-c", cmd]).returncode != 0:
+            if subprocess.run(["bash", "-c", cmd], stdout=sys.stderr).returncode != 0:
                 ok = False  # a test of a failed row: the table says it
         print("+ " + self.table_command, file=sys.stderr, flush=True)
-        rc = subprocess.run(["bash", "-c", self.table_command]).returncode
+        rc = subprocess.run(["bash", "-c", self.table_command], stdout=sys.stderr).returncode
         self._write(state="done" if rc == 0 else "failed", message="" if rc == 0 else f"the table: exit status {rc}")
         if rc:
             raise RuntimeError(f"the table failed (exit status {rc})")

@@ -230,6 +230,17 @@ def updates_logged(save):
     return [int(u) for u in re.findall(r'num_updates": "(\d+)"', text)]
 
 
+def job_log(save, job, task=0):
+    """The log of a task of a job: the commands' output (fairseq's log included) and errors."""
+    return open(save / "slurm" / "logs" / f"{job}_{task}_log.err", errors="replace").read()
+
+
+def restores(log):
+    """The update counts fairseq restored, in the order of a job's log."""
+    return [int(u) for u in re.findall(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)",
+                                       log)]
+
+
 def job_state(save):
     with open(save / "slurm" / "jobs" / f"train_{save.name}.json") as f:
         return json.load(f)
@@ -243,49 +254,53 @@ def test_a_two_task_job_trains_through_srun_over_gloo(cluster, tiny_data_bin, tm
     job = re.search(r"submitted train:two: job (\d+)", p.stderr).group(1)
     wait_for(lambda: job not in squeue_ids(), 200, f"job {job}")
     assert job_state(save)["state"] == "done" and job_state(save)["restarts"] == 0
-    logs = open(save / "slurm" / "logs" / f"{job}_0_log.err", errors="replace").read()
-    assert "--distributed-world-size 2 --distributed-backend gloo --distributed-port" in logs
-    train_log = open(save / "train.log", errors="replace").read()
-    assert re.search(r"distributed init \(rank 0\): tcp://\S+:\d+", train_log)
-    assert "distributed init (rank 1)" in train_log and "Rank 1, device_id: 0" in train_log
-    assert "--slurm-task" in open(save / "slurm" / "logs" / f"{job}_1_log.err").read()
+    task0, task1 = job_log(save, job, 0), job_log(save, job, 1)  # (each task's output and fairseq's log)
+    assert "--distributed-world-size 2 --distributed-backend gloo --distributed-port" in task0
+    assert re.search(r"distributed init \(rank 0\): tcp://\S+:\d+", task0), task0[-3000:]
+    assert re.search(r"distributed init \(rank 1\): tcp://\S+:\d+", task1), task1[-3000:]
+    assert "--slurm-task" in task1
     assert max(updates_logged(save)) == 4 and os.path.exists(save / "checkpoint_last.pt")
 
 
 @pytest.mark.timeout(400)
 def test_scontrol_requeue_resumes_from_the_checkpoint(cluster, tiny_data_bin, tmp_path):
     save = tmp_path / "requeued"
-    p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "10", updates=60)
+    p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "10", updates=600)
     assert p.returncode == 0, p.stderr
     job = re.search(r"job (\d+)", p.stderr).group(1)
-    wait_for(lambda: os.path.exists(save / "checkpoint_5_10.pt") or any(
-        f.startswith("checkpoint_") and f.endswith(".pt") and f != "checkpoint_last.pt" for f in os.listdir(save)),
-        240, "a first checkpoint")
-    done_before = max(updates_logged(save) or [0])
+    # mid-run: a checkpoint saved (every 5 updates), a few more updates logged
+    wait_for(lambda: os.path.exists(save / "checkpoint_last.pt") and max(updates_logged(save) or [0]) >= 12,
+             240, "a first checkpoint")
     subprocess.run(["scontrol", "requeue", job], check=True)
+    requeued_at = max(updates_logged(save))
     wait_for(lambda: job not in squeue_ids(), 300, f"job {job}")
     state = job_state(save)
     assert state["state"] == "done" and state["restarts"] == 1, state
-    log = open(save / "train.log", errors="replace").read()
-    assert re.search(r"loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)", log), log[-2000:]
-    restored = int(re.search(r"loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log).group(1))
-    assert restored >= 5 and restored <= max(done_before, 5) + 5
+    log = job_log(save, job)
+    assert "No existing checkpoint found" in log and "train:requeued: requeued (1 of at most 3)" in log, log[-3000:]
+    # resumed from its last checkpoint (saved every 5 updates), not from scratch
+    assert len(restores(log)) == 1, log[-3000:]
+    restored = restores(log)[0]
+    assert 10 <= restored and requeued_at - 15 <= restored < 600, (restored, requeued_at)
     ups = updates_logged(save)
-    assert max(ups) == 60
+    assert max(ups) == 600
     # after the restore the update count goes on (no update below the restored one)
     after = ups[[i for i, u in enumerate(ups) if u <= restored][-1] + 1:]
-    assert after and min(after) > restored
+    assert after and min(after) == restored + 1
 
 
 @pytest.mark.timeout(400)
 def test_a_job_past_its_time_limit_is_requeued_and_finishes(cluster, tiny_data_bin, tmp_path):
+    # --time 1 with the warning 30 s ahead: about 20 s of training per run (some 150 to 600
+    # updates on 2 cores), 400 updates: requeued once or twice (at most 8), then done
     save = tmp_path / "short"
-    p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "1", "--signal-delay", "30", "--max-requeues", "5",
-                    updates=3000, extra=["--save-interval-updates", "25"])
+    p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "1", "--signal-delay", "30", "--max-requeues", "8",
+                    updates=400, extra=["--save-interval-updates", "20"])
     assert p.returncode == 0, p.stderr
     job = re.search(r"job (\d+)", p.stderr).group(1)
     wait_for(lambda: job not in squeue_ids(), 360, f"job {job}")
     state = job_state(save)
     assert state["state"] == "done" and state["restarts"] >= 1, state
-    log = open(save / "train.log", errors="replace").read()
-    assert "loaded checkpoint" in log and max(updates_logged(save)) == 3000
+    log = job_log(save, job)
+    assert "this job is timed-out" in log and len(restores(log)) == state["restarts"], log[-3000:]
+    assert all(u > 0 for u in restores(log)) and max(updates_logged(save)) == 400
