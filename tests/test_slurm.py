@@ -110,46 +110,71 @@ def test_a_rehearsal_through_slurm_gives_the_local_table(cluster, tmp_path):
     assert p.returncode == 0 and "0 job(s) submitted" in p.stderr, p.stderr[-2000:]
 
 
-def failing_pipeline(tmp_path, row):
-    """REPRODUCE_PIPELINE_DIR: the pipeline's steps, with a train.sh that fails for `row`."""
+def failing_pipeline(tmp_path, run):
+    """REPRODUCE_PIPELINE_DIR: the pipeline's steps, with a train.sh that fails for the run
+    directory runs/`run`."""
     d = tmp_path / "pipeline"
     d.mkdir()
     for name in os.listdir(os.path.join(REPO, "scripts")):  # the steps and what they source
         if name != "train.sh":
             os.symlink(os.path.join(REPO, "scripts", name), d / name)
-    (d / "train.sh").write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *"/runs/{row} "* ]]; then\n'
-                                f'    echo "train.sh: error: a failure of {row} for the test" >&2; exit 3\nfi\n'
+    (d / "train.sh").write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *"/runs/{run} "* ]]; then\n'
+                                f'    echo "train.sh: error: a failure of {run} for the test" >&2; exit 3\nfi\n'
                                 f'exec bash {TRAIN} "$@"\n')
     return str(d)
 
 
-@pytest.mark.timeout(400)
+def first_table(results_md):
+    """{row: {column: cell}} of the first table of results.md (with --seeds the per-seed
+    table follows)."""
+    rows, header = {}, None
+    for line in open(results_md, encoding="utf-8").read().split("\n\n")[0].splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not line.startswith("|--"):
+            rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+@pytest.mark.timeout(500)
 def test_a_failing_row_is_marked_failed_and_the_others_finish(cluster, tmp_path):
+    # two seeds: enc-dc's second seed fails to train; the three other runs finish and the
+    # table over the seeds says what failed
     work = str(tmp_path / "work")
-    env = {"REPRODUCE_PIPELINE_DIR": failing_pipeline(tmp_path, "enc-dc")}
-    p = driver("--rehearse", "--slurm", "--work-dir", work, "--only", ROWS, "--time", "10", env=env)
+    env = {"REPRODUCE_PIPELINE_DIR": failing_pipeline(tmp_path, "enc-dc/seed2")}
+    p = driver("--rehearse", "--slurm", "--seeds", "2", "--work-dir", work, "--only", ROWS, "--time", "10", env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    wait_jobs(work)
-    lines = status_lines(work)
-    good = next(x for x in lines if x.startswith("transformer seed 1:"))
-    bad = next(x for x in lines if x.startswith("enc-dc seed 1:"))
-    assert good.startswith("transformer seed 1: done;"), lines
-    assert re.match(r"enc-dc seed 1: failed \(train job \d+ failed: exit status 3: train\.sh: error: a failure of "
-                    r"enc-dc for the test\)", bad), bad
-    table = table_rows(os.path.join(work, "results.md"))
-    assert table["enc-dc"]["our BLEU"] == "failed" and re.fullmatch(r"\d+\.\d\d", table["transformer"]["our BLEU"])
+    assert "10 job(s) submitted" in p.stderr, p.stderr[-3000:]
+    wait_jobs(work, timeout=400)
+    lines = status_lines(work, "--seeds", "2")
+    assert len(lines) == 5, lines
+    for run in ("transformer seed 1", "transformer seed 2", "enc-dc seed 1"):
+        line = next(x for x in lines if x.startswith(run + ":"))
+        assert re.match(rf"{run}: done; jobs \d+ \d+ \d+; update 6; BLEU \d+\.\d\d; log /", line), line
+    bad = next(x for x in lines if x.startswith("enc-dc seed 2:"))
+    assert re.match(r"enc-dc seed 2: failed \(train job \d+ failed: exit status 3: train\.sh: error: a failure of "
+                    r"enc-dc/seed2 for the test\); jobs \d+ \d+ \d+; update -; BLEU -; log /\S+_log\.err$", bad), bad
+    assert lines[-1].startswith("table: done; job ")
+    table = first_table(os.path.join(work, "results.md"))
+    assert table["enc-dc"]["seeds"] == "1 of 2, 1 failed" and table["transformer"]["seeds"] == "2 of 2", table
+    assert re.fullmatch(r"\d+\.\d\d", table["enc-dc"]["our BLEU"]), table
+    assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d", table["transformer"]["our BLEU"]), table
     text = open(os.path.join(work, "results.md"), encoding="utf-8").read()
-    assert "failed: enc-dc: train job" in text
+    assert re.search(r"^failed: enc-dc seed 2: train job \d+: exit status 3: train\.sh: error: a failure", text,
+                     re.M), text
+    assert re.search(r"^\| enc-dc \| 2 \| - \| failed \|", text, re.M), text
     # its evaluation never ran: cancelled with its failed dependency
     with open(os.path.join(work, "slurm", "submitted.json")) as f:
         reg = json.load(f)
-    assert not os.path.exists(os.path.join(work, "slurm", "jobs", "eval_enc-dc_1.json"))
-    # a second --slurm submits only the failed row's jobs and the table again
-    p = driver("--rehearse", "--slurm", "--work-dir", work, "--only", ROWS, "--time", "10", "--dry-run", env=env)
+    assert not os.path.exists(os.path.join(work, "slurm", "jobs", "eval_enc-dc_2.json"))
+    assert reg["train:enc-dc:2"]["job_id"] not in squeue_ids()
+    # a second --slurm submits only the failed run's jobs and the table again
+    p = driver("--rehearse", "--slurm", "--seeds", "2", "--work-dir", work, "--only", ROWS, "--time", "10",
+               "--dry-run", env=env)
     assert p.returncode == 0, p.stderr
     jobs = re.findall(r"^job (\S+) \(", p.stdout, re.M)
-    assert jobs == ["train:enc-dc:1", "eval:enc-dc:1", "final"], p.stdout
-    assert reg["train:enc-dc:1"]["job_id"] not in squeue_ids()
+    assert jobs == ["train:enc-dc:2", "eval:enc-dc:2", "final"], p.stdout
 
 
 def test_dry_run_prints_the_graph_and_cancel_cancels(cluster, tmp_path):
