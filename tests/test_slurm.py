@@ -192,6 +192,18 @@ def test_dry_run_prints_the_graph_and_cancel_cancels(cluster, tmp_path):
     assert "dependency=afterok:<prepare:wmt14_en_de>,singleton" in train
     assert "afterany:" in dict(j[::2] for j in jobs)["final"]
     assert re.search(r"^    bash \S+/train\.sh .* --slurm-task ", p.stdout, re.M)
+    # --seeds 2: a train and an eval job per row and seed, one prepare job, the table after all
+    p = driver("--rehearse", "--slurm", "--dry-run", "--seeds", "2", "--work-dir", work, "--only", ROWS)
+    assert p.returncode == 0, p.stderr
+    jobs = re.findall(r"^job (\S+) \((\w+)\): (.*)$", p.stdout, re.M)
+    assert [j[0] for j in jobs] == ["prepare:wmt14_en_de"] + [f"{k}:{row}:{seed}" for seed in (1, 2)
+                                                              for row in ROWS.split() for k in ("train", "eval")] \
+        + ["final"], p.stdout
+    assert dict(j[::2] for j in jobs)["eval:enc-dc:2"].endswith("dependency=afterok:<train:enc-dc:2>")
+    assert dict(j[::2] for j in jobs)["final"].count(":<") == 9
+    table = re.findall(r"^    (bash \S+/dc_table1\.sh .*--table)$", p.stdout, re.M)
+    assert len(table) == 1 and " --seeds 2 " in table[0] and table[0].count("--work-dir") == 1, table
+    assert not os.path.exists(work)
     # submitted to start in an hour, then cancelled
     p = driver("--rehearse", "--slurm", "--work-dir", work, "--only", ROWS, "--slurm-arg", "begin=now+3600")
     assert p.returncode == 0, p.stderr

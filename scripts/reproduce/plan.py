@@ -141,7 +141,7 @@ def parse_options(argv, datasets, prog, paper_test="none"):
         if opt == "--slurm-arg":
             slurm_args.append(value)
             continue
-        if opt not in SLURM_VALUES:
+        if opt not in SLURM_VALUES and opt != "--work-dir":  # (the table job gets WORK, absolute)
             table_args += [opt, value]
         dataset, eq, where = value.partition("=")
         if opt == "--raw-dir" and eq and re.fullmatch(r"[a-z0-9_]+", dataset):
