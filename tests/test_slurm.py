@@ -82,18 +82,20 @@ def status_lines(work, *extra):
 def test_a_rehearsal_through_slurm_gives_the_local_table(cluster, tmp_path):
     local, remote = str(tmp_path / "local"), str(tmp_path / "slurm")
     t0 = time.time()
-    p = driver("--rehearse", "--work-dir", local, "--only", ROWS, timeout=400)
-    assert p.returncode == 0, p.stderr[-3000:]
-    t_local = time.time() - t0
-    t0 = time.time()
     p = driver("--rehearse", "--slurm", "--work-dir", remote, "--only", ROWS, "--time", "10", timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "6 job(s) submitted" in p.stderr, p.stderr
     # the driver returns as soon as the graph is queued
     assert time.time() - t0 < 60
+    # the local rehearsal while the cluster runs the jobs (the suite's time: the two share
+    # the cores, so these times are not the scheduler's overhead: docs/slurm.md measures it)
+    t0 = time.time()
+    p = driver("--rehearse", "--work-dir", local, "--only", ROWS, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    t_local = time.time() - t0
     wait_jobs(remote)
-    t_slurm = time.time() - t0
-    print(f"rehearsal of {ROWS}: {t_local:.0f} s locally, {t_slurm:.0f} s through SLURM")
+    print(f"rehearsal of {ROWS}, side by side: {t_local:.0f} s locally, {time.time() - t0:.0f} s until SLURM's "
+          "last job ended")
     mine, theirs = table_rows(os.path.join(local, "results.md")), table_rows(os.path.join(remote, "results.md"))
     for row in ROWS.split():
         for column in ("our BLEU", "delta", "tok. BLEU, compound split (extra)", "our params", "p (compare-mt)"):
