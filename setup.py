@@ -52,6 +52,8 @@ setup(
         # needs the full tensorboard package); without it every fairseq command
         # prints "Please install tensorboardX"
         "tensorboardX>=2.6",
+        # --slurm of the reproduce drivers and train.sh (fairseq_localness/slurm.py)
+        "submitit>=1.5,<2",
     ],
     extras_require={
         # word segmentation for scripts/prepare_data.sh: Japanese (MeCab with the

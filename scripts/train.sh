@@ -86,7 +86,9 @@ set -euo pipefail
 
 ARCH="" DATA_BIN="" SAVE_DIR="" MAX_UPDATE="" SRC="" TGT="" SEED=1
 PRESET="" GPUS=0 CPU=0 NODES=1 NODE_RANK=0 MASTER_ADDR="" MASTER_PORT="" EFF_TOKENS="" PRECISION=auto DRY_RUN=0
+SLURM_TASK=0 SLURM_SUBMIT=0 SLURM_OPTS=() TASK_ARGS=()
 EXTRA=()
+ORIG_ARGS=("$@")
 while (( $# )); do
     case "$1" in
         --arch) need_value "$1" $#; ARCH="$2"; shift 2 ;;
@@ -106,6 +108,10 @@ while (( $# )); do
         --effective-tokens) need_value "$1" $#; EFF_TOKENS="$2"; shift 2 ;;
         --precision) need_value "$1" $#; PRECISION="$2"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
+        --slurm-task) SLURM_TASK=1; shift ;;
+        --slurm) SLURM_SUBMIT=1; shift ;;
+        --partition|--gpus-per-node|--cpus-per-task|--mem|--time|--account|--qos|--constraint|--max-requeues|--signal-delay|--slurm-arg)
+            need_value "$1" $#; SLURM_OPTS+=("$1" "$2"); shift 2 ;;
         --) shift; EXTRA=("$@"); break ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown option '$1' (see '${PROG} --help'; fairseq-train options go after --)" ;;
@@ -138,7 +144,14 @@ fi
 if [[ -n "$MASTER_ADDR" ]]; then
     [[ "$MASTER_ADDR" =~ ^[A-Za-z0-9._:-]+$ ]] || die "--master-addr: expected a host name or IP address, got '$MASTER_ADDR'"
 fi
-if (( NODES > 1 )); then
+if (( SLURM_TASK )); then
+    (( SLURM_SUBMIT == 0 )) || die "--slurm and --slurm-task: expected one of them, not both"
+    [[ -n "${SLURM_PROCID:-}" && -n "${SLURM_NTASKS:-}" ]] || die "--slurm-task: expected to run as a task of a \
+SLURM job (SLURM_PROCID and SLURM_NTASKS are not set); submit with --slurm instead"
+    (( GPUS >= 1 )) || die "--slurm-task: expected --gpus N (processes per node, >= 1)"
+    (( SLURM_NTASKS == GPUS * NODES )) || die "--slurm-task: the job has $SLURM_NTASKS task(s); expected --nodes \
+$NODES x --gpus $GPUS = $((GPUS * NODES)) (one task per process)"
+elif (( NODES > 1 && ! SLURM_SUBMIT )); then
     (( GPUS >= 1 )) || die "--nodes $NODES: expected --gpus N (processes per node, >= 1) for a multi-node run"
     [[ -n "$MASTER_ADDR" ]] || die "--nodes $NODES: expected --master-addr HOST (the address of node 0, reachable from every node)"
 fi
@@ -190,6 +203,55 @@ with --cpu (fairseq trains in fp16 only on CUDA GPUs)"
 fi
 require_pair "$DATA_BIN" "$SRC" "$TGT" train valid
 [[ ! -e "$SAVE_DIR" || -d "$SAVE_DIR" ]] || die "--save-dir: '$SAVE_DIR' exists and is not a directory"
+
+# --slurm: one job of --nodes x --gpus tasks that runs this command with --slurm-task
+# (fairseq_localness/slurm.py, through submitit); checked here, on the machine that submits
+if (( SLURM_SUBMIT )); then
+    GPN="" k=0
+    for (( k = 0; k < ${#SLURM_OPTS[@]}; k += 2 )); do
+        [[ "${SLURM_OPTS[k]}" == --gpus-per-node ]] && GPN="${SLURM_OPTS[k+1]}"
+    done
+    if [[ -n "$GPN" ]]; then
+        require_int --gpus-per-node "$GPN" 1
+        (( GPUS == 0 || GPUS == 10#$GPN )) || die "--gpus $GPUS and --gpus-per-node $GPN: conflicting GPU counts \
+(with --slurm both are the processes of each node); expected one of them, or the same number"
+        GPUS=$((10#$GPN))
+    fi
+    (( GPUS >= 1 )) || GPUS=1
+    # the command of each task: these options without the submission's
+    skip=0
+    for a in "${ORIG_ARGS[@]}"; do
+        if (( skip )); then skip=0; continue; fi
+        case "$a" in
+            --slurm) continue ;;
+            --partition|--gpus-per-node|--cpus-per-task|--mem|--time|--account|--qos|--constraint|--max-requeues|--signal-delay|--slurm-arg|--gpus|--nodes)
+                skip=1; continue ;;
+            --) break ;;
+        esac
+        TASK_ARGS+=("$a")
+    done
+    printf -v task_cmd ' %q' bash "$SCRIPTS_DIR/train.sh" "${TASK_ARGS[@]}" --gpus "$GPUS" --nodes "$NODES" \
+        --slurm-task -- "${EXTRA[@]}"
+    GRAPH="$(mktemp "${TMPDIR:-/tmp}/train-graph.XXXXXX")"
+    trap 'rm -f "$GRAPH"' EXIT
+    gpus=$GPUS
+    (( CPU )) && gpus=0
+    printf 'JOB\ttrain:%s\ttrain\t%s\t%s\t%s\t%s\t%s\t\n' "$(basename "$SAVE_DIR")" "$(basename "$SAVE_DIR")" \
+        "$SEED" "$NODES" "$GPUS" "$gpus" > "$GRAPH"
+    printf 'CMD\ttrain:%s\t%s\n' "$(basename "$SAVE_DIR")" "${task_cmd# }" >> "$GRAPH"
+    sub=(submit --graph "$GRAPH" --state-dir "$SAVE_DIR/slurm" --nodes "$NODES" --gpus-per-node "$GPUS")
+    (( DRY_RUN )) && sub+=(--dry-run)
+    k=0
+    for (( k = 0; k < ${#SLURM_OPTS[@]}; k += 2 )); do
+        [[ "${SLURM_OPTS[k]}" == --gpus-per-node ]] || sub+=("${SLURM_OPTS[k]}" "${SLURM_OPTS[k+1]}")
+    done
+    (( DRY_RUN )) || mkdir -p "$SAVE_DIR"
+    "$PY" -m fairseq_localness.slurm --prog "$PROG" "${sub[@]}"
+    exit $?
+fi
+if (( ! SLURM_SUBMIT && ${#SLURM_OPTS[@]} )); then
+    die "${SLURM_OPTS[0]}: only with --slurm (submit the training as a SLURM job)"
+fi
 
 # The hardware: CUDA devices, compute capability of the first, torch_xla (where it is
 # installed, fairseq 0.12's --bf16 means training on TPUs).
@@ -259,6 +321,9 @@ DEVICE_ARGS=()
 if (( WORLD > 1 )); then
     if (( ON_GPU )); then backend=nccl; else backend=gloo; fi
     DEVICE_ARGS+=(--distributed-world-size "$WORLD" --distributed-backend "$backend")
+    # one task per process: fairseq starts from SLURM's environment (rank SLURM_PROCID,
+    # the first node of the job's node list as the address, this port)
+    (( SLURM_TASK )) && DEVICE_ARGS+=(--distributed-port "$(( 20000 + ${SLURM_JOB_ID:-0} % 20000 ))")
 elif (( GPUS == 1 )); then
     DEVICE_ARGS+=(--distributed-world-size 1)  # one GPU even where more are visible
 fi
@@ -359,7 +424,7 @@ TRAIN_ARGS=("$DATA_BIN"
     --seed "$SEED" --max-update "$MAX_UPDATE" --save-dir "$SAVE_DIR"
     "${DEVICE_ARGS[@]}" "${PRECISION_ARGS[@]}"
     "${EXTRA[@]}" "${BATCH_ARGS[@]}" "${RESUME_ARGS[@]}")
-if (( WORLD > 1 )); then
+if (( WORLD > 1 && ! SLURM_TASK )); then
     LAUNCH=("$PY" -m torch.distributed.run --nproc_per_node "$GPUS")
     if (( NODES > 1 )) || [[ -n "$MASTER_PORT" ]]; then
         LAUNCH+=(--nnodes "$NODES" --node_rank "$NODE_RANK" --master_addr "${MASTER_ADDR:-127.0.0.1}"
@@ -370,6 +435,8 @@ if (( WORLD > 1 )); then
     CMD=("${LAUNCH[@]}" -m fairseq_cli.train "${TRAIN_ARGS[@]}")
 else
     CMD=(fairseq-train "${TRAIN_ARGS[@]}")
+    # a SLURM task on the CPU: fairseq would select CUDA device SLURM_LOCALID
+    (( SLURM_TASK && CPU && WORLD > 1 )) && CMD=(env SLURM_LOCALID=0 "${CMD[@]}")
 fi
 
 if (( DRY_RUN )); then

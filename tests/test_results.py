@@ -5,6 +5,7 @@ demo and reproduce tables, bad inputs."""
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -275,6 +276,39 @@ def test_reproduce_layout(tmp_path, capsys):
     text = capsys.readouterr().out
     assert all(e["comparison"] is None for e in result["systems"])
     assert "vs. baseline" not in text and "p:" not in text and "Per seed:" in text
+
+
+def test_a_failed_seed_is_marked_failed(tmp_path, capsys):
+    """A run without results whose directory has FAILED (written by the table job of the
+    drivers' --slurm when a job of that row and seed failed): 'failed' in the seeds
+    column, the per-seed table and the notes, with the reason; the mean is over the
+    seeds that have results. A row whose every seed failed shows 'failed' as its BLEU."""
+    root = str(tmp_path)
+    lines = ["system\tseed\tdir\tbaseline\tpair\tmetric\tpaper_bleu"]
+    for system, seed in (("base", 1), ("base", 2), ("ours", 1), ("ours", 2), ("gone", 1), ("gone", 2)):
+        if (system, seed) in (("ours", 2), ("gone", 1), ("gone", 2)):
+            d = os.path.join("systems", system, f"seed{seed}")
+            os.makedirs(os.path.join(root, d))
+            with open(os.path.join(root, d, "FAILED"), "w") as f:
+                f.write(f"train job 4{seed}: exit status 3: a failure\n")
+        else:
+            d = make_run(root, system, seed, corrupt(0.3, seed))
+        lines.append(f"{system}\t{seed}\t{d}\t{'base' if system != 'base' else ''}\ten-de\tsacrebleu\t27.0")
+    runs = tmp_path / "runs.tsv"
+    runs.write_text("\n".join(lines) + "\n")
+    ref = tmp_path / "ref.txt"
+    ref.write_text("\n".join(REFS) + "\n")
+    result = R.run(args("--runs", runs, "--ref", ref, "--layout", "reproduce", "--samples", 50, "--title", "T"))
+    out = capsys.readouterr().out.splitlines()
+    ours = next(l for l in out if l.startswith("| ours |"))
+    assert re.match(r"\| ours \| en-de \| sacreBLEU \| 1 of 2, 1 failed \| 27\.0 \| \d+\.\d\d \| ", ours), ours
+    gone = next(l for l in out if l.startswith("| gone |"))
+    assert "| 0 of 2, 2 failed | 27.0 | failed | - |" in gone
+    assert "failed: ours seed 2: train job 42: exit status 3: a failure" in out
+    assert "failed: gone seed 1: train job 41: exit status 3: a failure" in out
+    assert next(l for l in out if l.startswith("| ours | 2 |")).startswith("| ours | 2 | - | failed |")
+    assert "| 2 of 2 | 27.0 |" in next(l for l in out if l.startswith("| base |"))
+    assert [r.get("failed") for r in result["systems"][1]["runs"]] == [None, "train job 42: exit status 3: a failure"]
 
 
 def test_the_launcher_runs_without_fairseq():

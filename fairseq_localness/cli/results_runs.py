@@ -33,6 +33,7 @@ class Run:
     phenomena: Dict[str, Optional[float]] = field(default_factory=dict)
     signature: Optional[str] = None
     rel_dir: str = ""  # as RUNS.tsv gives it
+    failed: Optional[str] = None  # why a run has no result: DIR/FAILED (a failed SLURM job, --slurm)
 
     @property
     def done(self) -> bool:
@@ -127,6 +128,12 @@ def read_run(run: Run):
     bleu = _score_of(run.score)
     if bleu is not None:
         run.values["bleu"] = bleu
+    else:  # a run whose SLURM jobs failed: the reproduce drivers' table job writes DIR/FAILED, with the reason
+        try:
+            with open(os.path.join(run.dir, "FAILED"), errors="replace") as f:
+                run.failed = f.read().strip() or "a job failed"
+        except OSError:
+            pass
     if run.extra_score:
         run.values["extra"] = _score_of(run.extra_score)
     sacre = _load_json(os.path.join(run.dir, "eval", "bleu.json"))

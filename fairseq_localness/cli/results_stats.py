@@ -186,7 +186,7 @@ def aggregate(runs: List[Run], args) -> Dict:
             "system": s, "meta": mine[0].meta, "baseline": mine[0].baseline or None,
             "seeds": [r.seed for r in mine], "seeds_done": [r.seed for r in done],
             "runs": [{"seed": r.seed, "dir": r.rel_dir, "done": r.done, **r.values,
-                      "phenomena": r.phenomena} for r in mine],
+                      "phenomena": r.phenomena, **({"failed": r.failed} if r.failed else {})} for r in mine],
             "summary": {k: summarize([r.values.get(k) for r in done]).as_dict()
                         for k in ("bleu", "extra", "params", "train_seconds", "updates", "ups", "wps")},
             "phenomena": {p: summarize([r.phenomena.get(p) for r in done]).as_dict() for p in phen_names},

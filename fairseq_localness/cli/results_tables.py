@@ -112,9 +112,11 @@ def reproduce_table(result: Dict, args) -> List[str]:
         m, s = e["meta"], e["summary"]
         paper = m.get("paper_bleu", "-") or "-"
         cells = [e["system"], m.get("pair", "-"), METRIC_NAMES.get(m.get("metric", ""), m.get("metric", "-"))]
+        failed = sum(1 for r in e["runs"] if r.get("failed"))
         if multi:
-            cells.append("%d of %d" % (len(e["seeds_done"]), len(e["seeds"])))
-        cells += [paper, fmt(s["bleu"], ".2f", multi)]
+            cells.append("%d of %d" % (len(e["seeds_done"]), len(e["seeds"]))
+                         + (", %d failed" % failed if failed else ""))
+        cells += [paper, "failed" if failed and not e["seeds_done"] else fmt(s["bleu"], ".2f", multi)]
         cells.append("%+.2f" % (round(s["bleu"]["mean"], 2) - float(paper))
                      if s["bleu"]["mean"] is not None and paper != "-" else "-")
         if extra_kinds:
@@ -213,6 +215,10 @@ def notes(result: Dict, args, layout: str) -> List[str]:
         out.append("(shared emb.): our run shares one embedding matrix between source, target and output "
                    "(--share-all-embeddings, fairseq's recipe for a joint vocabulary); the paper's count includes "
                    "separate source embeddings, hence the difference in parameters.")
+    for e in systems:  # runs whose SLURM jobs failed (DIR/FAILED), with the reason
+        for r in e["runs"]:
+            if r.get("failed"):
+                out.append("failed: %s%s: %s" % (e["system"], " seed %d" % r["seed"] if multi else "", r["failed"]))
     for note in args.note or []:
         out.append(note)
     for s in result["signatures"]:
@@ -237,7 +243,10 @@ def per_seed_table(result: Dict) -> List[str]:
         tests = {t["seed"]: t for t in (e["comparison"] or {}).get("per_seed", [])}
         for r in e["runs"]:
             if not r["done"]:
-                lines.append("| %s | %d | %s |" % (e["system"], r["seed"], " | ".join(["-"] * (len(head) - 2))))
+                blank = ["-"] * (len(head) - 2)
+                if r.get("failed"):
+                    blank[head.index("BLEU") - 2] = "failed"
+                lines.append("| %s | %d | %s |" % (e["system"], r["seed"], " | ".join(blank)))
                 continue
             t = tests.get(r["seed"])
             cells = [e["system"], str(r["seed"]), _int(r.get("params")), "%.2f" % r["bleu"]]

@@ -50,6 +50,7 @@
 . "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/../batch_split.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/rehearse.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/slurm.sh"
 
 REPRO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # (REPRODUCE_CONFIG_DIR: another directory of configurations; REPRODUCE_PIPELINE_DIR:
@@ -72,11 +73,13 @@ reproduce_parse_args() {
     assignments="$("$PY" "$REPRO_DIR/plan.py" --prog "$PROG" options --datasets "${DATASETS[*]}" \
         --paper-test "${TABLE_SIGNIFICANCE:-none}" -- "$@")" || exit 2
     declare -gA RAW_DIRS=()
+    SLURM_SUBMIT_ARGS=() TABLE_ARGS=()
     eval "$assignments"
     if (( HELP )); then
         usage; echo; cat "$REPRO_DIR/options.txt"; echo; list_rows; exit 0
     fi
     rehearse_options "$script_name"
+    slurm_options
     WORK="${WORK:-$REPO_DIR/runs/reproduce/$script_name}"
     WORK="${WORK%/}"
     DATA_DIR="${DATA_DIR:-$REPO_DIR/data/prepared}"
@@ -100,7 +103,11 @@ list_rows() {
 # emit CMD...: --dry-run prints the command (quoted, runnable); otherwise run prints
 # it on stderr and runs it.
 emit() {
-    if (( DRY_RUN )); then
+    if [[ -n "$SLURM_MODE" ]]; then
+        local quoted
+        printf -v quoted ' %q' "$@"
+        slurm_emit "${quoted# }"
+    elif (( DRY_RUN )); then
         local quoted
         printf -v quoted ' %q' "$@"
         echo "${quoted# }"
@@ -110,7 +117,9 @@ emit() {
 }
 
 note() {
-    if (( DRY_RUN )); then
+    if [[ "$SLURM_MODE" == status || "$SLURM_MODE" == cancel ]]; then
+        return 0
+    elif (( DRY_RUN )); then
         echo "# $*"
     else
         echo "${PROG}: $*" >&2
@@ -139,6 +148,7 @@ print(" ".join(sorted({a for a in sys.argv[1:] if a not in ARCH_MODEL_REGISTRY})
     local checked=" " msg
     for i in "${SELECTED[@]}"; do
         [[ -f "${R_DATA[$i]}/PREPARED" || "$checked" == *" ${R_DATA[$i]} "* ]] && continue
+        (( REHEARSE )) && [[ -n "$SLURM_MODE" ]] && continue  # (the fakes are written by the prepare job)
         checked+="${R_DATA[$i]} "
         load_config "${R_CFG[$i]}"
         pair_of "${R_PAIR[$i]}"
@@ -198,6 +208,7 @@ reproduce_main() {
     rehearse_fakes
     (( DRY_RUN )) || preflight
     announce
+    [[ -z "$SLURM_MODE" ]] || note "--slurm: a job graph (every row and seed a train and an eval job) in $WORK/slurm"
     PREPARED_THIS_RUN=""
     for seed in "${SEEDS[@]}"; do  # seed by seed: a partial run has every row of the first seeds
         use_seed "$seed"
@@ -206,6 +217,10 @@ reproduce_main() {
             run_row "$i"
         done
     done
+    if [[ -n "$SLURM_MODE" ]]; then
+        slurm_finish
+        return 0
+    fi
     (( DRY_RUN )) && echo "# table (from the results that exist now):"
     write_table
 }

@@ -58,15 +58,25 @@ TESTS = ("paired-bs", "compare-mt")
 # The options: flag -> (variable, value it sets); value options -> variable. Their
 # defaults are OPTION_DEFAULTS; --raw-dir, --seed, --seeds and --help are read apart.
 FLAGS = {"--dry-run": "DRY_RUN", "--table": "TABLE_ONLY", "--list": "LIST_ONLY", "--rehearse": "REHEARSE",
-         "--download": "DOWNLOAD", "--cpu": "CPU"}
+         "--download": "DOWNLOAD", "--cpu": "CPU", "--slurm": "SLURM", "--status": "STATUS", "--cancel": "CANCEL"}
 VALUES = {"--work-dir": "WORK", "--data-dir": "DATA_DIR", "--variant": "VARIANT", "--bleu": "BLEU_OVERRIDE",
           "--training": "TRAINING_CHOICE", "--patience": "PATIENCE_OVERRIDE", "--significance": "SIGNIFICANCE",
           "--only": "ONLY", "--gpus": "GPUS", "--max-tokens": "MAX_TOKENS", "--precision": "PRECISION",
-          "--seed": "SEED", "--seeds": "SEEDS_SPEC", "--raw-dir": "RAW_ROOT"}
+          "--seed": "SEED", "--seeds": "SEEDS_SPEC", "--raw-dir": "RAW_ROOT",
+          # --slurm (scripts/reproduce/slurm.sh, fairseq_localness/slurm.py); --slurm-arg is read apart
+          "--partition": "S_PARTITION", "--nodes": "S_NODES", "--gpus-per-node": "S_GPN",
+          "--cpus-per-task": "S_CPUS", "--mem": "S_MEM", "--time": "S_TIME", "--account": "S_ACCOUNT",
+          "--qos": "S_QOS", "--constraint": "S_CONSTRAINT", "--max-running": "S_MAX_RUNNING",
+          "--max-requeues": "S_MAX_REQUEUES", "--signal-delay": "S_SIGNAL_DELAY", "--slurm-arg": "S_ARG"}
+SLURM_VALUES = ("--partition", "--nodes", "--gpus-per-node", "--cpus-per-task", "--mem", "--time", "--account",
+                "--qos", "--constraint", "--max-running", "--max-requeues", "--signal-delay", "--slurm-arg")
 OPTION_DEFAULTS = dict(DRY_RUN="0", TABLE_ONLY="0", LIST_ONLY="0", REHEARSE="0", DOWNLOAD="0", CPU="0", WORK="",
                        DATA_DIR="", RAW_ROOT="", ONLY="", GPUS="1", MAX_TOKENS="", PRECISION="", SEED="1",
                        VARIANT="", BLEU_OVERRIDE="", TRAINING_CHOICE="paper", PATIENCE_OVERRIDE="",
-                       SIGNIFICANCE="paper", SEEDS_SPEC="")
+                       SIGNIFICANCE="paper", SEEDS_SPEC="", SLURM="0", STATUS="0", CANCEL="0",
+                       S_PARTITION="", S_NODES="", S_GPN="", S_CPUS="", S_MEM="", S_TIME="", S_ACCOUNT="",
+                       S_QOS="", S_CONSTRAINT="", S_MAX_RUNNING="", S_MAX_REQUEUES="3", S_SIGNAL_DELAY="90",
+                       S_ARG="")
 _INT = re.compile(r"[0-9]+")
 
 
@@ -111,12 +121,15 @@ def parse_options(argv, datasets, prog, paper_test="none"):
     of the shell variables they set (OPTION_DEFAULTS' names, SEEDS a list, RAW_DIRS a
     dict, RUN_TESTS), or {"HELP": "1"} at a --help that comes before any error."""
     v, raw_dirs, given, i = dict(OPTION_DEFAULTS), {}, set(), 0
+    slurm_args, table_args = [], []
     while i < len(argv):
         opt = argv[i]
         if opt in ("-h", "--help"):
             return {"HELP": "1"}
         if opt in FLAGS:
             v[FLAGS[opt]] = "1"
+            if opt not in ("--slurm", "--status", "--cancel", "--dry-run", "--table"):
+                table_args.append(opt)
             i += 1
             continue
         if opt not in VALUES:
@@ -125,6 +138,11 @@ def parse_options(argv, datasets, prog, paper_test="none"):
             raise RowError(f"option {opt} needs a value")
         value, i = argv[i + 1], i + 2
         given.add(opt)
+        if opt == "--slurm-arg":
+            slurm_args.append(value)
+            continue
+        if opt not in SLURM_VALUES and opt != "--work-dir":  # (the table job gets WORK, absolute)
+            table_args += [opt, value]
         dataset, eq, where = value.partition("=")
         if opt == "--raw-dir" and eq and re.fullmatch(r"[a-z0-9_]+", dataset):
             require_choice("--raw-dir DATASET=DIR: dataset", dataset, datasets)
@@ -157,10 +175,114 @@ def parse_options(argv, datasets, prog, paper_test="none"):
     if v["PATIENCE_OVERRIDE"]:
         require_int("--patience", v["PATIENCE_OVERRIDE"], 1)
     require_choice("--significance", v["SIGNIFICANCE"], ("paper",) + TESTS + ("both", "none"))
-    if v["CPU"] == "1" and v["GPUS"] != "1":
+    slurm = check_slurm(v, given, slurm_args)
+    if v["CPU"] == "1" and v["GPUS"] != "1" and not (v["SLURM"] == "1" and "--gpus" not in given):
         raise RowError(f"--cpu and --gpus {v['GPUS']}: expected one of them, not both")
-    v.update(SEEDS=seeds, RAW_DIRS=raw_dirs, RUN_TESTS=run_tests(v["SIGNIFICANCE"], paper_test))
+    v.update(SEEDS=seeds, RAW_DIRS=raw_dirs, RUN_TESTS=run_tests(v["SIGNIFICANCE"], paper_test),
+             SLURM_SUBMIT_ARGS=slurm, TABLE_ARGS=table_args)
     return v
+
+
+_MEM = re.compile(r"[0-9]+[KMGT]?")
+_SLURM_KEY = re.compile(r"[a-z][a-z0-9-]*")
+
+
+def slurm_minutes(opt, value):
+    """SLURM's time formats (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in minutes."""
+    m = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", value)
+    if not m:
+        raise RowError(f"--{opt}: expected a SLURM time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS; "
+                       f"got '{value}'")
+    days, a, b, c = (int(x) if x else None for x in m.groups())
+    if days is not None:  # D-HH[:MM[:SS]]
+        seconds = ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
+    elif c is not None:  # HH:MM:SS
+        seconds = (a * 60 + b) * 60 + c
+    elif b is not None:  # MM:SS
+        seconds = a * 60 + b
+    else:
+        seconds = a * 60
+    return seconds / 60
+
+
+def check_slurm(v, given, slurm_args):
+    """--slurm's options checked; the options of `python -m fairseq_localness.slurm submit` (a list).
+    S_NODES and S_GPN are set (processes per node; GPUS becomes the processes of a run)."""
+    slurm_opts = [o for o in SLURM_VALUES if o in given]
+    modes = [o for o, k in (("--slurm", "SLURM"), ("--status", "STATUS"), ("--cancel", "CANCEL")) if v[k] == "1"]
+    if len(modes) > 1:
+        raise RowError(f"{modes[0]} and {modes[1]}: expected one of them, not both")
+    if v["SLURM"] != "1":
+        if slurm_opts:
+            raise RowError(f"{slurm_opts[0]}: only with --slurm (submit the rows as SLURM jobs)")
+        if (v["STATUS"] == "1" or v["CANCEL"] == "1") and v["DRY_RUN"] == "1":
+            raise RowError(f"{modes[0]} and --dry-run: expected one of them, not both")
+        return []
+    if v["TABLE_ONLY"] == "1" or v["LIST_ONLY"] == "1":
+        raise RowError("--slurm and %s: expected one of them, not both" % ("--table" if v["TABLE_ONLY"] == "1"
+                                                                          else "--list"))
+    out = []
+    nodes = v["S_NODES"] or "1"
+    require_int("--nodes", nodes, 1)
+    nodes = int(nodes)
+    if v["S_GPN"]:
+        require_int("--gpus-per-node", v["S_GPN"], 1)
+        gpn = int(v["S_GPN"])
+        if "--gpus" in given and int(v["GPUS"]) != nodes * gpn:
+            raise RowError(f"--gpus {v['GPUS']} and --nodes {nodes} --gpus-per-node {gpn}: conflicting GPU counts; "
+                           f"expected --gpus = nodes x GPUs per node ({nodes * gpn}), or only one of them")
+    elif "--gpus" in given:
+        if int(v["GPUS"]) % nodes:
+            raise RowError(f"--gpus {v['GPUS']} and --nodes {nodes}: conflicting GPU counts; expected --gpus to be "
+                           f"a multiple of --nodes (the same number of GPUs on every node), or --gpus-per-node")
+        gpn = int(v["GPUS"]) // nodes
+    else:
+        gpn = 1
+    v["S_NODES"], v["S_GPN"], v["GPUS"] = str(nodes), str(gpn), str(nodes * gpn)
+    out += ["--nodes", str(nodes), "--gpus-per-node", str(gpn)]
+    if v["S_CPUS"]:
+        require_int("--cpus-per-task", v["S_CPUS"], 1)
+        out += ["--cpus-per-task", str(int(v["S_CPUS"]))]
+    if v["S_MEM"]:
+        if not _MEM.fullmatch(v["S_MEM"]):
+            raise RowError(f"--mem: expected a size in megabytes or with a unit K, M, G or T (e.g. 32G), "
+                           f"got '{v['S_MEM']}'")
+        out += ["--mem", v["S_MEM"]]
+    for o, k in (("--partition", "S_PARTITION"), ("--account", "S_ACCOUNT"), ("--qos", "S_QOS"),
+                 ("--constraint", "S_CONSTRAINT")):
+        if v[k]:
+            if not re.fullmatch(r"[A-Za-z0-9_.,:|&*\[\]()!-]+", v[k]):
+                raise RowError(f"{o}: expected a SLURM name (letters, digits, _ . - and the constraint operators), "
+                               f"got '{v[k]}'")
+            out += [o, v[k]]
+    require_int("--max-requeues", v["S_MAX_REQUEUES"], 0)
+    require_int("--signal-delay", v["S_SIGNAL_DELAY"], 10)
+    out += ["--max-requeues", str(int(v["S_MAX_REQUEUES"])), "--signal-delay", str(int(v["S_SIGNAL_DELAY"]))]
+    if v["S_TIME"]:
+        minutes = slurm_minutes("time", v["S_TIME"])
+        delay = int(v["S_SIGNAL_DELAY"])
+        if minutes * 60 - delay < 30:
+            raise RowError(f"--time {v['S_TIME']}: too short for one validation: a job is told to save and requeue "
+                           f"--signal-delay {delay} s before its limit; expected at least {delay + 30} s "
+                           f"({-(-(delay + 30) // 60)} min), or a shorter --signal-delay")
+        out += ["--time", str(max(1, int(-(-minutes // 1))))]
+    if v["S_MAX_RUNNING"]:
+        require_int("--max-running", v["S_MAX_RUNNING"], 1)
+        out += ["--max-running", str(int(v["S_MAX_RUNNING"]))]
+    for a in slurm_args:
+        key, eq, value = a.partition("=")
+        if not (eq and _SLURM_KEY.fullmatch(key)):
+            raise RowError(f"--slurm-arg: expected KEY=VALUE with an sbatch option's long name as KEY "
+                           f"(e.g. exclude=node7, mail-type=END), got '{a}'")
+        if key in ("partition", "nodes", "gpus-per-node", "cpus-per-task", "mem", "time", "account", "qos",
+                   "constraint", "dependency", "array", "ntasks-per-node", "output", "error", "signal",
+                   "job-name"):
+            raise RowError(f"--slurm-arg {a}: sbatch's --{key} is set by "
+                           + (f"--{key}" if key in ("partition", "nodes", "gpus-per-node", "cpus-per-task", "mem",
+                                                     "time", "account", "qos", "constraint")
+                              else "the driver itself") + "; expected another option")
+        out += ["--slurm-arg", a]
+    return out
 
 
 # ------------------------------------------------------------------ configurations
@@ -262,6 +384,8 @@ def shell_assignments(v):
     for name, value in v.items():
         if name == "SEEDS":
             lines.append("SEEDS=(%s)" % " ".join(str(s) for s in value))
+        elif name in ("SLURM_SUBMIT_ARGS", "TABLE_ARGS"):
+            lines.append("%s=(%s)" % (name, " ".join(shlex.quote(a) for a in value)))
         elif name == "RAW_DIRS":
             lines += ["RAW_DIRS[%s]=%s" % (shlex.quote(k), shlex.quote(d)) for k, d in value.items()]
         else:

@@ -77,6 +77,7 @@ rehearse_fakes() {
         seen+="${R_DATASET[$i]} "
         raw="$(raw_dir_of "${R_DATASET[$i]}")"
         [[ -d "$raw" ]] && continue
+        slurm_job "prepare:${R_DATASET[$i]}" prepare "$i"
         emit "$PY" "$REPO_DIR/fairseq_localness/data/fakes.py" "${R_DATASET[$i]}" "$raw" --scale "$REHEARSE_FAKE_SCALE"
     done
 }

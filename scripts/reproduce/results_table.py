@@ -27,6 +27,7 @@ signatures.
 import argparse
 import csv
 import json
+import os
 import re
 import sys
 
@@ -130,9 +131,19 @@ def table(title, rows, tests):
         head += ["paper speed", "our speed"]
     head += [TESTS[t][0] for t in tests]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 3 else "---:" for i in range(len(head))) + "|"]
-    signatures, done, shared_note = set(), 0, False
+    signatures, done, shared_note, failed = set(), 0, False, []
     for r in rows:
         ours = score_of(r["score"])
+        # a row whose SLURM jobs failed (--slurm's table job writes RUN/FAILED, with the reason)
+        why = None
+        if ours is None and r["log"]:
+            try:
+                with open(os.path.join(os.path.dirname(r["log"]), "FAILED"), errors="replace") as f:
+                    why = f.read().strip() or "a job failed"
+            except OSError:
+                pass
+        if why is not None:
+            failed.append((r["name"], why))
         sacre = load(r["sacrebleu"])
         if sacre and "signature" in sacre:
             signatures.add(sacre["signature"])
@@ -141,8 +152,8 @@ def table(title, rows, tests):
             done += 1
             if r["paper_bleu"] != "-":
                 delta = "%+.2f" % (round(ours, 2) - float(r["paper_bleu"]))
-        cells = [r["name"], r["pair"], KIND[r["kind"]], r["paper_bleu"], "%.2f" % ours if ours is not None else "-",
-                 delta]
+        cells = [r["name"], r["pair"], KIND[r["kind"]], r["paper_bleu"],
+                 "%.2f" % ours if ours is not None else ("failed" if why is not None else "-"), delta]
         if has_extra:
             extra = score_of(r["extra_score"]) if r["extra"] else None
             cells += ["%.2f" % extra if extra is not None else "-"]
@@ -169,6 +180,7 @@ def table(title, rows, tests):
         lines.append("| " + " | ".join(cells) + " |")
     notes = ["", "%s. Our numbers: %d of %d rows have results ('-': not run yet). delta = ours - paper."
              % (title, done, len(rows))]
+    notes += ["failed: %s: %s" % (name, why) for name, why in failed]
     seen = set()
     for r in rows:  # per configuration: the metric, the test set, the training
         if r["config"] in seen:

@@ -18,7 +18,9 @@ run_row() {  # i
     note "$name: training: $TRAINING_TEXT"
 
     # data: once per dataset, variant, direction and segmentation
+    slurm_row "$i"
     if [[ ! -f "$data/PREPARED" && " $PREPARED_THIS_RUN " != *" $data "* ]]; then
+        slurm_job "prepare:${R_DATASET[$i]}" prepare "$i"
         prepare_args "$i"
         emit bash "$PIPELINE_DIR/prepare_data.sh" "${PREP_ARGS[@]}"
         PREPARED_THIS_RUN+=" $data"
@@ -48,14 +50,20 @@ train_and_evaluate() {  # i
     else
         hw=(--gpus "$GPUS")
     fi
+    if [[ -n "$SLURM_MODE" ]]; then
+        slurm_train_hw
+        hw=("${HW[@]}")
+    fi
     [[ -n "$PRECISION" ]] && prec=(--precision "$PRECISION")
     [[ -n "$MAX_TOKENS" ]] && maxtok=(--max-tokens "$MAX_TOKENS")
+    slurm_job "train:$name:$SEED" train "$i" "prepare:${R_DATASET[$i]}"
     emit mkdir -p "$run_dir"
-    (( DRY_RUN )) || printf '%s\n' "$SIGNATURE" > "$run_dir/SYSTEM"
+    (( DRY_RUN )) || { mkdir -p "$run_dir"; printf '%s\n' "$SIGNATURE" > "$run_dir/SYSTEM"; }
     emit bash "$PIPELINE_DIR/train.sh" --arch "${R_ARCH[$i]}" --data-bin "$data/bin" --save-dir "$run_dir" \
         --max-update "$MAX_UPDATE" --src "$src" --tgt "$tgt" --seed "$SEED" "${hw[@]}" \
         --effective-tokens "$EFFECTIVE_TOKENS" "${prec[@]}" \
         -- "${FAIRSEQ_ARGS[@]}" "${maxtok[@]}" --log-file "$run_dir/train.log"
+    slurm_job "eval:$name:$SEED" eval "$i" "train:$name:$SEED"
     if [[ "${R_TRAINING[$i]}" != early-stop ]] && [[ ! -f "$ckpt" || "$run_dir/checkpoint_last.pt" -nt "$ckpt" ]]; then
         emit bash "$PIPELINE_DIR/average.sh" --save-dir "$run_dir" --last "$AVERAGE_LAST" --by update \
             --output "$ckpt"
@@ -95,6 +103,7 @@ row_significance() {  # i
         note "$name: no significance test: the baseline row '$base' is not selected and has no translation yet"
         return 0
     fi
+    slurm_job final final "" ""
     for test in $RUN_TESTS; do
         if [[ "$test" == compare-mt ]]; then
             out="$run_dir/significance/significance.json"
