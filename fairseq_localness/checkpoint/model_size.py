@@ -14,6 +14,7 @@ more than the checkpoint stores plus a quarter plus :data:`SLACK` (buffers that 
 not stored, such as the positions' table) is refused in one line naming the file.
 :func:`remember_weights` notes what the last checkpoint loaded stores.
 """
+import copy
 import functools
 import threading
 
@@ -50,9 +51,9 @@ def guarded_build_model(build_model):
     def guarded(cfg, task, from_checkpoint=False):
         stored = getattr(_last, "numel", None)
         if from_checkpoint and stored is not None:
-            try:
+            try:  # (on a copy: building may change the settings, e.g. --encoder-layers-to-keep)
                 with torch.device("meta"):
-                    described = _count(build_model(cfg, task, from_checkpoint))
+                    described = _count(build_model(copy.deepcopy(cfg), task, from_checkpoint))
             except Exception:  # a model that cannot be built without memory: fairseq's own build decides
                 described = None
             if described is not None and described > stored + stored // 4 + SLACK:
