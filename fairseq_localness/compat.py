@@ -96,6 +96,7 @@ import functools
 import importlib.util
 import logging
 import os
+import sys
 import types
 
 import numpy as np
@@ -248,8 +249,10 @@ def patch_cpu_distributed():
       requires ``None`` there);
     - ``fairseq.distributed.utils.distributed_main`` (each process's training,
       ending with fairseq's barrier) then destroys the process groups, so no
-      communicator is torn down by the interpreter's exit. Only after training
-      returned: a failing process keeps its error and exit status.
+      communicator is torn down by the interpreter's exit; a process of a group of
+      several on the CPU (gloo) then ends at once (``os._exit(0)``, its output
+      flushed), as gloo could still abort it in the interpreter's teardown. Only
+      after training returned: a failing process keeps its error and exit status.
     """
     from fairseq.distributed import utils as dist_utils
     from fairseq.models import distributed_fairseq_model as dfm
@@ -290,7 +293,17 @@ def patch_cpu_distributed():
         def distributed_main(i, main, cfg, kwargs):
             original_main(i, main, cfg, kwargs)
             if torch.distributed.is_available() and torch.distributed.is_initialized():
+                world = torch.distributed.get_world_size()
                 torch.distributed.destroy_process_group()
+                if world > 1 and torch.cuda.device_count() == 0:
+                    # gloo can still abort a finished process in the interpreter's teardown
+                    # ("terminate called without an active exception", exit status -6) after
+                    # the group is destroyed: training has returned and written everything,
+                    # so the process ends here, its output flushed
+                    logging.shutdown()
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(0)
 
         distributed_main.__wrapped__ = original_main
         setattr(distributed_main, _DIST_MARK, True)
