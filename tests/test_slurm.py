@@ -275,8 +275,10 @@ def job_log(save, job, task=0):
 
 
 def restores(log):
-    """The update counts fairseq restored, in the order of a job's log."""
-    return [int(u) for u in re.findall(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)",
+    """The update counts fairseq restored, in the order of a job's log: from
+    checkpoint_last.pt, or from the newest readable checkpoint where a job was stopped
+    while fairseq copied checkpoint_last.pt (train.sh's resumption)."""
+    return [int(u) for u in re.findall(r"Loaded checkpoint \S+/checkpoint\w*\.pt \(epoch \d+ @ (\d+) updates\)",
                                        log)]
 
 
