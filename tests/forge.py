@@ -7,9 +7,7 @@ repacked with a compressed or oversized member. Nothing here loads a file with f
 unpickling except :func:`load_real`, which reads the test's own real checkpoints.
 """
 import argparse
-import io
 import os
-import pickle
 import struct
 import subprocess
 import zipfile
@@ -165,9 +163,6 @@ def binunicode(text: str) -> bytes:
     return b"X" + struct.pack("<I", len(data)) + data
 
 
-def namespace_pickle(**values) -> bytes:
-    return pickle.dumps(argparse.Namespace(**values), protocol=2)
-
 
 def as_checkpoint(pickle_bytes, out, template):
     """``template`` (a torch.save file) with its pickle replaced by ``pickle_bytes``."""
@@ -183,11 +178,3 @@ def write(path, data: bytes):
     with open(path, "wb") as f:
         f.write(data)
     return str(path)
-
-
-def zip_bytes(entries) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-        for name, data in entries:
-            z.writestr(name, data)
-    return buf.getvalue()
