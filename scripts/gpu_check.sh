@@ -11,8 +11,9 @@
 #    one group (timed in the same rounds as the transformer);
 # 2. the attention core's tests on CUDA (tests/test_attention_core.py, its "cuda" cases);
 # 3. 200 updates of fairseq-train per model in --fp16 and in --bf16 (all runs at once; the
-#    GPU has room for them), each summarised in train.tsv: updates reached, the last
-#    training loss, NaN/inf losses and fp16 loss-scale reductions ("gradient overflow").
+#    GPU has room for them), each summarised in train.tsv by scripts/train_log_summary.py:
+#    updates reached, the last training loss, NaN/inf losses and fp16 loss-scale
+#    reductions ("gradient overflow").
 #
 # Each stage has a share of --budget (default 420 s) and stops at it, keeping what it
 # wrote: a benchmark sweep writes bench.json/bench.md after each length. Results go to
@@ -130,20 +131,7 @@ done
 for p in "${pids[@]}"; do wait "$p" || true; done
 [[ -z "$tests_pid" ]] || wait "$tests_pid" || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
 
-stage train && "$PY" - "$OUT_DIR/train" > "$OUT_DIR/train.tsv" <<'EOF'
-import glob, math, os, re, sys
-
-print("run\tupdates\tlast loss\tNaN/inf losses\tloss-scale reductions\tended")
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.log"))):
-    text = open(path, errors="replace").read()
-    updates = [int(u) for u in re.findall(r"num_updates=(\d+)", text)] or [0]
-    losses = [float(x) for x in re.findall(r"\bloss=([-+0-9.einfa]+)", text)]
-    bad = sum(1 for x in losses if not math.isfinite(x))
-    overflows = len(re.findall(r"gradient overflow detected", text))
-    ended = "done" if "done training" in text else (text.strip().splitlines() or ["(empty)"])[-1][:120]
-    last = f"{losses[-1]:.3f}" if losses else "-"
-    print(f"{os.path.basename(path)[:-4]}\t{max(updates)}\t{last}\t{bad}\t{overflows}\t{ended}")
-EOF
+stage train && "$PY" "$SCRIPTS_DIR/train_log_summary.py" "$OUT_DIR/train" > "$OUT_DIR/train.tsv"
 ! stage train || cat "$OUT_DIR/train.tsv" >&2
 ! stage tests || tail -1 "$OUT_DIR/tests.txt" >&2
 tar -C "$OUT_DIR" --exclude '*.tar.gz' -czf "$OUT_DIR/gpu_check.tar.gz" .

@@ -1,0 +1,83 @@
+"""scripts/gpu_check.sh and its training summary (scripts/train_log_summary.py).
+
+The check itself needs a CUDA GPU (docs/benchmark.md, "On a GPU"); here: its options
+are checked before anything runs, it refuses a machine without CUDA in one line, and
+the summary of its training runs counts what it says it counts, on logs in
+fairseq-train's ``--log-format simple`` form.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, run_script
+
+SUMMARY = os.path.join(REPO, "scripts", "train_log_summary.py")
+
+
+def _line(update, loss):
+    return (f"2026-11-26 11:18:02 | INFO | train_inner | epoch 001:     {update} / 81 loss={loss}, "
+            f"nll_loss=8.164, ppl=286.74, wps=991.8, ups=1.06, wpb=936, bsz=104, num_updates={update}, lr=1.5e-05")
+
+
+OVERFLOW = ("2026-11-26 11:18:02 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, "
+            "setting loss scale to: 64.0")
+
+
+def test_the_summary_counts_updates_non_finite_losses_and_overflows(tmp_path):
+    logs = tmp_path / "train"
+    logs.mkdir()
+    (logs / "good.fp16.log").write_text("\n".join(
+        [OVERFLOW, OVERFLOW, _line(20, "9.5"), _line(40, "7.25"),
+         "2026-11-26 | INFO | fairseq_cli.train | done training in 4.0 seconds"]) + "\n")
+    (logs / "bad.fp16.log").write_text("\n".join(
+        [OVERFLOW] * 5 + [_line(20, "nan"), _line(40, "inf"), _line(60, "1.5e+01"),
+                          "RuntimeError: CUDA out of memory"]) + "\n")
+    (logs / "empty.bf16.log").write_text("")
+    out = subprocess.run([sys.executable, SUMMARY, str(logs)], capture_output=True, text=True, check=True).stdout
+    rows = [line.split("\t") for line in out.strip().splitlines()]
+    assert rows[0] == ["run", "updates", "last loss", "NaN/inf losses", "loss-scale reductions", "ended"]
+    assert rows[1:] == [
+        ["bad.fp16", "60", "15.000", "2", "5", "RuntimeError: CUDA out of memory"],
+        ["empty.bf16", "0", "-", "0", "0", "(empty log)"],
+        ["good.fp16", "40", "7.250", "0", "2", "done"],
+    ]
+
+
+def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
+    proc = subprocess.run([sys.executable, SUMMARY, str(tmp_path / "missing")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "LOG_DIR" in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--stages", "bench speed"], "--stages: unknown stage 'speed' (allowed: bench tests train)"),
+    (["--systems", "transformer gpt"], "--systems: unknown system 'gpt'"),
+    (["--budget", "10"], "--budget: expected a whole number >= 60, got '10'"),
+    (["--bench-systems", "some"], "--bench-systems: expected 'all', got 'some'"),
+], ids=["stage", "system", "budget", "bench-systems"])
+def test_bad_options_stop_before_anything_runs(tmp_path, args, message):
+    data = tmp_path / "bin"
+    data.mkdir()
+    (data / "dict.src.txt").write_text("a 1\n")
+    proc = run_script("gpu_check.sh", ["--data-bin", data, "--out", tmp_path / "out", *args], check=False)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_data_bin_is_named(tmp_path):
+    proc = run_script("gpu_check.sh", ["--data-bin", tmp_path / "nowhere", "--out", tmp_path / "out"], check=False)
+    assert proc.returncode == 2 and "--data-bin: expected a directory at" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_machine_without_cuda_is_refused_in_one_line(tmp_path):
+    data = tmp_path / "bin"
+    data.mkdir()
+    (data / "dict.src.txt").write_text("a 1\n")
+    proc = run_script("gpu_check.sh", ["--data-bin", data, "--out", tmp_path / "out"], check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "gpu_check.sh: error: no CUDA GPU: this check measures and tests on a GPU (the CPU's benchmark is 'make bench')"]
+    assert not (tmp_path / "out").exists()
