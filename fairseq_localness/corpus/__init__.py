@@ -89,32 +89,11 @@ from fairseq_localness.corpus.files import read_corpus, write_corpus
 from fairseq_localness.corpus.generate import GENERATOR_VERSION, generate_corpus, iter_corpus
 from fairseq_localness.corpus.grammar import Example, generate_example
 from fairseq_localness.corpus.lexicon import (
-    ADJECTIVES,
-    DEFAULT_SHARES,
-    DERIVED_PHENOMENA,
-    FULL_STOP,
-    NAMES,
-    NOUNS,
-    PHENOMENA,
-    POLYSEMOUS_VERBS,
-    PREPOSITIONS,
-    SRC_DET,
-    SRC_PLURAL,
-    SRC_REL,
-    TGT_DET,
-    TGT_PLURAL,
-    TGT_REL,
-    TGT_VERB_PLURAL,
-    VERBS,
-    detokenize,
-    tokenize,
+    ADJECTIVES, DEFAULT_SHARES, DERIVED_PHENOMENA, FULL_STOP, NAMES, NOUNS, PHENOMENA, POLYSEMOUS_VERBS, PREPOSITIONS,
+    SRC_DET, SRC_PLURAL, SRC_REL, TGT_DET, TGT_PLURAL, TGT_REL, TGT_VERB_PLURAL, VERBS, detokenize, tokenize,
 )
 from fairseq_localness.corpus.size import (
-    MAX_DRAWS_PER_SENTENCE,
-    check_size,
-    distinct_sentences,
-    draws_per_sentence,
-    max_corpus_size,
+    MAX_DRAWS_PER_SENTENCE, check_size, distinct_sentences, draws_per_sentence, max_corpus_size,
 )
 from fairseq_localness.corpus.stats import format_stats, phenomenon_stats, score_checks
 

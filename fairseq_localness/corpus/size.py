@@ -10,21 +10,8 @@ from typing import Dict, Optional, Tuple
 
 from fairseq_localness.corpus.config import CorpusConfig
 from fairseq_localness.corpus.lexicon import (
-    ADJECTIVES,
-    NAMES,
-    NOUNS,
-    P_ADJECTIVE,
-    P_DEFINITE,
-    P_NAME_OTHER,
-    P_NAME_SUBJECT,
-    P_PLURAL,
-    P_POLYSEMOUS,
-    P_PP,
-    P_PP_IN_REL,
-    PHENOMENA,
-    POLYSEMOUS_VERBS,
-    PREPOSITIONS,
-    VERBS,
+    ADJECTIVES, NAMES, NOUNS, P_ADJECTIVE, P_DEFINITE, P_NAME_OTHER, P_NAME_SUBJECT, P_PLURAL, P_POLYSEMOUS, P_PP,
+    P_PP_IN_REL, PHENOMENA, POLYSEMOUS_VERBS, PREPOSITIONS, VERBS,
 )
 
 MAX_DRAWS_PER_SENTENCE = 10

@@ -53,59 +53,20 @@ parameter renames) and :mod:`~fairseq_localness.models._locality.presets` (the
 named architectures). A model imports what it needs from this package.
 """
 from fairseq_localness.models._locality.layers import (
-    SIDES,
-    LayerSpec,
-    LocalityDecoderLayer,
-    LocalityEncoderLayer,
-    LocalityTransformerDecoder,
-    LocalityTransformerEncoder,
-    SubmoduleBuilder,
-    attention_heads,
+    SIDES, LayerSpec, LocalityDecoderLayer, LocalityEncoderLayer, LocalityTransformerDecoder,
+    LocalityTransformerEncoder, SubmoduleBuilder, attention_heads,
 )
-from fairseq_localness.models._locality.model import (
-    LocalityTransformerModel,
-    rename_parameters,
-)
+from fairseq_localness.models._locality.model import LocalityTransformerModel, rename_parameters
 from fairseq_localness.models._locality.options import (
-    GaussianWindowOptions,
-    LocalityOptions,
-    OptionError,
-    applies_to_text,
-    command_line_error,
-    default_layers,
-    layers_to_keep,
-    option,
-    option_flag,
-    parse_layers,
+    GaussianWindowOptions, LocalityOptions, OptionError, applies_to_text, command_line_error, default_layers,
+    layers_to_keep, option, option_flag, parse_layers,
 )
-from fairseq_localness.models._locality.presets import (
-    fairseq_presets,
-    register_presets,
-    transformer_small,
-)
+from fairseq_localness.models._locality.presets import fairseq_presets, register_presets, transformer_small
 
 __all__ = [
-    "SIDES",
-    "GaussianWindowOptions",
-    "LayerSpec",
-    "LocalityDecoderLayer",
-    "LocalityEncoderLayer",
-    "LocalityOptions",
-    "LocalityTransformerDecoder",
-    "LocalityTransformerEncoder",
-    "LocalityTransformerModel",
-    "OptionError",
-    "SubmoduleBuilder",
-    "applies_to_text",
-    "attention_heads",
-    "command_line_error",
-    "default_layers",
-    "fairseq_presets",
-    "layers_to_keep",
-    "option",
-    "option_flag",
-    "parse_layers",
-    "register_presets",
-    "rename_parameters",
-    "transformer_small",
+    "GaussianWindowOptions", "LayerSpec", "LocalityDecoderLayer", "LocalityEncoderLayer", "LocalityOptions",
+    "LocalityTransformerDecoder", "LocalityTransformerEncoder", "LocalityTransformerModel", "OptionError", "SIDES",
+    "SubmoduleBuilder", "applies_to_text", "attention_heads", "command_line_error", "default_layers",
+    "fairseq_presets", "layers_to_keep", "option", "option_flag", "parse_layers", "register_presets",
+    "rename_parameters", "transformer_small",
 ]
