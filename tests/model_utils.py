@@ -79,6 +79,19 @@ def random_batch(task, lengths, seed=0, left_pad_source=True):
     return src, torch.tensor(lengths), prev, tgt
 
 
+def training_metrics(arch: str) -> dict:
+    """The metrics a model of ``arch`` (built from ``TINY``) logs in one training
+    forward pass of a random batch of two sentences (6 and 3 tokens)."""
+    from fairseq.logging import metrics
+
+    model, task = build_model(arch, TINY)
+    model.train()
+    src, lens, prev, _ = random_batch(task, [6, 3], seed=3)
+    with metrics.aggregate(new_root=True) as agg:
+        model(src, lens, prev)
+    return agg.get_smoothed_values()
+
+
 def copy_shared_weights(src_model, dst_model):
     """Load every parameter of src into dst that has the same name and shape."""
     dst_state = dst_model.state_dict()

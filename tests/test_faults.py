@@ -329,6 +329,7 @@ def test_expected_draws_match_the_generator(monkeypatch):
     """The size check's model of the grammar (distinct sentences per set of
     phenomena and their probabilities) predicts the draws the generator makes."""
     from fairseq_localness import corpus as C
+    from fairseq_localness.corpus import generate
 
     shares = {p: 0.0 for p in C.PHENOMENA}  # one set: no phenomenon, 5,025,000 sentences
     assert C.distinct_sentences(False, False, False, False) == 5_025_000
@@ -341,7 +342,7 @@ def test_expected_draws_match_the_generator(monkeypatch):
         draws += 1
         return original(rng, wanted)
 
-    monkeypatch.setattr(C, "generate_example", counting)
+    monkeypatch.setattr(generate, "generate_example", counting)
     C.generate_corpus(cfg)
     predicted, short = C.draws_per_sentence(shares, 10_002)
     assert short is None
@@ -351,8 +352,9 @@ def test_expected_draws_match_the_generator(monkeypatch):
 
 def test_corpus_streams_with_a_progress_bar(tmp_path, monkeypatch, capsys):
     from fairseq_localness import corpus as C
+    from fairseq_localness.corpus import generate
 
-    monkeypatch.setattr(C, "PROGRESS_FROM", 100)
+    monkeypatch.setattr(generate, "PROGRESS_FROM", 100)
     assert C.cli_main(["--out", str(tmp_path / "c"), "--train-size", "300", "--valid-size", "10",
                        "--test-size", "10"]) == 0
     err = capsys.readouterr().err

@@ -21,7 +21,7 @@ from fairseq_localness.modules.hysan import (
 )
 from fairseq_localness.modules.observe import AttentionRecorder
 from model_utils import TINY, ToyTask, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance
-from model_utils import command_line_error, count_parameters, parse_model_args, random_batch
+from model_utils import command_line_error, count_parameters, parse_model_args, random_batch, training_metrics
 
 ARCH = "hysan_transformer"
 C, H = 16, 4
@@ -445,14 +445,7 @@ def test_reduction_is_only_checked_for_the_gated_fusion(capsys):
 
 # ---------------------------------------------------------------- observability
 def test_gate_means_are_logged_per_branch_and_layer():
-    from fairseq.logging import metrics
-
-    model, task = build_model(ARCH, TINY)
-    model.train()
-    src, lens, prev, _ = random_batch(task, [6, 3], seed=3)
-    with metrics.aggregate(new_root=True) as agg:
-        model(src, lens, prev)
-    values = agg.get_smoothed_values()
+    values = training_metrics(ARCH)
     expected = [f"enc{i}_gate_{b}" for i in (1, 2, 3) for b in ("global", "forward", "backward", "local1")]
     expected += [f"dec{i}_self_gate_{b}" for i in (1, 2, 3) for b in ("forward", "local1")]
     assert sorted(k for k in values if "_gate_" in k) == sorted(expected)

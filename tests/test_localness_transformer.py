@@ -10,7 +10,7 @@ from fairseq_localness.modules.gaussian import GaussianLocalness
 from fairseq_localness.modules.observe import AttentionRecorder
 from model_utils import (
     TINY, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance, command_line_error,
-    copy_shared_weights, count_parameters, random_batch,
+    copy_shared_weights, count_parameters, random_batch, training_metrics,
 )
 
 ARCH = "localness_transformer"
@@ -242,14 +242,7 @@ def test_centre_and_window_are_recorded_per_token_head_and_layer():
 
 
 def test_centre_offset_and_window_are_logged_as_training_metrics():
-    from fairseq.logging import metrics
-
-    model, task = build_model(ARCH, TINY)
-    model.train()
-    src, lens, prev, _ = random_batch(task, [6, 3], seed=3)
-    with metrics.aggregate(new_root=True) as agg:
-        model(src, lens, prev)
-    values = agg.get_smoothed_values()
+    values = training_metrics(ARCH)
     for layer in (1, 2, 3):
         assert f"enc{layer}_centre_offset" in values
         assert 1.0 <= values[f"enc{layer}_window"] <= 6.0  # I * sigmoid(z), floored at 1

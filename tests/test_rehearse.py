@@ -21,7 +21,7 @@ import re
 import pytest
 
 from conftest import REPO, run_command, tool_env
-from test_reproduce import SCRIPTS, commands, opt
+from reproduce_utils import SCRIPTS, commands, opt
 
 REPRO = os.path.join(REPO, "scripts", "reproduce")
 SIZES = {"--encoder-layers": "3", "--decoder-layers": "2", "--encoder-embed-dim": "32", "--decoder-embed-dim": "32",

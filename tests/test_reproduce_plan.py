@@ -1,5 +1,6 @@
 """scripts/reproduce/plan.py: what the reproduce driver (scripts/reproduce/common.sh)
-computes and formats, tested as functions (the drivers' dry runs: test_reproduce.py)."""
+computes and formats, tested as functions (the drivers' dry runs:
+test_reproduce_dry_run.py)."""
 import importlib.util
 import json
 import os

@@ -23,19 +23,14 @@ IWSLT setting, Sect. 5.2: 4+4 layers, d = 256, 4 heads; the paper does not give 
 feed-forward size, we use 1024 = 4d, the Transformer's ratio).
 """
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
 
 from fairseq_localness.models._locality import (
-    LocalityOptions,
-    LocalityTransformerModel,
-    OptionError,
-    attention_heads,
-    option,
-    option_flag,
-    register_presets,
+    LocalityOptions, LocalityTransformerModel, OptionError, attention_heads, option, option_flag, register_presets,
     transformer_small,
 )
 from fairseq_localness.modules.dual_context import DualContextModule
@@ -43,6 +38,8 @@ from fairseq_localness.modules.dual_context import DualContextModule
 DC_MODES = ("enc", "dec", "full", "none")
 # why --dc-kernel-size / --dc-log-divergence are refused with --dc-mode none
 _DC_MODULE_ONLY = "{flag} has no effect with {got} (it applies to the DC module of modes enc, dec and full)"
+# an option of the DC module itself: it applies to every mode but none
+_dc_module_option = partial(option, applies_to={"dc_mode": ("enc", "dec", "full")}, unused_message=_DC_MODULE_ONLY)
 _SIDES_OF_MODE = {"enc": ("encoder",), "dec": ("decoder",), "full": ("encoder", "decoder"), "none": ()}
 
 
@@ -69,18 +66,14 @@ class DCOptions(LocalityOptions):
         applies_to={"dc_mode": ("dec", "full")},
         default_text="all",
     )
-    dc_kernel_size: int = option(
+    dc_kernel_size: int = _dc_module_option(
         2,
         "kernel size f of the Local Context Unit's convolution (eq. 6; the paper: 2, Sect. 5.2; causal in the decoder)",
-        applies_to={"dc_mode": ("enc", "dec", "full")},
-        unused_message=_DC_MODULE_ONLY,
     )
-    dc_log_divergence: bool = option(
+    dc_log_divergence: bool = _dc_module_option(
         False,
         "log the Jensen-Shannon divergence between the two FI units of every DC layer (eq. 10-11) "
         "as the validation metric <layer>_js",
-        applies_to={"dc_mode": ("enc", "dec", "full")},
-        unused_message=_DC_MODULE_ONLY,
     )
 
     def layers_by_default(self, side: str, num_layers: int) -> str:

@@ -37,24 +37,12 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
 
 from fairseq_localness.models._locality import (
-    GaussianWindowOptions,
-    LocalityTransformerModel,
-    OptionError,
-    attention_heads,
-    default_layers,
-    option,
-    option_flag,
+    GaussianWindowOptions, LocalityTransformerModel, OptionError, attention_heads, default_layers, option, option_flag,
     register_presets,
 )
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.gaussian import GaussianWindows
-from fairseq_localness.modules.hybrid import (
-    GATE_TYPES,
-    NEIGHBOR_WINDOWS,
-    VARIANTS,
-    HybridSettings,
-    hybrid_attention,
-)
+from fairseq_localness.modules.hybrid import GATE_TYPES, NEIGHBOR_WINDOWS, VARIANTS, HybridSettings, hybrid_attention
 
 
 @dataclass

@@ -38,23 +38,12 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
 
 from fairseq_localness.models._locality import (
-    LocalityOptions,
-    LocalityTransformerModel,
-    OptionError,
-    attention_heads,
-    option,
-    option_flag,
-    register_presets,
+    LocalityOptions, LocalityTransformerModel, OptionError, attention_heads, option, option_flag, register_presets,
     transformer_small,
 )
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.hysan import (
-    FUSIONS,
-    branch_names,
-    build_fusion,
-    fixed_branches,
-    local_width,
-    make_branch,
+    FUSIONS, branch_names, build_fusion, fixed_branches, local_width, make_branch,
 )
 
 # Why the decoder refuses the encoder-only branches.

@@ -29,16 +29,8 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
 
 from fairseq_localness.models._locality import (
-    GaussianWindowOptions,
-    LayerSpec,
-    LocalityTransformerModel,
-    OptionError,
-    attention_heads,
-    default_layers,
-    option,
-    option_flag,
-    parse_layers,
-    register_presets,
+    GaussianWindowOptions, LayerSpec, LocalityTransformerModel, OptionError, attention_heads, default_layers, option,
+    option_flag, parse_layers, register_presets,
 )
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.gaussian import WINDOW_STRATEGIES, GaussianWindows
