@@ -269,6 +269,7 @@ def test_a_broken_causal_mask_fails_the_contract(monkeypatch, impl):
     on the fast path (the CPU flash kernel's ``is_causal``)."""
     from fairseq_localness.modules import attention
     from fairseq_localness.modules.attention import set_attention_impl
+    from fairseq_localness.modules.kernels import sdpa
     from model_utils import build_model
 
     model, task = build_model("hybrid_transformer", MODEL_ARGS + ["--hybrid-encoder-layers", "none",
@@ -277,9 +278,9 @@ def test_a_broken_causal_mask_fails_the_contract(monkeypatch, impl):
     check_incremental_equals_full(model, task)
     monkeypatch.setattr(attention, "causal_mask",
                         lambda tq, tk, device: torch.zeros(tq, tk, dtype=torch.bool, device=device))
-    if attention._CPU_FLASH is not None:
-        flash = attention._CPU_FLASH
-        monkeypatch.setattr(attention, "_CPU_FLASH",
+    if sdpa.CPU_FLASH is not None:
+        flash = sdpa.CPU_FLASH
+        monkeypatch.setattr(sdpa, "CPU_FLASH",
                             lambda q, k, v, p, is_causal, **kw: flash(q, k, v, p, False, **kw))
     with pytest.raises(AssertionError):
         check_incremental_equals_full(model, task)
@@ -305,17 +306,18 @@ def test_a_mask_that_ignores_padding_fails_the_contract(monkeypatch):
 
 def test_a_fast_path_that_drops_the_bias_fails_the_contract(monkeypatch):
     """A fast path that differs from the eager reference is caught."""
-    from fairseq_localness.modules import attention
+    from fairseq_localness.modules.attention import AttentionCore
+    from fairseq_localness.modules.context import AttentionBranch
     from model_utils import build_model
 
     model, task = build_model("localness_transformer", MODEL_ARGS)
     check_fast_path_equals_eager(model, task)
-    original = attention.AttentionCore._sdpa
+    original = AttentionCore._sdpa
 
     def without_bias(self, ctx, v, branch, base_blocked, soft_bias):
-        return original(self, ctx, v, attention.AttentionBranch(), base_blocked, soft_bias)
+        return original(self, ctx, v, AttentionBranch(), base_blocked, soft_bias)
 
-    monkeypatch.setattr(attention.AttentionCore, "_sdpa", without_bias)
+    monkeypatch.setattr(AttentionCore, "_sdpa", without_bias)
     with pytest.raises(AssertionError):
         check_fast_path_equals_eager(model, task)
 
