@@ -135,16 +135,6 @@ def _run_core(core, x, kpm, impl, weight):
     return out, grads, paths
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny matrices: one thread (two OpenMP threads on a shared 2-core machine wait
-    for each other far longer than these products take)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

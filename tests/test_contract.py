@@ -32,19 +32,15 @@ import pytest
 import torch
 
 from model_utils import (
+    NO_DROPOUT,
     check_batch_invariance,
     check_fast_path_equals_eager,
     check_finite,
     check_incremental_equals_full,
+    size_args,
 )
 
-MODEL_ARGS = [
-    "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-]
+MODEL_ARGS = size_args(2, 16, 32, 2) + NO_DROPOUT
 
 
 class Case(NamedTuple):
