@@ -263,7 +263,7 @@ def test_a_broken_causal_mask_fails_the_contract(monkeypatch, impl):
     """A decoder self-attention that can see the future is caught (teacher forcing sees
     later targets, incremental decoding cannot), on the eager path (the causal mask) and
     on the fast path (the CPU flash kernel's ``is_causal``)."""
-    from fairseq_localness.modules import attention
+    from fairseq_localness.modules import context
     from fairseq_localness.modules.attention import set_attention_impl
     from fairseq_localness.modules.kernels import sdpa
     from model_utils import build_model
@@ -272,7 +272,7 @@ def test_a_broken_causal_mask_fails_the_contract(monkeypatch, impl):
                                                                   "--hybrid-decoder-layers", "all"])
     set_attention_impl(model, impl)
     check_incremental_equals_full(model, task)
-    monkeypatch.setattr(attention, "causal_mask",
+    monkeypatch.setattr(context, "causal_mask",
                         lambda tq, tk, device: torch.zeros(tq, tk, dtype=torch.bool, device=device))
     if sdpa.CPU_FLASH is not None:
         flash = sdpa.CPU_FLASH

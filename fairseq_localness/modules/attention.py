@@ -59,20 +59,14 @@ from fairseq_localness.modules.context import (
     AttentionBranch,
     AttentionContext,
     at_least_float32,
+    base_mask,
     build_context,
-    causal_mask,
-    combine_masks,
     safe_masked_softmax,
 )
 from fairseq_localness.modules.fusion import Fusion, MergeHeads, SumFusion, split_heads
 from fairseq_localness.modules.incremental import IncrementalBuffer, append_to_cache
 from fairseq_localness.modules.kernels.choice import branch_attention, check_impl, use_fast_path
 from fairseq_localness.modules.observe import Observable, probs_key
-
-# A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
-# boolean attn_mask into -1e8 in fp32 and -1e4 in fp16; its decoder uses -inf).
-_BLOCKING_BIAS = -1e4
-
 
 def set_attention_impl(model: nn.Module, impl: str) -> int:
     """Set ``attention_impl`` of every :class:`AttentionCore` in ``model``; returns how
@@ -227,25 +221,8 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
 
     def _base_mask(self, ctx: AttentionContext, attn_mask: Optional[Tensor]):
         """Padding and causality as one boolean ``B' x 1 x Tq x Tk`` mask, plus the soft
-        (finite) part of a float ``attn_mask`` as a bias."""
-        blocked = None
-        soft = None
-        if ctx.key_padding_mask is not None:
-            blocked = ctx.key_padding_mask[:, None, None, :]
-        if self.causal:
-            if ctx.tgt_len > 1:
-                causal = causal_mask(ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
-                if blocked is None and ctx.tgt_len == ctx.src_len:
-                    ctx.cache["plain_causal"] = causal
-                blocked = combine_masks(blocked, causal)
-        elif attn_mask is not None:
-            if attn_mask.dtype == torch.bool:
-                blocked = combine_masks(blocked, attn_mask[None, None])
-            else:
-                hard = attn_mask <= _BLOCKING_BIAS
-                blocked = combine_masks(blocked, hard[None, None])
-                soft = at_least_float32(attn_mask).masked_fill(hard, 0.0)[None, None]
-        return blocked, soft
+        (finite) part of a float ``attn_mask`` as a bias (:func:`~.context.base_mask`)."""
+        return base_mask(ctx, attn_mask)
 
     def forward(
         self,
@@ -279,7 +256,6 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         )
         ctx = self._context(query, q, k, key_padding_mask)
         base_blocked, soft_bias = self._base_mask(ctx, attn_mask)
-        ctx.cache["extra_mask"] = attn_mask is not None and not self.causal
 
         weights = None
         if self._use_sdpa(query, need_weights, ctx.src_len):
@@ -320,17 +296,10 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         ``attention_impl``, the weights and distributions asked for, dtype, device,
         training and length)."""
         rel = self.relative_positions
-        return use_fast_path(
-            self.attention_impl,
-            query,
-            src_len,
-            branches=len(self.branches),
-            need_weights=need_weights,
-            recording=self.recording,
-            value_term=rel is not None and rel.value_embeddings is not None,
-            dropout=self._dropout_active(),
-            trainable=self.q_proj.weight.requires_grad,
-        )
+        value_term = rel is not None and rel.value_embeddings is not None
+        return use_fast_path(self.attention_impl, query, src_len, branches=len(self.branches),
+                             need_weights=need_weights, recording=self.recording, value_term=value_term,
+                             dropout=self._dropout_active(), trainable=self.q_proj.weight.requires_grad)
 
     def _sdpa(self, ctx, v, branch, base_blocked, soft_bias) -> Tensor:
         """One branch on the fast path, ``B x H x Tq x Dh`` in the input dtype, by the

@@ -14,7 +14,9 @@ Tk = key length, Dh = head dimension.
   branches, with its own boolean mask and/or additive bias (Yang et al. 2018, eq. 4;
   Xu et al. 2019, eq. 1-3; Song et al. 2019, eq. 8-12).
 * Masks are boolean, True where a key is blocked, and combined with ``|``
-  (:func:`combine_masks`; no ``-inf`` planes are ever summed). Masks that depend on
+  (:func:`combine_masks`; no ``-inf`` planes are ever summed): the call's own
+  (padding, causality, a fairseq ``attn_mask``: :func:`base_mask`) with each
+  branch's (:meth:`AttentionBranch.mask_and_bias`). Masks that depend on
   ``j - i`` only (the causal mask, window branches, relative position buckets) are
   views of a table cached per device (:func:`distance_table`), which also says why
   index distances are the real-position distances wherever it matters.
@@ -189,6 +191,39 @@ def build_context(query: Tensor, q: Tensor, k: Tensor, key_padding_mask: Optiona
         causal=causal,
         self_attention=same_positions,
     )
+
+
+# A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
+# boolean attn_mask into -1e8 in fp32 and -1e4 in fp16; its decoder uses -inf).
+_BLOCKING_BIAS = -1e4
+
+
+def base_mask(ctx: AttentionContext, attn_mask: Optional[Tensor]) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """The call's own mask, before any branch's: padding and causality as one boolean
+    ``B' x 1 x Tq x Tk`` mask (or None), and the soft (finite) part of a float
+    ``attn_mask`` as a bias (or None). Notes in ``ctx.cache`` the plain causal mask
+    (``"plain_causal"``: no padding, ``Tq = Tk``) and whether the call has an
+    ``attn_mask`` of its own (``"extra_mask"``), which the fast path's choice of kernel
+    reads."""
+    blocked = None
+    soft = None
+    if ctx.key_padding_mask is not None:
+        blocked = ctx.key_padding_mask[:, None, None, :]
+    if ctx.causal:
+        if ctx.tgt_len > 1:
+            causal = causal_mask(ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
+            if blocked is None and ctx.tgt_len == ctx.src_len:
+                ctx.cache["plain_causal"] = causal
+            blocked = combine_masks(blocked, causal)
+    elif attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            blocked = combine_masks(blocked, attn_mask[None, None])
+        else:
+            hard = attn_mask <= _BLOCKING_BIAS
+            blocked = combine_masks(blocked, hard[None, None])
+            soft = at_least_float32(attn_mask).masked_fill(hard, 0.0)[None, None]
+    ctx.cache["extra_mask"] = attn_mask is not None and not ctx.causal
+    return blocked, soft
 
 
 def _future(distance: Tensor) -> Tensor:
