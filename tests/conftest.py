@@ -9,6 +9,7 @@
 - :func:`train_and_generate`: train any registered architecture for a couple of
   updates with tiny dimensions, then translate the tiny test set with
   ``fairseq-generate`` (beam 2), checking that every sentence was translated.
+- ``one_thread``: one torch thread for the test (tiny matrices).
 
 Each fairseq process costs ~4-5 s of start-up (importing fairseq), so a test that
 goes through the CLI should start as few of them as it can.
@@ -75,6 +76,18 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(1)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread (two OpenMP threads on a shared 2-core machine wait
+    for each other far longer than these products take)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 # --------------------------------------------------------------------------- time limits

@@ -20,7 +20,8 @@ TINY = [
     "--decoder-attention-heads", "4", "--decoder-layers", "3",
     "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
 ]
-
+NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
+"""No dropout of any kind (outputs compared exactly, or counted)."""
 
 
 def size_args(layers: int, dim: int, ffn: int, heads: int) -> List[str]:

@@ -6,7 +6,8 @@ handed to fairseq's layer builders)."""
 import pytest
 import torch
 
-from fairseq_localness.modules.attention import AttentionCore, real_positions
+from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.context import real_positions
 from fairseq_localness.modules.branches import global_branch, local_branch
 from fairseq_localness.modules.fusion import ConcatFusion, Fusion, MergeHeads, SumFusion, merge_heads
 from fairseq_localness.modules.observe import (

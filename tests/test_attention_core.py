@@ -6,13 +6,8 @@ import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 
-from fairseq_localness.modules.attention import (
-    AttentionBranch,
-    AttentionContext,
-    AttentionCore,
-    causal_mask,
-    real_positions,
-)
+from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext, causal_mask, real_positions
 from fairseq_localness.modules.branches import (
     WindowBranch,
     backward_branch,
@@ -140,16 +135,6 @@ def _run_core(core, x, kpm, impl, weight):
     return out, grads, paths
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny matrices: one thread (two OpenMP threads on a shared 2-core machine wait
-    for each other far longer than these products take)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -193,7 +178,8 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_w
     and from ``set_attention_impl``."""
     from model_utils import attention_paths
 
-    from fairseq_localness.modules.attention import EAGER_MAX_KEYS, set_attention_impl
+    from fairseq_localness.modules.attention import set_attention_impl
+    from fairseq_localness.modules.kernels.choice import EAGER_MAX_KEYS
 
     def paths(core, dtype=torch.float32, grad=True, length=T):
         x = torch.randn(length, B, C, dtype=dtype)

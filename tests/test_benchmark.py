@@ -310,7 +310,7 @@ def test_profile_and_attention_impl(tmp_path, capsys):
 def test_attention_impl_choices_are_the_cores_settings():
     """The option's choices (a literal, so that usage errors need no fairseq import)
     are the core's settings."""
-    from fairseq_localness.modules.attention import ATTENTION_IMPLS
+    from fairseq_localness.modules.kernels.choice import ATTENTION_IMPLS
 
     action = next(a for a in bench.get_parser()._actions if a.dest == "attention_impl")
     assert tuple(action.choices) == ATTENTION_IMPLS

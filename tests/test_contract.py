@@ -32,19 +32,15 @@ import pytest
 import torch
 
 from model_utils import (
+    NO_DROPOUT,
     check_batch_invariance,
     check_fast_path_equals_eager,
     check_finite,
     check_incremental_equals_full,
+    size_args,
 )
 
-MODEL_ARGS = [
-    "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-]
+MODEL_ARGS = size_args(2, 16, 32, 2) + NO_DROPOUT
 
 
 class Case(NamedTuple):
@@ -267,19 +263,20 @@ def test_a_broken_causal_mask_fails_the_contract(monkeypatch, impl):
     """A decoder self-attention that can see the future is caught (teacher forcing sees
     later targets, incremental decoding cannot), on the eager path (the causal mask) and
     on the fast path (the CPU flash kernel's ``is_causal``)."""
-    from fairseq_localness.modules import attention
+    from fairseq_localness.modules import context
     from fairseq_localness.modules.attention import set_attention_impl
+    from fairseq_localness.modules.kernels import sdpa
     from model_utils import build_model
 
     model, task = build_model("hybrid_transformer", MODEL_ARGS + ["--hybrid-encoder-layers", "none",
                                                                   "--hybrid-decoder-layers", "all"])
     set_attention_impl(model, impl)
     check_incremental_equals_full(model, task)
-    monkeypatch.setattr(attention, "causal_mask",
+    monkeypatch.setattr(context, "causal_mask",
                         lambda tq, tk, device: torch.zeros(tq, tk, dtype=torch.bool, device=device))
-    if attention._CPU_FLASH is not None:
-        flash = attention._CPU_FLASH
-        monkeypatch.setattr(attention, "_CPU_FLASH",
+    if sdpa.CPU_FLASH is not None:
+        flash = sdpa.CPU_FLASH
+        monkeypatch.setattr(sdpa, "CPU_FLASH",
                             lambda q, k, v, p, is_causal, **kw: flash(q, k, v, p, False, **kw))
     with pytest.raises(AssertionError):
         check_incremental_equals_full(model, task)
@@ -305,17 +302,18 @@ def test_a_mask_that_ignores_padding_fails_the_contract(monkeypatch):
 
 def test_a_fast_path_that_drops_the_bias_fails_the_contract(monkeypatch):
     """A fast path that differs from the eager reference is caught."""
-    from fairseq_localness.modules import attention
+    from fairseq_localness.modules.attention import AttentionCore
+    from fairseq_localness.modules.context import AttentionBranch
     from model_utils import build_model
 
     model, task = build_model("localness_transformer", MODEL_ARGS)
     check_fast_path_equals_eager(model, task)
-    original = attention.AttentionCore._sdpa
+    original = AttentionCore._sdpa
 
     def without_bias(self, ctx, v, branch, base_blocked, soft_bias):
-        return original(self, ctx, v, attention.AttentionBranch(), base_blocked, soft_bias)
+        return original(self, ctx, v, AttentionBranch(), base_blocked, soft_bias)
 
-    monkeypatch.setattr(attention.AttentionCore, "_sdpa", without_bias)
+    monkeypatch.setattr(AttentionCore, "_sdpa", without_bias)
     with pytest.raises(AssertionError):
         check_fast_path_equals_eager(model, task)
 

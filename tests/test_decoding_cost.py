@@ -23,15 +23,12 @@ from fairseq.modules import MultiheadAttention
 from fairseq_localness.cli.benchmark import flop_counter
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.dual_context import LocalContextUnit
-from model_utils import build_model, random_batch
+from model_utils import NO_DROPOUT, build_model, random_batch, size_args
 
-ARGS = [
-    "--encoder-layers", "1", "--decoder-layers", "2",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# two layers of width 16 (one on the encoder side), no dropout
+ARGS = size_args(2, 16, 32, 2) + ["--encoder-layers", "1"] + NO_DROPOUT
 VARIANTS = {
     "transformer": ("transformer", []),
     "localness-dec": ("localness_transformer", ["--localness-encoder-layers", "none",
@@ -48,16 +45,6 @@ VARIANTS = {
     "full-dc": ("dc_transformer", ["--dc-mode", "full", "--dc-kernel-size", "3"]),
 }
 SHORT, LONG = 8, 64
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one thread (two OpenMP threads on a shared 2-core machine wait
-    for each other far longer than these products take)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 ATTENTION_OPS = ("bmm", "baddbmm", "scaled_dot_product")  # q k^T and p v (also inside SDPA)
 
 

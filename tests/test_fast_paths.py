@@ -1,21 +1,21 @@
 """The fast attention paths at lengths above 256 (tiny width and heads), each against
 the eager reference: outputs and gradients, incremental decoding == the full pass,
 batch and padding invariance, no NaN in rows without keys. The paths: the band
-(:mod:`fairseq_localness.modules.banded`, ``O(T x W)``) for local branches, the CPU
-flash kernel with ``is_causal`` for forward and (reversed) backward branches, and the
-per-block recomputation of learned biases (:mod:`fairseq_localness.modules.recompute`:
-Yang et al.'s Gaussian and Shaw et al.'s relative positions, alone and together), and
-the one-row step of Shaw et al.'s terms in incremental decoding."""
+(:mod:`fairseq_localness.modules.kernels.banded`, ``O(T x W)``) for local branches,
+the CPU flash kernel with ``is_causal`` for forward and (reversed) backward branches,
+and the per-block recomputation of learned biases
+(:mod:`fairseq_localness.modules.kernels.recompute`: Yang et al.'s Gaussian and
+Shaw et al.'s relative positions, alone and together), and the one-row step of Shaw et
+al.'s terms in incremental decoding."""
 import itertools
 
 import pytest
 import torch
 
-from fairseq_localness.modules import attention as attention_module
-from fairseq_localness.modules import banded as banded_module
 from fairseq_localness.modules.attention import AttentionCore
-from fairseq_localness.modules.banded import band_slots_blocked, banded_attention
 from fairseq_localness.modules.hysan import build_fusion, make_branch
+from fairseq_localness.modules.kernels import choice, sdpa
+from fairseq_localness.modules.kernels.banded import band_slots_blocked, banded_attention
 
 T = 300  # above 256, as the speed work targets
 C, H = 8, 2
@@ -91,7 +91,7 @@ class _Spy:
 
     def __init__(self, monkeypatch):
         self.band = self.flash = 0
-        band, flash = banded_module.banded_attention, attention_module._CPU_FLASH
+        band, flash = choice.banded_attention, sdpa.CPU_FLASH
 
         def spy_band(*a, **kw):
             self.band += 1
@@ -101,9 +101,9 @@ class _Spy:
             self.flash += 1
             return flash(*a, **kw)
 
-        monkeypatch.setattr(attention_module, "banded_attention", spy_band)
+        monkeypatch.setattr(choice, "banded_attention", spy_band)
         if flash is not None:
-            monkeypatch.setattr(attention_module, "_CPU_FLASH", spy_flash)
+            monkeypatch.setattr(sdpa, "CPU_FLASH", spy_flash)
 
 
 @pytest.mark.parametrize("side,names,causal", [ENCODER, DECODER], ids=["encoder", "decoder"])
@@ -129,7 +129,7 @@ def test_fast_path_equals_eager_at_300(side, names, causal, monkeypatch):
     locals_ = sum(1 for n in names if n.startswith("local"))
     assert spy.band == locals_
     directions = sum(1 for n in names if n in ("forward", "backward"))
-    assert spy.flash == (directions if attention_module._CPU_FLASH is not None else 0)
+    assert spy.flash == (directions if sdpa.CPU_FLASH is not None else 0)
     # gradients are sums over T x B tokens: compared relative to the largest one (the
     # key bias's gradient is zero up to rounding, softmax being shift invariant)
     scale = max(1.0, max(b.abs().max().item() for b in results["eager"]))
@@ -191,7 +191,7 @@ def test_recomputed_bias_equals_eager_at_300(kind, causal, monkeypatch):
     path (recomputed per block of queries, several blocks here) == the eager
     reference, outputs and every gradient, with left padding and a row of one real
     key; nothing of size Tq x Tk is kept for the backward pass."""
-    from fairseq_localness.modules import recompute
+    from fairseq_localness.modules.kernels import recompute
 
     monkeypatch.setattr(recompute, "BLOCK_ELEMENTS", 3 * H * T * 64)  # blocks of 64 query rows
     core = _biased_core(kind, causal)

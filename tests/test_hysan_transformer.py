@@ -226,7 +226,7 @@ def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias
     bottleneck, and recomputes the rest): its output, its gradients (branch outputs,
     gate weights and biases) and its logged gate means equal autograd's on
     ``sum_b x_b * SG(x_b)`` computed directly (eq. 13-14)."""
-    from fairseq_localness.modules.attention import AttentionContext
+    from fairseq_localness.modules.context import AttentionContext
 
     torch.manual_seed(3)
     fusion = build_fusion("gated", C, ["a", "b", "c"], reduction=4, gate_bias=gate_bias).to(dtype).train()

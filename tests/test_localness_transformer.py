@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from fairseq_localness.modules.attention import AttentionBranch, AttentionCore
+from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.context import AttentionBranch
 from fairseq_localness.modules.gaussian import GaussianLocalness
 from fairseq_localness.modules.observe import AttentionRecorder
 from model_utils import (

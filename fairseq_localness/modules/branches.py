@@ -5,7 +5,7 @@ Shape notation as in :mod:`.attention`. Every mask is a function of the distance
 where the key is *blocked*, and can :meth:`~WindowBranch.materialize` a small matrix
 for tests and documentation. In self-attention the distance is taken between indices
 (equal to the real-position distance for every row that is used, see
-:func:`~.attention.distance_table`), so a mask is built once per ``(Tq, Tk)`` and
+:func:`~.context.distance_table`), so a mask is built once per ``(Tq, Tk)`` and
 device and reused.
 
 The one class :class:`WindowBranch` keeps the keys with ``-left <= j - i <= right``;
@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_localness.modules.attention import AttentionBranch, AttentionContext, distance_table
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext, distance_table
 
 
 class WindowBranch(AttentionBranch):
@@ -69,7 +69,7 @@ class WindowBranch(AttentionBranch):
     def mask(self, ctx: AttentionContext) -> Optional[Tensor]:
         """``1 x 1 x Tq x Tk`` in self-attention: a view of the table cached per
         ``(left, right, device)`` (index distances equal real-position distances for
-        every row that is used: :func:`~.attention.distance_table`); real positions
+        every row that is used: :func:`~.context.distance_table`); real positions
         otherwise (``B' x 1 x Tq x Tk``)."""
         if self.left is None and self.right is None:
             return None

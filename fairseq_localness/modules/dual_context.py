@@ -94,7 +94,9 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import AttentionCore, query_part
+from fairseq_localness.modules.attention import AttentionCore
+from fairseq_localness.modules.context import query_part
+from fairseq_localness.modules.incremental import IncrementalBuffer
 from fairseq_localness.modules.observe import QUERY_PADDING, VALID, Observable
 
 HEAD_REDUCTIONS = ("max", "mean", "per_head")
@@ -115,7 +117,7 @@ def kernel_split(kernel_size: int, causal: bool) -> Tuple[int, int]:
 
 
 @with_incremental_state
-class LocalContextUnit(nn.Module):
+class LocalContextUnit(nn.Module, IncrementalBuffer):
     """The Local Context Unit (eq. 6): ``lc = LayerNorm(GLU(Conv1d_f(r)) + r)``.
 
     Args:
@@ -148,21 +150,10 @@ class LocalContextUnit(nn.Module):
         return f"kernel_size={self.kernel_size}, causal={self.causal}, window=[t-{self.left}, t+{self.right}]"
 
     # ------------------------------------------------------------------ caching
-    def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
-        result = self.get_incremental_state(incremental_state, "conv_state")
-        return result if result is not None else {}
-
-    def _set_input_buffer(self, incremental_state, buffer: Dict[str, Optional[Tensor]]):
-        return self.set_incremental_state(incremental_state, "conv_state", buffer)
-
-    @torch.jit.export
-    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        """Reorder the cached window (``B x C x (f-1)``) for beam search."""
-        buffer = self._get_input_buffer(incremental_state)
-        if buffer.get("prev_input") is not None:
-            buffer["prev_input"] = buffer["prev_input"].index_select(0, new_order)
-            incremental_state = self._set_input_buffer(incremental_state, buffer)
-        return incremental_state
+    # the last f - 1 inputs (``prev_input``, ``B x C x (f-1)``) under "conv_state" in
+    # incremental_state, reordered for beam search by
+    # IncrementalBuffer.reorder_incremental_state
+    buffer_name = "conv_state"
 
     # ------------------------------------------------------------------ forward
     def convolve(

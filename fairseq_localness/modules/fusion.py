@@ -25,16 +25,14 @@ fusion                   ``C'``    output
 
 where ``x_b`` is branch b's output with its heads merged (``Tq x B x C``).
 """
-from typing import TYPE_CHECKING, List
+from typing import List
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fairseq_localness.modules.context import AttentionContext
 from fairseq_localness.modules.observe import Observable
-
-if TYPE_CHECKING:  # the core imports this module; the context is only a type here
-    from fairseq_localness.modules.attention import AttentionContext
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -62,12 +60,12 @@ class Fusion(nn.Module, Observable):
         """``C'``, the width of :meth:`forward`'s output for a model dimension ``C``."""
         return embed_dim
 
-    def forward(self, outputs: List[Tensor], ctx: "AttentionContext") -> Tensor:
+    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
         """``outputs``: one ``B x H x Tq x Dh`` tensor per branch, in the core's branch
         order; returns ``Tq x B x C'``."""
         raise NotImplementedError
 
-    def project(self, outputs: List[Tensor], ctx: "AttentionContext", out_proj: nn.Linear) -> Tensor:
+    def project(self, outputs: List[Tensor], ctx: AttentionContext, out_proj: nn.Linear) -> Tensor:
         """The fusion followed by the core's output projection (``C' -> C``). A fusion
         may override it to compute the two together (:class:`ConcatFusion` does, to
         keep its L-times-wider input out of the backward pass's memory)."""
@@ -77,7 +75,7 @@ class Fusion(nn.Module, Observable):
 class MergeHeads(Fusion):
     """The fusion of a one-branch attention: merges the heads, nothing else."""
 
-    def forward(self, outputs: List[Tensor], ctx: "AttentionContext") -> Tensor:
+    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
         assert len(outputs) == 1, f"MergeHeads fuses one branch (got {len(outputs)})"
         return merge_heads(outputs[0])
 
@@ -85,7 +83,7 @@ class MergeHeads(Fusion):
 class SumFusion(Fusion):
     """Sum of the branch outputs (Song et al. 2019, eq. 13, "sum")."""
 
-    def forward(self, outputs: List[Tensor], ctx: "AttentionContext") -> Tensor:
+    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
         # a running sum: nothing of shape L x B x H x Tq x Dh is materialised
         total = outputs[0]
         for out in outputs[1:]:
@@ -114,11 +112,11 @@ class ConcatFusion(Fusion):
     def extra_repr(self) -> str:
         return f"num_branches={self.num_branches}"
 
-    def forward(self, outputs: List[Tensor], ctx: "AttentionContext") -> Tensor:
+    def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
         assert len(outputs) == self.num_branches
         return torch.cat([merge_heads(x) for x in outputs], dim=-1)  # Tq x B x L*C
 
-    def project(self, outputs: List[Tensor], ctx: "AttentionContext", out_proj: nn.Linear) -> Tensor:
+    def project(self, outputs: List[Tensor], ctx: AttentionContext, out_proj: nn.Linear) -> Tensor:
         assert len(outputs) == self.num_branches
         if not torch.is_grad_enabled():  # nothing to keep (validation, beam search)
             return super().project(outputs, ctx, out_proj)

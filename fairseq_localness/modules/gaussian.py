@@ -53,7 +53,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import AttentionBranch, AttentionContext
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext
 from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, masked_mean
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
@@ -228,9 +228,10 @@ class GaussianLocalness(AttentionBranch):
         return -((k_pos - centre.unsqueeze(-1)) ** 2) / (2.0 * sigma.unsqueeze(-1) ** 2)
 
     def bias_terms(self, ctx: AttentionContext):
-        """G of eq. 5 as one term of :func:`~.recompute.recomputed_attention`: computed
-        per block of query rows from the centres P and widths sigma = D / 2 (each
-        ``B x H x Tq``), so no ``B x H x Tq x Tk`` bias is kept for the backward pass."""
+        """G of eq. 5 as one term of :func:`~.kernels.recompute.recomputed_attention`:
+        computed per block of query rows from the centres P and widths sigma = D / 2
+        (each ``B x H x Tq``), so no ``B x H x Tq x Tk`` bias is kept for the backward
+        pass."""
         centre, sigma, k_pos = self._centre_sigma_keys(ctx)
 
         def gaussian(inputs, i0: int, i1: int) -> Tensor:

@@ -69,8 +69,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import AttentionBranch, AttentionContext, AttentionCore
+from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.branches import global_branch, local_branch
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext
 from fairseq_localness.modules.fusion import ConcatFusion, Fusion, MergeHeads, merge_heads
 from fairseq_localness.modules.gaussian import GaussianWindows
 from fairseq_localness.modules.observe import GATE, REAL_TOKENS, TRAIN, VALID, masked_mean

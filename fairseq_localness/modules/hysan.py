@@ -74,13 +74,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import AttentionContext
 from fairseq_localness.modules.branches import (
     WindowBranch,
     backward_branch,
     forward_branch,
     global_branch,
 )
+from fairseq_localness.modules.context import AttentionContext
 from fairseq_localness.modules.fusion import ConcatFusion, Fusion, SumFusion, merge_heads, split_heads
 from fairseq_localness.modules.observe import gate_key, masked_mean
 

@@ -16,7 +16,7 @@ gathered at each pair's distance; the value term scatters the attention weights 
 their R distance buckets (``B x H x Tq x R``) and multiplies by ``W^V``.
 
 Distances are index distances, which equal the real-position distances for every
-row that is used (see :func:`~.attention.distance_table`), so left padding and
+row that is used (see :func:`~.context.distance_table`), so left padding and
 incremental decoding see the same distances as an unpadded full pass; the bucket
 indices come from a table cached per clipping distance and device. Shaw et al.'s key
 term is computed once per attention call and shared by its branches; an incremental
@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.attention import AttentionContext, distance_table, one_row_softmax
+from fairseq_localness.modules.context import AttentionContext, distance_table, one_row_softmax
 
 
 class RelativePositions(nn.Module):
@@ -58,7 +58,7 @@ class RelativePositions(nn.Module):
     def bucket(self, ctx: AttentionContext) -> Tensor:
         """``clip(j - i, K) + K``, ``1 x 1 x Tq x Tk`` long: a view of a table cached per
         ``(K, device)`` (index distances, which equal real-position distances for every
-        row that is used: :func:`~.attention.distance_table`)."""
+        row that is used: :func:`~.context.distance_table`)."""
         key = ("shaw_bucket", self.max_distance)
         return distance_table(key, self._clipped, ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
 

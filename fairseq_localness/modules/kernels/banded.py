@@ -1,6 +1,7 @@
 """Attention restricted to a hard window of keys, in ``O(Tq x W)`` time and memory.
 
-Shape notation as in :mod:`.attention`; W = ``left + right + 1``, the window size.
+Shape notation as in :mod:`~fairseq_localness.modules.attention`; W = ``left + right + 1``,
+the window size.
 
 A branch that keeps only the keys with ``-left <= j - i <= right`` (Xu et al. 2019,
 eq. 3, the local pattern ``|i - j| <= m``; Song et al. 2019, eq. 11, ``M_e`` and
@@ -21,7 +22,8 @@ the ``B x H x Tq x W`` distribution besides ``q``, ``k`` and ``v``, nothing of s
 ``Tq x Tk``.
 
 Index distances are real-position distances for every row that is used (see
-:func:`~.attention.distance_table`), so the band is taken over indices.
+:func:`~fairseq_localness.modules.context.distance_table`), so the band is taken
+over indices.
 """
 from typing import Callable, Optional, Tuple
 

@@ -6,7 +6,8 @@ additive mask, and ``scaled_dot_product_attention`` with a mask that needs one t
 its reference path, which keeps the ``B x H x Tq x Tk`` mask, energies and
 distributions).
 
-Shape notation as in :mod:`.attention`; R = number of relative-position buckets.
+Shape notation as in :mod:`~fairseq_localness.modules.attention`; R = number of
+relative-position buckets.
 
 Per query block ``I`` (rows ``i0 .. i1 - 1``) the forward pass computes::
 
@@ -306,3 +307,10 @@ def recomputed_attention(
     inputs = [x for _, group in bias_terms for x in group]
     return _RecomputedAttention.apply(
         q, k, v, scale, blocked, causal, fns, counts, relative_k, key_embeddings, value_embeddings, *inputs)
+
+
+def whole_bias_term(inputs: Sequence[Tensor], i0: int, i1: int) -> Tensor:
+    """A bias term given whole (``inputs[0]``: ``... x Tq x Tk``, or broadcast over the
+    queries): its rows ``i0 .. i1 - 1``."""
+    bias = inputs[0]
+    return bias if bias.size(-2) == 1 else bias[..., i0:i1, :]

@@ -1,0 +1,355 @@
+"""What a branch and a fusion see of one attention call, and the masks and softmax
+the core, its branches and its kernels build with.
+
+Shape notation as in :mod:`.attention`: B = batch size, H = heads, Tq = query length,
+Tk = key length, Dh = head dimension.
+
+* :class:`AttentionContext`: one call's queries, keys, padding and positions.
+  Positions are the *real* token positions: computed from ``key_padding_mask`` (so a
+  left-padded source sentence sees positions 0..I-1 whatever its padding), and
+  bottom-right aligned for queries (``query i`` of ``Tq`` sits at key index
+  ``Tk - Tq + i``), so an incremental decoding step sees the same positions as the
+  full teacher-forced pass.
+* :class:`AttentionBranch`: one softmax over the energies shared by the core's
+  branches, with its own boolean mask and/or additive bias (Yang et al. 2018, eq. 4;
+  Xu et al. 2019, eq. 1-3; Song et al. 2019, eq. 8-12).
+* Masks are boolean, True where a key is blocked, and combined with ``|``
+  (:func:`combine_masks`; no ``-inf`` planes are ever summed): the call's own
+  (padding, causality, a fairseq ``attn_mask``: :func:`base_mask`) with each
+  branch's (:meth:`AttentionBranch.mask_and_bias`). Masks that depend on
+  ``j - i`` only (the causal mask, window branches, relative position buckets) are
+  views of a table cached per device (:func:`distance_table`), which also says why
+  index distances are the real-position distances wherever it matters.
+* The softmax runs in float32 whatever the input dtype (:func:`at_least_float32`); a
+  query row that its masks leave without any key gets an all-zero distribution
+  instead of NaN, in the forward and the backward pass (:func:`safe_masked_softmax`,
+  :func:`one_row_softmax`). No host synchronisation on accelerators: the test for an
+  empty row (:func:`empty_rows`) inspects a mask's values on CPU tensors only.
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Hashable, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from fairseq_localness.modules.observe import Observable
+
+
+@dataclass
+class AttentionContext:
+    """Everything a branch or a fusion may need to know about one attention call.
+
+    Attributes:
+        query_input: the layer input the queries come from, ``Tq x B x C``.
+        q: projected queries before scaling, ``B x H x Tq x Dh``.
+        k: projected keys (cached ones included), ``B x H x Tk x Dh``.
+        key_padding_mask: ``B x Tk``, True at padding, or None.
+        q_pos: real position of each query, ``B' x Tq`` (B' is B or 1), long.
+        k_pos: real position of each key, ``B' x Tk``, long.
+        lengths: ``I`` of Yang et al. (2018): how many real keys query i can see,
+            ``B' x Tq`` float (the real sentence length, or i + 1 when causal).
+        causal: True in decoder self-attention.
+        self_attention: True when queries and keys are the same token positions
+            (self-attention, or a core built with ``self_positions=True``).
+    """
+
+    query_input: Tensor
+    q: Tensor
+    k: Tensor
+    key_padding_mask: Optional[Tensor]
+    q_pos: Tensor
+    k_pos: Tensor
+    lengths: Tensor
+    causal: bool
+    self_attention: bool
+    cache: Dict[str, Optional[Tensor]] = field(default_factory=dict)
+
+    # B, H, Tq and Tk, read from the projected queries and keys
+    bsz = property(lambda self: self.q.size(0))
+    num_heads = property(lambda self: self.q.size(1))
+    tgt_len = property(lambda self: self.q.size(2))
+    src_len = property(lambda self: self.k.size(2))
+
+    def query_padding_mask(self) -> Optional[Tensor]:
+        """``B x Tq``, True at the padding queries; None when no query is padding or
+        the queries are not the key positions (encoder-decoder attention, whose
+        queries the core knows nothing about).
+
+        Queries are bottom-right aligned with the keys (query i of Tq sits at key
+        index ``Tk - Tq + i``), so this is the last Tq columns of ``key_padding_mask``.
+        """
+        if not self.self_attention or self.key_padding_mask is None:
+            return None
+        return query_part(self.key_padding_mask, self.tgt_len)
+
+    def query_keep(self) -> Optional[Tensor]:
+        """``B x Tq``, True at the real (non-padding) queries, or None when every query
+        is real (see :meth:`query_padding_mask`); computed once per attention call.
+        Callers broadcast it as they need (``keep[:, None]`` for ``B x 1 x Tq``,
+        ``keep.t().unsqueeze(-1)`` for ``Tq x B x 1``)."""
+        if "query_keep" not in self.cache:
+            padding = self.query_padding_mask()
+            self.cache["query_keep"] = None if padding is None else ~padding
+        return self.cache["query_keep"]
+
+    def relative_distance(self) -> Tensor:
+        """``j - i`` in real positions, ``B' x 1 x Tq x Tk`` (long), computed once per
+        attention call and shared by its branches."""
+        distance = self.cache.get("relative_distance")
+        if distance is None:
+            distance = (self.k_pos.unsqueeze(1) - self.q_pos.unsqueeze(2)).unsqueeze(1)
+            self.cache["relative_distance"] = distance
+        return distance
+
+
+class AttentionBranch(nn.Module, Observable):
+    """One distribution over the shared energies: an optional mask and bias.
+
+    Subclasses override :meth:`mask` (boolean, True = blocked) and/or :meth:`bias`
+    (additive, float32 or wider); both must broadcast to ``B x H x Tq x Tk``.
+    """
+
+    name = "global"
+
+    def mask(self, ctx: AttentionContext) -> Optional[Tensor]:
+        return None
+
+    def bias(self, ctx: AttentionContext) -> Optional[Tensor]:
+        return None
+
+    def bias_terms(self, ctx: AttentionContext) -> Optional[list]:
+        """The bias as terms ``(fn, inputs)`` of :func:`~.kernels.recompute.recomputed_attention`
+        (``fn(inputs, i0, i1)`` is the bias of query rows ``i0 .. i1 - 1``, computed
+        from the small tensors ``inputs``), so the fast path can recompute it per
+        block of queries instead of keeping it; None (the default) where the branch
+        has no learned bias (the fast path then uses :meth:`bias`)."""
+        return None
+
+    def hard_window(self, ctx: AttentionContext) -> Optional[Tuple[Optional[int], Optional[int]]]:
+        """``(left, right)`` when this branch is exactly the index window
+        ``-left <= j - i <= right`` (``None``: unbounded on that side) with no bias, so
+        the fast path may compute it as a band (:mod:`.kernels.banded`) or with a
+        causal kernel; None otherwise (the default: the fast path then uses :meth:`mask` and
+        :meth:`bias`)."""
+        return None
+
+    def mask_and_bias(self, ctx: AttentionContext, base_blocked: Optional[Tensor]):
+        """The branch's :meth:`mask` joined to the call's own (padding, causality:
+        ``base_blocked``, returned itself where the branch has no mask) and its
+        :meth:`bias`."""
+        blocked = combine_masks(base_blocked, self.mask(ctx))
+        return blocked, self.bias(ctx)
+
+
+def query_part(key_aligned: Tensor, tgt_len: int) -> Tensor:
+    """The entries of the Tq queries in a tensor over the keys (last dim Tk): queries
+    are bottom-right aligned, query i of Tq is key ``Tk - Tq + i``. E.g. the query
+    padding mask from a ``B x Tk`` key padding mask, or query positions from key
+    positions."""
+    return key_aligned[..., key_aligned.size(-1) - tgt_len :]
+
+
+def real_positions(key_padding_mask: Optional[Tensor], src_len: int, device) -> Tensor:
+    """Position of each key among the real (non-padding) tokens, ``B' x Tk`` long.
+
+    With left padding ``[pad, pad, a, b]`` gives ``[0, 0, 0, 1]`` (padding slots get 0;
+    they are masked anyway).
+    """
+    if key_padding_mask is None:
+        return torch.arange(src_len, device=device).unsqueeze(0)
+    real = (~key_padding_mask).long()
+    return (real.cumsum(-1) - 1).clamp_(min=0)
+
+
+def build_context(query: Tensor, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
+                  same_positions: bool) -> AttentionContext:
+    """The context of one call: real key positions, query positions (the keys' last Tq
+    when ``same_positions``: self-attention, or keys of their own standing at the query
+    positions), and ``I`` of Yang et al. (2018) per query."""
+    tgt_len, src_len = q.size(2), k.size(2)
+    k_pos = real_positions(key_padding_mask, src_len, q.device)
+    if same_positions:
+        q_pos = query_part(k_pos, tgt_len)
+    else:
+        # Encoder-decoder attention: query positions are not source positions;
+        # nothing in this package uses them there.
+        q_pos = torch.arange(tgt_len, device=q.device).unsqueeze(0)
+    if causal:
+        lengths = (q_pos + 1).float()
+    elif key_padding_mask is None:
+        lengths = torch.full((1, tgt_len), float(src_len), device=q.device)
+    else:
+        lengths = (~key_padding_mask).sum(-1, keepdim=True).float().expand(-1, tgt_len)
+    return AttentionContext(
+        query_input=query,
+        q=q,
+        k=k,
+        key_padding_mask=key_padding_mask,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        lengths=lengths,
+        causal=causal,
+        self_attention=same_positions,
+    )
+
+
+# A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
+# boolean attn_mask into -1e8 in fp32 and -1e4 in fp16; its decoder uses -inf).
+_BLOCKING_BIAS = -1e4
+
+
+def base_mask(ctx: AttentionContext, attn_mask: Optional[Tensor]) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """The call's own mask, before any branch's: padding and causality as one boolean
+    ``B' x 1 x Tq x Tk`` mask (or None), and the soft (finite) part of a float
+    ``attn_mask`` as a bias (or None). Notes in ``ctx.cache`` the plain causal mask
+    (``"plain_causal"``: no padding, ``Tq = Tk``) and whether the call has an
+    ``attn_mask`` of its own (``"extra_mask"``), which the fast path's choice of kernel
+    reads."""
+    blocked = None
+    soft = None
+    if ctx.key_padding_mask is not None:
+        blocked = ctx.key_padding_mask[:, None, None, :]
+    if ctx.causal:
+        if ctx.tgt_len > 1:
+            causal = causal_mask(ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
+            if blocked is None and ctx.tgt_len == ctx.src_len:
+                ctx.cache["plain_causal"] = causal
+            blocked = combine_masks(blocked, causal)
+    elif attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            blocked = combine_masks(blocked, attn_mask[None, None])
+        else:
+            hard = attn_mask <= _BLOCKING_BIAS
+            blocked = combine_masks(blocked, hard[None, None])
+            soft = at_least_float32(attn_mask).masked_fill(hard, 0.0)[None, None]
+    ctx.cache["extra_mask"] = attn_mask is not None and not ctx.causal
+    return blocked, soft
+
+
+def _future(distance: Tensor) -> Tensor:
+    return distance > 0
+
+
+def causal_mask(tgt_len: int, src_len: int, device) -> Tensor:
+    """Bottom-right aligned causal mask, ``Tq x Tk``, True where key j is in the future.
+
+    Query i sits at key index ``Tk - Tq + i``; e.g. Tq = 2, Tk = 4::
+
+        [[0, 0, 0, 1],
+         [0, 0, 0, 0]]
+
+    A read-only view of a cached table (:func:`distance_table`).
+    """
+    return distance_table("causal", _future, tgt_len, src_len, device)
+
+
+# (key, device) -> N x N table of fn(b - a); see distance_table.
+_DISTANCE_TABLES: Dict[Tuple[Hashable, torch.device], Tensor] = {}
+# Tables grow (doubling) up to this many keys; longer sequences compute their mask
+# directly (an N x N int64 table of relative-position buckets at N = 1024 is 8 MiB).
+DISTANCE_TABLE_MAX = 1024
+
+
+def distance_table(
+    key: Hashable, fn: Callable[[Tensor], Tensor], tgt_len: int, src_len: int, device
+) -> Tensor:
+    """``fn(j - i)`` for bottom-right aligned query indices, ``Tq x Tk``: query i sits
+    at key index ``Tk - Tq + i``, so the entry (i, j) is ``fn(j - (Tk - Tq + i))``.
+
+    ``fn`` maps a tensor of index distances to a tensor of the same shape (a boolean
+    mask, bucket indices); ``key`` names it (equal keys must mean equal functions).
+    The result is a view into an ``N x N`` table ``fn(b - a)`` built once per
+    ``(key, device)`` and reused by every call with ``Tk <= N`` (rows
+    ``Tk - Tq .. Tk - 1``, columns ``0 .. Tk - 1``): nothing is computed per call, and
+    an incremental decoding step gets its one row without building anything. The view
+    is shared: callers must not write into it.
+
+    Why index distances are enough. A mask or bias that depends on ``j - i`` in real
+    token positions (positions among the non-padding tokens,
+    :func:`real_positions`) gives the same values from index distances
+    wherever a result is used:
+
+    * fairseq pads a batch on one side (sources on the left by default, targets on
+      the right), so the padding of a sequence is contiguous and every real token's
+      index is its real position plus the same offset (the number of left pads): for
+      two real tokens the index difference is the real-position difference;
+    * padding keys are blocked by the padding mask whatever their distance;
+    * a padding query may get other keys than with real positions, possibly none: its
+      row is then empty and its output zero (no NaN, in the forward and the backward
+      pass); padding outputs are never used (fairseq masks them out of the loss and
+      out of every later layer's keys);
+    * incremental decoding appends the new queries after the cached keys (bottom-right
+      alignment), so one step sees the distances of the full teacher-forced pass.
+
+    Tests: eager and fast paths agree on every row; a sentence alone equals the same
+    sentence inside a left- or right-padded batch (tests/test_contract.py).
+    """
+    device = torch.device(device)
+    if src_len > DISTANCE_TABLE_MAX:
+        q_idx = torch.arange(src_len - tgt_len, src_len, device=device).unsqueeze(1)
+        return fn(torch.arange(src_len, device=device).unsqueeze(0) - q_idx)
+    cache_key = (key, device)
+    table = _DISTANCE_TABLES.get(cache_key)
+    if table is None or table.size(1) < src_len:
+        size = max(src_len, 64, 2 * table.size(1) if table is not None else 0)
+        size = min(size, DISTANCE_TABLE_MAX)
+        # built outside inference mode, so tables made during generation under
+        # torch.inference_mode() can still be saved for a later backward pass
+        with torch.inference_mode(False), torch.no_grad():
+            idx = torch.arange(size, device=device)
+            table = fn(idx.unsqueeze(0) - idx.unsqueeze(1))
+        _DISTANCE_TABLES[cache_key] = table
+    return table[src_len - tgt_len : src_len, :src_len]
+
+
+def at_least_float32(x: Tensor) -> Tensor:
+    """Half precision goes up to float32; float32 and float64 stay as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def safe_masked_softmax(scores: Tensor, blocked: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+    """Softmax (at least float32) over the last dim with blocked keys removed.
+
+    Rows in which every key is blocked get an all-zero distribution: they are unblocked
+    before the softmax (so no NaN appears, not even in the backward pass) and the
+    caller zeroes their output with the returned ``row_empty`` (``... x Tq x 1``).
+    """
+    scores = at_least_float32(scores)
+    if blocked is None:
+        return torch.softmax(scores, dim=-1), None
+    row_empty = empty_rows(blocked)
+    if row_empty is not None:
+        blocked = blocked & ~row_empty
+    probs = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
+    return probs, row_empty
+
+
+def one_row_softmax(scores: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+    """The distribution of one query row (energies ``B x H x 1 x Tk``; at least float32)
+    without the padding keys (``key_padding_mask`` ``B x Tk``, True at padding); a row
+    without keys gets 0 instead of NaN, with no host sync (incremental steps)."""
+    scores = at_least_float32(scores)
+    if key_padding_mask is None:
+        return torch.softmax(scores, -1)
+    return torch.softmax(scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf")), -1).nan_to_num(0.0)
+
+
+def empty_rows(blocked: Tensor) -> Optional[Tensor]:
+    """``... x Tq x 1``, True at the query rows in which every key is blocked, or None
+    when there is no such row on a CPU (the common case: the caller then skips the
+    repair, which would otherwise cost a mask update and two fills per branch)."""
+    row_empty = blocked.all(dim=-1, keepdim=True)
+    if row_empty.device.type != "cpu":
+        return row_empty  # no host sync on accelerators: always repair
+    return row_empty if bool(row_empty.any()) else None
+
+
+def combine_masks(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
+    """``a | b`` for two boolean masks (True = blocked), either of which may be None
+    (nothing blocked); returns ``a`` or ``b`` itself where the other is None."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a | b
+

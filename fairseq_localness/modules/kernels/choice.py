@@ -1,0 +1,299 @@
+"""Which computation an attention call takes, and on the fast path, each branch.
+
+Shape notation as in :mod:`~fairseq_localness.modules.attention`: B = batch size,
+H = heads, Tq = query length, Tk = key length, Dh = head dimension, L = branches.
+
+Two paths compute the same thing and are tested against each other: the *eager*
+reference of :class:`~fairseq_localness.modules.attention.AttentionCore` (energies
+once, one float32 softmax per branch, returns weights) and the *fast path* (one
+kernel call per branch, the fusion applied to the outputs as in the eager path).
+``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses: ``"auto"`` takes the fast path
+where it applies except where the eager path was measured to be as fast, ``"sdpa"``
+wherever it applies, ``"eager"`` never.
+
+The call (:func:`use_fast_path`): the first row that matches decides.
+
++--------------------------------------+---------+---------+-----------------+---------+
+| the call                             | device  | dtype   | length          | path    |
++======================================+=========+=========+=================+=========+
+| ``attention_impl="eager"``, or a     | any     | any     | any             | eager   |
+| recorder wants the distributions     |         |         |                 |         |
++--------------------------------------+---------+---------+-----------------+---------+
+| one branch, asked for its weights    | any     | any     | any             | eager   |
++--------------------------------------+---------+---------+-----------------+---------+
+| Shaw et al.'s value term with        | any     | any     | any             | eager   |
+| attention dropout (only the eager    |         |         |                 |         |
+| path draws it on the distribution    |         |         |                 |         |
+| the value term needs)                |         |         |                 |         |
++--------------------------------------+---------+---------+-----------------+---------+
+| any                                  | any     | float64 | any             | eager   |
++--------------------------------------+---------+---------+-----------------+---------+
+| ``"auto"``: several branches trained | CPU     | float32 | any             | eager   |
+| with attention dropout               |         |         |                 | [1]_    |
++--------------------------------------+---------+---------+-----------------+---------+
+| ``"auto"``: several branches trained | CPU     | float32 | Tk <= 64        | eager   |
+|                                      |         |         |                 | [2]_    |
++--------------------------------------+---------+---------+-----------------+---------+
+| anything else: one branch, no        | any     | float32 | any             | fast    |
+| gradients, frozen parameters,        |         | float16 |                 |         |
+| several branches over more keys,     |         | bfloat16|                 |         |
+| ``"sdpa"``                           |         |         |                 |         |
++--------------------------------------+---------+---------+-----------------+---------+
+
+A branch on the fast path (:func:`branch_attention`): the first row that matches
+decides. "Plain" is a call without a float ``attn_mask`` of its own (whose finite
+part is then a bias of every branch); a hard window is a branch that is exactly
+``-l <= j - i <= r`` (:meth:`~fairseq_localness.modules.context.AttentionBranch.hard_window`;
+``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal core.
+
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| kind of branch                       | device | dtype | length          | kernel                |
++======================================+========+=======+=================+=======================+
+| a learned bias (Yang et al.'s        | any    | any   | any             | :mod:`.recompute`     |
+| Gaussian, with gradients; Shaw et    |        |       |                 | [3]_                  |
+| al.'s key and value terms), no       |        |       |                 |                       |
+| attention dropout                    |        |       |                 |                       |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| Shaw et al.'s terms on a branch with | any    | any   | Tq = 1          | ``RelativePositions`` |
+| no mask or bias of its own, in self- |        |       |                 | ``.step_attention``   |
+| attention, no attention dropout      |        |       |                 | [4]_                  |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| a hard window, plain, no dropout     | any    | any   | Tq = 1          | :mod:`.step` [4]_     |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| a hard window bounded on both sides, | any    | any   | l + r + 1 < Tk  | :mod:`.banded` [5]_   |
+| plain                                |        |       |                 |                       |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| ``j <= i`` (a forward branch, the    | CPU    | any   | Tq = Tk > 1     | CPU flash kernel,     |
+| causal core's global branch) or      |        |       |                 | ``is_causal`` [5]_    |
+| ``j >= i`` (a backward branch),      |        |       |                 | (:mod:`.sdpa`)        |
+| plain, no dropout, torch >= 2.5      |        |       |                 |                       |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| no mask or bias of its own (encoder- | any    | any   | Tq = 1          | :mod:`.step` [4]_     |
+| decoder attention), plain, no        |        |       |                 |                       |
+| dropout                              |        |       |                 |                       |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| the plain causal mask alone (no      | any    | any   | Tq = Tk         | SDPA, ``is_causal``   |
+| padding, no bias)                    |        |       |                 | (:mod:`.sdpa`)        |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| anything else                        | any    | any   | any             | SDPA with the mask    |
+|                                      |        |       |                 | and bias              |
+|                                      |        |       |                 | (:mod:`.sdpa`)        |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+
+The measurements behind the choices and their thresholds (the sections named are
+docs/benchmark_appendix.md's; 2 threads on the project's 2-core CPU):
+
+.. [1] "The attention paths on a CPU (``attention_impl="auto"``)": with dropout
+   (which the CPU flash kernel and the recomputation do not draw) the per-branch
+   calls fall back to SDPA's reference kernel, where the eager path, computing
+   ``q k^T`` once for all branches and reusing the saved distributions in its
+   backward pass, was measured within a few percent of it (HySAN e1 gated, sum and
+   concat, hybrid; 16 x 32 tokens, 7 rounds).
+.. [2] 64 is :data:`EAGER_MAX_KEYS`. "Attention paths at real lengths: what was
+   tried and measured", its last point (commit ``78d8ea7``): HySAN e1 training
+   ratio / bound, eager against fast, 0.964 / 0.917 at T = 32, 0.947 / 0.907 at 64,
+   0.937 / 0.934 at 128; the fast path is ahead from T = 256 on (hybrid with decoder
+   layers: 1.007 / 0.990 at 64).
+.. [3] "Attention paths at real lengths", its table: recomputed per block against a
+   split into flash-kernel calls and a band, and the block size
+   (:data:`~.recompute.BLOCK_ELEMENTS`).
+.. [4] "Attention paths at real lengths", the point on incremental steps: decode
+   ratio / bound at T = 256 from 0.87-0.92 to 0.94-0.98 for HySAN, 0.90 to 0.91-0.96
+   for rel_pos, 0.90-0.93 to 0.95-0.97 for Dec-DC.
+.. [5] "Attention paths at real lengths", its table's first row (the CPU flash kernel,
+   the transformer's own attention: 6.6, 22.5 and 80.0 ms at T = 32, 256 and 1024),
+   and the commit that brought bands and the flash kernel's ``is_causal`` (commit
+   ``03ceaba``: HySAN e1 gated at T = 256 trained at 0.81 of the transformer's speed
+   against 0.63 eager).
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext, combine_masks
+from fairseq_localness.modules.kernels import sdpa
+from fairseq_localness.modules.kernels.banded import banded_attention
+from fairseq_localness.modules.kernels.recompute import recomputed_attention, whole_bias_term
+from fairseq_localness.modules.kernels.step import last_keys_attention
+
+# The settings of AttentionCore.attention_impl: "auto" (the fast path where it applies
+# and pays), "sdpa" (the fast path wherever it applies), "eager" (the reference path).
+ATTENTION_IMPLS = ("auto", "sdpa", "eager")
+
+# "auto" keeps several float32 branches trained on a CPU on the eager path up to this
+# many keys: there one q k^T shared by the branches and their small saved
+# distributions cost less than a kernel call (and its backward pass) per branch.
+# Measured with the benchmark (iwslt size, 2,048 tokens per step, 2 threads), training
+# ratio / bound of HySAN e1 eager against the fast path: 0.964 / 0.917 at T = 32,
+# 0.947 / 0.907 at T = 64, 0.937 / 0.934 at T = 128 (where the eager path keeps more);
+# the fast path is ahead from T = 256 on.
+EAGER_MAX_KEYS = 64
+
+# Half and single precision inputs the fast path takes (float64 stays on the reference).
+_SDPA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_impl(impl: str) -> None:
+    """Raise unless ``impl`` is one of :data:`ATTENTION_IMPLS`."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl {impl!r}: allowed: {', '.join(ATTENTION_IMPLS)}")
+
+
+def use_fast_path(
+    impl: str,
+    query: Tensor,
+    src_len: int,
+    *,
+    branches: int,
+    need_weights: bool,
+    recording: bool,
+    value_term: bool,
+    dropout: bool,
+    trainable: bool,
+) -> bool:
+    """Whether a call takes the fast path (the first table of the module docstring).
+
+    ``query``: the layer input (its dtype and device); ``src_len``: Tk; ``branches``:
+    L; ``need_weights``: the caller wants the weights (a one-branch attention returns
+    them; several branches have none); ``recording``: a recorder wants the
+    distributions; ``value_term``: the core has Shaw et al.'s value term;
+    ``dropout``: attention dropout is drawn in this call; ``trainable``: the core's
+    parameters take gradients.
+    """
+    check_impl(impl)
+    if impl == "eager" or recording:
+        return False
+    if need_weights and branches == 1:
+        return False
+    if value_term and dropout:
+        return False
+    if query.dtype not in _SDPA_DTYPES:
+        return False
+    if (
+        impl == "auto"
+        and branches > 1
+        and query.dtype == torch.float32
+        and query.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and trainable
+        and (dropout or src_len <= EAGER_MAX_KEYS)
+    ):
+        return False
+    return True
+
+
+def branch_attention(
+    ctx: AttentionContext,
+    v: Tensor,
+    branch: AttentionBranch,
+    base_blocked: Optional[Tensor],
+    soft_bias: Optional[Tensor],
+    scale: float,
+    dropout: Optional[nn.Module],
+    relative_positions: Optional[nn.Module],
+) -> Tensor:
+    """One branch on the fast path, ``B x H x Tq x Dh`` in the input dtype, by the
+    cheapest kernel that gives its distribution (the second table of the module
+    docstring).
+
+    ``base_blocked``: the call's padding and causal mask; ``soft_bias``: the finite
+    part of a float ``attn_mask`` (and, with attention dropout, Shaw et al.'s key
+    term); ``scale``: ``1 / sqrt(Dh)``; ``dropout``: the attention dropout where it is
+    drawn in this call, else None; ``relative_positions``: the core's
+    :class:`~fairseq_localness.modules.relative_position.RelativePositions`, or None.
+    """
+    out = _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, relative_positions)
+    if out is not None:
+        return out
+    plain = soft_bias is None and not ctx.cache.get("extra_mask")
+    one_row = plain and ctx.tgt_len == 1 and dropout is None
+    if plain:
+        window = _effective_window(ctx, branch)
+        if window is not None:
+            if one_row:
+                out = last_keys_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, window[0])
+            else:
+                out = _structured(ctx, v, window, scale, dropout)
+            if out is not None:
+                return out
+    blocked, bias = branch.mask_and_bias(ctx, base_blocked)
+    if one_row and bias is None and blocked is base_blocked:  # no mask or bias of its own: e.g. cross-attention
+        return last_keys_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, None)
+    if soft_bias is not None:
+        bias = soft_bias if bias is None else bias + soft_bias
+    is_causal = False
+    if bias is None and blocked is not None and blocked is ctx.cache.get("plain_causal"):
+        blocked, is_causal = None, True
+    dropout_p = dropout.p if dropout is not None else 0.0
+    return sdpa.masked_attention(ctx.q, ctx.k, v, blocked, bias, dropout_p, is_causal)
+
+
+def _effective_window(ctx: AttentionContext, branch: AttentionBranch) -> Optional[Tuple[Optional[int], Optional[int]]]:
+    """The branch's hard window (:meth:`AttentionBranch.hard_window`) with the
+    core's causal bound applied (``right <= 0``), or None."""
+    window = branch.hard_window(ctx)
+    if window is None:
+        return None
+    left, right = window
+    if ctx.causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, rel) -> Optional[Tensor]:
+    """A branch with learned biases (Yang et al. 2018's Gaussian, Shaw et al.
+    2018's key and value terms) through :func:`~.recompute.recomputed_attention`,
+    which keeps nothing of size ``Tq x Tk`` for the backward pass; None where it
+    does not apply (attention dropout, which it does not draw; no learned bias;
+    or no gradient and no value term, where SDPA takes the bias as a float mask
+    and needs no backward pass)."""
+    if dropout is not None:
+        return None
+    terms = branch.bias_terms(ctx) if (torch.is_grad_enabled() or rel is not None) else None
+    if terms is None and rel is None:
+        return None
+    terms = list(terms or [])
+    if not terms:
+        bias = branch.bias(ctx)
+        if bias is not None:
+            terms.append((whole_bias_term, (bias,)))
+    if soft_bias is not None:
+        terms.append((whole_bias_term, (soft_bias,)))
+    branch_mask = branch.mask(ctx)
+    if rel is not None and not terms and branch_mask is None and ctx.self_attention and ctx.tgt_len == 1:
+        return rel.step_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask)
+    blocked = combine_masks(base_blocked, branch_mask)
+    if rel is None:
+        return recomputed_attention(ctx.q, ctx.k, v, scale, blocked, terms)
+    return recomputed_attention(ctx.q, ctx.k, v, scale, blocked, terms, rel.max_distance,
+                                rel.key_embeddings, rel.value_embeddings, ctx.causal)
+
+
+def _structured(ctx, v, window, scale, dropout) -> Optional[Tensor]:
+    """A branch whose keys are a hard index window, without a ``Tq x Tk`` mask: the
+    band of :func:`~.banded.banded_attention` (both sides bounded and the window
+    narrower than the keys), or the CPU flash kernel
+    (:func:`~.sdpa.causal_flash_attention`) for ``j <= i`` and ``j >= i`` on a CPU
+    without attention dropout in full passes (``Tq = Tk``). None where none applies
+    (the caller then uses the branch's mask)."""
+    left, right = window
+    tgt_len, src_len = ctx.tgt_len, ctx.src_len
+    if left is not None and right is not None:
+        if left + right + 1 >= src_len:
+            return None
+        return banded_attention(ctx.q, ctx.k, v, scale, left, right, ctx.key_padding_mask, dropout)
+    if (
+        sdpa.CPU_FLASH is None
+        or not sdpa.SDPA_ZEROES_EMPTY_ROWS_ON_CPU
+        or ctx.q.device.type != "cpu"
+        or tgt_len != src_len
+        or tgt_len == 1
+        or dropout is not None
+    ):
+        return None
+    if left is None and right == 0:
+        return sdpa.causal_flash_attention(ctx, v, scale, reverse=False)
+    if left == 0 and right is None:
+        return sdpa.causal_flash_attention(ctx, v, scale, reverse=True)
+    return None
