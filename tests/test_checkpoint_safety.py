@@ -148,7 +148,7 @@ def test_the_hydra_filter_hides_exactly_those_warnings():
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_localness.compat import filter_hydra_deprecation_warnings
+    from fairseq_localness.compat.hydra_messages import filter_hydra_deprecation_warnings
 
     parser = options.get_generation_parser()
     args = options.parse_args_and_arch(parser, [get_tiny_data().data_bin, "--path", "x.pt"])
