@@ -9,8 +9,9 @@ code from them (:mod:`fairseq_localness.checkpoint`), stops fairseq from droppin
 sentences of a last, smaller batch, lets torchrun-launched training run on the CPU,
 makes ``--bf16`` train on CUDA GPUs and the CPU when no TPU is set up, translates the
 beginning of a sentence too long for the model in ``fairseq-interactive``,
-``fairseq-generate`` and the hub interface instead of stopping, and hides hydra's
-deprecation warnings about fairseq's configuration.
+``fairseq-generate`` and the hub interface instead of stopping, and hides the
+warnings and debug lines about fairseq's own calls into hydra and torch that a user
+cannot act on.
 """
 from fairseq_localness import compat
 

@@ -14,8 +14,11 @@ module                        fixes
 :mod:`.long_inputs`           a sentence too long for the model: its beginning
                               translated, in ``fairseq-interactive``,
                               ``fairseq-generate`` and the hub, instead of a stop
-:mod:`.hydra_messages`        hydra's deprecation warnings about fairseq's
-                              configuration, hidden
+:mod:`.hydra_messages`        hydra's deprecation warnings and ``JobRuntime`` debug
+                              lines about fairseq's configuration, hidden
+:mod:`.torch_warnings`        torch's warnings about fairseq's calls (``pin_memory``
+                              without an accelerator, ``torch.cuda.amp.autocast``,
+                              mismatched attention masks), hidden
 ============================  =========================================================
 
 :func:`apply_all` applies them all; importing :mod:`fairseq_localness` (as fairseq's
@@ -27,13 +30,15 @@ where fairseq works.
 def apply_all():
     """Apply every fix of this package to fairseq (each is idempotent).
 
-    The message filter comes first, so that nothing fairseq does while the others
-    are applied prints what it hides.
+    The message filters come first, so that nothing fairseq does while the others
+    are applied prints what they hide.
     """
     from fairseq_localness.compat import (bf16, checkpoint_loading, cpu_distributed, hydra_messages, last_batch,
-                                          long_inputs)
+                                          long_inputs, torch_warnings)
 
     hydra_messages.filter_hydra_deprecation_warnings()
+    hydra_messages.filter_hydra_job_runtime_lines()
+    torch_warnings.filter_torch_warnings_about_fairseq()
 
     checkpoint_loading.patch_checkpoint_loading()
     last_batch.patch_batch_by_size()
