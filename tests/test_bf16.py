@@ -1,4 +1,4 @@
-"""``--bf16`` without a TPU (fairseq_localness.compat.patch_bf16_without_tpu): where a
+"""``--bf16`` without a TPU (fairseq_localness.compat.bf16): where a
 config trains (CUDA GPU, CPU or TPU) for every combination of flags and machine, the
 dtype and device of a real ``Trainer`` on the CPU, and ``train.sh --precision bf16``
 end to end. None of it needs a GPU."""
@@ -45,7 +45,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_device_selection(case):
-    from fairseq_localness.compat import bf16_device
+    from fairseq_localness.compat.bf16 import bf16_device
 
     flags, xla, cuda, expected = CASES[case]
     cfg = _cfg(*flags)
@@ -99,10 +99,10 @@ def test_call_main_on_a_gpu_without_native_bf16_warns(monkeypatch, caplog):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100-SXM2-16GB")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
-    monkeypatch.setattr("fairseq_localness.compat.torch_xla_available", lambda: False)
+    monkeypatch.setattr("fairseq_localness.compat.bf16.torch_xla_available", lambda: False)
     cfg = _cfg("--bf16")
     seen = []
-    with caplog.at_level(logging.INFO, logger="fairseq_localness.compat"):
+    with caplog.at_level(logging.INFO, logger="fairseq_localness.compat.bf16"):
         distributed_utils.call_main(cfg, lambda c: seen.append(_tpu_flags(c)))
     assert seen == [[False] * 4]
     assert "training in bfloat16 on the CUDA (no TPU: torch_xla is not installed)" in caplog.text

@@ -4,8 +4,8 @@ fairseq-train, the hub interface, and checkpoint averaging.
 
 Each entry point is driven through its real command line (or a fresh interpreter for
 the hub interface), so the test sees exactly what a user sees: without
-``fairseq_localness.compat`` each of them dies with ``Unsupported global:
-argparse.Namespace``. ``test_plain_torch_load_refuses_fairseq_checkpoints`` keeps
+``fairseq_localness.compat.checkpoint_loading`` each of them dies with ``Unsupported
+global: argparse.Namespace``. ``test_plain_torch_load_refuses_fairseq_checkpoints`` keeps
 that premise checked: if a future torch loads these files by default, it fails and
 says the other tests no longer prove anything. (That nothing but the weights and
 ``argparse.Namespace`` is unpickled is tested in test_checkpoint_safety.py.)

@@ -56,6 +56,10 @@ RUNS = {
 HYDRA_MESSAGES = ("is no longer experimental", "version_base parameter is not specified",
                   "Usage of deprecated keyword in package header", "is validated against ConfigStore schema",
                   "The strict flag in the compose API is deprecated", "Hydra14MigrationWarning")
+# torch's warnings about fairseq's calls (fairseq_localness.compat.torch_warnings)
+TORCH_MESSAGES = ("'pin_memory' argument is set as true but no accelerator is found",
+                  "`torch.cuda.amp.autocast(args...)` is deprecated",
+                  "Support for mismatched key_padding_mask and attn_mask is deprecated")
 # --------------------------------------------------------------------------- real checkpoints
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
@@ -136,10 +140,14 @@ def test_every_real_checkpoint_builds_its_model_through_fairseq(real):
         assert cfg.model.arch == RUNS[name][0]
 
 
-def test_fairseq_train_prints_none_of_hydras_deprecation_warnings(real):
+def test_fairseq_train_prints_no_line_a_user_cannot_act_on(real):
+    """None of hydra's deprecation warnings, none of torch's warnings about fairseq's
+    calls (its decoder's masks, its data loader's ``pin_memory`` on the CPU, its
+    ``autocast``) and no DEBUG line, in a training log with every warning shown."""
     log = real["logs"]["transformer"]  # run with PYTHONWARNINGS=default
-    for message in HYDRA_MESSAGES:
+    for message in HYDRA_MESSAGES + TORCH_MESSAGES:
         assert message not in log, message
+    assert not [line for line in log.splitlines() if line.startswith("DEBUG:")], log[-3000:]
 
 
 def test_the_hydra_filter_hides_exactly_those_warnings():
@@ -148,7 +156,7 @@ def test_the_hydra_filter_hides_exactly_those_warnings():
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_localness.compat import filter_hydra_deprecation_warnings
+    from fairseq_localness.compat.hydra_messages import filter_hydra_deprecation_warnings
 
     parser = options.get_generation_parser()
     args = options.parse_args_and_arch(parser, [get_tiny_data().data_bin, "--path", "x.pt"])

@@ -144,7 +144,7 @@ def test_torchrun_environment_on_cpu(monkeypatch):
     from fairseq.dataclass.configs import DistributedTrainingConfig
     from fairseq.distributed import utils as dist_utils
 
-    from fairseq_localness.compat import patch_cpu_distributed
+    from fairseq_localness.compat.cpu_distributed import patch_cpu_distributed
 
     patch_cpu_distributed()  # idempotent
     assert dist_utils._infer_torch_distributed_launch_init.__wrapped__ is not None
@@ -237,7 +237,7 @@ def test_distributed_utils_load_trusted_checkpoints():
     from fairseq import checkpoint_utils
     from fairseq.distributed import utils as dist_utils
 
-    from fairseq_localness import compat
+    from fairseq_localness.compat import checkpoint_loading
 
     for module in (checkpoint_utils, dist_utils):
-        assert getattr(module.torch, compat._MARK, False), module.__name__
+        assert getattr(module.torch, checkpoint_loading._MARK, False), module.__name__

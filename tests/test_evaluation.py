@@ -30,13 +30,15 @@ def evaluated(tiny_data_bin, tmp_path_factory):
     lang = ["--src", tiny_data_bin.src, "--tgt", tiny_data_bin.tgt]
     run_fairseq("fairseq-train", train_command("transformer", tiny_data_bin, str(ckpts), max_update=3, extra_args=[
         "--cpu", "--save-interval-updates", "1", "--no-epoch-checkpoints"]))
-    avg = run_script("average.sh", ["--save-dir", ckpts, "--last", "2", "--by", "update"])
+    # the warnings a user sees: Python's defaults (conftest's tool_env hides them all)
+    shown = {"PYTHONWARNINGS": ""}
+    avg = run_script("average.sh", ["--save-dir", ckpts, "--last", "2", "--by", "update"], env=shown)
     ev = run_script("evaluate.sh", [
         "--data-bin", tiny_data_bin.data_bin, "--checkpoint", ckpts / "checkpoint_avg_last2.pt", *lang,
         "--ref", os.path.join(tiny_data_bin.raw_dir, "test.tgt"), "--beam", "2", "--lenpen", "0.6",
         "--out", out, "--tok-bleu", "--compound-split", "--tok-lang", "de",
         "--breakdown", os.path.join(tiny_data_bin.bpe_dir, "test.src"), "--breakdown-buckets", "8,12",
-        "--", "--max-len-a", "1.2", "--max-len-b", "5"])
+        "--", "--max-len-a", "1.2", "--max-len-b", "5"], env=shown)
     return {"base": base, "ckpts": ckpts, "out": out, "average": avg, "evaluate": ev,
             "ref": os.path.join(tiny_data_bin.raw_dir, "test.tgt")}
 
@@ -80,6 +82,17 @@ def test_average_then_evaluate_writes_every_score(evaluated, tiny_data_bin):
     for name in ("bleu_by_length.csv", "bleu_by_ngram.csv", "bleu_by_length.png", "bleu_by_ngram.png"):
         assert (out / "breakdown" / name).is_file(), name
     assert not [p for p in os.listdir(out) if ".tmp." in p]
+
+
+def test_averaging_and_evaluation_print_no_line_a_user_cannot_act_on(evaluated):
+    """No DEBUG line (fairseq's import sets the root logger to DEBUG before
+    fairseq-generate configures its own: hydra's ``Setting JobRuntime:``), no
+    ``pin_memory`` warning from fairseq-generate's data loader on the CPU."""
+    for step in ("average", "evaluate"):
+        log = evaluated[step].stdout + evaluated[step].stderr
+        assert "Setting JobRuntime" not in log, step
+        assert not [line for line in log.splitlines() if line.startswith("DEBUG:")], (step, log[-3000:])
+        assert "'pin_memory' argument is set as true" not in log, step
 
 
 # Hand-tokenized: Moses splits punctuation and quotes, keeps hyphenated words; compound

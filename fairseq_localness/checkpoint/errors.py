@@ -20,6 +20,20 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def short_error(error, limit: int = 200, whole: bool = False, kind: bool = False) -> str:
+    """``error`` (an exception, or a message) as a short part of a one-line reason:
+    its first line (``whole``: all its lines, the whitespace collapsed), cut to
+    ``limit`` characters; with ``kind`` the exception's type name in front
+    (``ValueError: ...``), and that name alone where the message is empty."""
+    text = str(error)
+    line = _one_line(text) if whole else (text.strip().splitlines() or [""])[0].strip()
+    if len(line) > limit:
+        line = line[: limit - 3] + "..."
+    if not line:
+        return type(error).__name__
+    return f"{type(error).__name__}: {line}" if kind else line
+
+
 class CheckpointError(pickle.UnpicklingError):
     """A checkpoint this package does not load; ``str()`` is one line naming the file
     and the reason. ``file`` and ``reason`` are its parts."""

@@ -36,7 +36,7 @@ import torch
 
 from fairseq_localness.checkpoint import scan as scanning
 from fairseq_localness.checkpoint.errors import (TRUST_ENV, CheckpointError, MalformedCheckpointError,
-                                                 UntrustedCheckpointError)
+                                                 UntrustedCheckpointError, short_error)
 from fairseq_localness.checkpoint.model_size import remember_weights
 from fairseq_localness.checkpoint.settings import check_settings, check_state
 
@@ -194,18 +194,12 @@ def torch_load_checkpoint(f, map_location=None, **kw):
             raise
         except pickle.UnpicklingError as e:  # what the scan let through and torch's unpickler did not
             reason = str(e).split("WeightsUnpickler error:", 1)[-1].strip()
-            raise UntrustedCheckpointError(name, f"torch's restricted unpickler refuses it ({_first(reason)})") from None
+            raise UntrustedCheckpointError(
+                name, f"torch's restricted unpickler refuses it ({short_error(reason)})") from None
         except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError, EOFError, OSError,
                 OverflowError, MemoryError, UnicodeDecodeError, AssertionError) as e:
             f.seek(start)
-            raise MalformedCheckpointError(name, f"torch cannot read it ({type(e).__name__}: {_first(e)})") from None
+            raise MalformedCheckpointError(name, f"torch cannot read it ({short_error(e, kind=True)})") from None
     check_state(state, name)
     remember_weights(state, name)
     return state
-
-
-def _first(error) -> str:
-    text = str(error).strip().splitlines()
-    line = text[0] if text else type(error).__name__
-    return line if len(line) <= 200 else line[:197] + "..."
-

@@ -31,7 +31,7 @@ import struct
 import zipfile
 from typing import Dict, List
 
-from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError
+from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError, short_error
 
 MAX_PICKLE_BYTES = 16 * 1024 * 1024
 """The largest ``data.pkl`` read: a fairseq checkpoint's pickle holds the settings and
@@ -96,8 +96,8 @@ def read_container(f, name: str, size: int) -> Container:
         infos = z.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, IndexError, KeyError,
             UnicodeDecodeError, NotImplementedError) as e:
-        raise MalformedCheckpointError(name, f"its zip directory cannot be read ({_short(e)}): the file is cut short "
-                                       "or is not a checkpoint") from None
+        raise MalformedCheckpointError(name, f"its zip directory cannot be read ({short_error(e)}): the file is cut "
+                                       "short or is not a checkpoint") from None
     # torch's reader takes the folder of the first member as the archive's, and finds
     # members by name ignoring case, the later of two equal names winning: names must
     # be one folder's and unique ignoring case, or the pickle read is not the one scanned
@@ -149,7 +149,7 @@ def read_container(f, name: str, size: int) -> Container:
         with z.open(pickles[0]) as member:
             data = member.read(MAX_PICKLE_BYTES + 1)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, KeyError, NotImplementedError) as e:
-        raise MalformedCheckpointError(name, f"its pickle cannot be read ({_short(e)}): the file is cut short or "
+        raise MalformedCheckpointError(name, f"its pickle cannot be read ({short_error(e)}): the file is cut short or "
                                        "damaged") from None
     prefix = top + "/data/"
     records = {i.filename[len(prefix):]: i.file_size for i in infos if i.filename.startswith(prefix)}
@@ -253,7 +253,7 @@ class _Machine:
                 self.malformed("it ends without STOP")
         except (ValueError, KeyError, IndexError, TypeError, struct.error, UnicodeDecodeError, EOFError,
                 OverflowError, MemoryError, RecursionError) as e:
-            self.malformed(_short(e))
+            self.malformed(short_error(e))
         self.refuse_globals()
         if any(h.filled for h in self.hooks):
             self.refuse("a tensor carries backward hooks, which a fairseq checkpoint never holds")
@@ -420,7 +420,7 @@ class _Machine:
         try:
             dtype = np.dtype(args[0])
         except TypeError as e:
-            self.malformed(f"numpy dtype {args[0]!r}: {_short(e)}")
+            self.malformed(f"numpy dtype {args[0]!r}: {short_error(e)}")
         if dtype.kind not in NUMERIC_KINDS:  # pragma: no cover  (the pattern above admits numeric specs only)
             self.refuse(f"it holds a numpy array of dtype {dtype}")
         return _Object("dtype", dtype.itemsize)
@@ -477,8 +477,3 @@ def scan(container: Container, name: str) -> None:
     """Check a checkpoint's pickle (see the module docstring); raises
     :class:`~fairseq_localness.checkpoint.errors.CheckpointError`."""
     _Machine(name, container.records).run(container.pickle)
-
-
-def _short(error: BaseException) -> str:
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return text if len(text) <= 160 else text[:157] + "..."

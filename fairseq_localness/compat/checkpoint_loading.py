@@ -1,0 +1,126 @@
+"""Checkpoint loading on torch >= 2.6, without running the checkpoint's code.
+
+What fairseq does wrong: torch 2.6 changed the default of ``torch.load`` to
+``weights_only=True``. fairseq 0.12 checkpoints pickle an ``argparse.Namespace``
+(the model's options) next to the weights, so every fairseq entry point that reads a
+checkpoint (``fairseq-generate``, ``fairseq-interactive``, resuming
+``fairseq-train``, the hub interface ``from_pretrained``) fails with ``Unsupported
+global: argparse.Namespace`` (fairseq issue #5610; fairseq's own fix, after 0.12,
+passes ``weights_only=False``, i.e. runs whatever the file asks).
+
+What the fix changes: all of those entry points read checkpoints through
+``fairseq.checkpoint_utils``, and all of them import the ``--user-dir`` before the
+first read. :func:`patch_checkpoint_loading` gives that one module a ``torch`` whose
+``load`` is :func:`fairseq_localness.checkpoint.torch_load_checkpoint`:
+``weights_only=True`` with ``argparse.Namespace`` allowed, which is everything a
+fairseq 0.12 checkpoint holds; a checkpoint that needs anything else (a pickle that
+would call ``os.system``, say) is refused in one line naming what it needs, before it
+is unpickled, unless ``FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1`` says to trust it
+(docs/security.md). Nothing else in the process changes: ``torch.load`` called
+anywhere else keeps torch's own default.
+
+Distributed training that resumes reads the checkpoint on rank 0 (through the load
+above) and sends the state it built to the other ranks, which unpickle it with
+``torch.load`` in ``fairseq.distributed.utils``. That message holds OmegaConf
+objects and fairseq's own placeholders, which ``weights_only`` refuses; it is no
+file but what rank 0 of the same job pickled from objects it built (from a
+checkpoint that passed the safe load), so that module's ``torch.load`` keeps full
+unpickling for it (:func:`process_group_torch_load`).
+
+The test that fails without it: ``tests/test_checkpoint_loading.py``,
+``test_fairseq_generate_loads_checkpoint`` (and every other test there that loads a
+checkpoint through fairseq).
+"""
+import functools
+import types
+
+import torch
+
+from fairseq_localness.checkpoint.errors import short_error
+
+_MARK = "_fairseq_localness_checkpoint_load"
+
+
+def process_group_torch_load(f, *args, **kwargs):
+    """``torch.load`` for what rank 0 of this job sends the other ranks
+    (``fairseq.distributed.utils``): full unpickling unless told otherwise. No file is
+    read through it."""
+    kwargs.setdefault("weights_only", False)
+    return torch.load(f, *args, **kwargs)
+
+
+class _TorchWithLoad(types.ModuleType):
+    """A stand-in for the ``torch`` module inside one fairseq module.
+
+    Every attribute is torch's own, except ``load``.
+    """
+
+    def __init__(self, load):
+        super().__init__("torch")
+        setattr(self, _MARK, True)
+        self.load = load
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _one_line_failures(function, files_of):
+    """``function`` (which builds a model from a checkpoint) with every failure that
+    is not about the environment (a missing file is) raised as one
+    :class:`~fairseq_localness.checkpoint.CheckpointError` naming the checkpoint."""
+    from fairseq_localness.checkpoint import CheckpointError, MalformedCheckpointError
+
+    if getattr(function, _MARK, False):
+        return function
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (CheckpointError, OSError):
+            raise
+        except Exception as e:
+            cause = e.__context__ if str(e).startswith("Cannot load model parameters from checkpoint") else e
+            raise MalformedCheckpointError(
+                files_of(*args, **kwargs),
+                f"fairseq cannot build the model it describes ({short_error(cause or e, 240, whole=True, kind=True)})"
+            ) from e
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def patch_checkpoint_loading():
+    """Make ``fairseq.checkpoint_utils`` load fairseq checkpoints on torch >= 2.6
+    through :func:`~fairseq_localness.checkpoint.torch_load_checkpoint`, and
+    ``fairseq.distributed.utils`` receive the state rank 0 sends; make fairseq's
+    ``eval()`` of its settings parse literals only
+    (:mod:`fairseq_localness.checkpoint.literals`); refuse a checkpoint whose
+    settings describe a model larger than it stores before fairseq allocates it
+    (:mod:`fairseq_localness.checkpoint.model_size`); turn a failure to build a model
+    from a loaded checkpoint (weights that do not fit the model its settings
+    describe, a damaged setting) into one line naming the file, in
+    ``load_checkpoint_to_cpu`` (fairseq's upgrade of older settings),
+    ``load_model_ensemble_and_task`` (generation, the hub, the analyses) and
+    ``Trainer.load_checkpoint`` (resuming, ``--restore-file``,
+    ``--finetune-from-model``). Installs the hook that prints a refused checkpoint
+    as one line. Idempotent.
+    """
+    from fairseq import checkpoint_utils, models, trainer
+    from fairseq.distributed import utils as distributed_utils
+
+    from fairseq_localness.checkpoint import install_excepthook, literals, torch_load_checkpoint
+    from fairseq_localness.checkpoint.model_size import guarded_build_model
+
+    literals.install()
+    models.build_model = guarded_build_model(models.build_model)
+    for module, load in ((checkpoint_utils, torch_load_checkpoint), (distributed_utils, process_group_torch_load)):
+        if not getattr(module.torch, _MARK, False):
+            module.torch = _TorchWithLoad(load)
+    checkpoint_utils.load_checkpoint_to_cpu = _one_line_failures(
+        checkpoint_utils.load_checkpoint_to_cpu, lambda path, *a, **k: str(path))
+    checkpoint_utils.load_model_ensemble_and_task = _one_line_failures(
+        checkpoint_utils.load_model_ensemble_and_task, lambda filenames, *a, **k: ", ".join(map(str, filenames)))
+    trainer.Trainer.load_checkpoint = _one_line_failures(
+        trainer.Trainer.load_checkpoint, lambda self, filename, *a, **k: str(filename))
+    install_excepthook()
