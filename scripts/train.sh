@@ -204,7 +204,7 @@ require_pair "$DATA_BIN" "$SRC" "$TGT" train valid
 [[ ! -e "$SAVE_DIR" || -d "$SAVE_DIR" ]] || die "--save-dir: '$SAVE_DIR' exists and is not a directory"
 
 # --slurm: one job of --nodes x --gpus tasks that runs this command with --slurm-task
-# (fairseq_localness/slurm.py, through submitit); checked here, on the machine that submits
+# (fairseq_localness/slurm/, through submitit); checked here, on the machine that submits
 if (( SLURM_SUBMIT )); then
     GPN="" k=0
     for (( k = 0; k < ${#SLURM_OPTS[@]}; k += 2 )); do
