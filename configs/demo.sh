@@ -28,10 +28,8 @@ DEMO_SYSTEMS=(
 DEMO_DEFAULT="transformer localness hybrid-gate hysan enc-dc dec-dc"
 
 # Model size shared by all systems, and the learning-rate settings of the recipe: those
-# of train.sh's tiny preset (configs/presets/tiny.sh, their one source): 2+2 layers,
-# d=64, 4 heads, FFN 256, one embedding matrix for source, target and output (~0.25M
-# parameters with the transformer); learning rate 2e-3 with 100 warm-up updates,
-# gradient clipping at 1.0, dropout 0.1, batches of at most 2048 tokens.
+# of train.sh's tiny preset, configs/presets/tiny.sh, their one source (which describes
+# them: 2+2 layers, d=64, ~0.25M parameters with the transformer; learning rate 2e-3).
 . "$(dirname "${BASH_SOURCE[0]}")/presets/tiny.sh"
 DEMO_MODEL_ARGS=("${TINY_MODEL_ARGS[@]}")
 

@@ -56,6 +56,12 @@ parse_options "$@" <<'EOF'
     --warmup-updates 100 --clip-norm 1.0 --dropout 0.1 --max-tokens
     2048 --num-workers 0), for a first run on the CPU. An unknown
     NAME is an error that lists the presets.
+--dry-run             DRY_RUN       flag                        -
+    check everything, print the command, do not train
+-- EXTRA...           EXTRA         rest:fairseq-train          -
+    more fairseq-train arguments. They come after the defaults
+    below, and for an option given twice the later value wins, so
+    EXTRA can override any default.
 Devices and processes:
 --gpus N              GPUS          int:0                       0
     processes (GPUs) per node, started by torchrun (python -m
@@ -95,12 +101,6 @@ Batch size:
     a split whose m cannot hold the longest training pair is an error
     (it names the numbers). --max-tokens-valid stays at cap. Giving
     --update-freq in EXTRA as well is an error.
---dry-run             DRY_RUN       flag                        -
-    check everything, print the command, do not train
--- EXTRA...           EXTRA         rest:fairseq-train          -
-    more fairseq-train arguments. They come after the defaults
-    below, and for an option given twice the later value wins, so
-    EXTRA can override any default.
 SLURM (docs/slurm.md):
 --slurm               SLURM_SUBMIT  flag                        -
     submit the training as one SLURM job of --nodes x --gpus (or
