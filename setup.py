@@ -52,7 +52,7 @@ setup(
         # needs the full tensorboard package); without it every fairseq command
         # prints "Please install tensorboardX"
         "tensorboardX>=2.6",
-        # --slurm of the reproduce drivers and train.sh (fairseq_localness/slurm.py)
+        # --slurm of the reproduce drivers and train.sh (fairseq_localness/slurm/)
         "submitit>=1.5,<2",
     ],
     extras_require={

@@ -27,22 +27,18 @@ DEMO_SYSTEMS=(
 
 DEMO_DEFAULT="transformer localness hybrid-gate hysan enc-dc dec-dc"
 
-# Model size shared by all systems: 2+2 layers, d=64, 4 heads, FFN 256, one embedding
-# matrix for source, target and output (~0.25M parameters with the transformer).
-DEMO_MODEL_ARGS=(
-    --encoder-layers 2 --decoder-layers 2
-    --encoder-embed-dim 64 --decoder-embed-dim 64
-    --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256
-    --encoder-attention-heads 4 --decoder-attention-heads 4
-    --share-all-embeddings
-)
+# Model size shared by all systems, and the learning-rate settings of the recipe: those
+# of train.sh's tiny preset, configs/presets/tiny.sh, their one source (which describes
+# them: 2+2 layers, d=64, ~0.25M parameters with the transformer; learning rate 2e-3).
+. "$(dirname "${BASH_SOURCE[0]}")/presets/tiny.sh"
+DEMO_MODEL_ARGS=("${TINY_MODEL_ARGS[@]}")
 
-# Training recipe (overrides scripts/train.sh's Transformer-base defaults). Gradient
-# clipping keeps the short, high learning-rate schedule from ending on a loss spike.
-# Checkpoints every 15 updates: an update that ends an epoch (every 40 here) is saved
-# only as an epoch checkpoint, so an interval dividing 40 would lose every other one.
+# Training recipe (overrides scripts/train.sh's Transformer-base defaults): the tiny
+# preset's, then the demo's checkpoints and logging. Checkpoints every 15 updates: an
+# update that ends an epoch (every 40 here) is saved only as an epoch checkpoint, so an
+# interval dividing 40 would lose every other one.
 DEMO_TRAIN_ARGS=(
-    --lr 2e-3 --warmup-updates 100 --clip-norm 1.0 --dropout 0.1 --max-tokens 2048
+    "${TINY_RECIPE_ARGS[@]}"
     --save-interval-updates 15 --keep-interval-updates 3 --no-epoch-checkpoints
     --log-interval 50 --num-workers 0
 )

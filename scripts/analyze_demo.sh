@@ -4,13 +4,6 @@
 #
 # Usage: analyze_demo.sh [--demo-dir DIR] [--out DIR] [--src L --tgt L] [--force]
 #
-#   --demo-dir DIR    a finished `make demo` run (default: runs/demo), with runs.tsv
-#                     and systems/<name>/seed<N>/{train.log,checkpoint_avg.pt,eval/hyp.detok}
-#   --out DIR         where the tools write (default: DEMO_DIR/analysis); one folder
-#                     per tool, each with its CSV/JSON and PNG
-#   --src, --tgt      the demo's language codes (default: src, tgt as in configs/demo.sh)
-#   --force           replace an existing --out directory
-#
 # Tools and the demo systems they read (a tool whose systems are missing is skipped,
 # with a message). A demo with several seeds (DEMO_SEEDS): efficiency and
 # learning_curves read every seed's log (mean and spread over the seeds); the other
@@ -29,18 +22,20 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DEMO_DIR="$REPO_DIR/runs/demo" OUT="" FORCE=0 SRC=src TGT=tgt
-while (( $# )); do
-    case "$1" in
-        --demo-dir) need_value "$1" $#; DEMO_DIR="$2"; shift 2 ;;
-        --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
-        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
-        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
-        --force) FORCE=1; shift ;;
-        -h|--help) usage; exit 0 ;;
-        *) die "unknown option '$1' (see '$PROG --help')" ;;
-    esac
-done
+parse_options "$@" <<'EOF'
+--demo-dir DIR  DEMO_DIR  text  -
+    a finished `make demo` run (default: runs/demo), with runs.tsv
+    and systems/<name>/seed<N>/{train.log,checkpoint_avg.pt,eval/hyp.detok}
+--out DIR       OUT       text  -
+    where the tools write (default: DEMO_DIR/analysis); one folder
+    per tool, each with its CSV/JSON and PNG
+--src L         SRC       lang  src
+--tgt L         TGT       lang  tgt
+    the demo's language codes (default: src, tgt as in configs/demo.sh)
+--force         FORCE     flag  -
+    replace an existing --out directory
+EOF
+DEMO_DIR="${DEMO_DIR:-$REPO_DIR/runs/demo}"
 DEMO_DIR="${DEMO_DIR%/}"
 OUT="${OUT:-$DEMO_DIR/analysis}"
 OUT="${OUT%/}"
@@ -53,8 +48,6 @@ fi
 require_file "$DEMO_DIR/runs.tsv" "--demo-dir (a finished demo has runs.tsv)"
 require_dir "$DEMO_DIR/data/bin" "--demo-dir"
 [[ ! -e "$OUT" || $FORCE == 1 ]] || die "--out: '$OUT' exists; use --force to replace it"
-require_lang --src "$SRC"
-require_lang --tgt "$TGT"
 require_file "$DEMO_DIR/data/raw/test.$TGT" "--demo-dir (reference)"
 # runs.tsv: system, seed, run directory (relative to DEMO_DIR), ...; one line per run
 SYSTEMS=() RUN_DIRS=()    # every run, as "name<TAB>dir"

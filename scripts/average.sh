@@ -3,38 +3,27 @@
 #
 # Usage: average.sh --save-dir DIR --last N [--by update|epoch] [--output FILE]
 #
-#   --save-dir DIR    the training run's checkpoint directory
-#   --last N          how many checkpoints to average. The papers (after Vaswani et al.
-#                     2017): --last 5 for Transformer-base models, --last 20 for big
-#                     ones, of checkpoints saved at regular intervals (--by update with
-#                     fairseq-train --save-interval-updates, e.g. every 1000 updates)
-#   --by update       average checkpoint_<epoch>_<update>.pt files (written with
-#                     fairseq-train --save-interval-updates); --by epoch (the default)
-#                     averages checkpoint<epoch>.pt files
-#   --output FILE     default: DIR/checkpoint_avg_last<N>.pt
-#
 # The average is written to a temporary file and renamed; an existing output is
 # replaced only by a complete new file, and an input is never overwritten.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-SAVE_DIR="" LAST="" BY=epoch OUTPUT=""
-while (( $# )); do
-    case "$1" in
-        --save-dir) need_value "$1" $#; SAVE_DIR="$2"; shift 2 ;;
-        --last) need_value "$1" $#; LAST="$2"; shift 2 ;;
-        --by) need_value "$1" $#; BY="$2"; shift 2 ;;
-        --output) need_value "$1" $#; OUTPUT="$2"; shift 2 ;;
-        -h|--help) usage; exit 0 ;;
-        *) die "unknown option '$1' (see '${PROG} --help')" ;;
-    esac
-done
+parse_options "$@" <<'EOF'
+--save-dir DIR     SAVE_DIR  dir                  required
+    the training run's checkpoint directory
+--last N           LAST      int:1                required
+    how many checkpoints to average. The papers (after Vaswani et al.
+    2017): --last 5 for Transformer-base models, --last 20 for big
+    ones, of checkpoints saved at regular intervals (--by update with
+    fairseq-train --save-interval-updates, e.g. every 1000 updates)
+--by update|epoch  BY        choice:update|epoch  epoch
+    update: average checkpoint_<epoch>_<update>.pt files (written with
+    fairseq-train --save-interval-updates); epoch (the default):
+    average checkpoint<epoch>.pt files
+--output FILE      OUTPUT    text                 -
+    default: DIR/checkpoint_avg_last<N>.pt
+EOF
 
-require_value --save-dir "$SAVE_DIR"
-require_value --last "$LAST"
-require_int --last "$LAST" 1
-require_choice --by "$BY" update epoch
-require_dir "$SAVE_DIR" --save-dir
 OUTPUT="${OUTPUT:-$SAVE_DIR/checkpoint_avg_last$LAST.pt}"
 if [[ "$BY" == update ]]; then
     pattern='^checkpoint_[0-9]+_[0-9]+\.pt$' form='checkpoint_<epoch>_<update>.pt'

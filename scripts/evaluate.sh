@@ -6,35 +6,6 @@
 # Usage: evaluate.sh --data-bin DIR --checkpoint FILE --src LANG --tgt LANG --ref FILE \
 #                    [options] [-- EXTRA fairseq-generate args...]
 #
-#   --data-bin DIR      preprocess.sh output (with the SUBSET data for SRC-TGT)
-#   --checkpoint FILE   model to translate with (e.g. the average.sh output)
-#   --src, --tgt        language pair
-#   --ref FILE          raw (untokenized, unsegmented) reference for SUBSET
-#   --subset NAME       test (default), valid, ...
-#   --beam N            beam size (default 5)
-#   --lenpen X          length penalty (default 1.0)
-#   --batch-size N      sentences per batch (default 128)
-#   --segmentation S    sentencepiece, subword-nmt or none; default: the method
-#                       recorded in DIR/SEGMENTATION by prepare_bpe.sh/preprocess.sh
-#   --detok D           moses or none; default: DIR/TOKENIZATION, else none
-#   --out DIR           outputs (default: next to the checkpoint, eval_<SUBSET>_<name>/):
-#                       generate.out, generate.log, hyp.seg, hyp.tok, hyp.detok, bleu.json
-#                       (built in DIR.tmp.XXXXXX, moved into DIR when all succeeded; a
-#                       failed run leaves DIR as it was and its outputs in DIR.failed/)
-#   --tok-bleu          also tokenized BLEU (multi-bleu.perl's number): hypothesis and
-#                       reference Moses-tokenized (sacremoses), scored by sacrebleu with
-#                       tokenize=none -> tok_bleu.json (same fields as bleu.json, plus
-#                       tokenizer and compound_split), ref.tok_bleu, hyp.tok_bleu
-#   --compound-split    with --tok-bleu: split hyphenated compounds in both, as in the
-#                       usual WMT En-De evaluation: s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g
-#   --tok-lang LANG     Moses tokenizer language for --tok-bleu (default: TGT)
-#   --breakdown SRC     also BLEU by source-length bucket and by n-gram order
-#                       (fairseq-localness-analysis bleu_breakdown) into OUT/breakdown/;
-#                       SRC: the source side of SUBSET, one line per sentence (lengths are
-#                       counted in its whitespace tokens: give the segmented source to
-#                       count subwords, as the DC paper does)
-#   --breakdown-buckets B   bucket boundaries for --breakdown (default: 10,20,30,40,50)
-#
 # Papers' settings: WMT beam 4, length penalty 0.6 (--beam 4 --lenpen 0.6); the DC
 # paper on IWSLT beam 6, length penalty 1.1.
 #
@@ -46,49 +17,59 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DATA_BIN="" CKPT="" SRC="" TGT="" REF="" SUBSET=test BEAM=5 LENPEN=1.0 BATCH=128
-SEG=auto DETOK=auto OUT="" TOK_BLEU=0 COMPOUND=0 TOK_LANG="" BREAKDOWN="" BUCKETS=""
-EXTRA=()
-while (( $# )); do
-    case "$1" in
-        --data-bin) need_value "$1" $#; DATA_BIN="$2"; shift 2 ;;
-        --checkpoint) need_value "$1" $#; CKPT="$2"; shift 2 ;;
-        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
-        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
-        --ref) need_value "$1" $#; REF="$2"; shift 2 ;;
-        --subset) need_value "$1" $#; SUBSET="$2"; shift 2 ;;
-        --beam) need_value "$1" $#; BEAM="$2"; shift 2 ;;
-        --lenpen) need_value "$1" $#; LENPEN="$2"; shift 2 ;;
-        --batch-size) need_value "$1" $#; BATCH="$2"; shift 2 ;;
-        --segmentation) need_value "$1" $#; SEG="$2"; shift 2 ;;
-        --detok) need_value "$1" $#; DETOK="$2"; shift 2 ;;
-        --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
-        --tok-bleu) TOK_BLEU=1; shift ;;
-        --compound-split) COMPOUND=1; shift ;;
-        --tok-lang) need_value "$1" $#; TOK_LANG="$2"; shift 2 ;;
-        --breakdown) need_value "$1" $#; BREAKDOWN="$2"; shift 2 ;;
-        --breakdown-buckets) need_value "$1" $#; BUCKETS="$2"; shift 2 ;;
-        --) shift; EXTRA=("$@"); break ;;
-        -h|--help) usage; exit 0 ;;
-        *) die "unknown option '$1' (see '${PROG} --help'; fairseq-generate options go after --)" ;;
-    esac
-done
+parse_options "$@" <<'EOF'
+--data-bin DIR         DATA_BIN   dir                    required
+    preprocess.sh output (with the SUBSET data for SRC-TGT)
+--checkpoint FILE      CKPT       file                   required
+    model to translate with (e.g. the average.sh output)
+--src LANG             SRC        lang                   required
+--tgt LANG             TGT        lang                   required
+    language pair
+--ref FILE             REF        file                   required
+    raw (untokenized, unsegmented) reference for SUBSET
+--subset NAME          SUBSET     text                   test
+    test (default), valid, ...
+--beam N               BEAM       int:1                  5
+    beam size (default 5)
+--lenpen X             LENPEN     float                  1.0
+    length penalty (default 1.0)
+--batch-size N         BATCH      int:1                  128
+    sentences per batch (default 128)
+--segmentation S       SEG        text                   auto
+    sentencepiece, subword-nmt or none; default: the method
+    recorded in DIR/SEGMENTATION by prepare_bpe.sh/preprocess.sh
+--detok D              DETOK      text                   auto
+    moses or none; default: DIR/TOKENIZATION, else none
+--out DIR              OUT        text                   -
+    outputs (default: next to the checkpoint, eval_<SUBSET>_<name>/):
+    generate.out, generate.log, hyp.seg, hyp.tok, hyp.detok, bleu.json
+    (built in DIR.tmp.XXXXXX, moved into DIR when all succeeded; a
+    failed run leaves DIR as it was and its outputs in DIR.failed/)
+--tok-bleu             TOK_BLEU   flag                   -
+    also tokenized BLEU (multi-bleu.perl's number): hypothesis and
+    reference Moses-tokenized (sacremoses), scored by sacrebleu with
+    tokenize=none -> tok_bleu.json (same fields as bleu.json, plus
+    tokenizer and compound_split), ref.tok_bleu, hyp.tok_bleu
+--compound-split       COMPOUND   flag                   -
+    with --tok-bleu: split hyphenated compounds in both, as in the
+    usual WMT En-De evaluation: s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g
+--tok-lang LANG        TOK_LANG   lang                   -
+    Moses tokenizer language for --tok-bleu (default: TGT)
+--breakdown SRC        BREAKDOWN  file                   -
+    also BLEU by source-length bucket and by n-gram order
+    (fairseq-localness-analysis bleu_breakdown) into OUT/breakdown/;
+    SRC: the source side of SUBSET, one line per sentence (lengths are
+    counted in its whitespace tokens: give the segmented source to
+    count subwords, as the DC paper does)
+--breakdown-buckets B  BUCKETS    text                   -
+    bucket boundaries for --breakdown (default: 10,20,30,40,50)
+-- EXTRA...            EXTRA      rest:fairseq-generate  -
+    more fairseq-generate arguments
+EOF
 
 # ---- validate
-require_value --data-bin "$DATA_BIN"
-require_value --checkpoint "$CKPT"
-require_value --src "$SRC"
-require_value --tgt "$TGT"
-require_value --ref "$REF"
-require_lang --src "$SRC"
-require_lang --tgt "$TGT"
 [[ "$SUBSET" =~ ^[A-Za-z0-9_]+$ ]] || die "--subset: expected a split name such as test or valid, got '$SUBSET'"
-require_int --beam "$BEAM" 1
-require_float --lenpen "$LENPEN"
-require_int --batch-size "$BATCH" 1
 require_pair "$DATA_BIN" "$SRC" "$TGT" "$SUBSET"
-require_file "$CKPT" --checkpoint
-require_file "$REF" --ref
 if [[ "$SEG" == auto ]]; then
     [[ -f "$DATA_BIN/SEGMENTATION" ]] || die "--segmentation: '$DATA_BIN' has no SEGMENTATION file \
 (it was not made by preprocess.sh); expected --segmentation sentencepiece, subword-nmt or none"
@@ -114,11 +95,9 @@ if (( COMPOUND )) && (( ! TOK_BLEU )); then
 fi
 if [[ -n "$TOK_LANG" ]]; then
     (( TOK_BLEU )) || die "--tok-lang: applies to tokenized BLEU; expected it together with --tok-bleu"
-    require_lang --tok-lang "$TOK_LANG"
 fi
 TOK_LANG="${TOK_LANG:-$TGT}"
 if [[ -n "$BREAKDOWN" ]]; then
-    require_file "$BREAKDOWN" --breakdown
     n_src=$(count_lines "$BREAKDOWN")
     (( n_src == n_ref )) || die "--breakdown: '$BREAKDOWN' has $n_src lines but --ref has $n_ref; expected \
 the source side of the '$SUBSET' set"

@@ -123,10 +123,6 @@ the lines are no longer aligned, stopping (nothing was written to the output)"
     done
 }
 
-# need_value OPTION "$#": for option parsers, the option has an argument.
-need_value() {
-    (( $2 >= 2 )) || die "option $1 needs a value"
-}
 
 # The Python interpreter that has fairseq and fairseq_localness: $PYTHON if set,
 # else the one next to fairseq-train on PATH, else the repository's .venv.
@@ -310,8 +306,194 @@ $bin/$subset.$src-$tgt.{$src,$tgt}.{bin,idx}; language pairs found there: ${pair
     done
 }
 
-# Print a script's usage: the comment block at its top (lines 2.. up to the first
-# non-comment line), without the leading '# '.
-usage() {
-    sed -n '2,/^[^#]/{/^#/!q;s/^# \{0,1\}//;p}' "$0"
+# ---- the scripts' options
+# parse_options "$@" <<'EOF' TABLE EOF: the script's options, declared by TABLE, read
+# from the arguments into their variables and checked. TABLE has one entry per option:
+#     --option [METAVAR]  VAR  KIND  DEFAULT
+#         its help, indented, on the lines below (what --help prints beside it)
+# METAVAR names the value in --help (a flag has none). DEFAULT: VAR's value when the
+# option is not given: a word, '-' (empty) or 'required' (the option must be given).
+# An entry without help shares the next one's (--help prints them on one line). A line
+# that is neither indented nor an option is a heading: --help prints the options below
+# it as a group under it. KIND, and what a given value must be:
+#     text          anything
+#     int:MIN       a whole number >= MIN (require_int)
+#     float         a number (require_float)
+#     choice:A|B|C  one of A, B, C (require_choice)
+#     lang          a language code (require_lang)
+#     file, dir     an existing file, directory (require_file, require_dir)
+#     flag          takes no value: VAR is 1 when given, else 0
+#     list          repeatable: VAR is the array of the values given
+#     pass          repeatable: VAR is the array of the options given and their values,
+#                   in the order given (options handed on as they are)
+#     rest:TOOL     the entry of '--': VAR is the array of the arguments after it, TOOL's
+#                   (an unknown option's message says that TOOL's options go there)
+# The checks, each stopping the script with exit status 2 and a message naming the
+# option, in this order: the arguments as they come (an unknown option, an option
+# without its value), the required options, the values given (their kinds, in table
+# order), the files and directories given. -h and --help print the usage and exit.
+parse_options() {
+    local _line _text _i=-1 _k _v _var _kind _tool="" _check
+    local -a _f _choices _given=()
+    _OPT_NAMES=() _OPT_METAS=() _OPT_VARS=() _OPT_KINDS=() _OPT_HELPS=() _OPT_REQUIRED=()
+    declare -gA _OPT_INDEX=()
+    while IFS= read -r _line; do
+        [[ "$_line" =~ [^[:space:]] ]] || continue
+        _text="${_line#"${_line%%[![:space:]]*}"}"
+        if [[ "$_line" == [[:space:]]* ]]; then  # help of the entry above
+            (( _i >= 0 )) || die "option table: help '$_text' before the first option"
+            _OPT_HELPS[_i]+="${_OPT_HELPS[_i]:+$'\n'}$_text"
+            continue
+        fi
+        _i=$((_i + 1))
+        _OPT_HELPS[_i]=""
+        if [[ "$_line" != -* ]]; then  # a heading
+            _OPT_NAMES[_i]="" _OPT_HELPS[_i]="$_line"
+            continue
+        fi
+        read -r -a _f <<< "$_line"
+        case ${#_f[@]} in
+            4) _f=("${_f[0]}" "" "${_f[@]:1}") ;;
+            5) ;;
+            *) die "option table: expected '--option [METAVAR] VAR KIND DEFAULT', got '$_line'" ;;
+        esac
+        _var="${_f[2]}" _kind="${_f[3]}"
+        [[ "$_var" =~ ^[A-Z_][A-Z0-9_]*$ ]] || die "option table: '$_var' is not a variable name (in '$_line')"
+        _OPT_NAMES[_i]="${_f[0]}" _OPT_METAS[_i]="${_f[1]}" _OPT_VARS[_i]="$_var" _OPT_KINDS[_i]="$_kind"
+        _OPT_REQUIRED[_i]=0
+        _OPT_INDEX[${_f[0]}]=$_i
+        case "$_kind" in
+            flag) printf -v "$_var" 0 ;;
+            list|pass|rest:*) eval "$_var=()" ;;
+            text|int:*|float|choice:*|lang|file|dir)
+                case "${_f[4]}" in
+                    -) printf -v "$_var" '' ;;
+                    required) printf -v "$_var" ''; _OPT_REQUIRED[_i]=1 ;;
+                    *) printf -v "$_var" '%s' "${_f[4]}" ;;
+                esac ;;
+            *) die "option table: unknown kind '$_kind' (in '$_line')" ;;
+        esac
+        if [[ "$_kind" == list && "${_f[4]}" == required ]]; then
+            _OPT_REQUIRED[_i]=1
+        elif [[ "$_kind" == rest:* ]]; then
+            _tool="${_kind#rest:}"
+        fi
+    done
+
+    while (( $# )); do
+        case "$1" in
+            -h|--help) usage; exit 0 ;;
+        esac
+        _k="${_OPT_INDEX[$1]:-}"
+        [[ -n "$_k" ]] || die "unknown option '$1' (see '${PROG} --help'${_tool:+; $_tool options go after --})"
+        _var="${_OPT_VARS[_k]}"
+        _given[_k]=1
+        case "${_OPT_KINDS[_k]}" in
+            flag) printf -v "$_var" 1; shift; continue ;;
+            rest:*) shift; eval "$_var=(\"\$@\")"; break ;;
+        esac
+        (( $# >= 2 )) || die "option $1 needs a value"
+        case "${_OPT_KINDS[_k]}" in
+            list) eval "$_var+=(\"\$2\")" ;;
+            pass) eval "$_var+=(\"\$1\" \"\$2\")" ;;
+            *) printf -v "$_var" '%s' "$2" ;;
+        esac
+        shift 2
+    done
+
+    for _k in "${!_OPT_REQUIRED[@]}"; do
+        (( _OPT_REQUIRED[_k] )) || continue
+        if [[ "${_OPT_KINDS[_k]}" == list ]]; then
+            eval "_v=\${#${_OPT_VARS[_k]}[@]}"
+            (( _v )) || die "missing required option ${_OPT_NAMES[_k]} (see '${PROG} --help')"
+        else
+            require_value "${_OPT_NAMES[_k]}" "${!_OPT_VARS[_k]}"
+        fi
+    done
+    for _check in values paths; do
+        for _k in "${!_given[@]}"; do
+            _kind="${_OPT_KINDS[_k]}"
+            case "$_kind" in flag|list|pass|rest:*|text) continue ;; esac
+            _v="${!_OPT_VARS[_k]}"
+            case "$_check:$_kind" in
+                values:int:*) require_int "${_OPT_NAMES[_k]}" "$_v" "${_kind#int:}" ;;
+                values:float) require_float "${_OPT_NAMES[_k]}" "$_v" ;;
+                values:choice:*)
+                    IFS='|' read -r -a _choices <<< "${_kind#choice:}"
+                    require_choice "${_OPT_NAMES[_k]}" "$_v" "${_choices[@]}" ;;
+                values:lang) require_lang "${_OPT_NAMES[_k]}" "$_v" ;;
+                paths:file) require_file "$_v" "${_OPT_NAMES[_k]}" ;;
+                paths:dir) require_dir "$_v" "${_OPT_NAMES[_k]}" ;;
+            esac
+        done
+    done
 }
+
+# The options of the table of parse_options as --help prints them: each with its
+# METAVAR, its help beside it, the groups under their headings.
+options_help() {
+    local i j left width=0 pad first=1 line
+    local -a lefts=()
+    local joined=""
+    for i in "${!_OPT_NAMES[@]}"; do  # the left column: option and METAVAR, shared help joined
+        [[ -n "${_OPT_NAMES[i]}" ]] || continue
+        left="${_OPT_NAMES[i]}${_OPT_METAS[i]:+ ${_OPT_METAS[i]}}"
+        joined+="${joined:+, }$left"
+        [[ -n "${_OPT_HELPS[i]}" ]] || continue
+        lefts[i]="$joined"
+        joined=""
+        if (( ${#lefts[i]} <= 24 && ${#lefts[i]} > width )); then
+            width=${#lefts[i]}
+        fi
+    done
+    for i in "${!_OPT_NAMES[@]}"; do
+        if [[ -z "${_OPT_NAMES[i]}" ]]; then  # a heading
+            if (( ! first )); then
+                echo
+            fi
+            echo "${_OPT_HELPS[i]}"
+            first=0
+            continue
+        fi
+        [[ -n "${_OPT_HELPS[i]}" ]] || continue
+        first=0
+        printf -v pad '%*s' $((width + 4)) ''
+        j=0
+        while IFS= read -r line; do
+            if (( j == 0 )); then
+                if (( ${#lefts[i]} > width )); then
+                    echo "  ${lefts[i]}"
+                    echo "$pad$line"
+                else
+                    printf '  %-*s  %s\n' "$width" "${lefts[i]}" "$line"
+                fi
+            else
+                echo "$pad$line"
+            fi
+            j=$((j + 1))
+        done <<< "${_OPT_HELPS[i]}"
+    done
+}
+
+# Print a script's usage: the comment block at its top (lines 2.. up to the first
+# non-comment line), without the leading '# '; the options of its table
+# (parse_options) after the paragraph that starts with "Usage:".
+usage() {
+    local line state=0
+    while IFS= read -r line; do
+        if (( state == 1 )) && [[ -z "$line" ]]; then
+            echo
+            options_help
+            state=2
+        fi
+        printf '%s\n' "$line"
+        if (( state == 0 && ${#_OPT_NAMES[@]} )) && [[ "$line" == Usage:* ]]; then
+            state=1
+        fi
+    done < <(sed -n '2,/^[^#]/{/^#/!q;s/^# \{0,1\}//;p}' "$0")
+    if (( state == 1 )); then
+        echo
+        options_help
+    fi
+}
+_OPT_NAMES=()

@@ -5,24 +5,6 @@
 #
 # Usage: prepare_bpe.sh --raw DIR --out DIR --src LANG --tgt LANG [options]
 #
-#   --raw DIR         raw text: DIR/{train,valid,test}.{SRC,TGT}, one sentence a line
-#   --out DIR         where the segmented files go (same names), plus the model:
-#                     sentencepiece.bpe.model or code (--joint no: sentencepiece.SRC.model
-#                     and sentencepiece.TGT.model, or code.SRC and code.TGT), and
-#                     SEGMENTATION (the method)
-#   --src, --tgt      language codes (file suffixes)
-#   --method M        sentencepiece (default) or subword-nmt
-#   --vocab-size N    sentencepiece vocabulary size (default 8000; capped on small data)
-#   --merges N        subword-nmt merge operations (default 32000)
-#   --tokenize T      moses (sacremoses, language-specific rules) or none (default;
-#                     right for sentencepiece, which needs no pre-tokenization)
-#   --joint yes|no    one model learned on both languages (yes, the default) or one per
-#                     language with the same --vocab-size/--merges each (distant pairs
-#                     such as Zh-En and Ja-En share few subwords)
-#   --splits LIST     comma-separated splits to segment (default train,valid,test;
-#                     the model is always learned on train)
-#   --force           replace an existing --out directory (never a file)
-#
 # Checks: the raw files of each split have the same number of lines (a missing final
 # newline does not count as a missing line); every line has its line-breaking
 # characters other than \n (\r, \v, \f, U+0085, U+2028, U+2029, ...) and NUL bytes
@@ -35,40 +17,39 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-RAW="" OUT="" SRC="" TGT="" METHOD=sentencepiece VOCAB=8000 MERGES=32000 TOKENIZE=none
-SPLITS=train,valid,test FORCE=0 JOINT=yes
-while (( $# )); do
-    case "$1" in
-        --raw) need_value "$1" $#; RAW="$2"; shift 2 ;;
-        --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
-        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
-        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
-        --method) need_value "$1" $#; METHOD="$2"; shift 2 ;;
-        --vocab-size) need_value "$1" $#; VOCAB="$2"; shift 2 ;;
-        --merges) need_value "$1" $#; MERGES="$2"; shift 2 ;;
-        --tokenize) need_value "$1" $#; TOKENIZE="$2"; shift 2 ;;
-        --splits) need_value "$1" $#; SPLITS="$2"; shift 2 ;;
-        --joint) need_value "$1" $#; JOINT="$2"; shift 2 ;;
-        --force) FORCE=1; shift ;;
-        -h|--help) usage; exit 0 ;;
-        *) die "unknown option '$1' (see '${PROG} --help')" ;;
-    esac
-done
+parse_options "$@" <<'EOF'
+--raw DIR       RAW       dir                               required
+    raw text: DIR/{train,valid,test}.{SRC,TGT}, one sentence a line
+--out DIR       OUT       text                              required
+    where the segmented files go (same names), plus the model:
+    sentencepiece.bpe.model or code (--joint no: sentencepiece.SRC.model
+    and sentencepiece.TGT.model, or code.SRC and code.TGT), and
+    SEGMENTATION (the method)
+--src LANG      SRC       lang                              required
+--tgt LANG      TGT       lang                              required
+    language codes (file suffixes)
+--method M      METHOD    choice:sentencepiece|subword-nmt  sentencepiece
+    sentencepiece (default) or subword-nmt
+--vocab-size N  VOCAB     int:16                            8000
+    sentencepiece vocabulary size (default 8000; capped on small data)
+--merges N      MERGES    int:1                             32000
+    subword-nmt merge operations (default 32000)
+--tokenize T    TOKENIZE  choice:moses|none                 none
+    moses (sacremoses, language-specific rules) or none (default;
+    right for sentencepiece, which needs no pre-tokenization)
+--joint yes|no  JOINT     choice:yes|no                     yes
+    one model learned on both languages (yes, the default) or one per
+    language with the same --vocab-size/--merges each (distant pairs
+    such as Zh-En and Ja-En share few subwords)
+--splits LIST   SPLITS    text                              train,valid,test
+    comma-separated splits to segment (default train,valid,test;
+    the model is always learned on train)
+--force         FORCE     flag                              -
+    replace an existing --out directory (never a file)
+EOF
 
 # ---- validate everything before doing anything
-require_value --raw "$RAW"
-require_value --out "$OUT"
-require_value --src "$SRC"
-require_value --tgt "$TGT"
-require_lang --src "$SRC"
-require_lang --tgt "$TGT"
 [[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ, both are '$SRC'"
-require_choice --method "$METHOD" sentencepiece subword-nmt
-require_choice --tokenize "$TOKENIZE" moses none
-require_choice --joint "$JOINT" yes no
-require_int --vocab-size "$VOCAB" 16
-require_int --merges "$MERGES" 1
-require_dir "$RAW" --raw
 IFS=, read -r -a SPLIT_LIST <<< "$SPLITS"
 (( ${#SPLIT_LIST[@]} )) || die "--splits: expected a comma-separated list of splits, got '$SPLITS'"
 [[ ",$SPLITS," == *,train,* ]] || die "--splits: must include train (the model is learned on it), got '$SPLITS'"

@@ -7,37 +7,6 @@
 #
 # Usage: prepare_data.sh --dataset NAME [--raw-dir DIR] [--out DIR] [options]
 #
-#   --dataset NAME    wmt14_en_de, iwslt14_de_en, iwslt14_es_en, iwslt14_ro_en,
-#                     iwslt15_en_vi, iwslt15_fr_en, wat17_ja_en or wmt17_zh_en
-#   --raw-dir DIR     the original archives/files under their original names, one
-#                     directory per dataset (default: data/downloads/NAME; a missing file
-#                     stops the script, listing what it expected and where to get it)
-#   --out DIR         (default: data/prepared/NAME[-VARIANT].SRC-TGT.BPE SIZE[.separate])
-#                     the prepared dataset: raw/{train,valid,test}.{SRC,TGT} (cleaned,
-#                     untokenized; raw/test.TGT is the sacrebleu reference), seg/
-#                     (word-segmented; Japanese and Chinese only), bpe/ (prepare_bpe.sh),
-#                     bin/ (the fairseq data-bin), PREPARED (JSON record of the request,
-#                     split sizes and settings)
-#   --variant V       the dataset's variant of splits and casing, where it has several
-#                     (iwslt14_de_en: paper, the default, Song et al.'s test set with case
-#                     kept; fairseq, fairseq's split, lowercased)
-#   --src, --tgt      the direction (default: the name's order, e.g. de->en for
-#                     iwslt14_de_en); the reverse direction is the only other choice
-#   --bpe M           subword-nmt or sentencepiece (default: the dataset's, see docs/data.md);
-#                     subword-nmt runs on Moses-tokenized text, sentencepiece on raw text
-#   --bpe-size N      merges (subword-nmt) or vocabulary size (sentencepiece);
-#                     default: the dataset's (e.g. 32000 for WMT14, 10000 for IWSLT14 De-En)
-#   --bpe-joint yes|no  one subword model and dictionary for both languages (yes), or one
-#                     of each per language with --bpe-size each (no); default: the
-#                     dataset's (no for wat17_ja_en and wmt17_zh_en, yes for the others)
-#   --download        download the missing files into --raw-dir first, with progress
-#                     bars, checked against the published sizes and checksums (not
-#                     possible for ASPEC, CWMT and the WIT3 releases: see docs/data.md)
-#   --check           check everything (options, raw files, tools), print the resolved
-#                     settings and exit: 0 if preparing would start, 2 if not
-#   --workers N       processes for cleaning/segmentation and fairseq-preprocess (default 2)
-#   --force           replace an existing --out
-#
 # An existing --out that PREPARED shows to hold the same dataset, direction, --bpe and
 # --bpe-size is left as it is (the script says so and exits 0); any other existing
 # --out is an error unless --force is given. The output is built in a temporary
@@ -45,36 +14,53 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DATASET="" RAW="" OUT="" SRC="" TGT="" BPE="" BPE_SIZE="" BPE_JOINT="" VARIANT="" DOWNLOAD=0 FORCE=0 WORKERS=2
-CHECK_ONLY=0
-while (( $# )); do
-    case "$1" in
-        --dataset) need_value "$1" $#; DATASET="$2"; shift 2 ;;
-        --raw-dir) need_value "$1" $#; RAW="$2"; shift 2 ;;
-        --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
-        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
-        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
-        --bpe) need_value "$1" $#; BPE="$2"; shift 2 ;;
-        --bpe-size) need_value "$1" $#; BPE_SIZE="$2"; shift 2 ;;
-        --bpe-joint) need_value "$1" $#; BPE_JOINT="$2"; shift 2 ;;
-        --variant) need_value "$1" $#; VARIANT="$2"; shift 2 ;;
-        --check) CHECK_ONLY=1; shift ;;
-        --workers) need_value "$1" $#; WORKERS="$2"; shift 2 ;;
-        --download) DOWNLOAD=1; shift ;;
-        --force) FORCE=1; shift ;;
-        -h|--help) usage; exit 0 ;;
-        *) die "unknown option '$1' (see '${PROG} --help')" ;;
-    esac
-done
+parse_options "$@" <<'EOF'
+--dataset NAME      DATASET     text                              required
+    wmt14_en_de, iwslt14_de_en, iwslt14_es_en, iwslt14_ro_en,
+    iwslt15_en_vi, iwslt15_fr_en, wat17_ja_en or wmt17_zh_en
+--raw-dir DIR       RAW         text                              -
+    the original archives/files under their original names, one
+    directory per dataset (default: data/downloads/NAME; a missing file
+    stops the script, listing what it expected and where to get it)
+--out DIR           OUT         text                              -
+    (default: data/prepared/NAME[-VARIANT].SRC-TGT.BPE SIZE[.separate])
+    the prepared dataset: raw/{train,valid,test}.{SRC,TGT} (cleaned,
+    untokenized; raw/test.TGT is the sacrebleu reference), seg/
+    (word-segmented; Japanese and Chinese only), bpe/ (prepare_bpe.sh),
+    bin/ (the fairseq data-bin), PREPARED (JSON record of the request,
+    split sizes and settings)
+--variant V         VARIANT     text                              -
+    the dataset's variant of splits and casing, where it has several
+    (iwslt14_de_en: paper, the default, Song et al.'s test set with case
+    kept; fairseq, fairseq's split, lowercased)
+--src LANG          SRC         lang                              -
+--tgt LANG          TGT         lang                              -
+    the direction (default: the name's order, e.g. de->en for
+    iwslt14_de_en); the reverse direction is the only other choice
+--bpe M             BPE         choice:subword-nmt|sentencepiece  -
+    subword-nmt or sentencepiece (default: the dataset's, see docs/data.md);
+    subword-nmt runs on Moses-tokenized text, sentencepiece on raw text
+--bpe-size N        BPE_SIZE    int:1                             -
+    merges (subword-nmt) or vocabulary size (sentencepiece);
+    default: the dataset's (e.g. 32000 for WMT14, 10000 for IWSLT14 De-En)
+--bpe-joint yes|no  BPE_JOINT   choice:yes|no                     -
+    one subword model and dictionary for both languages (yes), or one
+    of each per language with --bpe-size each (no); default: the
+    dataset's (no for wat17_ja_en and wmt17_zh_en, yes for the others)
+--download          DOWNLOAD    flag                              -
+    download the missing files into --raw-dir first, with progress
+    bars, checked against the published sizes and checksums (not
+    possible for ASPEC, CWMT and the WIT3 releases: see docs/data.md)
+--check             CHECK_ONLY  flag                              -
+    check everything (options, raw files, tools), print the resolved
+    settings and exit: 0 if preparing would start, 2 if not
+--workers N         WORKERS     int:1                             2
+    processes for cleaning/segmentation and fairseq-preprocess (default 2)
+--force             FORCE       flag                              -
+    replace an existing --out
+EOF
 
 # ---- validate everything before doing anything
-require_value --dataset "$DATASET"
-[[ -z "$SRC" ]] || require_lang --src "$SRC"
-[[ -z "$TGT" ]] || require_lang --tgt "$TGT"
-[[ -z "$BPE" ]] || require_choice --bpe "$BPE" subword-nmt sentencepiece
-[[ -z "$BPE_SIZE" ]] || require_int --bpe-size "$BPE_SIZE" 1
-[[ -z "$BPE_JOINT" ]] || require_choice --bpe-joint "$BPE_JOINT" yes no
-require_int --workers "$WORKERS" 1
 REQUEST=(--dataset "$DATASET")
 [[ -z "$RAW" ]] || REQUEST+=(--raw-dir "$RAW")
 [[ -z "$OUT" ]] || REQUEST+=(--out "$OUT")

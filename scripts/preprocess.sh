@@ -4,17 +4,6 @@
 #
 # Usage: preprocess.sh --data DIR --dest DIR --src LANG --tgt LANG [options] [-- EXTRA...]
 #
-#   --data DIR        segmented text (prepare_bpe.sh --out): DIR/{train,valid,test}.{SRC,TGT}
-#   --dest DIR        the fairseq data directory to create (the "data-bin")
-#   --src, --tgt      language codes
-#   --splits LIST     train,valid,test (default); valid and test are optional names
-#                     of fairseq-preprocess's --validpref/--testpref, train is required
-#   --joint yes|no    one dictionary for both languages (yes, the default:
-#                     fairseq-preprocess --joined-dictionary) or one per language (no)
-#   --workers N       fairseq-preprocess workers (default 2)
-#   --force           replace an existing --dest directory (never a file)
-#   -- EXTRA...       passed to fairseq-preprocess as they are
-#
 # Checks: the two languages of each split have the same number of lines and no line
 # holds a character other tools read as a line break (\r, \v, \f, U+0085, U+2028,
 # U+2029, ...) or a NUL byte (prepare_bpe.sh replaces them); after fairseq-preprocess,
@@ -28,35 +17,30 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DATA="" DEST="" SRC="" TGT="" SPLITS=train,valid,test WORKERS=2 FORCE=0 JOINT=yes
-EXTRA=()
-while (( $# )); do
-    case "$1" in
-        --data) need_value "$1" $#; DATA="$2"; shift 2 ;;
-        --dest) need_value "$1" $#; DEST="$2"; shift 2 ;;
-        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
-        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
-        --splits) need_value "$1" $#; SPLITS="$2"; shift 2 ;;
-        --workers) need_value "$1" $#; WORKERS="$2"; shift 2 ;;
-        --joint) need_value "$1" $#; JOINT="$2"; shift 2 ;;
-        --force) FORCE=1; shift ;;
-        --) shift; EXTRA=("$@"); break ;;
-        -h|--help) usage; exit 0 ;;
-        *) die "unknown option '$1' (see '${PROG} --help'; fairseq-preprocess options go after --)" ;;
-    esac
-done
+parse_options "$@" <<'EOF'
+--data DIR      DATA     dir                      required
+    segmented text (prepare_bpe.sh --out): DIR/{train,valid,test}.{SRC,TGT}
+--dest DIR      DEST     text                     required
+    the fairseq data directory to create (the "data-bin")
+--src LANG      SRC      lang                     required
+--tgt LANG      TGT      lang                     required
+    language codes
+--splits LIST   SPLITS   text                     train,valid,test
+    train,valid,test (default); valid and test are optional names
+    of fairseq-preprocess's --validpref/--testpref, train is required
+--joint yes|no  JOINT    choice:yes|no            yes
+    one dictionary for both languages (yes, the default:
+    fairseq-preprocess --joined-dictionary) or one per language (no)
+--workers N     WORKERS  int:1                    2
+    fairseq-preprocess workers (default 2)
+--force         FORCE    flag                     -
+    replace an existing --dest directory (never a file)
+-- EXTRA...     EXTRA    rest:fairseq-preprocess  -
+    passed to fairseq-preprocess as they are
+EOF
 
 # ---- validate
-require_value --data "$DATA"
-require_value --dest "$DEST"
-require_value --src "$SRC"
-require_value --tgt "$TGT"
-require_lang --src "$SRC"
-require_lang --tgt "$TGT"
 [[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ, both are '$SRC'"
-require_int --workers "$WORKERS" 1
-require_choice --joint "$JOINT" yes no
-require_dir "$DATA" --data
 IFS=, read -r -a SPLIT_LIST <<< "$SPLITS"
 PREFS=()
 for split in "${SPLIT_LIST[@]}"; do

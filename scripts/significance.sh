@@ -5,24 +5,6 @@
 #                        --out DIR [--samples 1000] [--seed 1] [--prob-thresh 0.05] \
 #                        [--tokenize 13a|none] [--force]
 #
-#   --ref FILE            reference, one sentence per line (raw, like evaluate.sh's --ref)
-#   --baseline NAME=HYP   the baseline's hypotheses (e.g. evaluate.sh's hyp.detok);
-#                         NAME: letters, digits and _.+- ; HYP: a file with one line
-#                         per reference line
-#   --system NAME=HYP     a system to compare with the baseline (repeatable; compare-mt
-#                         then compares every pair)
-#   --out DIR             directory for the reports (see below); an earlier result of
-#                         this script there (DIR/significance.json) is replaced, any other
-#                         existing DIR only with --force
-#   --samples N           bootstrap samples (default 1000, as in the papers)
-#   --seed N              seed of compare-mt's sampling (default 1: reruns give the same numbers)
-#   --prob-thresh P       significance level of compare-mt's verdict (default 0.05)
-#   --tokenize T          13a (default): tokenize all texts with sacrebleu's default
-#                         tokenizer first, so compare-mt's BLEU equals sacrebleu's;
-#                         none: the files are tokenized already (e.g. evaluate.sh's
-#                         hyp.tok_bleu / ref.tok_bleu for tokenized BLEU)
-#   --force               replace an existing --out directory whatever it holds
-#
 # compare-mt draws N samples of half the sentences (with replacement), scores every
 # system on each, and counts which system wins. Outputs in DIR (built in a temporary
 # directory, renamed at the end):
@@ -36,34 +18,36 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-REF="" BASELINE="" OUT="" SAMPLES=1000 SEED=1 PROB=0.05 TOKENIZE=13a FORCE=0
-SYSTEMS=()
-while (( $# )); do
-    case "$1" in
-        --ref) need_value "$1" $#; REF="$2"; shift 2 ;;
-        --baseline) need_value "$1" $#; BASELINE="$2"; shift 2 ;;
-        --system) need_value "$1" $#; SYSTEMS+=("$2"); shift 2 ;;
-        --out) need_value "$1" $#; OUT="$2"; shift 2 ;;
-        --samples) need_value "$1" $#; SAMPLES="$2"; shift 2 ;;
-        --seed) need_value "$1" $#; SEED="$2"; shift 2 ;;
-        --prob-thresh) need_value "$1" $#; PROB="$2"; shift 2 ;;
-        --tokenize) need_value "$1" $#; TOKENIZE="$2"; shift 2 ;;
-        --force) FORCE=1; shift ;;
-        -h|--help) usage; exit 0 ;;
-        *) die "unknown option '$1' (see '${PROG} --help')" ;;
-    esac
-done
+parse_options "$@" <<'EOF'
+--ref FILE           REF       file             required
+    reference, one sentence per line (raw, like evaluate.sh's --ref)
+--baseline NAME=HYP  BASELINE  text             required
+    the baseline's hypotheses (e.g. evaluate.sh's hyp.detok);
+    NAME: letters, digits and _.+- ; HYP: a file with one line
+    per reference line
+--system NAME=HYP    SYSTEMS   list             required
+    a system to compare with the baseline (repeatable; compare-mt
+    then compares every pair)
+--out DIR            OUT       text             required
+    directory for the reports (see below); an earlier result of
+    this script there (DIR/significance.json) is replaced, any other
+    existing DIR only with --force
+--samples N          SAMPLES   int:1            1000
+    bootstrap samples (default 1000, as in the papers)
+--seed N             SEED      int:0            1
+    seed of compare-mt's sampling (default 1: reruns give the same numbers)
+--prob-thresh P      PROB      float            0.05
+    significance level of compare-mt's verdict (default 0.05)
+--tokenize T         TOKENIZE  choice:13a|none  13a
+    13a (default): tokenize all texts with sacrebleu's default
+    tokenizer first, so compare-mt's BLEU equals sacrebleu's;
+    none: the files are tokenized already (e.g. evaluate.sh's
+    hyp.tok_bleu / ref.tok_bleu for tokenized BLEU)
+--force              FORCE     flag             -
+    replace an existing --out directory whatever it holds
+EOF
 
 # ---- validate
-require_value --ref "$REF"
-require_value --baseline "$BASELINE"
-(( ${#SYSTEMS[@]} >= 1 )) || die "missing required option --system (see '${PROG} --help')"
-require_value --out "$OUT"
-require_int --samples "$SAMPLES" 1
-require_int --seed "$SEED" 0
-require_float --prob-thresh "$PROB"
-require_choice --tokenize "$TOKENIZE" 13a none
-require_file "$REF" --ref
 n_ref=$(count_lines "$REF")
 (( n_ref > 0 )) || die "--ref: '$REF' is empty; expected one reference sentence per line"
 HYP_ARGS=()

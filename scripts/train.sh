@@ -7,60 +7,6 @@
 #                 [--effective-tokens T] [--precision auto|fp32|fp16|bf16] [--dry-run] \
 #                 [-- EXTRA fairseq-train args...]
 #
-#   --arch ARCH       any registered architecture: fairseq's (transformer, ...) or
-#                     this package's (localness_transformer, hybrid_transformer, ...)
-#   --data-bin DIR    preprocess.sh output with train and valid data for SRC-TGT
-#   --save-dir DIR    checkpoints go here; if it holds checkpoint_last.pt, training
-#                     resumes from it (fairseq's behaviour); if that file cannot be read
-#                     (a run killed while saving it), from the newest readable checkpoint
-#   --max-update N    number of updates to train for
-#   --src, --tgt      language pair
-#   --seed N          random seed (default 1)
-#   --preset NAME     model size and recipe from configs/presets/NAME.sh, between the
-#                     defaults below and EXTRA (which overrides it). tiny: the demo's
-#                     model (2+2 layers, d=64, 4 heads, FFN 256, shared embeddings;
-#                     needs a joined dictionary) and short-schedule recipe (--lr 2e-3
-#                     --warmup-updates 100 --clip-norm 1.0 --dropout 0.1 --max-tokens
-#                     2048 --num-workers 0), for a first run on the CPU. An unknown
-#                     NAME is an error that lists the presets.
-#
-# Devices and processes:
-#   --gpus N          processes (GPUs) per node, started by torchrun (python -m
-#                     torch.distributed.run) for fairseq's own distributed data-parallel
-#                     training. --gpus 1 on one node: one fairseq-train process on one GPU.
-#                     0 or absent: fairseq-train as before (the CPU without GPUs; fairseq
-#                     itself spawns one process per visible GPU on a multi-GPU machine).
-#   --cpu             train on the CPU (fairseq's --cpu); with --gpus N, N processes on
-#                     the CPU that communicate over gloo
-#   --nodes N         number of machines (default 1); run the same command on each, with
-#   --node-rank R     this machine's rank, 0 .. N-1 (default 0), and
-#   --master-addr HOST --master-port P   the address of node 0 (the port default: 29500)
-#                     One node without --master-port: torchrun --standalone (a free port).
-#   --precision P     auto (default): fp16 on CUDA GPUs of compute capability >= 7, else
-#                     bf16 on a TPU (torch_xla installed, no CUDA GPU), else fp32; fp32
-#                     with --cpu. bf16: on a CUDA GPU, a TPU or the CPU (fairseq's --bf16
-#                     implies --tpu; the package turns that off without torch_xla or
-#                     with --cpu).
-#                     fairseq trains in fp16 only on CUDA GPUs: asking for a precision the
-#                     machine cannot do is an error before training.
-#
-# Batch size:
-#   --effective-tokens T   the papers' batch size in tokens per update, kept whatever
-#                     the number of processes: sets --update-freq u = ceil(T / (cap x
-#                     processes)) and the per-process --max-tokens m = floor(T /
-#                     (processes x u)), where cap is the --max-tokens in effect (EXTRA's,
-#                     else 4096: the most one process may hold) and processes = gpus x
-#                     nodes (1 for a single process); m x processes x u is at most T and
-#                     within a token per process and batch of it. Prints the computation;
-#                     a split whose m cannot hold the longest training pair is an error
-#                     (it names the numbers). --max-tokens-valid stays at cap. Giving
-#                     --update-freq in EXTRA as well is an error.
-#   --dry-run         check everything, print the command, do not train
-#
-#   -- EXTRA...       more fairseq-train arguments. They come after the defaults
-#                     below, and for an option given twice the later value wins, so
-#                     EXTRA can override any default.
-#
 # Resumption: fairseq restarts from SAVE_DIR/checkpoint_last.pt (model, optimizer,
 # scheduler, data position), so rerunning the same command after an interruption
 # continues where the last saved checkpoint left off. fairseq writes
@@ -84,61 +30,116 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/batch_split.sh"
 
-ARCH="" DATA_BIN="" SAVE_DIR="" MAX_UPDATE="" SRC="" TGT="" SEED=1
-PRESET="" GPUS=0 CPU=0 NODES=1 NODE_RANK=0 MASTER_ADDR="" MASTER_PORT="" EFF_TOKENS="" PRECISION=auto DRY_RUN=0
-SLURM_TASK=0 SLURM_SUBMIT=0 SLURM_OPTS=() TASK_ARGS=()
-EXTRA=()
 ORIG_ARGS=("$@")
-while (( $# )); do
-    case "$1" in
-        --arch) need_value "$1" $#; ARCH="$2"; shift 2 ;;
-        --data-bin) need_value "$1" $#; DATA_BIN="$2"; shift 2 ;;
-        --save-dir) need_value "$1" $#; SAVE_DIR="$2"; shift 2 ;;
-        --max-update) need_value "$1" $#; MAX_UPDATE="$2"; shift 2 ;;
-        --src) need_value "$1" $#; SRC="$2"; shift 2 ;;
-        --tgt) need_value "$1" $#; TGT="$2"; shift 2 ;;
-        --seed) need_value "$1" $#; SEED="$2"; shift 2 ;;
-        --preset) need_value "$1" $#; PRESET="$2"; shift 2 ;;
-        --gpus) need_value "$1" $#; GPUS="$2"; shift 2 ;;
-        --cpu) CPU=1; shift ;;
-        --nodes) need_value "$1" $#; NODES="$2"; shift 2 ;;
-        --node-rank) need_value "$1" $#; NODE_RANK="$2"; shift 2 ;;
-        --master-addr) need_value "$1" $#; MASTER_ADDR="$2"; shift 2 ;;
-        --master-port) need_value "$1" $#; MASTER_PORT="$2"; shift 2 ;;
-        --effective-tokens) need_value "$1" $#; EFF_TOKENS="$2"; shift 2 ;;
-        --precision) need_value "$1" $#; PRECISION="$2"; shift 2 ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        --slurm-task) SLURM_TASK=1; shift ;;
-        --slurm) SLURM_SUBMIT=1; shift ;;
-        --partition|--gpus-per-node|--cpus-per-task|--mem|--time|--account|--qos|--constraint|--max-requeues|--signal-delay|--slurm-arg)
-            need_value "$1" $#; SLURM_OPTS+=("$1" "$2"); shift 2 ;;
-        --) shift; EXTRA=("$@"); break ;;
-        -h|--help) usage; exit 0 ;;
-        *) die "unknown option '$1' (see '${PROG} --help'; fairseq-train options go after --)" ;;
-    esac
-done
+parse_options "$@" <<'EOF'
+--arch ARCH           ARCH          text                        required
+    any registered architecture: fairseq's (transformer, ...) or
+    this package's (localness_transformer, hybrid_transformer, ...)
+--data-bin DIR        DATA_BIN      dir                         required
+    preprocess.sh output with train and valid data for SRC-TGT
+--save-dir DIR        SAVE_DIR      text                        required
+    checkpoints go here; if it holds checkpoint_last.pt, training
+    resumes from it (fairseq's behaviour); if that file cannot be read
+    (a run killed while saving it), from the newest readable checkpoint
+--max-update N        MAX_UPDATE    int:1                       required
+    number of updates to train for
+--src LANG            SRC           lang                        required
+--tgt LANG            TGT           lang                        required
+    language pair
+--seed N              SEED          int:0                       1
+    random seed (default 1)
+--preset NAME         PRESET        text                        -
+    model size and recipe from configs/presets/NAME.sh, between the
+    defaults below and EXTRA (which overrides it). tiny: the demo's
+    model (2+2 layers, d=64, 4 heads, FFN 256, shared embeddings;
+    needs a joined dictionary) and short-schedule recipe (--lr 2e-3
+    --warmup-updates 100 --clip-norm 1.0 --dropout 0.1 --max-tokens
+    2048 --num-workers 0), for a first run on the CPU. An unknown
+    NAME is an error that lists the presets.
+--dry-run             DRY_RUN       flag                        -
+    check everything, print the command, do not train
+-- EXTRA...           EXTRA         rest:fairseq-train          -
+    more fairseq-train arguments. They come after the defaults
+    below, and for an option given twice the later value wins, so
+    EXTRA can override any default.
+Devices and processes:
+--gpus N              GPUS          int:0                       0
+    processes (GPUs) per node, started by torchrun (python -m
+    torch.distributed.run) for fairseq's own distributed data-parallel
+    training. --gpus 1 on one node: one fairseq-train process on one GPU.
+    0 or absent: fairseq-train as before (the CPU without GPUs; fairseq
+    itself spawns one process per visible GPU on a multi-GPU machine).
+--cpu                 CPU           flag                        -
+    train on the CPU (fairseq's --cpu); with --gpus N, N processes on
+    the CPU that communicate over gloo
+--nodes N             NODES         int:1                       1
+    number of machines (default 1); run the same command on each, with
+    --node-rank and --master-addr (and --master-port)
+--node-rank R         NODE_RANK     int:0                       0
+    this machine's rank, 0 .. N-1 (default 0)
+--master-addr HOST    MASTER_ADDR   text                        -
+--master-port P       MASTER_PORT   int:1                       -
+    the address of node 0 (the port default: 29500)
+    One node without --master-port: torchrun --standalone (a free port).
+--precision P         PRECISION     choice:auto|fp32|fp16|bf16  auto
+    auto (default): fp16 on CUDA GPUs of compute capability >= 7, else
+    bf16 on a TPU (torch_xla installed, no CUDA GPU), else fp32; fp32
+    with --cpu. bf16: on a CUDA GPU, a TPU or the CPU (fairseq's --bf16
+    implies --tpu; the package turns that off without torch_xla or
+    with --cpu).
+    fairseq trains in fp16 only on CUDA GPUs: asking for a precision the
+    machine cannot do is an error before training.
+Batch size:
+--effective-tokens T  EFF_TOKENS    int:1                       -
+    the papers' batch size in tokens per update, kept whatever
+    the number of processes: sets --update-freq u = ceil(T / (cap x
+    processes)) and the per-process --max-tokens m = floor(T /
+    (processes x u)), where cap is the --max-tokens in effect (EXTRA's,
+    else 4096: the most one process may hold) and processes = gpus x
+    nodes (1 for a single process); m x processes x u is at most T and
+    within a token per process and batch of it. Prints the computation;
+    a split whose m cannot hold the longest training pair is an error
+    (it names the numbers). --max-tokens-valid stays at cap. Giving
+    --update-freq in EXTRA as well is an error.
+SLURM (docs/slurm.md):
+--slurm               SLURM_SUBMIT  flag                        -
+    submit the training as one SLURM job of --nodes x --gpus (or
+    --gpus-per-node) tasks, through submitit, and return; requeued
+    and resumed at its time limit; its state in SAVE_DIR/slurm/. With
+    --dry-run: print the job, submit nothing
+--partition P         SLURM_OPTS    pass                        -
+    the partition (default: the cluster's)
+--gpus-per-node N     SLURM_OPTS    pass                        -
+    GPUs (processes) per node (default: --gpus, else 1); with --cpu, N
+    processes on each node's CPUs (gloo)
+--cpus-per-task N     SLURM_OPTS    pass                        -
+    CPUs per task
+--mem M               SLURM_OPTS    pass                        -
+    memory per node (e.g. 64G)
+--time T              SLURM_OPTS    pass                        -
+    the job's time limit (minutes, HH:MM:SS, D-HH:MM, ...; default the
+    partition's); a training past it is requeued and resumes
+--account A           SLURM_OPTS    pass                        -
+--qos Q               SLURM_OPTS    pass                        -
+--constraint C        SLURM_OPTS    pass                        -
+    the account to charge, the quality of service, node features
+--max-requeues N      SLURM_OPTS    pass                        -
+    requeues before the job is failed (default 3)
+--signal-delay S      SLURM_OPTS    pass                        -
+    seconds before the time limit at which the job saves and requeues
+    (default 90)
+--slurm-arg K=V       SLURM_OPTS    pass                        -
+    any other sbatch option, by its long name (repeatable)
+--slurm-task          SLURM_TASK    flag                        -
+    run as one task of the job --slurm submitted (the job's command)
+EOF
+TASK_ARGS=()
 
 # ---- validate (cheap checks first; the hardware check imports torch, the
 # check of the architecture and all fairseq-train arguments fairseq)
-require_value --arch "$ARCH"
-require_value --data-bin "$DATA_BIN"
-require_value --save-dir "$SAVE_DIR"
-require_value --max-update "$MAX_UPDATE"
-require_value --src "$SRC"
-require_value --tgt "$TGT"
-require_lang --src "$SRC"
-require_lang --tgt "$TGT"
-require_int --max-update "$MAX_UPDATE" 1
-require_int --seed "$SEED" 0
-require_int --gpus "$GPUS" 0
-GPUS=$((10#$GPUS))
-require_int --nodes "$NODES" 1
-NODES=$((10#$NODES))
-require_int --node-rank "$NODE_RANK" 0
-NODE_RANK=$((10#$NODE_RANK))
+GPUS=$((10#$GPUS)) NODES=$((10#$NODES)) NODE_RANK=$((10#$NODE_RANK))
 (( NODE_RANK < NODES )) || die "--node-rank: expected 0 .. $((NODES - 1)) (--nodes $NODES), got $NODE_RANK"
 if [[ -n "$MASTER_PORT" ]]; then
-    require_int --master-port "$MASTER_PORT" 1
     (( 10#$MASTER_PORT <= 65535 )) || die "--master-port: expected a TCP port 1 .. 65535, got '$MASTER_PORT'"
 fi
 if [[ -n "$MASTER_ADDR" ]]; then
@@ -155,9 +156,7 @@ elif (( NODES > 1 && ! SLURM_SUBMIT )); then
     (( GPUS >= 1 )) || die "--nodes $NODES: expected --gpus N (processes per node, >= 1) for a multi-node run"
     [[ -n "$MASTER_ADDR" ]] || die "--nodes $NODES: expected --master-addr HOST (the address of node 0, reachable from every node)"
 fi
-require_choice --precision "$PRECISION" auto fp32 fp16 bf16
 if [[ -n "$EFF_TOKENS" ]]; then
-    require_int --effective-tokens "$EFF_TOKENS" 1
     EFF_TOKENS=$((10#$EFF_TOKENS))
 fi
 # The preset: configs/presets/NAME.sh sets PRESET_ARGS, fairseq-train arguments that
@@ -205,7 +204,7 @@ require_pair "$DATA_BIN" "$SRC" "$TGT" train valid
 [[ ! -e "$SAVE_DIR" || -d "$SAVE_DIR" ]] || die "--save-dir: '$SAVE_DIR' exists and is not a directory"
 
 # --slurm: one job of --nodes x --gpus tasks that runs this command with --slurm-task
-# (fairseq_localness/slurm.py, through submitit); checked here, on the machine that submits
+# (fairseq_localness/slurm/, through submitit); checked here, on the machine that submits
 if (( SLURM_SUBMIT )); then
     GPN="" k=0
     for (( k = 0; k < ${#SLURM_OPTS[@]}; k += 2 )); do

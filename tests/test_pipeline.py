@@ -1,12 +1,15 @@
 """The pipeline scripts (scripts/*.sh): end to end in a few updates, and bad inputs
 rejected up front (exit status 2, a message naming the option/file and what was
-expected, no command run, nothing written)."""
+expected, no command run, nothing written); their option parser (lib.sh's
+parse_options) on a table of every kind of option."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import TINY_MODEL_ARGS, run_script
+from conftest import TINY_MODEL_ARGS, run_script, tool_env
 
 SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"
 
@@ -182,6 +185,123 @@ def test_demo_rejects_bad_settings(tmp_path, env, message):
 def test_help(script):
     p = run_script(script, ["--help"])
     assert "Usage:" in p.stdout
+
+
+# A script of every kind of option the table of lib.sh's parse_options knows; it prints
+# what it read.
+TABLE_SCRIPT = r"""#!/usr/bin/env bash
+# A script with one option of each kind.
+#
+# Usage: t.sh --n N [options] [-- EXTRA...]
+#
+# Prose after the options.
+set -euo pipefail
+. "$1/lib.sh"
+shift
+parse_options "$@" <<'EOF'
+--n N           N       int:1        required
+    a whole number
+--x X           X       float        0.5
+--mode M        MODE    choice:a|b   a
+    a number and a mode (one help for both)
+--code LANG     CODE    lang         -
+    a language code
+--in FILE       IN      file         -
+    a file
+--dir DIR       DIR     dir          -
+    a directory
+--name S        NAME    text         -
+    anything
+--on            ON      flag         -
+    a flag
+Repeatable:
+--item V        ITEMS   list         -
+    one item (repeatable)
+--pass V        PASSED  pass         -
+    handed on with the option
+-- EXTRA...     EXTRA   rest:tool    -
+    the tool's arguments
+EOF
+printf 'N=%s X=%s MODE=%s CODE=%s NAME=%s ON=%s\n' "$N" "$X" "$MODE" "$CODE" "$NAME" "$ON"
+printf 'ITEMS:'; printf ' [%s]' "${ITEMS[@]}"; echo
+printf 'PASSED:'; printf ' [%s]' "${PASSED[@]}"; echo
+printf 'EXTRA:'; printf ' [%s]' "${EXTRA[@]}"; echo
+"""
+
+
+@pytest.fixture(scope="module")
+def table_script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("table") / "t.sh"
+    path.write_text(TABLE_SCRIPT)
+    scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+    def run(*args):
+        return subprocess.run(["bash", str(path), scripts, *args], capture_output=True, text=True,
+                              env=tool_env({"PYTHON": sys.executable}))
+    return run
+
+
+def test_parse_options_reads_the_table(table_script, tmp_path):
+    """lib.sh's parse_options: values into their variables (defaults where not given,
+    the last of an option given twice), flags, repeatable options and the arguments
+    after -- as arrays."""
+    p = table_script("--n", "3", "--n", "4", "--mode", "b", "--code", "de", "--name", "a b", "--on",
+                     "--item", "i 1", "--pass", "p", "--item", "i2", "--pass", "q", "--in", __file__,
+                     "--dir", str(tmp_path), "--", "--n", "x", "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["N=4 X=0.5 MODE=b CODE=de NAME=a b ON=1", "ITEMS: [i 1] [i2]",
+                                     "PASSED: [--pass] [p] [--pass] [q]", "EXTRA: [--n] [x] [--help]"]
+    p = table_script("--n", "1")
+    assert p.stdout.splitlines()[0] == "N=1 X=0.5 MODE=a CODE= NAME= ON=0"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--n", "1", "--bogus"], "unknown option '--bogus' (see 't.sh --help'; tool options go after --)"),
+    (["--n"], "option --n needs a value"),
+    (["--x", "1"], "missing required option --n (see 't.sh --help')"),
+    (["--n", "0"], "--n: expected a whole number >= 1, got '0'"),
+    (["--n", ""], "missing required option --n (see 't.sh --help')"),
+    (["--n", "1", "--x", "big"], "--x: expected a number, got 'big'"),
+    (["--n", "1", "--mode", "c"], "--mode: expected one of: a b; got 'c'"),
+    (["--n", "1", "--code", "d-e"], "--code: expected a language code (letters, digits, '_'), got 'd-e'"),
+    (["--n", "1", "--in", "/nonexistent"], "--in: expected a file at '/nonexistent', which does not exist"),
+    (["--n", "1", "--dir", "/nonexistent"], "--dir: expected a directory at '/nonexistent', which does not exist"),
+    # the values are checked before the files: the first error in that order is reported
+    (["--in", "/nonexistent", "--n", "1", "--x", "big"], "--x: expected a number, got 'big'"),
+])
+def test_parse_options_refuses_bad_values(table_script, args, message):
+    p = table_script(*args)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == f"t.sh: error: {message}\n"
+
+
+def test_parse_options_help_prints_the_table(table_script):
+    """--help: the header, the table's options after the Usage paragraph (METAVAR, help
+    beside it, an option without help on the line of the next one, the headings), the
+    rest of the header after them; nothing else runs."""
+    p = table_script("--bogus", "--help")
+    assert p.returncode == 2  # the arguments are read in order: the unknown option first
+    p = table_script("--help", "--bogus")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == (
+        "A script with one option of each kind.\n"
+        "\n"
+        "Usage: t.sh --n N [options] [-- EXTRA...]\n"
+        "\n"
+        "  --n N            a whole number\n"
+        "  --x X, --mode M  a number and a mode (one help for both)\n"
+        "  --code LANG      a language code\n"
+        "  --in FILE        a file\n"
+        "  --dir DIR        a directory\n"
+        "  --name S         anything\n"
+        "  --on             a flag\n"
+        "\n"
+        "Repeatable:\n"
+        "  --item V         one item (repeatable)\n"
+        "  --pass V         handed on with the option\n"
+        "  -- EXTRA...      the tool's arguments\n"
+        "\n"
+        "Prose after the options.\n")
 
 
 def test_scripts_are_strict():

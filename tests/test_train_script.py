@@ -12,7 +12,8 @@ also stands in for the reading of the longest training pair (STUB_LONGEST); that
 reading, with fairseq's own index reader, is tested by real dry runs below.
 
 The preset: --preset tiny puts the demo's model and recipe between the defaults and
-the arguments after --; an unknown name is refused, naming the presets.
+the arguments after --; configs/demo.sh reads them from the preset, so the two cannot
+differ; an unknown name is refused, naming the presets.
 
 Resumption: a truncated checkpoint_last.pt makes train.sh resume from the newest
 readable checkpoint (by dry run on stand-in checkpoints, and once for real); an
@@ -21,6 +22,7 @@ a command is refused (the command does not run), not taken for a cut-short file.
 """
 import os
 import shlex
+import shutil
 import struct
 import subprocess
 import sys
@@ -198,6 +200,17 @@ def test_the_tiny_preset_is_the_demos_model_and_recipe_between_the_defaults_and_
     assert demo_train[:10] == ["--lr", "2e-3", "--warmup-updates", "100", "--clip-norm", "1.0", "--dropout", "0.1",
                                "--max-tokens", "2048"]
     assert preset == bash_array(demo, "DEMO_MODEL_ARGS") + demo_train[:10] + ["--num-workers", "0"]
+    # and they cannot drift apart: the demo reads its model and learning-rate settings
+    # from the preset, so a change there is a change of the demo
+    configs = tmp_path / "configs"
+    shutil.copytree(os.path.join(REPO, "configs"), configs)
+    tiny = configs / "presets" / "tiny.sh"
+    tiny.write_text(tiny.read_text().replace("--encoder-layers 2", "--encoder-layers 3").replace("--lr 2e-3",
+                                                                                               "--lr 1e-3"))
+    changed = bash_array(str(tiny), "PRESET_ARGS")
+    assert changed != preset and "3" in changed and "1e-3" in changed
+    assert changed == bash_array(str(configs / "demo.sh"), "DEMO_MODEL_ARGS") + \
+        bash_array(str(configs / "demo.sh"), "DEMO_TRAIN_ARGS")[:10] + ["--num-workers", "0"]
     data_bin = fake_data_bin(tmp_path / "bin", longest=100)
     args = ["--arch", "transformer", "--data-bin", data_bin, "--save-dir", tmp_path / "ckpt", "--max-update", "10",
             "--src", "en", "--tgt", "de", "--cpu", "--dry-run"]

@@ -63,7 +63,7 @@ VALUES = {"--work-dir": "WORK", "--data-dir": "DATA_DIR", "--variant": "VARIANT"
           "--training": "TRAINING_CHOICE", "--patience": "PATIENCE_OVERRIDE", "--significance": "SIGNIFICANCE",
           "--only": "ONLY", "--gpus": "GPUS", "--max-tokens": "MAX_TOKENS", "--precision": "PRECISION",
           "--seed": "SEED", "--seeds": "SEEDS_SPEC", "--raw-dir": "RAW_ROOT",
-          # --slurm (scripts/reproduce/slurm.sh, fairseq_localness/slurm.py); --slurm-arg is read apart
+          # --slurm (scripts/reproduce/slurm.sh, fairseq_localness/slurm/); --slurm-arg is read apart
           "--partition": "S_PARTITION", "--nodes": "S_NODES", "--gpus-per-node": "S_GPN",
           "--cpus-per-task": "S_CPUS", "--mem": "S_MEM", "--time": "S_TIME", "--account": "S_ACCOUNT",
           "--qos": "S_QOS", "--constraint": "S_CONSTRAINT", "--max-running": "S_MAX_RUNNING",

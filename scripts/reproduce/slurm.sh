@@ -14,7 +14,7 @@
 #   final                   the significance tests and the table (the driver's --table),
 #                           after every evaluation has ended, whatever became of it
 #
-# and fairseq_localness/slurm.py submits the graph through submitit (the format of the
+# and fairseq_localness/slurm/ submits the graph through submitit (the format of the
 # graph is in its docstring). --status and --cancel build the same graph and read or
 # cancel what was submitted from WORK/slurm. docs/slurm.md explains it all.
 

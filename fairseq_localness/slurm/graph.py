@@ -1,0 +1,34 @@
+"""The job graph a driver or train.sh writes (the format: the package's docstring), as jobs."""
+import re
+
+
+class Job:
+    def __init__(self, key, kind, row, seed, nodes, tasks, gpus, needs):
+        self.key, self.kind, self.row, self.seed = key, kind, row, seed
+        self.nodes, self.tasks, self.gpus = int(nodes), int(tasks), int(gpus)
+        self.needs = needs.split()
+        self.commands = []
+
+
+def read_graph(path):
+    """(rows, jobs): rows a list of (row, seed, run dir, score file, dataset); jobs a dict key -> Job,
+    in the order of the file (each job after the jobs it needs)."""
+    rows, jobs = [], {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            fields = line.rstrip("\n").split("\t")
+            if fields[0] == "ROW":
+                if tuple(fields[1:]) not in rows:
+                    rows.append(tuple(fields[1:]))
+            elif fields[0] == "JOB":
+                if fields[1] not in jobs:
+                    jobs[fields[1]] = Job(*fields[1:9])
+            elif fields[0] == "CMD":
+                jobs[fields[1]].commands.append(fields[2])
+    for job in jobs.values():
+        job.needs = [k for k in job.needs if k in jobs]
+    return rows, {k: j for k, j in jobs.items() if j.commands}
+
+
+def safe(key):
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", key)
