@@ -55,8 +55,9 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
     (["--stages", "bench speed"], "--stages: unknown stage 'speed' (allowed: bench tests train)"),
     (["--systems", "transformer gpt"], "--systems: unknown system 'gpt'"),
     (["--budget", "10"], "--budget: expected a whole number >= 60, got '10'"),
-    (["--bench-systems", "some"], "--bench-systems: expected 'all', got 'some'"),
-], ids=["stage", "system", "budget", "bench-systems"])
+    (["--bench-systems", "some"], "--bench-systems: expected one of: all; got 'some'"),
+    (["--colour", "red"], "unknown option '--colour'"),
+], ids=["stage", "system", "budget", "bench-systems", "unknown"])
 def test_bad_options_stop_before_anything_runs(tmp_path, args, message):
     data = tmp_path / "bin"
     data.mkdir()
