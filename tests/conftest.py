@@ -417,3 +417,13 @@ def train_and_generate(arch: str, extra_args: Sequence = (), tmp_path=None, *,
     assert len(hyps) == n_test, f"translated {len(hyps)} of {n_test} test sentences:\n{gen.stdout[-2000:]}"
     return CliRun(checkpoint=checkpoint, train_log=train.stdout + train.stderr,
                   generate_output=gen.stdout, hypotheses=hyps)
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path):
+    """``path`` is a file that starts as a PNG does."""
+    assert os.path.isfile(path), f"{path} was not written"
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_MAGIC, f"{path} is not a PNG"
