@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -250,6 +251,13 @@ def test_no_slurm_commands_on_path(tmp_path):
                      str(tmp_path / "w"), "--only", "transformer"], env=env, timeout=120)
     assert p.returncode == 2 and p.stderr.splitlines()[-1].startswith(
         "dc_table1.sh: error: --slurm: no SLURM commands on PATH (sbatch"), p.stderr
+
+
+def test_status_without_its_graph_is_a_usage_error(tmp_path):
+    p = run_command([sys.executable, "-m", "fairseq_localness.slurm", "status", "--state-dir", str(tmp_path)],
+                    env=tool_env(), timeout=120)
+    assert p.returncode == 2 and "the following arguments are required: --graph" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def train_slurm(tiny, save, *args, updates=4, extra=()):

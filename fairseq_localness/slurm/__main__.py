@@ -38,7 +38,7 @@ def main(argv=None):
         add_resources(s)
     for name in ("status", "cancel"):
         q = sub.add_parser(name)
-        q.add_argument("--graph")
+        q.add_argument("--graph", required=name == "status")  # --status reads the rows from it
         q.add_argument("--state-dir", required=True)
     args = p.parse_args(argv)
     try:
