@@ -353,7 +353,13 @@ def test_a_job_past_its_time_limit_is_requeued_and_finishes(cluster, tiny_data_b
     state = job_state(save)
     assert state["state"] == "done" and state["restarts"] >= 1, state
     log = job_log(save, job)
-    assert "this job is timed-out" in log and len(restores(log)) == state["restarts"], log[-3000:]
+    # every run after the first resumed from a checkpoint where one had been written: a
+    # run can end (at its time limit) before it writes one, or, on a loaded machine,
+    # before fairseq looks for one, so restores may be fewer than restarts, but no run
+    # starts over once a checkpoint exists
+    assert "this job is timed-out" in log and 1 <= len(restores(log)) <= state["restarts"], log[-3000:]
+    first_restore = re.search(r"Loaded checkpoint ", log).start()
+    assert "No existing checkpoint found" not in log[first_restore:], log[-3000:]
     assert "Stopping training due to cumulative_training_time" in log, log[-3000:]
     # each run went on from the last checkpoint of the one before
     assert all(u > 0 for u in restores(log)) and restores(log) == sorted(restores(log))
