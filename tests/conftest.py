@@ -78,6 +78,19 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+LONGEST_FIRST = ("test_slurm.py",)
+"""Test files started before the others (:func:`pytest_collection_modifyitems`)."""
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The longest file starts first. pytest-xdist (``--dist loadfile``) hands whole
+    files to the workers in collection order, so a long file collected late runs alone
+    at the end while the other worker has nothing left: tests/test_slurm.py (about 6.5
+    minutes, most of it waiting for its cluster's jobs) comes first, the rest keep
+    their order."""
+    items.sort(key=lambda item: os.path.basename(str(item.fspath)) not in LONGEST_FIRST)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny matrices: one thread (two OpenMP threads on a shared 2-core machine wait
