@@ -74,7 +74,6 @@ for s in $SYSTEMS; do
     [[ -n "${ARCH[$s]:-}" ]] || die "--systems: unknown system '$s' (allowed: ${!ARCH[*]})"
 done
 
-PY="${PYTHON:-python3}"
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
     || die "no CUDA GPU: this check measures and tests on a GPU (the CPU's benchmark is 'make bench')"
 mkdir -p "$OUT_DIR/train"
