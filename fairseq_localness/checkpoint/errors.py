@@ -20,6 +20,16 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short_repr(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (its end replaced by "..."), to
+    name a value from a checkpoint inside a one-line reason."""
+    return _cut(repr(value), limit)
+
+
 def short_error(error, limit: int = 200, whole: bool = False, kind: bool = False) -> str:
     """``error`` (an exception, or a message) as a short part of a one-line reason:
     its first line (``whole``: all its lines, the whitespace collapsed), cut to
@@ -27,8 +37,7 @@ def short_error(error, limit: int = 200, whole: bool = False, kind: bool = False
     (``ValueError: ...``), and that name alone where the message is empty."""
     text = str(error)
     line = _one_line(text) if whole else (text.strip().splitlines() or [""])[0].strip()
-    if len(line) > limit:
-        line = line[: limit - 3] + "..."
+    line = _cut(line, limit)
     if not line:
         return type(error).__name__
     return f"{type(error).__name__}: {line}" if kind else line

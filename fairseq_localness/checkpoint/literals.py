@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import Dict, Optional, Tuple
 
-from fairseq_localness.checkpoint.errors import UntrustedCheckpointError
+from fairseq_localness.checkpoint.errors import UntrustedCheckpointError, short_repr
 
 MAX_SOURCE = 10_000
 """The longest string evaluated: fairseq's evaluated settings are a few dozen characters."""
@@ -162,7 +162,7 @@ def origin(text: str) -> Optional[Tuple[str, str]]:
 
 def refusal(text, problem: str) -> Exception:
     """The error for a string fairseq evaluates that is not a literal."""
-    shown = repr(text) if len(repr(text)) <= 80 else repr(text)[:77] + "..."
+    shown = short_repr(text)
     where = origin(text) if isinstance(text, str) else None
     if where is not None:
         return UntrustedCheckpointError(

@@ -43,7 +43,7 @@ from typing import Dict
 import numpy as np
 import torch
 
-from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError
+from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError, short_repr
 from fairseq_localness.checkpoint.literals import NotALiteral, literal, remember_settings
 
 MAX_DEPTH = 64
@@ -198,7 +198,7 @@ def _registered(file: str, setting: str, name, registry, what: str):
     if name is None:
         return
     if not isinstance(name, str) or name not in registry:
-        shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+        shown = short_repr(name, 60)
         raise UntrustedCheckpointError(
             file, f"its setting {setting} = {shown} names no registered {what} (a model of another --user-dir "
             "needs that directory imported first, e.g. --user-dir on the command line)", trust_helps=False)
@@ -243,7 +243,7 @@ def check_settings(settings: Dict[str, object], file: str, plain: bool = True):
             _walk_settings(value, top, leaves, file)
     strings = {}
     for path, value in leaves:
-        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        shown = short_repr(value)
         if plain and not isinstance(value, _SETTING_LEAVES):
             raise UntrustedCheckpointError(
                 file, f"its setting {path} is a {_describe(value)}, which fairseq's settings never are", trust_helps=False)
