@@ -106,20 +106,21 @@ docs/benchmark_appendix.md's; 2 threads on the project's 2-core CPU):
    ``03ceaba``: HySAN e1 gated at T = 256 trained at 0.81 of the transformer's speed
    against 0.63 eager).
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.context import AttentionBranch, AttentionContext, combine_masks
-from fairseq_localness.modules.kernels import sdpa
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext, combine_masks, dense_mask_and_bias
+from fairseq_localness.modules.kernels import flex, sdpa
 from fairseq_localness.modules.kernels.banded import banded_attention
 from fairseq_localness.modules.kernels.recompute import recomputed_attention, whole_bias_term
 from fairseq_localness.modules.kernels.step import last_keys_attention
+from fairseq_localness.modules.scores import DenseScore, Description, GaussianScore, Window
 
 # The settings of AttentionCore.attention_impl: "auto" (the fast path where it applies
 # and pays), "sdpa" (the fast path wherever it applies), "eager" (the reference path).
-ATTENTION_IMPLS = ("auto", "sdpa", "eager")
+ATTENTION_IMPLS = ("auto", "sdpa", "eager", "flex")
 
 # "auto" keeps several float32 branches trained on a CPU on the eager path up to this
 # many keys: there one q k^T shared by the branches and their small saved
@@ -183,6 +184,27 @@ def use_fast_path(
     return True
 
 
+def _fused_terms(ctx, scale, dropout, rel, impl):
+    """The call's own score terms and value term for :func:`~.flex.flex_branch`, where a
+    fused kernel computes this call's branches (CUDA with ``"auto"`` or ``"sdpa"``;
+    ``"flex"`` anywhere, on a CPU without gradients); else None. Not with attention
+    dropout (the fused kernel draws none), nor for one query row (:mod:`.step`)."""
+    if dropout is not None or ctx.tgt_len == 1 or not flex.available():
+        return None
+    if ctx.q.device.type == "cuda":
+        if impl not in ("auto", "sdpa", "flex"):
+            return None
+    elif impl != "flex" or (torch.is_grad_enabled() and ctx.q.requires_grad):
+        return None
+    if ctx.cache.get("extra_mask"):
+        return None  # an attn_mask of the caller's own: the dense kernels take its mask
+    scores, value = [], None
+    if rel is not None:
+        key, value = rel.describe(ctx.q * scale)
+        scores.append(key)
+    return tuple(scores), value
+
+
 def branch_attention(
     ctx: AttentionContext,
     v: Tensor,
@@ -192,32 +214,43 @@ def branch_attention(
     scale: float,
     dropout: Optional[nn.Module],
     relative_positions: Optional[nn.Module],
+    impl: str = "auto",
 ) -> Tensor:
     """One branch on the fast path, ``B x H x Tq x Dh`` in the input dtype, by the
     cheapest kernel that gives its distribution (the second table of the module
-    docstring).
+    docstring), from the branch's description (:meth:`AttentionBranch.describe`,
+    taken once).
 
     ``base_blocked``: the call's padding and causal mask; ``soft_bias``: the finite
     part of a float ``attn_mask`` (and, with attention dropout, Shaw et al.'s key
     term); ``scale``: ``1 / sqrt(Dh)``; ``dropout``: the attention dropout where it is
     drawn in this call, else None; ``relative_positions``: the core's
-    :class:`~fairseq_localness.modules.relative_position.RelativePositions`, or None.
+    :class:`~fairseq_localness.modules.relative_position.RelativePositions`, or None;
+    ``impl``: the core's ``attention_impl``.
     """
-    out = _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, relative_positions)
+    description = branch.describe(ctx)
+    if "fused" not in ctx.cache:  # once per call, for all its branches
+        ctx.cache["fused"] = _fused_terms(ctx, scale, dropout, relative_positions, impl)
+    fused = ctx.cache["fused"]
+    if fused is not None:
+        call_scores, value = fused
+        if impl == "flex" or call_scores or value is not None or _has_own(description):
+            return flex.flex_branch(ctx, v, scale, description, call_scores, value)
+    out = _recomputed(ctx, v, description, base_blocked, soft_bias, scale, dropout, relative_positions)
     if out is not None:
         return out
     plain = soft_bias is None and not ctx.cache.get("extra_mask")
     one_row = plain and ctx.tgt_len == 1 and dropout is None
     if plain:
-        window = _effective_window(ctx, branch)
+        window = _effective_window(ctx, description)
         if window is not None:
             if one_row:
-                out = last_keys_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, window[0])
+                out = last_keys_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, window.left)
             else:
                 out = _structured(ctx, v, window, scale, dropout)
             if out is not None:
                 return out
-    blocked, bias = branch.mask_and_bias(ctx, base_blocked)
+    blocked, bias = dense_mask_and_bias(ctx, description, base_blocked)
     if one_row and bias is None and blocked is base_blocked:  # no mask or bias of its own: e.g. cross-attention
         return last_keys_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, None)
     if soft_bias is not None:
@@ -229,19 +262,23 @@ def branch_attention(
     return sdpa.masked_attention(ctx.q, ctx.k, v, blocked, bias, dropout_p, is_causal)
 
 
-def _effective_window(ctx: AttentionContext, branch: AttentionBranch) -> Optional[Tuple[Optional[int], Optional[int]]]:
-    """The branch's hard window (:meth:`AttentionBranch.hard_window`) with the
-    core's causal bound applied (``right <= 0``), or None."""
-    window = branch.hard_window(ctx)
-    if window is None:
+def _has_own(description: Description) -> bool:
+    """Whether a description restricts or biases its distribution (a bounded window,
+    a score term, a mask)."""
+    window = description.window
+    return bool(description.scores) or description.mask is not None or (window is not None and window.bounded)
+
+
+def _effective_window(ctx: AttentionContext, description: Description) -> Optional[Window]:
+    """The branch's window where it is exactly a hard window (no score term, no mask
+    given whole), with the core's causal bound applied (``right <= 0``); else None."""
+    window = description.window
+    if window is None or description.scores or description.mask is not None:
         return None
-    left, right = window
-    if ctx.causal:
-        right = 0 if right is None else min(right, 0)
-    return left, right
+    return window.causal() if ctx.causal else window
 
 
-def _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, rel) -> Optional[Tensor]:
+def _recomputed(ctx, v, description, base_blocked, soft_bias, scale, dropout, rel) -> Optional[Tensor]:
     """A branch with learned biases (Yang et al. 2018's Gaussian, Shaw et al.
     2018's key and value terms) through :func:`~.recompute.recomputed_attention`,
     which keeps nothing of size ``Tq x Tk`` for the backward pass; None where it
@@ -250,17 +287,19 @@ def _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, rel) ->
     and needs no backward pass)."""
     if dropout is not None:
         return None
-    terms = branch.bias_terms(ctx) if (torch.is_grad_enabled() or rel is not None) else None
+    terms = None
+    if torch.is_grad_enabled() or rel is not None:
+        terms = [score.block_term() for score in description.scores if isinstance(score, GaussianScore)] or None
     if terms is None and rel is None:
         return None
     terms = list(terms or [])
     if not terms:
-        bias = branch.bias(ctx)
+        bias = description.dense_bias(ctx.src_len)
         if bias is not None:
             terms.append((whole_bias_term, (bias,)))
     if soft_bias is not None:
         terms.append((whole_bias_term, (soft_bias,)))
-    branch_mask = branch.mask(ctx)
+    branch_mask = dense_mask_and_bias(ctx, description, None)[0] if _blocks(description) else None
     if rel is not None and not terms and branch_mask is None and ctx.self_attention and ctx.tgt_len == 1:
         return rel.step_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask)
     blocked = combine_masks(base_blocked, branch_mask)
@@ -270,14 +309,18 @@ def _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, rel) ->
                                 rel.key_embeddings, rel.value_embeddings, ctx.causal)
 
 
-def _structured(ctx, v, window, scale, dropout) -> Optional[Tensor]:
+def _blocks(description: Description) -> bool:
+    return description.mask is not None or (description.window is not None and description.window.bounded)
+
+
+def _structured(ctx, v, window: Window, scale, dropout) -> Optional[Tensor]:
     """A branch whose keys are a hard index window, without a ``Tq x Tk`` mask: the
     band of :func:`~.banded.banded_attention` (both sides bounded and the window
     narrower than the keys), or the CPU flash kernel
     (:func:`~.sdpa.causal_flash_attention`) for ``j <= i`` and ``j >= i`` on a CPU
     without attention dropout in full passes (``Tq = Tk``). None where none applies
     (the caller then uses the branch's mask)."""
-    left, right = window
+    left, right = window.left, window.right
     tgt_len, src_len = ctx.tgt_len, ctx.src_len
     if left is not None and right is not None:
         if left + right + 1 >= src_len:
