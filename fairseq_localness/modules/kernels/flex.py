@@ -63,6 +63,10 @@ try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # torch < 2.5
     create_block_mask = flex_attention = None
+try:
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # torch < 2.9: return_lse
+    AuxRequest = None
 
 # Shaw et al.'s table bias: the blocks with which its backward pass fits in shared
 # memory (issue 38, measured on an H200: the default blocks ran out of it).
@@ -95,8 +99,15 @@ def _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, ge
             score = torch.where(padding[b, kv_idx], float("-inf"), score)
         return score
 
-    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, return_lse=return_lse,
-                          kernel_options=kernel_options)
+    if not return_lse:
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                              kernel_options=kernel_options)
+    if AuxRequest is None:
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, return_lse=True,
+                              kernel_options=kernel_options)
+    out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                              kernel_options=kernel_options, return_aux=AuxRequest(lse=True))
+    return out, aux.lse
 
 
 @functools.lru_cache(maxsize=None)
