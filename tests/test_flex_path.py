@@ -18,7 +18,7 @@ from fairseq_localness.modules.dual_context import DualContextModule
 from fairseq_localness.modules.gaussian import GaussianLocalness
 from fairseq_localness.modules.hybrid import hybrid_attention
 from fairseq_localness.modules.hysan import build_fusion, make_branch
-from fairseq_localness.modules.kernels import choice, flex
+from fairseq_localness.modules.kernels import flex
 from fairseq_localness.modules.relative_position import RelativePositions
 from fairseq_localness.modules.scores import gaussian_rows
 

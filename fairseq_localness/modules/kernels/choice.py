@@ -9,7 +9,26 @@ once, one float32 softmax per branch, returns weights) and the *fast path* (one
 kernel call per branch, the fusion applied to the outputs as in the eager path).
 ``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses: ``"auto"`` takes the fast path
 where it applies except where the eager path was measured to be as fast, ``"sdpa"``
-wherever it applies, ``"eager"`` never.
+wherever it applies, ``"flex"`` likewise with every branch in the fused kernel
+(:mod:`.flex`; on a CPU its forward pass only, for the tests), ``"eager"`` never.
+
+The kernel layer. A branch describes its distribution once, as data
+(:meth:`~fairseq_localness.modules.context.AttentionBranch.describe`, a
+:class:`~fairseq_localness.modules.scores.Description`: a window, score terms of
+``(b, h, q_idx, kv_idx)`` with their captured tensors, a mask given whole); the call
+adds padding, causality and Shaw et al.'s terms. :func:`branch_attention` reads the
+description once and turns it into the call of one kernel per device:
+
+* on a CPU, the kernels chosen and measured there (bands, the CPU flash kernel, the
+  per-block recomputation of learned biases, SDPA with a dense mask; the rows marked
+  "CPU" or "any" below), computing exactly what they computed before the
+  descriptions existed (the same operations in the same order: the outputs and
+  gradients are bit for bit the same);
+* on CUDA, a branch with anything of its own (a bounded window, a score term, a
+  mask given whole) or in a call with Shaw et al.'s terms goes to one fused
+  FlexAttention call (:mod:`.flex`: the window as a block mask, the rest in one
+  score function, compiled once); a branch with nothing of its own stays on SDPA's
+  fused kernels, which are faster per call than flex (below, [6]_).
 
 The call (:func:`use_fast_path`): the first row that matches decides.
 
@@ -37,7 +56,7 @@ The call (:func:`use_fast_path`): the first row that matches decides.
 | anything else: one branch, no        | any     | float32 | any             | fast    |
 | gradients, frozen parameters,        |         | float16 |                 |         |
 | several branches over more keys,     |         | bfloat16|                 |         |
-| ``"sdpa"``                           |         |         |                 |         |
+| ``"sdpa"``, ``"flex"``               |         |         |                 |         |
 +--------------------------------------+---------+---------+-----------------+---------+
 
 A branch on the fast path (:func:`branch_attention`): the first row that matches
@@ -49,6 +68,17 @@ part is then a bias of every branch); a hard window is a branch that is exactly
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | kind of branch                       | device | dtype | length          | kernel                |
 +======================================+========+=======+=================+=======================+
+| any branch, ``attention_impl=        | CPU,   | any   | Tq > 1          | :mod:`.flex` (CPU:    |
+| "flex"``, plain, no dropout          | no     |       |                 | forward only)         |
+|                                      | grads; |       |                 |                       |
+|                                      | CUDA   |       |                 |                       |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| a bounded window, a score term       | CUDA   | any   | Tq > 1; not yet | :mod:`.flex` [6]_     |
+| (Yang et al.'s Gaussian), a mask     |        |       | measured on a   |                       |
+| given whole, or any branch of a call |        |       | GPU against the |                       |
+| with Shaw et al.'s terms; plain, no  |        |       | rows below      |                       |
+| attention dropout                    |        |       |                 |                       |
++--------------------------------------+--------+-------+-----------------+-----------------------+
 | a learned bias (Yang et al.'s        | any    | any   | any             | :mod:`.recompute`     |
 | Gaussian, with gradients; Shaw et    |        |       |                 | [3]_                  |
 | al.'s key and value terms), no       |        |       |                 |                       |
@@ -81,7 +111,7 @@ part is then a bias of every branch); a hard window is a branch that is exactly
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 
 The measurements behind the choices and their thresholds (the sections named are
-docs/benchmark_appendix.md's; 2 threads on the project's 2-core CPU):
+XX
 
 .. [1] "The attention paths on a CPU (``attention_impl="auto"``)": with dropout
    (which the CPU flash kernel and the recomputation do not draw) the per-branch
@@ -105,8 +135,20 @@ docs/benchmark_appendix.md's; 2 threads on the project's 2-core CPU):
    and the commit that brought bands and the flash kernel's ``is_causal`` (commit
    ``03ceaba``: HySAN e1 gated at T = 256 trained at 0.81 of the transformer's speed
    against 0.63 eager).
+.. [6] Issue 38, measured on an NVIDIA H200 (torch 2.11, bf16; one call, forward and
+   backward, B x 8 heads x T x 64): SDPA 0.24-0.27 ms at 32 x 128 and 0.19-0.25 ms at
+   8 x 512; flex alone 0.75 / 0.68 ms, with Yang et al.'s Gaussian (gradients into
+   centre and width) 1.32 / 1.08, with Shaw et al.'s key table 0.77 / 0.75, with a
+   hard window as a block mask 0.91 / 0.78. One flex call is one fused kernel pair,
+   where the CPU kernels launch per query block and per diagonal (localness + rel_pos
+   at 32 x 128: 9,031 kernels per training step against the transformer's 1,727). So
+   a branch with nothing of its own stays on SDPA (3 times faster per call), and every
+   other branch goes to flex whatever its length: where the band (:mod:`.banded`) or
+   SDPA with a dense mask would be faster on a GPU has not yet been measured on a
+   GPU. Calls with attention dropout (flex draws none) and one-row steps keep the
+   rows below; an ``attn_mask`` of the caller's own keeps the dense kernels.
 """
-from typing import List, Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -116,7 +158,7 @@ from fairseq_localness.modules.kernels import flex, sdpa
 from fairseq_localness.modules.kernels.banded import banded_attention
 from fairseq_localness.modules.kernels.recompute import recomputed_attention, whole_bias_term
 from fairseq_localness.modules.kernels.step import last_keys_attention
-from fairseq_localness.modules.scores import DenseScore, Description, GaussianScore, Window
+from fairseq_localness.modules.scores import Description, GaussianScore, Window
 
 # The settings of AttentionCore.attention_impl: "auto" (the fast path where it applies
 # and pays), "sdpa" (the fast path wherever it applies), "eager" (the reference path).

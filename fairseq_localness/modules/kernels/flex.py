@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from fairseq_localness.modules.context import AttentionContext
-from fairseq_localness.modules.scores import BucketScore, DenseScore, Description, GaussianScore, ValueTerm, Window
+from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore, ValueTerm, Window
 
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
