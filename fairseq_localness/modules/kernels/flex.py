@@ -125,7 +125,8 @@ def _kernel(device: torch.device):
 def _geometry(left: Optional[int], right: Optional[int], offset: int, k: int, device: torch.device) -> Tensor:
     left = _UNBOUNDED if left is None else left
     right = _UNBOUNDED if right is None else right
-    return torch.tensor([left, right, offset, k], dtype=torch.long, device=device)
+    with torch.inference_mode(False):  # cached: usable by a later pass with gradients
+        return torch.tensor([left, right, offset, k], dtype=torch.long, device=device)
 
 
 def _window_mask_mod(geometry: Tensor):
@@ -143,7 +144,8 @@ def _block_mask(left: Optional[int], right: Optional[int], tgt_len: int, src_len
     if left is None and right is None:
         return None
     geometry = _geometry(left, right, src_len - tgt_len, 0, device)
-    return create_block_mask(_window_mask_mod(geometry), None, None, tgt_len, src_len, device=device)
+    with torch.inference_mode(False):
+        return create_block_mask(_window_mask_mod(geometry), None, None, tgt_len, src_len, device=device)
 
 
 def _empty(window: Window, tgt_len: int, src_len: int) -> bool:
@@ -262,11 +264,12 @@ def _band(tgt_len: int, src_len: int, k_clip: int, left: Optional[int], right: O
           device: torch.device) -> Tuple[Tensor, Tensor]:
     """The keys of the band ``|d| < K``: their indices ``j = q' + d`` clamped to the
     keys, and whether each is a key inside the window, ``Tq x (2K - 1)`` each."""
-    d = torch.arange(1 - k_clip, k_clip, device=device)
-    j = torch.arange(src_len - tgt_len, src_len, device=device).unsqueeze(1) + d
-    valid = (j >= 0) & (j < src_len)
-    if left is not None:
-        valid = valid & (d >= -left)
-    if right is not None:
-        valid = valid & (d <= right)
-    return j.clamp(0, src_len - 1), valid
+    with torch.inference_mode(False):  # cached: usable by a later pass with gradients
+        d = torch.arange(1 - k_clip, k_clip, device=device)
+        j = torch.arange(src_len - tgt_len, src_len, device=device).unsqueeze(1) + d
+        valid = (j >= 0) & (j < src_len)
+        if left is not None:
+            valid = valid & (d >= -left)
+        if right is not None:
+            valid = valid & (d <= right)
+        return j.clamp(0, src_len - 1), valid
