@@ -62,21 +62,22 @@ The call (:func:`use_fast_path`): the first row that matches decides.
 A branch on the fast path (:func:`branch_attention`): the first row that matches
 decides. "Plain" is a call without a float ``attn_mask`` of its own (whose finite
 part is then a bias of every branch); a hard window is a branch that is exactly
-``-l <= j - i <= r`` (:meth:`~fairseq_localness.modules.context.AttentionBranch.hard_window`;
-``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal core.
+``-l <= j - i <= r`` (a description with a :class:`~fairseq_localness.modules.scores.Window`
+and nothing else; ``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal core.
 
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | kind of branch                       | device | dtype | length          | kernel                |
 +======================================+========+=======+=================+=======================+
 | any branch, ``attention_impl=        | CPU,   | any   | Tq > 1          | :mod:`.flex` (CPU:    |
-| "flex"``, plain, no dropout          | no     |       |                 | forward only)         |
-|                                      | grads; |       |                 |                       |
+| "flex"``, no ``attn_mask`` of the    | no     |       |                 | forward only)         |
+| call's own, no attention dropout     | grads; |       |                 |                       |
 |                                      | CUDA   |       |                 |                       |
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | a bounded window, a score term       | CUDA   | any   | Tq > 1; not yet | :mod:`.flex` [6]_     |
 | (Yang et al.'s Gaussian), a mask     |        |       | measured on a   |                       |
 | given whole, or any branch of a call |        |       | GPU against the |                       |
-| with Shaw et al.'s terms; plain, no  |        |       | rows below      |                       |
+| with Shaw et al.'s terms; no         |        |       | rows below      |                       |
+| ``attn_mask`` of the call's own, no  |        |       |                 |                       |
 | attention dropout                    |        |       |                 |                       |
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | a learned bias (Yang et al.'s        | any    | any   | any             | :mod:`.recompute`     |
