@@ -6,8 +6,6 @@ with ``attention_impl="flex"`` without gradients, for every branch kind, in floa
 and bfloat16. The CUDA tests (skipped without a GPU) run the fused path that
 ``"auto"`` takes there, outputs and gradients, in float32, float16 and bfloat16.
 """
-import warnings
-
 import pytest
 import torch
 
@@ -168,6 +166,33 @@ def test_descriptions_evaluate_to_the_eager_bias_and_mask():
     assert window.describe(ctx).window == flex.Window(2, 1)
 
 
+def test_the_fused_call_traces_whole_and_compiles_once_for_every_length(monkeypatch):
+    """The function CUDA compiles (``flex._attend``) traces without a graph break
+    (``fullgraph=True``), every term present, and new lengths with new tensors reuse
+    it: two graphs (the call, and the value term's far-left call with its block mask)
+    for the first length, two dynamic ones at the second, none after. Traced by
+    dynamo on a CPU and run by torch's reference (``backend="eager"``): the CPU has no
+    compiled kernel with a log-sum-exp."""
+    import torch._dynamo
+
+    compiled = torch.compile(flex._attend, fullgraph=True, backend="eager")
+    monkeypatch.setattr(flex, "_kernel", lambda device: compiled)
+    module = _module("gaussian+shaw", False).eval()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    graphs = []
+    with torch.no_grad():
+        for T in (9, 12, 15):
+            x = torch.randn(T, B, C)
+            padding = _padding("left", B, T, [T, 5, 2])
+            keep = (~padding).t().unsqueeze(-1).float()
+            out = _run(module, x, "flex", padding)
+            torch.testing.assert_close(out * keep, _run(module, x, "eager", padding) * keep, atol=2e-6, rtol=1e-5)
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    assert graphs == [2, 4, 4]
+
+
 def test_an_empty_far_bucket_window_is_known_empty():
     """The value term's far-left call is skipped where no query has such a key."""
     assert flex._empty(flex.Window(2, -3), 5, 5)
@@ -254,10 +279,10 @@ def test_cuda_fused_kernel_compiles_once_per_kind_of_call():
 
     module = _module("gaussian+shaw", False, device="cuda")
     torch._dynamo.reset()
-    with warnings.catch_warnings():
-        for T in (16, 24, 40, 56):
-            x = torch.randn(T, B, C, device="cuda", requires_grad=True)
-            out = _run(module, x, "auto", _padding("left", B, T, [T, 9, 3], device="cuda"))
-            out.sum().backward()
+    torch._dynamo.utils.counters.clear()
+    for T in (16, 24, 40, 56):
+        x = torch.randn(T, B, C, device="cuda", requires_grad=True)
+        out = _run(module, x, "auto", _padding("left", B, T, [T, 9, 3], device="cuda"))
+        out.sum().backward()
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert frames <= 4, frames  # static, then dynamic shapes, for the branch call and the far-left call
