@@ -198,9 +198,9 @@ def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Des
     """One branch through FlexAttention, ``B x H x Tq x Dh`` in ``v``'s dtype.
 
     ``description``: the branch's; ``call_scores``: the call's own score terms (Shaw et
-    al.'s key term as a :class:`~.scores.BucketScore`, the finite part of a float
-    ``attn_mask`` as a :class:`~.scores.DenseScore`); ``value``: Shaw et al.'s value
-    term, or None. Padding and causality come from ``ctx``."""
+    al.'s key term, a :class:`~.scores.BucketScore`); ``value``: Shaw et al.'s value
+    term, or None. Padding and causality come from ``ctx``; a mask given whole goes in
+    as a ``-inf`` bias."""
     window = description.window if description.window is not None else Window(None, None)
     if ctx.causal:
         window = window.causal()
