@@ -116,7 +116,7 @@ def test_flex_forward_on_a_cpu_equals_the_eager_reference(kind, causal, monkeypa
     assert (((half - ref) * keep).abs().max() / ref.abs().max()).item() < 0.03
 
 
-@pytest.mark.parametrize("kind", ["gaussian-query", "shaw-key-value", "hysan"])
+@pytest.mark.parametrize("kind", ["gaussian-query", "shaw-key-value", "hysan", "dual-context"])
 def test_flex_continues_a_prefix_in_incremental_decoding(kind):
     """Several target tokens fed at once after a cached prefix (``Tq < Tk``: the
     bottom-right alignment of the block mask, the bucket table and the value term's
@@ -129,7 +129,8 @@ def test_flex_continues_a_prefix_in_incremental_decoding(kind):
     with torch.no_grad():
         full, _ = module(x, x, x, need_weights=False)
         state = {}
-        module(x[:5], x[:5], x[:5], incremental_state=state, need_weights=False)
+        prefix = x[:5]
+        module(prefix, prefix, prefix, incremental_state=state, need_weights=False)
         _reorder(module, state, order)  # a beam reorder, then the permuted sentences go on
         rest = x[5:, order]
         step, _ = module(rest, rest, rest, incremental_state=state, need_weights=False)
@@ -209,8 +210,9 @@ CUDA_TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
 CUDA_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-def _relative(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-6)).item()
+def _relative(a, b, floor=1e-6):
+    """``||a - b|| / max(||b||, floor)``."""
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=floor)).item()
 
 
 @cuda
@@ -245,8 +247,11 @@ def test_cuda_fused_path_equals_eager_outputs_and_gradients(kind, causal, dtype,
     fast = run("auto", module.to(dtype), x32.to(dtype))
     assert calls.count >= 1 or kind == "dual-context"
     assert len(fast) == len(ref)
+    # a tensor whose gradient is zero up to rounding (the key projection's bias: softmax
+    # is shift invariant) is compared relative to the largest gradient
+    floor = 0.01 * max(t.norm().item() for t in ref)
     for got, want in zip(fast, ref):
-        assert _relative(got, want) < CUDA_TOL[dtype]
+        assert _relative(got, want, floor) < CUDA_TOL[dtype]
 
 
 @cuda
@@ -264,7 +269,8 @@ def test_cuda_incremental_decoding_and_beam_reorder_equal_the_full_pass(kind, dt
         full, _ = module(x, x, x, need_weights=False)
         state = {}
         for t in range(4):
-            module(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+            token = x[t : t + 1]
+            module(token, token, token, incremental_state=state, need_weights=False)
         _reorder(module, state, order)
         rest = x[4:, order]
         step, _ = module(rest, rest, rest, incremental_state=state, need_weights=False)
