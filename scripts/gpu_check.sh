@@ -1,28 +1,28 @@
 #!/usr/bin/env bash
-# The GPU check: everything this project measures and tests on a CUDA GPU, in one go.
+# The GPU check: everything this project measures and tests on a CUDA GPU.
 #
 # Usage: gpu_check.sh --data-bin DIR --out DIR [--budget SECONDS] [--stages LIST]
 #                     [--systems LIST] [--bench-systems all]
 #
-# 1. the benchmark (docs/benchmark.md) of the transformer and each model's main system
-#    (--bench-systems all: every system of --list) at WMT's batch shapes, Transformer-base
-#    size: 32 x 128 and 8 x 512 tokens per training step (one sweep, --lengths 128,512
-#    --tokens-per-batch 4096), in fp16 and then in bf16, with --profile, all systems in
-#    one group (timed in the same rounds as the transformer);
-# 2. the attention core's tests on CUDA (tests/test_attention_core.py, its "cuda" cases);
-# 3. 200 updates of fairseq-train per model in --fp16 and in --bf16 (all runs at once; the
-#    GPU has room for them), each summarised in train.tsv by scripts/train_log_summary.py:
-#    updates reached, the last training loss, NaN/inf losses and fp16 loss-scale
-#    reductions ("gradient overflow").
+# Stages (--stages; the default, train, fits one 10-minute call with its default budget):
+# train  300 updates of fairseq-train (4,096 tokens per batch, IWSLT's Transformer-base)
+#        per system in --bf16 and then --fp16, one run at a time so that each has the GPU
+#        to itself, the transformer first; each through scripts/gpu_train_probe.py
+#        (fairseq-train's own entry point, counting the CUDA kernels of updates 101-103
+#        with torch.profiler and the peak GPU memory). Summaries: train.tsv
+#        (scripts/train_log_summary.py: updates, last loss, NaN/inf losses, fp16
+#        loss-scale reductions) and train.md (scripts/gpu_train_table.py: fairseq's wps,
+#        kernels per step and peak memory, as ratios to the transformer's, for
+#        docs/benchmark.md). A run gets an equal share of what is left of the budget.
+# bench  the benchmark (docs/benchmark.md) of the transformer and each model's main
+#        system (--bench-systems all: every system of --list) at WMT's batch shapes,
+#        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, fp16 then
+#        bf16, with --profile, all systems in one group; 0.3 of the budget per dtype.
+# tests  the CUDA tests of the attention core and of the fused kernels
+#        (tests/test_attention_core.py, tests/test_flex_path.py: "cuda" cases).
 #
-# Each stage has a share of --budget (default 420 s) and stops at it, keeping what it
-# wrote: a benchmark sweep writes bench.json/bench.md after each length. Results go to
-# OUT (bench-fp16/, bench-bf16/, tests.txt, train.tsv, train/<run>.log, device.txt);
-# OUT/gpu_check.tar.gz holds all of them, and OUT/bench-<dtype>.tar.gz each benchmark as
-# soon as it ends. On an H200 (2026-11), 175 s per dtype (--budget 585) covered T=128 of
-# the 8 main systems but not T=512: give the benchmark more (--budget 900 or more) for
-# both lengths. The CUDA tests took 29 s; the 16 training runs, side by side, ended
-# within the 170 s that --budget 470 left them.
+# Results go to OUT (train.md, train.tsv, train/<system>.<dtype>.log, bench-<dtype>/,
+# tests.txt, device.txt); OUT/gpu_check.tar.gz holds all of them.
 #
 # DIR is a fairseq-preprocess'd folder with a joined dictionary (the demo's:
 # scripts/demo.sh, or fairseq-localness-corpus + prepare_bpe.sh + preprocess.sh). On a
@@ -36,11 +36,11 @@ parse_options "$@" <<'EOF'
     a fairseq-preprocess'd folder with a joined dictionary (src, tgt)
 --out DIR               OUT_DIR        text         required
     where the results go (created)
---budget SECONDS        BUDGET         int:60       420
+--budget SECONDS        BUDGET         int:60       480
     the time of all stages together: 0.3 of it for each benchmark, the rest
     for the tests and the training runs
 --stages LIST           STAGES         text         -
-    which of bench, tests and train to run, e.g. "bench tests" (default: all three)
+    which of train, bench and tests to run, e.g. "bench tests" (default: train)
 --systems LIST          SYSTEMS        text         -
     the training runs' systems (default: transformer localness
     localness-relpos hybrid hysan enc-dc dec-dc full-dc)
@@ -48,7 +48,7 @@ parse_options "$@" <<'EOF'
     benchmark every system of fairseq-localness-bench --list instead of the
     transformer and each model's main system
 EOF
-STAGES="${STAGES:-bench tests train}"
+STAGES="${STAGES:-train}"
 SYSTEMS="${SYSTEMS:-transformer localness localness-relpos hybrid hysan enc-dc dec-dc full-dc}"
 BENCH_SYSTEMS=("transformer" "localness (query, enc 1-3)" "localness + rel_pos" "hybrid (gate, enc 1-2)"
                "hysan e1 (gated)" "enc-dc (f=2)" "dec-dc (f=2)" "full-dc (f=2)")
@@ -67,7 +67,7 @@ declare -A ARCH=(
     [full-dc]="dc_transformer_iwslt_de_en --dc-mode full"
 )
 for s in $STAGES; do
-    [[ "$s" =~ ^(bench|tests|train)$ ]] || die "--stages: unknown stage '$s' (allowed: bench tests train)"
+    [[ "$s" =~ ^(bench|tests|train)$ ]] || die "--stages: unknown stage '$s' (allowed: train bench tests)"
 done
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 for s in $SYSTEMS; do
@@ -88,7 +88,7 @@ left() { echo $(( BUDGET - (SECONDS - START) )); }
 } > "$OUT_DIR/device.txt" 2>&1
 cat "$OUT_DIR/device.txt" >&2
 
-# 1. the benchmark: 32 x 128 and 8 x 512 tokens, fp16 then bf16 (0.3 of the budget each)
+# the benchmark: 32 x 128 and 8 x 512 tokens, fp16 then bf16 (0.3 of the budget each)
 stage bench && for dtype in fp16 bf16; do
     t=$(( BUDGET * 3 / 10 ))
     echo "${PROG}: benchmark, $dtype (at most ${t} s)" >&2
@@ -101,34 +101,44 @@ stage bench && for dtype in fp16 bf16; do
     tar -C "$OUT_DIR" -czf "$OUT_DIR/bench-$dtype.tar.gz" "bench-$dtype" "bench-$dtype.log" 2>/dev/null || true
 done
 
-# 2 and 3 side by side: the CUDA tests and the training runs (what is left of the budget)
-t=$(( $(left) > 30 ? $(left) - 10 : 30 ))
-echo "${PROG}: CUDA tests and training runs (at most ${t} s)" >&2
-tests_pid=""
+# the CUDA tests (beside nothing: the training runs time themselves)
 if stage tests; then
+    t=$(( $(left) > 30 ? $(left) - 10 : 30 ))
+    stage train && t=$(( t / 4 ))
+    echo "${PROG}: CUDA tests (at most ${t} s)" >&2
     timeout "$t" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist -k cuda tests/test_attention_core.py \
-        > "$OUT_DIR/tests.txt" 2>&1 &
-    tests_pid=$!
+        tests/test_flex_path.py > "$OUT_DIR/tests.txt" 2>&1 \
+        || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
+    tail -1 "$OUT_DIR/tests.txt" >&2
 fi
-pids=()
-stage train && for s in $SYSTEMS; do
-    for dtype in fp16 bf16; do
+
+# the training runs, one at a time, the transformer first; each gets an equal share of
+# what is left (a run cut short keeps the intervals it logged)
+if stage train; then
+    runs=()
+    for dtype in bf16 fp16; do
+        runs+=("transformer.$dtype")
+        for s in $SYSTEMS; do [[ "$s" == transformer ]] || runs+=("$s.$dtype"); done
+    done
+    n=${#runs[@]}
+    for run in "${runs[@]}"; do
+        s="${run%.*}" dtype="${run##*.}"
+        t=$(( ($(left) - 10) / n )); n=$(( n - 1 ))
+        (( t >= 20 )) || { echo "${PROG}: no time left for $run" >&2; continue; }
+        echo "${PROG}: training $run (at most ${t} s)" >&2
         # shellcheck disable=SC2086  # ARCH holds the arch and its options
-        timeout "$t" "$PY" -m fairseq_cli.train "$DATA_BIN" --user-dir "$REPO_DIR/fairseq_localness" \
+        timeout "$t" "$PY" "$SCRIPTS_DIR/gpu_train_probe.py" "$DATA_BIN" \
+            --user-dir "$REPO_DIR/fairseq_localness" \
             --task translation -s src -t tgt --arch ${ARCH[$s]} --share-all-embeddings \
             --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt \
             --warmup-updates 100 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-            --max-tokens 4096 --max-update 200 --"$dtype" --seed 1 --num-workers 0 \
-            --no-save --disable-validation --log-format simple --log-interval 20 --no-progress-bar \
-            > "$OUT_DIR/train/$s.$dtype.log" 2>&1 &
-        pids+=($!)
+            --max-tokens 4096 --max-update 300 --"$dtype" --seed 1 --num-workers 0 \
+            --no-save --disable-validation --log-format simple --log-interval 25 --no-progress-bar \
+            > "$OUT_DIR/train/$run.log" 2>&1 || echo "${PROG}: $run stopped (exit status $?)" >&2
     done
-done
-for p in "${pids[@]}"; do wait "$p" || true; done
-[[ -z "$tests_pid" ]] || wait "$tests_pid" || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
-
-stage train && "$PY" "$SCRIPTS_DIR/train_log_summary.py" "$OUT_DIR/train" > "$OUT_DIR/train.tsv"
-! stage train || cat "$OUT_DIR/train.tsv" >&2
-! stage tests || tail -1 "$OUT_DIR/tests.txt" >&2
+    "$PY" "$SCRIPTS_DIR/train_log_summary.py" "$OUT_DIR/train" > "$OUT_DIR/train.tsv"
+    "$PY" "$SCRIPTS_DIR/gpu_train_table.py" "$OUT_DIR/train" "$OUT_DIR/device.txt" > "$OUT_DIR/train.md"
+    cat "$OUT_DIR/train.tsv" "$OUT_DIR/train.md" >&2
+fi
 tar -C "$OUT_DIR" --exclude '*.tar.gz' -czf "$OUT_DIR/gpu_check.tar.gz" .
 echo "${PROG}: results in $OUT_DIR (all of them: gpu_check.tar.gz), $(( SECONDS - START )) s" >&2

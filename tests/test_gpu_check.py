@@ -15,11 +15,62 @@ import torch
 from conftest import REPO, run_script
 
 SUMMARY = os.path.join(REPO, "scripts", "train_log_summary.py")
+TABLE = os.path.join(REPO, "scripts", "gpu_train_table.py")
+PROBE = os.path.join(REPO, "scripts", "gpu_train_probe.py")
 
 
-def _line(update, loss):
+def _line(update, loss, wps=991.8):
     return (f"2026-11-26 11:18:02 | INFO | train_inner | epoch 001:     {update} / 81 loss={loss}, "
-            f"nll_loss=8.164, ppl=286.74, wps=991.8, ups=1.06, wpb=936, bsz=104, num_updates={update}, lr=1.5e-05")
+            f"nll_loss=8.164, ppl=286.74, wps={wps}, ups=1.06, wpb=936, bsz=104, num_updates={update}, lr=1.5e-05")
+
+
+def _probe_log(speeds, kernels=None, peak=None):
+    """A log as gpu_train_probe.py leaves it: one train_inner line per 25 updates with
+    the given wps, and the probe's two lines."""
+    lines = [_line(25 * (i + 1), "5.0", wps) for i, wps in enumerate(speeds)]
+    if kernels is not None:
+        lines.insert(4, f"gpu_check: kernels per step {kernels} (updates 101-103)")
+    if peak is not None:
+        lines.append(f"gpu_check: peak memory {peak} MB")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_training_table_gives_ratios_to_the_transformer_per_dtype(tmp_path):
+    """wps is the median after the warm-up (the intervals up to update 125, with the
+    compilation and the profiled steps, are left out); kernels and peak memory are the
+    probe's; every ratio is to the transformer of the same dtype; a cut run shows its
+    updates and no ratio where it said nothing."""
+    logs = tmp_path / "train"
+    logs.mkdir()
+    warm = [10.0, 20.0, 30.0, 40.0, 50.0]  # updates 25-125: left out
+    (logs / "transformer.bf16.log").write_text(_probe_log(warm + [1000, 1100, 900, 1000, 1000, 1000, 1000], 1700, 4000))
+    (logs / "localness.bf16.log").write_text(_probe_log(warm + [900, 950, 850, 900, 900, 900, 900], 2125, 4400))
+    (logs / "hysan.bf16.log").write_text(_probe_log(warm[:3]))
+    (logs / "transformer.fp16.log").write_text(_probe_log(warm + [2000] * 7, 1000, 3000))
+    (logs / "localness.fp16.log").write_text(_probe_log(warm + [1500] * 7, 1500, 3300))
+    device = tmp_path / "device.txt"
+    device.write_text("NVIDIA H200, 143771 MiB, 570.1\ntorch 2.13.0 cuda 13.0 | fairseq 0.12.3\n")
+    out = subprocess.run([sys.executable, TABLE, str(logs), str(device)], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.splitlines()[0].startswith("Measured on NVIDIA H200, 143771 MiB, 570.1; torch 2.13.0")
+    assert "| system (bf16) | wps | speed ratio | kernels/step |" in out and "| system (fp16) |" in out
+    assert out.index("| system (bf16)") < out.index("| transformer | 1,000 |") < out.index("| localness | 900 | 0.90 |")
+    assert "| localness | 900 | 0.90 | 2,125 | 1.25 | 4,400 | 1.10 | 300 |" in out
+    assert "| hysan | - | - | - | - | - | - | 75 |" in out
+    assert "| localness | 1,500 | 0.75 | 1,500 | 1.50 | 3,300 | 1.10 | 300 |" in out
+
+
+def test_the_training_table_names_its_argument_when_it_is_no_folder(tmp_path):
+    proc = subprocess.run([sys.executable, TABLE, str(tmp_path / "missing")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "LOG_DIR" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_the_training_probe_refuses_a_machine_without_cuda_before_training(tmp_path):
+    proc = subprocess.run([sys.executable, PROBE, str(tmp_path), "--max-update", "1"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "gpu_train_probe.py: error: no CUDA GPU (it counts GPU kernels and GPU memory)")
 
 
 OVERFLOW = ("2026-11-26 11:18:02 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, "
@@ -52,7 +103,7 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--stages", "bench speed"], "--stages: unknown stage 'speed' (allowed: bench tests train)"),
+    (["--stages", "bench speed"], "--stages: unknown stage 'speed' (allowed: train bench tests)"),
     (["--systems", "transformer gpt"], "--systems: unknown system 'gpt'"),
     (["--budget", "10"], "--budget: expected a whole number >= 60, got '10'"),
     (["--bench-systems", "some"], "--bench-systems: expected one of: all; got 'some'"),

@@ -306,7 +306,7 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         kernel :func:`~.kernels.choice.branch_attention` picks for it."""
         dropout = self.dropout_module if self._dropout_active() else None
         return branch_attention(ctx, v, branch, base_blocked, soft_bias, self.scaling, dropout,
-                                self.relative_positions)
+                                self.relative_positions, self.attention_impl)
 
     def _eager_branch(self, ctx, energies, v, branch, base_blocked):
         """Reference path: returns the branch output ``B x H x Tq x Dh`` and its

@@ -1,8 +1,9 @@
 """Masked branches: windows and directions over real token positions (the bias/mask tier of the README's "Architecture").
 
 Shape notation as in :mod:`.attention`. Every mask is a function of the distance
-``j - i`` between real query and key positions, returns a boolean tensor with True
-where the key is *blocked*, and can :meth:`~WindowBranch.materialize` a small matrix
+``j - i`` between real query and key positions (described as a
+:class:`~.scores.Window`, the mask function of the kernels), returns a boolean tensor
+with True where the key is *blocked*, and can :meth:`~WindowBranch.materialize` a small matrix
 for tests and documentation. In self-attention the distance is taken between indices
 (equal to the real-position distance for every row that is used, see
 :func:`~.context.distance_table`), so a mask is built once per ``(Tq, Tk)`` and
@@ -25,12 +26,13 @@ causal local k       (k, 0)          Song et al. 2019, eq. 11 ``M_d``: ``i-k <= 
 In decoder self-attention the core adds the causal mask on top, so (m, m) there
 means ``i - m <= j <= i``.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from fairseq_localness.modules.context import AttentionBranch, AttentionContext, distance_table
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext, dense_mask_and_bias
+from fairseq_localness.modules.scores import Description, Window
 
 
 class WindowBranch(AttentionBranch):
@@ -58,30 +60,23 @@ class WindowBranch(AttentionBranch):
 
     def blocked_by_distance(self, distance: Tensor) -> Optional[Tensor]:
         """``distance`` = j - i (any shape) -> True where blocked, or None if nothing is."""
-        blocked = None
-        if self.left is not None:
-            blocked = distance < -self.left
-        if self.right is not None:
-            too_far = distance > self.right
-            blocked = too_far if blocked is None else blocked | too_far
-        return blocked
+        return Window(self.left, self.right).blocked(distance)
+
+    def describe(self, ctx: AttentionContext) -> Description:
+        """The mask function ``-left <= j - i <= right`` (a :class:`~.scores.Window`) in
+        self-attention, where index distances are the real-position distances it is
+        defined on (:func:`~.context.distance_table`); elsewhere the mask over real
+        positions, given whole (``B' x 1 x Tq x Tk``; None for the global branch)."""
+        if ctx.self_attention:
+            return Description(window=Window(self.left, self.right))
+        if self.left is None and self.right is None:
+            return Description()
+        return Description(mask=self.blocked_by_distance(ctx.relative_distance()))
 
     def mask(self, ctx: AttentionContext) -> Optional[Tensor]:
-        """``1 x 1 x Tq x Tk`` in self-attention: a view of the table cached per
-        ``(left, right, device)`` (index distances equal real-position distances for
-        every row that is used: :func:`~.context.distance_table`); real positions
-        otherwise (``B' x 1 x Tq x Tk``)."""
-        if self.left is None and self.right is None:
-            return None
-        if not ctx.self_attention:
-            return self.blocked_by_distance(ctx.relative_distance())
-        key = ("window", self.left, self.right)
-        return distance_table(key, self.blocked_by_distance, ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
-
-    def hard_window(self, ctx: AttentionContext) -> Optional[Tuple[Optional[int], Optional[int]]]:
-        """``(left, right)`` in self-attention, where index distances are the
-        real-position distances the mask is defined on (:meth:`mask`); None otherwise."""
-        return (self.left, self.right) if ctx.self_attention else None
+        """The dense mask of :meth:`describe`: in self-attention ``1 x 1 x Tq x Tk``, a
+        view of the table cached per ``(left, right, device)``."""
+        return dense_mask_and_bias(ctx, self.describe(ctx), None)[0]
 
     @torch.no_grad()
     def materialize(self, tgt_len: int, src_len: Optional[int] = None) -> Tensor:

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_localness.modules.observe import Observable
+from fairseq_localness.modules.scores import DenseScore, Description, Window
 
 
 @dataclass
@@ -63,12 +64,15 @@ class AttentionContext:
     causal: bool
     self_attention: bool
     cache: Dict[str, Optional[Tensor]] = field(default_factory=dict)
+    # B, H, Tq and Tk, read once from the projected queries and keys
+    bsz: int = field(init=False)
+    num_heads: int = field(init=False)
+    tgt_len: int = field(init=False)
+    src_len: int = field(init=False)
 
-    # B, H, Tq and Tk, read from the projected queries and keys
-    bsz = property(lambda self: self.q.size(0))
-    num_heads = property(lambda self: self.q.size(1))
-    tgt_len = property(lambda self: self.q.size(2))
-    src_len = property(lambda self: self.k.size(2))
+    def __post_init__(self):
+        self.bsz, self.num_heads, self.tgt_len = self.q.shape[:3]
+        self.src_len = self.k.size(2)
 
     def query_padding_mask(self) -> Optional[Tensor]:
         """``B x Tq``, True at the padding queries; None when no query is padding or
@@ -103,10 +107,14 @@ class AttentionContext:
 
 
 class AttentionBranch(nn.Module, Observable):
-    """One distribution over the shared energies: an optional mask and bias.
+    """One distribution over the shared energies, described once as data
+    (:meth:`describe`: a window, score terms, a mask given whole; see
+    :mod:`.scores`), which the eager reference evaluates densely
+    (:meth:`mask_and_bias`) and the kernels their own way (:mod:`.kernels`).
 
-    Subclasses override :meth:`mask` (boolean, True = blocked) and/or :meth:`bias`
-    (additive, float32 or wider); both must broadcast to ``B x H x Tq x Tk``.
+    Subclasses override :meth:`describe`, or :meth:`mask` (boolean, True = blocked)
+    and/or :meth:`bias` (additive, float32 or wider; both broadcastable to ``B x H x
+    Tq x Tk``), which the default description gives whole.
     """
 
     name = "global"
@@ -117,28 +125,36 @@ class AttentionBranch(nn.Module, Observable):
     def bias(self, ctx: AttentionContext) -> Optional[Tensor]:
         return None
 
-    def bias_terms(self, ctx: AttentionContext) -> Optional[list]:
-        """The bias as terms ``(fn, inputs)`` of :func:`~.kernels.recompute.recomputed_attention`
-        (``fn(inputs, i0, i1)`` is the bias of query rows ``i0 .. i1 - 1``, computed
-        from the small tensors ``inputs``), so the fast path can recompute it per
-        block of queries instead of keeping it; None (the default) where the branch
-        has no learned bias (the fast path then uses :meth:`bias`)."""
-        return None
-
-    def hard_window(self, ctx: AttentionContext) -> Optional[Tuple[Optional[int], Optional[int]]]:
-        """``(left, right)`` when this branch is exactly the index window
-        ``-left <= j - i <= right`` (``None``: unbounded on that side) with no bias, so
-        the fast path may compute it as a band (:mod:`.kernels.banded`) or with a
-        causal kernel; None otherwise (the default: the fast path then uses :meth:`mask` and
-        :meth:`bias`)."""
-        return None
+    def describe(self, ctx: AttentionContext) -> Description:
+        """This branch's distribution in this call, as data (:class:`~.scores.Description`).
+        The default: :meth:`mask` and :meth:`bias` given whole."""
+        bias = self.bias(ctx)
+        return Description(mask=self.mask(ctx), scores=() if bias is None else (DenseScore(bias),))
 
     def mask_and_bias(self, ctx: AttentionContext, base_blocked: Optional[Tensor]):
-        """The branch's :meth:`mask` joined to the call's own (padding, causality:
-        ``base_blocked``, returned itself where the branch has no mask) and its
-        :meth:`bias`."""
-        blocked = combine_masks(base_blocked, self.mask(ctx))
-        return blocked, self.bias(ctx)
+        """The branch's mask joined to the call's own (padding, causality:
+        ``base_blocked``, returned itself where the branch has no mask) and its bias,
+        both dense (the eager reference's)."""
+        return dense_mask_and_bias(ctx, self.describe(ctx), base_blocked)
+
+
+def window_mask(ctx: AttentionContext, window: Window) -> Optional[Tensor]:
+    """A window's mask over index distances, ``1 x 1 x Tq x Tk``: a view of the table
+    cached per ``(left, right, device)`` (:func:`distance_table`); None when the window
+    is unbounded."""
+    if not window.bounded:
+        return None
+    key = ("window", window.left, window.right)
+    return distance_table(key, window.blocked, ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
+
+
+def dense_mask_and_bias(ctx: AttentionContext, description: Description, base_blocked: Optional[Tensor]):
+    """A description's mask joined to ``base_blocked`` (returned itself where the
+    description blocks nothing) and its summed score terms, as dense tensors."""
+    own = description.mask
+    if description.window is not None:
+        own = combine_masks(own, window_mask(ctx, description.window))
+    return combine_masks(base_blocked, own), description.dense_bias(ctx.src_len)
 
 
 def query_part(key_aligned: Tensor, tgt_len: int) -> Tensor:

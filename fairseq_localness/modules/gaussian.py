@@ -55,6 +55,7 @@ from torch import Tensor, nn
 
 from fairseq_localness.modules.context import AttentionBranch, AttentionContext
 from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, masked_mean
+from fairseq_localness.modules.scores import Description, GaussianScore
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
 CENTRE_MODES = ("predicted", "self")
@@ -211,35 +212,22 @@ class GaussianLocalness(AttentionBranch):
         mean = keys.sum(1, keepdim=True) / counts
         return mean.expand(bsz, ctx.tgt_len, heads * head_dim).to(ctx.k.dtype)
 
-    def _centre_sigma_keys(self, ctx: AttentionContext):
-        """P and sigma = D / 2 (each ``B x H x Tq``) and the key positions
-        (``B' x 1 x 1 x Tk``) of eq. 5, observed once per call."""
+    def describe(self, ctx: AttentionContext) -> Description:
+        """G of eq. 5 as a score term (:class:`~.scores.GaussianScore`): the centres P
+        and widths sigma = D / 2 (each ``B x H x Tq``) and the real key positions,
+        observed once per call. The kernels evaluate it per block of queries
+        (:mod:`.kernels.recompute`) or inside a fused kernel (:mod:`.kernels.flex`), so
+        no ``B x H x Tq x Tk`` bias is kept for the backward pass."""
         centre, window = self.centre_and_window(ctx)
         sigma = window / 2.0
         if self.min_window == 0:
             sigma = sigma.clamp(min=1e-10)  # only the division is guarded (module docstring)
-        k_pos = ctx.k_pos.to(compute_dtype(ctx))[:, None, None, :]
         self._observe(ctx, centre, window)
-        return centre, sigma, k_pos
+        return Description(scores=(GaussianScore(centre, sigma, ctx.k_pos.to(compute_dtype(ctx))),))
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         """G of eq. 5, ``B x H x Tq x Tk`` (float32, or float64)."""
-        centre, sigma, k_pos = self._centre_sigma_keys(ctx)
-        return -((k_pos - centre.unsqueeze(-1)) ** 2) / (2.0 * sigma.unsqueeze(-1) ** 2)
-
-    def bias_terms(self, ctx: AttentionContext):
-        """G of eq. 5 as one term of :func:`~.kernels.recompute.recomputed_attention`:
-        computed per block of query rows from the centres P and widths sigma = D / 2
-        (each ``B x H x Tq``), so no ``B x H x Tq x Tk`` bias is kept for the backward
-        pass."""
-        centre, sigma, k_pos = self._centre_sigma_keys(ctx)
-
-        def gaussian(inputs, i0: int, i1: int) -> Tensor:
-            c, s = inputs[0][..., i0:i1, None], inputs[1][..., i0:i1, None]
-            d = k_pos - c  # B x H x rows x Tk
-            return (d * d) * (-0.5 / (s * s))  # eq. 5, one pass per product over the block
-
-        return [(gaussian, (centre, sigma))]
+        return self.describe(ctx).dense_bias(ctx.src_len)
 
     def _observe(self, ctx: AttentionContext, centre: Tensor, window: Tensor):
         if self.recording:

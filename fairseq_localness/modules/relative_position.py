@@ -23,12 +23,13 @@ term is computed once per attention call and shared by its branches; an incremen
 step computes it for its one query row (``B x H x 1 x R``, then gathered over the
 keys), with no tensor over the prefix but the row itself.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from fairseq_localness.modules.context import AttentionContext, distance_table, one_row_softmax
+from fairseq_localness.modules.scores import BucketScore, ValueTerm
 
 
 class RelativePositions(nn.Module):
@@ -65,6 +66,13 @@ class RelativePositions(nn.Module):
     def key_per_distance(self, q_scaled: Tensor) -> Tensor:
         """``q_i w^K_r / sqrt(Dh)`` for every query and bucket r: ``B x H x Tq x R``."""
         return torch.matmul(q_scaled, self.key_embeddings.to(q_scaled.dtype).t())
+
+    def describe(self, q_scaled: Tensor) -> Tuple[BucketScore, Optional[ValueTerm]]:
+        """The key term as a score term (``table[b, h, q, clip(d, -K, K) + K]``) and the
+        value term, as data for the fused kernels (:mod:`.scores`)."""
+        key = BucketScore(self.key_per_distance(q_scaled), self.max_distance)
+        value = None if self.value_embeddings is None else ValueTerm(self.value_embeddings, self.max_distance)
+        return key, value
 
     def key_scores(self, q_scaled: Tensor, ctx: AttentionContext) -> Tensor:
         """``q_i a^K_ij / sqrt(Dh)`` for every pair: ``B x H x Tq x Tk``."""

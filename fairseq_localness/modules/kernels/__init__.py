@@ -5,7 +5,9 @@
 * :mod:`.banded`: a hard window of W keys, ``O(Tq x W)`` in time and memory;
 * :mod:`.recompute`: learned additive biases, nothing of size ``Tq x Tk`` kept for
   the backward pass;
-* :mod:`.step`: one query row (an incremental decoding step).
+* :mod:`.step`: one query row (an incremental decoding step);
+* :mod:`.flex`: a branch's description (:mod:`~fairseq_localness.modules.scores`) as
+  one fused FlexAttention call (CUDA).
 
 :mod:`.choice` decides which of them computes a branch, and whether a call takes the
 fast path or the eager reference of :mod:`~fairseq_localness.modules.attention`.

@@ -9,7 +9,26 @@ once, one float32 softmax per branch, returns weights) and the *fast path* (one
 kernel call per branch, the fusion applied to the outputs as in the eager path).
 ``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses: ``"auto"`` takes the fast path
 where it applies except where the eager path was measured to be as fast, ``"sdpa"``
-wherever it applies, ``"eager"`` never.
+wherever it applies, ``"flex"`` likewise with every branch in the fused kernel
+(:mod:`.flex`; on a CPU its forward pass only, for the tests), ``"eager"`` never.
+
+The kernel layer. A branch describes its distribution once, as data
+(:meth:`~fairseq_localness.modules.context.AttentionBranch.describe`, a
+:class:`~fairseq_localness.modules.scores.Description`: a window, score terms of
+``(b, h, q_idx, kv_idx)`` with their captured tensors, a mask given whole); the call
+adds padding, causality and Shaw et al.'s terms. :func:`branch_attention` reads the
+description once and turns it into the call of one kernel per device:
+
+* on a CPU, the kernels chosen and measured there (bands, the CPU flash kernel, the
+  per-block recomputation of learned biases, SDPA with a dense mask; the rows marked
+  "CPU" or "any" below), computing exactly what they computed before the
+  descriptions existed (the same operations in the same order: the outputs and
+  gradients are bit for bit the same);
+* on CUDA, a branch with anything of its own (a bounded window, a score term, a
+  mask given whole) or in a call with Shaw et al.'s terms goes to one fused
+  FlexAttention call (:mod:`.flex`: the window as a block mask, the rest in one
+  score function, compiled once); a branch with nothing of its own stays on SDPA's
+  fused kernels, which are faster per call than flex (below, [6]_).
 
 The call (:func:`use_fast_path`): the first row that matches decides.
 
@@ -37,18 +56,30 @@ The call (:func:`use_fast_path`): the first row that matches decides.
 | anything else: one branch, no        | any     | float32 | any             | fast    |
 | gradients, frozen parameters,        |         | float16 |                 |         |
 | several branches over more keys,     |         | bfloat16|                 |         |
-| ``"sdpa"``                           |         |         |                 |         |
+| ``"sdpa"``, ``"flex"``               |         |         |                 |         |
 +--------------------------------------+---------+---------+-----------------+---------+
 
 A branch on the fast path (:func:`branch_attention`): the first row that matches
 decides. "Plain" is a call without a float ``attn_mask`` of its own (whose finite
 part is then a bias of every branch); a hard window is a branch that is exactly
-``-l <= j - i <= r`` (:meth:`~fairseq_localness.modules.context.AttentionBranch.hard_window`;
-``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal core.
+``-l <= j - i <= r`` (a description with a :class:`~fairseq_localness.modules.scores.Window`
+and nothing else; ``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal core.
 
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | kind of branch                       | device | dtype | length          | kernel                |
 +======================================+========+=======+=================+=======================+
+| any branch, ``attention_impl=        | CPU,   | any   | Tq > 1          | :mod:`.flex` (CPU:    |
+| "flex"``, no ``attn_mask`` of the    | no     |       |                 | forward only)         |
+| call's own, no attention dropout     | grads; |       |                 |                       |
+|                                      | CUDA   |       |                 |                       |
++--------------------------------------+--------+-------+-----------------+-----------------------+
+| a bounded window, a score term       | CUDA   | any   | Tq > 1; not yet | :mod:`.flex` [6]_     |
+| (Yang et al.'s Gaussian), a mask     |        |       | measured on a   |                       |
+| given whole, or any branch of a call |        |       | GPU against the |                       |
+| with Shaw et al.'s terms; no         |        |       | rows below      |                       |
+| ``attn_mask`` of the call's own, no  |        |       |                 |                       |
+| attention dropout                    |        |       |                 |                       |
++--------------------------------------+--------+-------+-----------------+-----------------------+
 | a learned bias (Yang et al.'s        | any    | any   | any             | :mod:`.recompute`     |
 | Gaussian, with gradients; Shaw et    |        |       |                 | [3]_                  |
 | al.'s key and value terms), no       |        |       |                 |                       |
@@ -81,7 +112,7 @@ part is then a bias of every branch); a hard window is a branch that is exactly
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 
 The measurements behind the choices and their thresholds (the sections named are
-docs/benchmark_appendix.md's; 2 threads on the project's 2-core CPU):
+XX
 
 .. [1] "The attention paths on a CPU (``attention_impl="auto"``)": with dropout
    (which the CPU flash kernel and the recomputation do not draw) the per-branch
@@ -105,21 +136,34 @@ docs/benchmark_appendix.md's; 2 threads on the project's 2-core CPU):
    and the commit that brought bands and the flash kernel's ``is_causal`` (commit
    ``03ceaba``: HySAN e1 gated at T = 256 trained at 0.81 of the transformer's speed
    against 0.63 eager).
+.. [6] Issue 38, measured on an NVIDIA H200 (torch 2.11, bf16; one call, forward and
+   backward, B x 8 heads x T x 64): SDPA 0.24-0.27 ms at 32 x 128 and 0.19-0.25 ms at
+   8 x 512; flex alone 0.75 / 0.68 ms, with Yang et al.'s Gaussian (gradients into
+   centre and width) 1.32 / 1.08, with Shaw et al.'s key table 0.77 / 0.75, with a
+   hard window as a block mask 0.91 / 0.78. One flex call is one fused kernel pair,
+   where the CPU kernels launch per query block and per diagonal (localness + rel_pos
+   at 32 x 128: 9,031 kernels per training step against the transformer's 1,727). So
+   a branch with nothing of its own stays on SDPA (3 times faster per call), and every
+   other branch goes to flex whatever its length: where the band (:mod:`.banded`) or
+   SDPA with a dense mask would be faster on a GPU has not yet been measured on a
+   GPU. Calls with attention dropout (flex draws none) and one-row steps keep the
+   rows below; an ``attn_mask`` of the caller's own keeps the dense kernels.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.context import AttentionBranch, AttentionContext, combine_masks
-from fairseq_localness.modules.kernels import sdpa
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext, combine_masks, dense_mask_and_bias
+from fairseq_localness.modules.kernels import flex, sdpa
 from fairseq_localness.modules.kernels.banded import banded_attention
 from fairseq_localness.modules.kernels.recompute import recomputed_attention, whole_bias_term
 from fairseq_localness.modules.kernels.step import last_keys_attention
+from fairseq_localness.modules.scores import Description, GaussianScore, Window
 
 # The settings of AttentionCore.attention_impl: "auto" (the fast path where it applies
 # and pays), "sdpa" (the fast path wherever it applies), "eager" (the reference path).
-ATTENTION_IMPLS = ("auto", "sdpa", "eager")
+ATTENTION_IMPLS = ("auto", "sdpa", "eager", "flex")
 
 # "auto" keeps several float32 branches trained on a CPU on the eager path up to this
 # many keys: there one q k^T shared by the branches and their small saved
@@ -183,6 +227,27 @@ def use_fast_path(
     return True
 
 
+def _fused_terms(ctx, scale, dropout, rel, impl):
+    """The call's own score terms and value term for :func:`~.flex.flex_branch`, where a
+    fused kernel computes this call's branches (CUDA with ``"auto"`` or ``"sdpa"``;
+    ``"flex"`` anywhere, on a CPU without gradients); else None. Not with attention
+    dropout (the fused kernel draws none), nor for one query row (:mod:`.step`)."""
+    if dropout is not None or ctx.tgt_len == 1 or not flex.available():
+        return None
+    if ctx.q.device.type == "cuda":
+        if impl not in ("auto", "sdpa", "flex"):
+            return None
+    elif impl != "flex" or (torch.is_grad_enabled() and ctx.q.requires_grad):
+        return None
+    if ctx.cache.get("extra_mask"):
+        return None  # an attn_mask of the caller's own: the dense kernels take its mask
+    scores, value = [], None
+    if rel is not None:
+        key, value = rel.describe(ctx.q * scale)
+        scores.append(key)
+    return tuple(scores), value
+
+
 def branch_attention(
     ctx: AttentionContext,
     v: Tensor,
@@ -192,32 +257,43 @@ def branch_attention(
     scale: float,
     dropout: Optional[nn.Module],
     relative_positions: Optional[nn.Module],
+    impl: str = "auto",
 ) -> Tensor:
     """One branch on the fast path, ``B x H x Tq x Dh`` in the input dtype, by the
     cheapest kernel that gives its distribution (the second table of the module
-    docstring).
+    docstring), from the branch's description (:meth:`AttentionBranch.describe`,
+    taken once).
 
     ``base_blocked``: the call's padding and causal mask; ``soft_bias``: the finite
     part of a float ``attn_mask`` (and, with attention dropout, Shaw et al.'s key
     term); ``scale``: ``1 / sqrt(Dh)``; ``dropout``: the attention dropout where it is
     drawn in this call, else None; ``relative_positions``: the core's
-    :class:`~fairseq_localness.modules.relative_position.RelativePositions`, or None.
+    :class:`~fairseq_localness.modules.relative_position.RelativePositions`, or None;
+    ``impl``: the core's ``attention_impl``.
     """
-    out = _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, relative_positions)
+    description = branch.describe(ctx)
+    if "fused" not in ctx.cache:  # once per call, for all its branches
+        ctx.cache["fused"] = _fused_terms(ctx, scale, dropout, relative_positions, impl)
+    fused = ctx.cache["fused"]
+    if fused is not None:
+        call_scores, value = fused
+        if impl == "flex" or call_scores or value is not None or _has_own(description):
+            return flex.flex_branch(ctx, v, scale, description, call_scores, value)
+    out = _recomputed(ctx, v, description, base_blocked, soft_bias, scale, dropout, relative_positions)
     if out is not None:
         return out
     plain = soft_bias is None and not ctx.cache.get("extra_mask")
     one_row = plain and ctx.tgt_len == 1 and dropout is None
     if plain:
-        window = _effective_window(ctx, branch)
+        window = _effective_window(ctx, description)
         if window is not None:
             if one_row:
-                out = last_keys_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, window[0])
+                out = last_keys_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, window.left)
             else:
                 out = _structured(ctx, v, window, scale, dropout)
             if out is not None:
                 return out
-    blocked, bias = branch.mask_and_bias(ctx, base_blocked)
+    blocked, bias = dense_mask_and_bias(ctx, description, base_blocked)
     if one_row and bias is None and blocked is base_blocked:  # no mask or bias of its own: e.g. cross-attention
         return last_keys_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, None)
     if soft_bias is not None:
@@ -229,19 +305,23 @@ def branch_attention(
     return sdpa.masked_attention(ctx.q, ctx.k, v, blocked, bias, dropout_p, is_causal)
 
 
-def _effective_window(ctx: AttentionContext, branch: AttentionBranch) -> Optional[Tuple[Optional[int], Optional[int]]]:
-    """The branch's hard window (:meth:`AttentionBranch.hard_window`) with the
-    core's causal bound applied (``right <= 0``), or None."""
-    window = branch.hard_window(ctx)
-    if window is None:
+def _has_own(description: Description) -> bool:
+    """Whether a description restricts or biases its distribution (a bounded window,
+    a score term, a mask)."""
+    window = description.window
+    return bool(description.scores) or description.mask is not None or (window is not None and window.bounded)
+
+
+def _effective_window(ctx: AttentionContext, description: Description) -> Optional[Window]:
+    """The branch's window where it is exactly a hard window (no score term, no mask
+    given whole), with the core's causal bound applied (``right <= 0``); else None."""
+    window = description.window
+    if window is None or description.scores or description.mask is not None:
         return None
-    left, right = window
-    if ctx.causal:
-        right = 0 if right is None else min(right, 0)
-    return left, right
+    return window.causal() if ctx.causal else window
 
 
-def _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, rel) -> Optional[Tensor]:
+def _recomputed(ctx, v, description, base_blocked, soft_bias, scale, dropout, rel) -> Optional[Tensor]:
     """A branch with learned biases (Yang et al. 2018's Gaussian, Shaw et al.
     2018's key and value terms) through :func:`~.recompute.recomputed_attention`,
     which keeps nothing of size ``Tq x Tk`` for the backward pass; None where it
@@ -250,17 +330,19 @@ def _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, rel) ->
     and needs no backward pass)."""
     if dropout is not None:
         return None
-    terms = branch.bias_terms(ctx) if (torch.is_grad_enabled() or rel is not None) else None
+    terms = None
+    if torch.is_grad_enabled() or rel is not None:
+        terms = [score.block_term() for score in description.scores if isinstance(score, GaussianScore)] or None
     if terms is None and rel is None:
         return None
     terms = list(terms or [])
     if not terms:
-        bias = branch.bias(ctx)
+        bias = description.dense_bias(ctx.src_len)
         if bias is not None:
             terms.append((whole_bias_term, (bias,)))
     if soft_bias is not None:
         terms.append((whole_bias_term, (soft_bias,)))
-    branch_mask = branch.mask(ctx)
+    branch_mask = dense_mask_and_bias(ctx, description, None)[0] if _blocks(description) else None
     if rel is not None and not terms and branch_mask is None and ctx.self_attention and ctx.tgt_len == 1:
         return rel.step_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask)
     blocked = combine_masks(base_blocked, branch_mask)
@@ -270,14 +352,18 @@ def _recomputed(ctx, v, branch, base_blocked, soft_bias, scale, dropout, rel) ->
                                 rel.key_embeddings, rel.value_embeddings, ctx.causal)
 
 
-def _structured(ctx, v, window, scale, dropout) -> Optional[Tensor]:
+def _blocks(description: Description) -> bool:
+    return description.mask is not None or (description.window is not None and description.window.bounded)
+
+
+def _structured(ctx, v, window: Window, scale, dropout) -> Optional[Tensor]:
     """A branch whose keys are a hard index window, without a ``Tq x Tk`` mask: the
     band of :func:`~.banded.banded_attention` (both sides bounded and the window
     narrower than the keys), or the CPU flash kernel
     (:func:`~.sdpa.causal_flash_attention`) for ``j <= i`` and ``j >= i`` on a CPU
     without attention dropout in full passes (``Tq = Tk``). None where none applies
     (the caller then uses the branch's mask)."""
-    left, right = window
+    left, right = window.left, window.right
     tgt_len, src_len = ctx.tgt_len, ctx.src_len
     if left is not None and right is not None:
         if left + right + 1 >= src_len:

@@ -1,0 +1,275 @@
+"""A branch's description (:mod:`~fairseq_localness.modules.scores`) as one fused
+FlexAttention call (``torch.nn.attention.flex_attention``): the window and causality
+as a block mask (the kernel skips the blocks outside it), padding and every score
+term inside one ``score_mod``.
+
+Shape notation as in :mod:`~fairseq_localness.modules.attention`; K = Shaw et al.'s
+clipping distance, R = 2K + 1. Queries ``q`` are unscaled ``B x H x Tq x Dh`` and
+bottom-right aligned (query ``q_idx`` sits at key index ``q' = q_idx + Tk - Tq``).
+
+The score function, for ``d = kv_idx - q'``::
+
+    score + (k_pos[b, kv] - P[b, h, q])^2 * c[b, h, q]      Yang et al. 2018, eq. 5; c = -1 / (2 sigma^2)
+          + table[b, h, q, clip(d, -K, K) + K]              Shaw et al. 2018, eq. 4 (q w^K / sqrt(Dh))
+          + bias[b, h, q, kv]                               a bias given whole (a float attn_mask)
+    -inf where key_padding_mask[b, kv]
+
+and the mask function ``-left <= d <= right`` (a window; causality is ``right <= 0``).
+
+How it is called, and why (the pitfalls met on an H200, issue 38):
+
+* The function that builds the ``score_mod`` closure, :func:`_attend`, is defined once
+  here and compiled once on CUDA (:func:`_kernel`); every per-call tensor (centres,
+  coefficients, the bucket table, the padding, the geometry ``left, right, Tk - Tq,
+  K``) is an argument, captured by the closure as a buffer. A closure made anew per
+  call, or one capturing Python numbers, would compile again for every call or every
+  value; here only the presence of each term (``None`` or not) and the dtypes select
+  a compiled graph, and shapes become dynamic after the first change.
+* A captured tensor that needs gradients is indexed once per score: ``P[b, h, q]``
+  and ``c[b, h, q]`` once each, ``c = -1 / (2 sigma^2)`` computed outside.
+* The backward pass of a table bias runs out of shared memory with the default
+  blocks: a call with Shaw et al.'s table passes :data:`TABLE_KERNEL_OPTIONS`.
+* Block masks depend only on the window and the lengths, never on the batch: they are
+  cached (:func:`_block_mask`); padding goes into the score function instead.
+
+Shaw et al.'s value term, ``z_i += sum_j alpha_ij w^V_{clip(d, -K, K) + K}``, is no
+score: it needs each row's probability mass per bucket. The call returns the row's
+log-sum-exp (``return_lse``); the 2K - 1 buckets with ``|d| < K`` are the band
+around the diagonal, whose probabilities ``exp(s_ij - lse_i)`` are recomputed
+(energies ``q k^T`` in float32, gathered at the band, plus the same score terms); the
+far-left bucket (``d <= -K``) is ``exp(lse^left_i - lse_i)`` from a second call masked
+to ``d <= -K`` (in causal attention, where the far right is empty, it is the rest of
+the row's mass and no second call is made), and the far right the rest of the row's
+mass. Cost: one float32 ``q k^T`` (``B x H x Tq x Tk``, not kept for the backward
+pass), a gather of ``B x H x Tq x (2K - 1)``, one more fused call outside causal
+attention, and about fifteen small element-wise kernels; gradients flow through the
+log-sum-exp into the fused call's own backward pass.
+
+No attention dropout (the kernel draws none): :mod:`.choice` sends calls with dropout
+elsewhere. On a CPU, torch (2.13) runs the call's forward pass without compiling
+(its reference implementation) and has no backward pass: :mod:`.choice` takes it there
+only without gradients, which is how the tests run it against the eager reference.
+"""
+import functools
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from fairseq_localness.modules.context import AttentionContext
+from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore, ValueTerm, Window
+
+try:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # torch < 2.5
+    create_block_mask = flex_attention = None
+try:
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # torch < 2.9: return_lse
+    AuxRequest = None
+
+# Shaw et al.'s table bias: the blocks with which its backward pass fits in shared
+# memory (issue 38, measured on an H200: the default blocks ran out of it).
+TABLE_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
+
+# An unbounded side of a window, in the geometry tensor.
+_UNBOUNDED = 1 << 30
+
+
+def available() -> bool:
+    """Whether this torch has FlexAttention."""
+    return flex_attention is not None
+
+
+def _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse,
+            kernel_options):
+    """One fused call; every tensor the score function reads is an argument (see the
+    module docstring). ``geometry``: ``[left, right, Tk - Tq, K]`` (long)."""
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if centre is not None:  # Yang et al. 2018, eq. 5
+            dist = k_pos[b, kv_idx] - centre[b, h, q_idx]
+            score = score + dist * dist * coeff[b, h, q_idx]
+        if table is not None:  # Shaw et al. 2018, eq. 4
+            bucket = torch.clamp(kv_idx - q_idx - geometry[2], -geometry[3], geometry[3]) + geometry[3]
+            score = score + table[b, h, q_idx, bucket]
+        if bias is not None:
+            score = score + bias[b, h, q_idx, kv_idx]
+        if padding is not None:
+            score = torch.where(padding[b, kv_idx], float("-inf"), score)
+        return score
+
+    if not return_lse:
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                              kernel_options=kernel_options)
+    if AuxRequest is None:
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, return_lse=True,
+                              kernel_options=kernel_options)
+    out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                              kernel_options=kernel_options, return_aux=AuxRequest(lse=True))
+    return out, aux.lse
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled():
+    return torch.compile(_attend, fullgraph=True)
+
+
+def _kernel(device: torch.device):
+    """:func:`_attend` compiled once for CUDA; uncompiled elsewhere (torch's reference
+    implementation of the call, forward only on a CPU)."""
+    return _compiled() if device.type == "cuda" else _attend
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(left: Optional[int], right: Optional[int], offset: int, k: int, device: torch.device) -> Tensor:
+    left = _UNBOUNDED if left is None else left
+    right = _UNBOUNDED if right is None else right
+    with torch.inference_mode(False):  # cached: usable by a later pass with gradients
+        return torch.tensor([left, right, offset, k], dtype=torch.long, device=device)
+
+
+def _window_mask_mod(geometry: Tensor):
+    def mask_mod(b, h, q_idx, kv_idx):
+        d = kv_idx - q_idx - geometry[2]
+        return (d >= -geometry[0]) & (d <= geometry[1])
+
+    return mask_mod
+
+
+@functools.lru_cache(maxsize=256)
+def _block_mask(left: Optional[int], right: Optional[int], tgt_len: int, src_len: int, device: torch.device):
+    """The block mask of the window ``-left <= d <= right``, cached per window, lengths
+    and device; None for an unbounded window."""
+    if left is None and right is None:
+        return None
+    geometry = _geometry(left, right, src_len - tgt_len, 0, device)
+    with torch.inference_mode(False):
+        return create_block_mask(_window_mask_mod(geometry), None, None, tgt_len, src_len, device=device)
+
+
+def _empty(window: Window, tgt_len: int, src_len: int) -> bool:
+    """Whether no query has a key in ``window`` (``left + right < 0``, or out of range)."""
+    left = src_len if window.left is None else window.left
+    right = src_len if window.right is None else window.right
+    offset = src_len - tgt_len
+    return left + right < 0 or -left > src_len - 1 - offset or right < -(offset + tgt_len - 1)
+
+
+class _Terms:
+    """The score terms of one call, as the arguments of :func:`_attend`."""
+
+    def __init__(self, ctx: AttentionContext, description: Description, call_scores, padding):
+        bsz, heads, tgt_len, src_len = ctx.bsz, ctx.num_heads, ctx.tgt_len, ctx.src_len
+        self.centre = self.coeff = self.k_pos = self.table = self.bias = None
+        self.k = 0
+        dense = []
+        for term in tuple(description.scores) + tuple(call_scores):
+            if isinstance(term, GaussianScore) and self.centre is None:
+                self.centre, self.coeff = term.centre, term.coefficient()
+                self.k_pos = term.k_pos.expand(bsz, src_len)
+            elif isinstance(term, BucketScore) and self.table is None:
+                self.table, self.k = term.table, term.k
+            elif isinstance(term, BucketScore):
+                dense.append(term.dense(src_len))
+            else:
+                dense.append(term.dense())
+        if description.mask is not None:
+            mask = description.mask
+            dense.append(torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(mask, float("-inf")))
+        if dense:
+            bias = dense[0]
+            for term in dense[1:]:
+                bias = bias + term
+            self.bias = bias.expand(bsz, heads, tgt_len, src_len)
+        self.padding = padding
+
+    def call(self, q, k, v, scale, window: Window, return_lse: bool):
+        tgt_len, src_len = q.size(2), k.size(2)
+        block_mask = _block_mask(window.left, window.right, tgt_len, src_len, q.device)
+        geometry = _geometry(window.left, window.right, src_len - tgt_len, self.k, q.device)
+        options = TABLE_KERNEL_OPTIONS if (self.table is not None and q.device.type == "cuda") else None
+        return _kernel(q.device)(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos,
+                                 self.table, geometry, self.bias, return_lse, options)
+
+
+def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Description, call_scores=(),
+                value: Optional[ValueTerm] = None) -> Tensor:
+    """One branch through FlexAttention, ``B x H x Tq x Dh`` in ``v``'s dtype.
+
+    ``description``: the branch's; ``call_scores``: the call's own score terms (Shaw et
+    al.'s key term, a :class:`~.scores.BucketScore`); ``value``: Shaw et al.'s value
+    term, or None. Padding and causality come from ``ctx``; a mask given whole goes in
+    as a ``-inf`` bias."""
+    window = description.window if description.window is not None else Window(None, None)
+    if ctx.causal:
+        window = window.causal()
+    terms = _Terms(ctx, description, call_scores, ctx.key_padding_mask)
+    if value is None:
+        return terms.call(ctx.q, ctx.k, v, scale, window, False)
+    out, lse = terms.call(ctx.q, ctx.k, v, scale, window, True)
+    sums = _bucket_masses(ctx, v, scale, terms, window, value.k, lse)
+    return out + torch.matmul(sums, value.embeddings.to(sums.dtype)).to(out.dtype)
+
+
+def _bucket_masses(ctx: AttentionContext, v: Tensor, scale: float, terms: _Terms, window: Window, k_clip: int,
+                   lse: Tensor) -> Tensor:
+    """Each row's probability mass per bucket ``clip(d, -K, K) + K``, ``B x H x Tq x R``
+    (float32): the band ``|d| < K`` recomputed from the log-sum-exp; of the far left
+    (``d <= -K``) and the far right (``d >= K``), a side the window excludes is 0, and
+    where only one side is open it is the rest of the row; where both are, the far left
+    comes from a call masked to ``d <= -K`` and the far right is the rest (see the
+    module docstring)."""
+    q, k = ctx.q, ctx.k
+    bsz, heads, tgt_len, src_len = ctx.bsz, ctx.num_heads, ctx.tgt_len, ctx.src_len
+    j, valid = _band(tgt_len, src_len, k_clip, window.left, window.right, q.device)  # Tq x W each
+    width = 2 * k_clip - 1
+    index = j.expand(bsz, heads, tgt_len, width)
+    key_index = j.reshape(1, -1).expand(bsz, -1)
+    energies = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # B x H x Tq x Tk
+    scores = energies.gather(-1, index)
+    if terms.centre is not None:
+        dist = terms.k_pos.gather(-1, key_index).view(bsz, 1, tgt_len, width) - terms.centre[..., None]
+        scores = scores + dist * dist * terms.coeff[..., None]
+    if terms.table is not None:
+        scores = scores + terms.table[..., 1 : 2 * k_clip].float()
+    if terms.bias is not None:
+        scores = scores + terms.bias.gather(-1, index).float()
+    keep = valid
+    if terms.padding is not None:
+        keep = keep & ~terms.padding.gather(-1, key_index).view(bsz, 1, tgt_len, width)
+    nonempty = torch.isfinite(lse)
+    zero = torch.zeros_like(lse)
+    safe_lse = torch.where(nonempty, lse, zero)
+    probs = torch.exp(scores.masked_fill(~keep, float("-inf")) - safe_lse[..., None])  # B x H x Tq x W
+    rest = torch.where(nonempty, 1.0 - probs.sum(-1), zero)
+    left_open = window.left is None or window.left >= k_clip
+    right_open = window.right is None or window.right >= k_clip
+    far_left = far_right = zero
+    if left_open and right_open:
+        far = Window(window.left, -k_clip)
+        if not _empty(far, tgt_len, src_len):
+            _, far_lse = terms.call(q, k, v, scale, far, True)
+            far_left = torch.exp(far_lse - safe_lse)
+        far_right = (rest - far_left).clamp(min=0.0)
+    elif left_open:
+        far_left = rest.clamp(min=0.0)
+    elif right_open:
+        far_right = rest.clamp(min=0.0)
+    return torch.cat([far_left[..., None], probs, far_right[..., None]], dim=-1)
+
+
+@functools.lru_cache(maxsize=256)
+def _band(tgt_len: int, src_len: int, k_clip: int, left: Optional[int], right: Optional[int],
+          device: torch.device) -> Tuple[Tensor, Tensor]:
+    """The keys of the band ``|d| < K``: their indices ``j = q' + d`` clamped to the
+    keys, and whether each is a key inside the window, ``Tq x (2K - 1)`` each."""
+    with torch.inference_mode(False):  # cached: usable by a later pass with gradients
+        d = torch.arange(1 - k_clip, k_clip, device=device)
+        j = torch.arange(src_len - tgt_len, src_len, device=device).unsqueeze(1) + d
+        valid = (j >= 0) & (j < src_len)
+        if left is not None:
+            valid = valid & (d >= -left)
+        if right is not None:
+            valid = valid & (d <= right)
+        return j.clamp(0, src_len - 1), valid

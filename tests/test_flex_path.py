@@ -1,0 +1,294 @@
+"""The branch descriptions (modules/scores.py) and the fused FlexAttention path
+(modules/kernels/flex.py) against the eager reference.
+
+On a CPU, torch runs a flex call's forward pass only (no backward): the cores run it
+with ``attention_impl="flex"`` without gradients, for every branch kind, in float32
+and bfloat16. The CUDA tests (skipped without a GPU) run the fused path that
+``"auto"`` takes there, outputs and gradients, in float32, float16 and bfloat16.
+"""
+import pytest
+import torch
+
+from fairseq_localness.modules.attention import AttentionCore, set_attention_impl
+from fairseq_localness.modules.branches import WindowBranch
+from fairseq_localness.modules.context import build_context
+from fairseq_localness.modules.dual_context import DualContextModule
+from fairseq_localness.modules.gaussian import GaussianLocalness
+from fairseq_localness.modules.hybrid import hybrid_attention
+from fairseq_localness.modules.hysan import build_fusion, make_branch
+from fairseq_localness.modules.kernels import flex
+from fairseq_localness.modules.relative_position import RelativePositions
+from fairseq_localness.modules.scores import gaussian_rows
+
+pytestmark = [
+    pytest.mark.skipif(not flex.available(), reason="this torch has no FlexAttention"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),  # torch: flex_attention called without torch.compile
+]
+
+C, H, B = 32, 4, 3
+
+
+def _hysan(side):
+    names = ("global", "forward", "backward", "local3") if side == "encoder" else ("forward", "local2")
+    return [make_branch(n, side) for n in names], build_fusion("gated", C, names, reduction=4)
+
+
+# kind -> (causal) -> the module; every branch kind of the four models
+KINDS = {
+    "gaussian-query": lambda c: AttentionCore(C, H, self_attention=True, causal=c, branches=[GaussianLocalness(C, H)]),
+    "gaussian-layer": lambda c: AttentionCore(C, H, self_attention=True, causal=c,
+                                              branches=[GaussianLocalness(C, H, window="layer")]),
+    "gaussian-head": lambda c: AttentionCore(C, H, self_attention=True, causal=c,
+                                             branches=[GaussianLocalness(C, H, window="head")]),
+    "gaussian-fixed-self": lambda c: AttentionCore(C, H, self_attention=True, causal=c,
+                                                   branches=[GaussianLocalness(C, H, window="fixed", centre="self")]),
+    "shaw-key-value": lambda c: AttentionCore(C, H, self_attention=True, causal=c,
+                                              relative_positions=RelativePositions(C // H, 3)),
+    "shaw-key": lambda c: AttentionCore(C, H, self_attention=True, causal=c,
+                                        relative_positions=RelativePositions(C // H, 3, values=False)),
+    "gaussian+shaw": lambda c: AttentionCore(C, H, self_attention=True, causal=c, branches=[GaussianLocalness(C, H)],
+                                             relative_positions=RelativePositions(C // H, 3)),
+    "hysan": lambda c: AttentionCore(C, H, self_attention=True, causal=c,
+                                     **dict(zip(("branches", "fusion"), _hysan("decoder" if c else "encoder")))),
+    "hybrid-gate": lambda c: hybrid_attention("gate", C, H, self_attention=True, causal=c),
+    "dual-context": lambda c: DualContextModule(C, H, kernel_size=3 if not c else 2, causal=c),
+}
+
+
+def _module(kind, causal, dtype=torch.float32, device="cpu"):
+    torch.manual_seed(0)
+    return KINDS[kind](causal).to(device=device, dtype=dtype)
+
+
+def _padding(side, bsz, total, lengths, device="cpu"):
+    """``B x T``, True at padding: on the left (fairseq's sources) or the right."""
+    idx = torch.arange(total, device=device)
+    rows = [idx < total - n if side == "left" else idx >= n for n in lengths]
+    return torch.stack(rows)
+
+
+class _FlexCalls:
+    """Counts the calls of the fused kernel."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        original = flex.flex_branch
+
+        def spy(*args, **kwargs):
+            self.count += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(flex, "flex_branch", spy)
+
+
+def _reorder(module, state, order):
+    """Beam search's reorder of every cache in ``module`` (the cores' keys and values,
+    the Local Context Unit's window)."""
+    for m in module.modules():
+        if hasattr(m, "buffer_name"):
+            m.reorder_incremental_state(state, order)
+
+
+def _run(module, x, impl, padding):
+    set_attention_impl(module, impl)
+    out, _ = module(x, x, x, key_padding_mask=padding, need_weights=False)
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_flex_forward_on_a_cpu_equals_the_eager_reference(kind, causal, monkeypatch):
+    """Every branch kind through the fused kernel's forward pass == the eager
+    reference, with left padding (one sentence of a single real token) in the
+    encoder; float32 tightly, bfloat16 within its rounding."""
+    module = _module(kind, causal).eval()
+    T = 13
+    x = torch.randn(T, B, C)
+    padding = None if causal else _padding("left", B, T, [T, 7, 1])
+    keep = torch.ones(T, B, 1) if padding is None else (~padding).t().unsqueeze(-1).float()
+    calls = _FlexCalls(monkeypatch)
+    with torch.no_grad():
+        ref = _run(module, x, "eager", padding)
+        out = _run(module, x, "flex", padding)
+        assert calls.count >= 1
+        torch.testing.assert_close(out * keep, ref * keep, atol=2e-6, rtol=1e-5)
+        half = _run(module.to(torch.bfloat16), x.bfloat16(), "flex", padding).float()
+    assert (((half - ref) * keep).abs().max() / ref.abs().max()).item() < 0.03
+
+
+@pytest.mark.parametrize("kind", ["gaussian-query", "shaw-key-value", "hysan", "dual-context"])
+def test_flex_continues_a_prefix_in_incremental_decoding(kind):
+    """Several target tokens fed at once after a cached prefix (``Tq < Tk``: the
+    bottom-right alignment of the block mask, the bucket table and the value term's
+    band) == the full pass, also after a beam reorder of the cache."""
+    module = _module(kind, True).eval()
+    set_attention_impl(module, "flex")
+    T = 11
+    x = torch.randn(T, B, C)
+    order = torch.tensor([2, 0, 1])
+    with torch.no_grad():
+        full, _ = module(x, x, x, need_weights=False)
+        state = {}
+        prefix = x[:5]
+        module(prefix, prefix, prefix, incremental_state=state, need_weights=False)
+        _reorder(module, state, order)  # a beam reorder, then the permuted sentences go on
+        rest = x[5:, order]
+        step, _ = module(rest, rest, rest, incremental_state=state, need_weights=False)
+    torch.testing.assert_close(step, full[5:, order], atol=2e-6, rtol=1e-5)
+
+
+def test_flex_is_not_taken_on_a_cpu_with_gradients(monkeypatch):
+    """torch has no backward pass for the fused kernel on a CPU: with gradients a CPU
+    keeps its own kernels whatever ``attention_impl`` says."""
+    module = _module("gaussian-query", False).train()
+    calls = _FlexCalls(monkeypatch)
+    x = torch.randn(9, B, C, requires_grad=True)
+    _run(module, x, "flex", None).sum().backward()
+    assert calls.count == 0 and x.grad is not None
+
+
+def test_descriptions_evaluate_to_the_eager_bias_and_mask():
+    """A description evaluated densely is what the eager reference adds and masks:
+    the Gaussian's block rows equal its dense bias, Shaw et al.'s bucket table equals
+    the key scores, a window blocks what ``materialize`` shows."""
+    torch.manual_seed(0)
+    T = 9
+    q = torch.randn(2, H, T, C // H)
+    padding = _padding("left", 2, T, [T, 5])
+    ctx = build_context(torch.randn(T, 2, C), q, q, padding, causal=False, same_positions=True)
+    score = GaussianLocalness(C, H).describe(ctx).scores[0]
+    torch.testing.assert_close(gaussian_rows((score.centre, score.sigma, score.k_pos), 2, 7), score.dense()[:, :, 2:7])
+    rel = RelativePositions(C // H, 3)
+    key, value = rel.describe(q * 0.5)
+    torch.testing.assert_close(key.dense(T), rel.key_scores(q * 0.5, ctx))
+    assert value.k == 3 and value.embeddings is rel.value_embeddings
+    window = WindowBranch(2, 1, "w")
+    assert torch.equal(window.mask(ctx)[0, 0], window.materialize(T))
+    assert window.describe(ctx).window == flex.Window(2, 1)
+
+
+def test_the_fused_call_traces_whole_and_compiles_once_for_every_length(monkeypatch):
+    """The function CUDA compiles (``flex._attend``) traces without a graph break
+    (``fullgraph=True``), every term present, and new lengths with new tensors reuse
+    it: two graphs (the call, and the value term's far-left call with its block mask)
+    for the first length, two dynamic ones at the second, none after. Traced by
+    dynamo on a CPU and run by torch's reference (``backend="eager"``): the CPU has no
+    compiled kernel with a log-sum-exp."""
+    import torch._dynamo
+
+    compiled = torch.compile(flex._attend, fullgraph=True, backend="eager")
+    monkeypatch.setattr(flex, "_kernel", lambda device: compiled)
+    module = _module("gaussian+shaw", False).eval()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    graphs = []
+    with torch.no_grad():
+        for T in (9, 12, 15):
+            x = torch.randn(T, B, C)
+            padding = _padding("left", B, T, [T, 5, 2])
+            keep = (~padding).t().unsqueeze(-1).float()
+            out = _run(module, x, "flex", padding)
+            torch.testing.assert_close(out * keep, _run(module, x, "eager", padding) * keep, atol=2e-6, rtol=1e-5)
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    assert graphs == [2, 4, 4]
+
+
+def test_an_empty_far_bucket_window_is_known_empty():
+    """The value term's far-left call is skipped where no query has such a key."""
+    assert flex._empty(flex.Window(2, -3), 5, 5)
+    assert flex._empty(flex.Window(None, -5), 5, 5)
+    assert not flex._empty(flex.Window(None, -4), 5, 5)
+    assert flex._empty(flex.Window(None, -3), 1, 3)
+
+
+# ------------------------------------------------------------------------------ CUDA
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# ||fast - eager|| / ||eager|| per tensor: float32 to rounding (no TF32 on either
+# side), half precision within its rounding of q, k, v and the output.
+CUDA_TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
+CUDA_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _relative(a, b, floor=1e-6):
+    """``||a - b|| / max(||b||, floor)``."""
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=floor)).item()
+
+
+@cuda
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cuda_fused_path_equals_eager_outputs_and_gradients(kind, causal, dtype, side, monkeypatch):
+    """On CUDA ``"auto"`` takes the fused kernels; their outputs and the gradients of
+    the input (through q, k, v) and of every parameter (centres' and widths'
+    projections, z of the head strategy, a^K, a^V, gates, the convolution) == the
+    eager reference's in float32 (the reference itself runs in float32 from the same
+    weights), with padding on either side."""
+    T = 37
+    module = _module(kind, causal, device="cuda")
+    torch.manual_seed(1)
+    x32 = torch.randn(T, B, C, device="cuda")
+    padding = _padding(side, B, T, [T, 20, 1], device="cuda") if not causal or side == "right" else None
+    keep = torch.ones(T, B, 1, device="cuda") if padding is None else (~padding).t().unsqueeze(-1).float()
+    if causal and padding is not None:
+        keep = keep * (~padding).t().unsqueeze(-1).float()
+
+    def run(impl, mod, x):
+        x = x.clone().requires_grad_(True)
+        mod.zero_grad()
+        out = _run(mod, x, impl, padding)
+        (out.float() * keep).pow(2).sum().backward()
+        return [out.float() * keep, x.grad.float()] + [p.grad.float() for p in mod.parameters() if p.grad is not None]
+
+    ref = run("eager", module, x32)
+    calls = _FlexCalls(monkeypatch)
+    fast = run("auto", module.to(dtype), x32.to(dtype))
+    assert calls.count >= 1 or kind == "dual-context"
+    assert len(fast) == len(ref)
+    # a tensor whose gradient is zero up to rounding (the key projection's bias: softmax
+    # is shift invariant) is compared relative to the largest gradient
+    floor = 0.01 * max(t.norm().item() for t in ref)
+    for got, want in zip(fast, ref):
+        assert _relative(got, want, floor) < CUDA_TOL[dtype]
+
+
+@cuda
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=str)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cuda_incremental_decoding_and_beam_reorder_equal_the_full_pass(kind, dtype):
+    """Decoder side on CUDA: one token at a time (the step kernels) and several at
+    once after a cached prefix (the fused kernel, Tq < Tk), with a beam reorder of the
+    cache between them, == the full fused pass."""
+    module = _module(kind, True, dtype=dtype, device="cuda").eval()
+    T = 12
+    x = torch.randn(T, B, C, device="cuda", dtype=dtype)
+    order = torch.tensor([1, 2, 0], device="cuda")
+    with torch.no_grad():
+        full, _ = module(x, x, x, need_weights=False)
+        state = {}
+        for t in range(4):
+            token = x[t : t + 1]
+            module(token, token, token, incremental_state=state, need_weights=False)
+        _reorder(module, state, order)
+        rest = x[4:, order]
+        step, _ = module(rest, rest, rest, incremental_state=state, need_weights=False)
+    assert _relative(step, full[4:, order]) < CUDA_TOL[dtype]
+
+
+@cuda
+def test_cuda_fused_kernel_compiles_once_per_kind_of_call():
+    """The fused call is compiled once: new lengths and new tensors of a call of the
+    same kind reuse it (a closure per call would compile each time)."""
+    import torch._dynamo
+
+    module = _module("gaussian+shaw", False, device="cuda")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for T in (16, 24, 40, 56):
+        x = torch.randn(T, B, C, device="cuda", requires_grad=True)
+        out = _run(module, x, "auto", _padding("left", B, T, [T, 9, 3], device="cuda"))
+        out.sum().backward()
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert frames <= 4, frames  # static, then dynamic shapes, for the branch call and the far-left call
