@@ -32,6 +32,13 @@ returned to fairseq:
   (:func:`~fairseq_localness.checkpoint.literals.literal`); fairseq's ``eval`` itself
   parses literals only (:mod:`fairseq_localness.checkpoint.literals`), so a setting
   missing from that list is refused when fairseq evaluates it, naming it.
+- **No file named** (:mod:`~fairseq_localness.checkpoint.files`): the settings
+  fairseq reads as paths are unset; **sizes fairseq can build** and **finite
+  weights** (:mod:`~fairseq_localness.checkpoint.values`).
+
+Trusted or not, the settings are checked (:func:`check_settings`: bounded, without
+cycles, literals, no file, sizes) and so are the weights' values; the trust switch
+skips the rest, which is about the pickle.
 
 The settings' strings are remembered with their paths
 (:func:`~fairseq_localness.checkpoint.literals.remember_settings`) for that refusal.
