@@ -187,8 +187,8 @@ results = {}
 for folder in sys.argv[1:]:
     start = time.monotonic()
     try:
-        hub = TransformerModel.from_pretrained(folder, checkpoint_file="model.pt", user_dir=fairseq_localness.__path__[0],
-                                               beam=1, max_len_b=3)
+        hub = TransformerModel.from_pretrained(folder, checkpoint_file="model.pt",
+                                               user_dir=fairseq_localness.__path__[0], beam=1, max_len_b=3)
         results[folder] = "translated: " + hub.translate("a b")
     except CheckpointError as e:
         results[folder] = str(e)
@@ -267,7 +267,8 @@ def test_impossible_sizes_and_diverged_weights_are_refused_when_loaded(real, tmp
         state["extra_state"]["ema"]["decoder.embed_tokens.weight"][1] = float("inf")
 
     cases = [
-        (forge.with_settings(real["path"], tmp_path / "positions.pt", forge.set_model_option("max_target_positions", 0)),
+        (forge.with_settings(real["path"], tmp_path / "positions.pt",
+                             forge.set_model_option("max_target_positions", 0)),
          "its setting cfg.model.max_target_positions = 0 is not a size fairseq can build or translate with"),
         (forge.with_legacy_args(real["path"], tmp_path / "dim.pt", lambda a: setattr(a, "encoder_embed_dim", "16")),
          "its setting args.encoder_embed_dim = '16' is not a size"),
