@@ -11,6 +11,9 @@ code or exhaust memory by either route. Every checkpoint this package or fairseq
   checkpoints hold, and the trust switch;
 - :mod:`.settings`: the loaded state, before fairseq reads it;
 - :mod:`.literals`: fairseq's ``eval()`` of its settings, as literal parsing;
+- :mod:`.files`: no file a checkpoint's settings name is opened; the files the hub
+  reads beside it are regular, bounded and inside its folder;
+- :mod:`.values`: sizes fairseq can build and translate with, finite weights;
 - :mod:`.errors`: the one-line errors.
 
 The threat model, what is guaranteed and how it is tested: ``docs/security.md``.

@@ -39,6 +39,7 @@ from fairseq_localness.checkpoint.errors import (TRUST_ENV, CheckpointError, Mal
                                                  UntrustedCheckpointError, short_error)
 from fairseq_localness.checkpoint.model_size import remember_weights
 from fairseq_localness.checkpoint.settings import check_settings, check_state
+from fairseq_localness.checkpoint.values import check_finite
 
 logger = logging.getLogger("fairseq_localness.checkpoint")
 
@@ -170,6 +171,7 @@ def torch_load_checkpoint(f, map_location=None, **kw):
         state = torch.load(f, map_location=map_location, weights_only=False, **kw)
         if isinstance(state, dict):  # trusted or not, no setting fairseq evaluates runs code
             check_settings({key: state.get(key) for key in ("cfg", "args")}, _name(f), plain=False)
+            check_finite(state, _name(f))
             remember_weights(state, _name(f))
         return state
     name = _name(f)

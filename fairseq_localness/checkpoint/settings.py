@@ -32,6 +32,13 @@ returned to fairseq:
   (:func:`~fairseq_localness.checkpoint.literals.literal`); fairseq's ``eval`` itself
   parses literals only (:mod:`fairseq_localness.checkpoint.literals`), so a setting
   missing from that list is refused when fairseq evaluates it, naming it.
+- **No file named** (:mod:`~fairseq_localness.checkpoint.files`): the settings
+  fairseq reads as paths are unset; **sizes fairseq can build** and **finite
+  weights** (:mod:`~fairseq_localness.checkpoint.values`).
+
+Trusted or not, the settings are checked (:func:`check_settings`: bounded, without
+cycles, literals, no file, sizes) and so are the weights' values; the trust switch
+skips the rest, which is about the pickle.
 
 The settings' strings are remembered with their paths
 (:func:`~fairseq_localness.checkpoint.literals.remember_settings`) for that refusal.
@@ -44,7 +51,9 @@ import numpy as np
 import torch
 
 from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError, short_repr
+from fairseq_localness.checkpoint.files import drop_file_settings
 from fairseq_localness.checkpoint.literals import NotALiteral, literal, remember_settings
+from fairseq_localness.checkpoint.values import check_finite, check_sizes
 
 MAX_DEPTH = 64
 MAX_NODES = 5_000_000
@@ -102,10 +111,12 @@ def _leaf_ok(value) -> bool:
     return False
 
 
-def measure(root, file: str, where: str, max_nodes: int):
+def measure(root, file: str, where: str, max_nodes: int, trust_helps: bool = True, any_leaf: bool = False):
     """(values, characters) of ``root`` counted as a copy would count them; raises
-    past ``max_nodes`` values, at a cycle, past :data:`MAX_DEPTH` levels, or at a
-    value that is not data. Iterative: the size of each container is computed once."""
+    past ``max_nodes`` values, at a cycle, past :data:`MAX_DEPTH` levels, or (unless
+    ``any_leaf``: a trusted file may hold other objects) at a value that is not data.
+    Iterative: the size of each container is computed once. ``trust_helps``: whether
+    the refusal suggests the trust switch (not where the switch checks it too)."""
     sizes: Dict[int, int] = {}
     chars: Dict[int, int] = {}
     keep = []  # the containers measured, alive while their ids are keys
@@ -114,9 +125,9 @@ def measure(root, file: str, where: str, max_nodes: int):
     while stack:
         value, depth, done = stack.pop()
         if not isinstance(value, _CONTAINERS):
-            if not _leaf_ok(value):
+            if not any_leaf and not _leaf_ok(value):
                 raise UntrustedCheckpointError(file, f"{where} holds a {_describe(value)}, which is not data a "
-                                               "fairseq checkpoint holds")
+                                               "fairseq checkpoint holds", trust_helps)
             continue
         key = id(value)
         if done:
@@ -127,15 +138,15 @@ def measure(root, file: str, where: str, max_nodes: int):
             if sizes[key] > max_nodes:
                 raise UntrustedCheckpointError(
                     file, f"{where} expands to more than {max_nodes} values when copied (shared references), far "
-                    "more than a fairseq checkpoint holds")  # (where: 'it', 'its cfg', 'its args')
+                    "more than a fairseq checkpoint holds", trust_helps)  # (where: 'it', 'its cfg', 'its args')
             continue
         if key in sizes:
             continue
         if key in on_path:
             raise UntrustedCheckpointError(file, f"{where} contains itself (a cycle), which a fairseq checkpoint "
-                                           "never does")
+                                           "never does", trust_helps)
         if depth > MAX_DEPTH:
-            raise UntrustedCheckpointError(file, f"{where} is nested more than {MAX_DEPTH} levels deep")
+            raise UntrustedCheckpointError(file, f"{where} is nested more than {MAX_DEPTH} levels deep", trust_helps)
         if isinstance(value, argparse.Namespace) and not all(isinstance(k, str) for k in vars(value)):
             raise MalformedCheckpointError(file, f"{where} holds a Namespace with a name that is not a string")
         on_path.add(key)
@@ -160,7 +171,8 @@ def _walk_settings(value, path, out, file):
             if namespaces > MAX_NAMESPACES:
                 raise UntrustedCheckpointError(
                     file, f"its settings hold more than {MAX_NAMESPACES} namespaces (counted as a copy would count "
-                    "them), far more than fairseq writes; fairseq turns each into hundreds of overrides")
+                    "them), far more than fairseq writes; fairseq turns each into hundreds of overrides",
+                    trust_helps=False)
             value = vars(value)
         if isinstance(value, dict):
             stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in value.items())
@@ -233,10 +245,27 @@ def check_names(cfg, args, file: str):
                 _registered(file, f"args.{group}", value, REGISTRIES[group]["registry"], group.replace("_", "-"))
 
 
+def bound_settings(settings: Dict[str, object], file: str, plain: bool = True):
+    """The settings (``{"cfg": ..., "args": ...}``) hold no cycle and at most
+    :data:`MAX_SETTINGS_NODES` values and :data:`MAX_SETTINGS_CHARS` characters counted
+    as a copy would count them; trusted or not (``plain``: only data), so the
+    refusal does not suggest trusting the file."""
+    for key, value in settings.items():
+        if value is not None:
+            _, chars = measure(value, file, f"its {key}", MAX_SETTINGS_NODES[key], trust_helps=False,
+                               any_leaf=not plain)
+            if chars > MAX_SETTINGS_CHARS[key]:
+                raise UntrustedCheckpointError(
+                    file, f"its {key} expands to more than {MAX_SETTINGS_CHARS[key]} characters when copied",
+                    trust_helps=False)
+
+
 def check_settings(settings: Dict[str, object], file: str, plain: bool = True):
-    """Plain values only (unless not ``plain``: a trusted file may hold other objects);
-    no interpolation, also once a setting is read as a literal; literals where fairseq
-    evaluates (see the module docstring)."""
+    """Bounded (:func:`bound_settings`); plain values only (unless not ``plain``: a
+    trusted file may hold other objects); no interpolation, also once a setting is
+    read as a literal; literals where fairseq evaluates (see the module docstring);
+    no file named (:func:`~fairseq_localness.checkpoint.files.drop_file_settings`)."""
+    bound_settings(settings, file, plain)
     leaves = []
     for top, value in settings.items():
         if value is not None:
@@ -269,6 +298,8 @@ def check_settings(settings: Dict[str, object], file: str, plain: bool = True):
                 "fairseq never writes and OmegaConf would resolve when the setting is read", trust_helps=False)
         strings[path] = value
     remember_settings(file, strings)
+    check_sizes(leaves, file)
+    drop_file_settings(settings, file)
 
 
 METERS = frozenset({"AverageMeter", "SumMeter", "ConcatTensorMeter", "TimeMeter", "StopwatchMeter"})
@@ -357,14 +388,10 @@ def check_state(state, file: str, names: bool = True):
     if not isinstance(state, dict):
         raise MalformedCheckpointError(file, f"it holds a {_describe(state)}, not a fairseq checkpoint's dict")
     settings = {key: state.get(key) for key in ("cfg", "args")}
-    for key, value in settings.items():
-        if value is not None:
-            _, chars = measure(value, file, f"its {key}", MAX_SETTINGS_NODES[key])
-            if chars > MAX_SETTINGS_CHARS[key]:
-                raise UntrustedCheckpointError(
-                    file, f"its {key} expands to more than {MAX_SETTINGS_CHARS[key]} characters when copied")
+    bound_settings(settings, file)
     measure(state, file, "it", MAX_NODES)
     check_structure(state, file)
+    check_finite(state, file)
     check_settings(settings, file)
     if names:
         check_names(settings["cfg"], settings["args"], file)

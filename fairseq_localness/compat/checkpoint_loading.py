@@ -90,6 +90,57 @@ def _one_line_failures(function, files_of):
     return wrapper
 
 
+def _checked_folder(load_archive_file):
+    """fairseq's ``file_utils.load_archive_file`` (through which ``from_pretrained``
+    finds its folder), checking the BPE, tokenizer and dictionary files the hub will
+    read from that folder (:func:`~fairseq_localness.checkpoint.files.check_beside`)."""
+    from fairseq_localness.checkpoint.files import check_beside
+
+    if getattr(load_archive_file, _MARK, False):
+        return load_archive_file
+
+    @functools.wraps(load_archive_file)
+    def wrapper(*args, **kwargs):
+        folder = load_archive_file(*args, **kwargs)
+        if isinstance(folder, str):
+            check_beside(folder)
+        return folder
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def _one_line_hub(init):
+    """``GeneratorHubInterface.__init__`` (the hub builds the tokenizer, the BPE and
+    the alignment dictionary from the loaded checkpoint's settings) with the files it
+    reads checked first and every failure raised as one line naming the checkpoint."""
+    from fairseq_localness.checkpoint import CheckpointError, MalformedCheckpointError
+    from fairseq_localness.checkpoint.files import HUB_FILES, check_hub_settings, last_file
+
+    if getattr(init, _MARK, False):
+        return init
+
+    @functools.wraps(init)
+    def wrapper(self, cfg, task, models, *args, **kwargs):
+        file = last_file() or "<from_pretrained>"
+        check_hub_settings(cfg, file)
+        try:
+            return init(self, cfg, task, models, *args, **kwargs)
+        except CheckpointError:
+            raise
+        except Exception as e:
+            named = [f"{group} {getattr(cfg.get(group), '_name', None)!r}" for group in ("bpe", "tokenizer")
+                     if cfg.get(group) is not None]
+            raise MalformedCheckpointError(
+                file, f"the hub cannot build the {' and '.join(named) or 'BPE and tokenizer'} its settings name "
+                f"({short_error(e, 160, whole=True, kind=True)}); the files they need are read from beside the "
+                f"checkpoint ({', '.join(HUB_FILES)}) or from from_pretrained's keyword arguments (e.g. "
+                "sentencepiece_model=...), never from the checkpoint's own settings") from e
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
 def patch_checkpoint_loading():
     """Make ``fairseq.checkpoint_utils`` load fairseq checkpoints on torch >= 2.6
     through :func:`~fairseq_localness.checkpoint.torch_load_checkpoint`, and
@@ -103,10 +154,12 @@ def patch_checkpoint_loading():
     ``load_checkpoint_to_cpu`` (fairseq's upgrade of older settings),
     ``load_model_ensemble_and_task`` (generation, the hub, the analyses) and
     ``Trainer.load_checkpoint`` (resuming, ``--restore-file``,
-    ``--finetune-from-model``). Installs the hook that prints a refused checkpoint
-    as one line. Idempotent.
+    ``--finetune-from-model``); check the files the hub reads beside a checkpoint
+    and turn a failure to build its BPE or tokenizer into one line
+    (:mod:`fairseq_localness.checkpoint.files`). Installs the hook that prints a
+    refused checkpoint as one line. Idempotent.
     """
-    from fairseq import checkpoint_utils, models, trainer
+    from fairseq import checkpoint_utils, file_utils, hub_utils, models, trainer
     from fairseq.distributed import utils as distributed_utils
 
     from fairseq_localness.checkpoint import install_excepthook, literals, torch_load_checkpoint
@@ -123,4 +176,6 @@ def patch_checkpoint_loading():
         checkpoint_utils.load_model_ensemble_and_task, lambda filenames, *a, **k: ", ".join(map(str, filenames)))
     trainer.Trainer.load_checkpoint = _one_line_failures(
         trainer.Trainer.load_checkpoint, lambda self, filename, *a, **k: str(filename))
+    file_utils.load_archive_file = _checked_folder(file_utils.load_archive_file)
+    hub_utils.GeneratorHubInterface.__init__ = _one_line_hub(hub_utils.GeneratorHubInterface.__init__)
     install_excepthook()

@@ -1,0 +1,212 @@
+"""The files a checkpoint's settings name: fairseq opens none of them.
+
+fairseq reads some of its settings as paths: a model built from a checkpoint loads
+pretrained embeddings from ``encoder_embed_path``, a second checkpoint from
+``pretrained_checkpoint`` (``fconv_self_att``; naming the file itself recurses
+without end) or ``load_pretrained_decoder_from`` (``xm_transformer``, with plain
+``torch.load``), and the hub interface builds the BPE and tokenizer from
+``sentencepiece_model``, ``bpe_codes`` or ``gpt2_encoder_json``. A checkpoint whose
+settings name ``/dev/zero``, a FIFO or ``/etc/passwd`` there would make fairseq read
+it while building the model (gigabytes, a hang, or a line of the file in an error).
+
+:func:`drop_file_settings` runs on every checkpoint this package loads, trusted or
+not, before fairseq reads its settings: each setting of :data:`FILE_SETTINGS` that
+holds a value is unset (``None`` in a dict; removed from a ``Namespace``, so that
+fairseq's own default applies), anywhere in ``cfg`` or the legacy ``args``. The
+weights those files would give are stored in the checkpoint already. A checkpoint
+whose model cannot be built without a second one (``fconv_self_att`` with
+``pretrained``) is refused. Settings that name a file inside the data directory
+(:data:`DATA_RELATIVE`, e.g. ``config_yaml``) are kept only as names inside it.
+
+The files the hub does need (the sentencepiece model, BPE codes and dictionaries it
+finds beside ``model.pt``, or the files given to ``from_pretrained`` as keyword
+arguments) are checked by :func:`check_beside` and :func:`check_named_file`: inside
+the checkpoint's folder (no symlink out of it) where fairseq found them there, and
+regular files of at most :data:`MAX_FILE_BYTES` (no FIFO, device or directory).
+"""
+import argparse
+import logging
+import os
+import stat
+import threading
+from typing import Optional
+
+from fairseq_localness.checkpoint.errors import UntrustedCheckpointError, short_repr
+
+logger = logging.getLogger("fairseq_localness.checkpoint")
+
+FILE_SETTINGS = {
+    # pretrained embeddings, read while the model is built (the trained ones are stored)
+    "encoder_embed_path": None, "decoder_embed_path": None, "embed_path": None,
+    # a second checkpoint or model loaded while this one is built
+    "pretrained_checkpoint": None, "pretrained_mlm_checkpoint": None, "pretrained_xlm_checkpoint": None,
+    "load_pretrained_encoder_from": None, "load_pretrained_decoder_from": None, "w2v_path": None,
+    "seq2seq_path": None, "multires_hubert_path": None,
+    # the BPE and tokenizer files the hub interface builds from
+    "bpe_codes": None, "sentencepiece_model": None, "sentencepiece_model_path": None, "bpe_merges": None,
+    "bpe_vocab": None, "bpe_vocab_file": None, "gpt2_encoder_json": None, "gpt2_vocab_bpe": None,
+    # files a task reads when it is set up from the checkpoint's settings
+    "lang_dict": None, "fixed_dictionary": None, "source_dict": None, "target_dict": None,
+    "sampling_weights_from_file": None, "lang_to_offline_shard_ratio": "", "label_dir": None,
+    "speaker_emb_path": None, "f0_stats": None,
+    # a criterion's language model and lexicon; the hub's alignment dictionary for --replace-unk
+    "wer_kenlm_model": None, "wer_lexicon": None, "replace_unk": None,
+}
+"""The settings fairseq 0.12 opens as a file (or loads as a checkpoint) when a model,
+its task, BPE or tokenizer is built from a checkpoint's settings, each with the value
+that turns it off (``tests/test_checkpoint_files.py`` checks this list against
+fairseq's installed source)."""
+
+DATA_RELATIVE = frozenset({"config_yaml", "multitask_config_yaml"})
+"""Settings naming a file inside the task's data directory (``Path(data) /
+config_yaml``): kept where they are a relative name that stays inside it."""
+
+COMMAND_LINE_ONLY = frozenset({
+    "data", "save_dir", "restore_file", "finetune_from_model", "ema_seed_model", "lm_path", "tensorboard_logdir",
+    "log_file", "plasma_path", "user_dir", "results_path", "path", "quantization_config_path", "checkpoint",
+})
+"""Settings naming files that fairseq takes from its own command line only, never from
+a checkpoint's settings (``data`` is replaced by the command line's, the hub's folder,
+or checked by the analysis tools; ``user_dir`` is not imported), left as they are."""
+
+SECOND_CHECKPOINT = {"pretrained_checkpoint": "pretrained"}
+"""A setting naming a checkpoint without which the model cannot be built, with the
+setting that asks for it."""
+
+MAX_FILE_BYTES = 64 << 20
+"""The largest file the hub reads beside a checkpoint: a sentencepiece model, BPE codes
+or a dictionary of a translation model is a few megabytes."""
+
+HUB_FILES = ("code", "bpecodes", "sentencepiece.bpe.model", "merges.txt", "vocab.json")
+"""The files fairseq's ``from_pretrained`` takes from beside the checkpoint
+(``fairseq.hub_utils``), besides the dictionaries ``dict.*.txt``."""
+
+_last = threading.local()
+
+
+def last_file() -> Optional[str]:
+    """The checkpoint whose settings were checked last in this thread."""
+    return getattr(_last, "file", None)
+
+
+def _truthy_literal(value) -> bool:
+    from fairseq_localness.checkpoint.literals import NotALiteral, literal
+
+    if isinstance(value, str):
+        try:
+            return bool(literal(value))
+        except NotALiteral:
+            return True
+    return bool(value)
+
+
+def _containers(settings):
+    """Every dict and Namespace in the settings, with its dotted path (each once)."""
+    seen, stack = set(), [(value, key) for key, value in settings.items() if value is not None]
+    while stack:
+        value, path = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, argparse.Namespace):
+            yield path, value, vars(value)
+            items = vars(value).items()
+        elif isinstance(value, dict):
+            yield path, value, value
+            items = value.items()
+        elif isinstance(value, (list, tuple)):
+            items = enumerate(value)
+        else:
+            continue
+        stack.extend((child, f"{path}.{key}") for key, child in items
+                     if isinstance(child, (dict, list, tuple, argparse.Namespace)))
+
+
+def drop_file_settings(settings, file: str):
+    """Unset every setting of :data:`FILE_SETTINGS` in ``settings`` (``{"cfg": ...,
+    "args": ...}``, already bounded and walked by
+    :func:`~fairseq_localness.checkpoint.settings.check_settings`); refuse a
+    checkpoint that needs a second one to be built, or names a data file outside its
+    data directory. Returns the dotted paths of the settings unset."""
+    _last.file = file
+    dropped = []
+    for path, container, items in _containers(settings):
+        for key, flag in SECOND_CHECKPOINT.items():
+            if items.get(key) and _truthy_literal(items.get(flag)):
+                raise UntrustedCheckpointError(
+                    file, f"its setting {path}.{flag} = {short_repr(items[flag], 40)} makes fairseq load a second "
+                    f"checkpoint while building this one ({path}.{key} = {short_repr(items[key], 80)}); a "
+                    "checkpoint names no file that is read (docs/security.md)", trust_helps=False)
+        for key in DATA_RELATIVE & set(items):
+            value = items[key]
+            if value is not None and not (isinstance(value, str) and value and not os.path.isabs(value)
+                                          and ".." not in value.replace("\\", "/").split("/")):
+                raise UntrustedCheckpointError(
+                    file, f"its setting {path}.{key} = {short_repr(value, 80)} names a file outside the data "
+                    "directory; it may only name one inside it (a relative name without '..')", trust_helps=False)
+        for key in [k for k in items if k in FILE_SETTINGS]:
+            value, off = items[key], FILE_SETTINGS[key]
+            if value is None or value is False or value is True or value == off:
+                continue
+            if isinstance(container, dict):
+                container[key] = off
+            else:
+                delattr(container, key)
+            dropped.append(f"{path}.{key}")
+    if dropped:
+        logger.info("%s: not reading the files its settings name (%s): a checkpoint names no file that is read; "
+                    "its weights are stored in it", file, ", ".join(sorted(dropped)))
+    return dropped
+
+
+def _refuse(file, what, reason):
+    raise UntrustedCheckpointError(file, f"{what} {reason}", trust_helps=False)
+
+
+def check_named_file(path: str, file: str, what: str, folder: Optional[str] = None):
+    """The file at ``path`` (``what`` names it in the refusal of ``file``) is a regular
+    file of at most :data:`MAX_FILE_BYTES`, and, with ``folder``, inside it once every
+    symlink is resolved."""
+    if folder is not None:
+        real, inside = os.path.realpath(path), os.path.realpath(folder)
+        if os.path.commonpath([real, inside]) != inside:
+            _refuse(file, what, f"is a link to {real!r}, outside the checkpoint's folder {folder!r}; only files "
+                    "inside it are read")
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        _refuse(file, what, f"cannot be read ({e.strerror or e})")
+    if not stat.S_ISREG(info.st_mode):
+        _refuse(file, what, "is not a regular file (a FIFO, device or directory would never end or never "
+                "answer); only regular files are read")
+    if info.st_size > MAX_FILE_BYTES:
+        _refuse(file, what, f"is {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} such a file takes; "
+                "only files of at most that size are read")
+
+
+def check_beside(folder: str):
+    """The files fairseq's ``from_pretrained`` reads from ``folder`` (its BPE and
+    tokenizer files, :data:`HUB_FILES`, and its dictionaries): each one present is a
+    regular file of bounded size inside the folder."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return  # not a folder: fairseq says so
+    for name in sorted(names):
+        if name in HUB_FILES or (name.startswith("dict.") and name.endswith(".txt")):
+            check_named_file(os.path.join(folder, name), folder, f"its file {name!r}, which the hub reads,",
+                             folder)
+
+
+def check_hub_settings(cfg, file: str):
+    """The BPE and tokenizer files the hub is about to read (named by
+    ``from_pretrained``'s keyword arguments or found beside the checkpoint: the
+    checkpoint's own were unset when it was loaded) are regular files of bounded size."""
+    for group in ("bpe", "tokenizer"):
+        section = cfg.get(group) if hasattr(cfg, "get") else getattr(cfg, group, None)
+        if section is None:
+            continue
+        for key in FILE_SETTINGS:
+            value = section.get(key, None) if hasattr(section, "get") else getattr(section, key, None)
+            if isinstance(value, str) and value and "://" not in value and value != "???":
+                check_named_file(value, file, f"the file {value!r} of its setting {group}.{key}")
