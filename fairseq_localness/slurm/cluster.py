@@ -147,8 +147,8 @@ def job_states(state_dir, registry, queue):
             restarts = max(restarts, sq_restarts)
             if what in LIVE:
                 reason = REASONS.get(reason, reason)
-            else:  # (an ended job's reason is the last one it waited for: only a dependency's says why)
-                reason = REASONS["DependencyNeverSatisfied"] if reason.startswith("Dependency") else ""
+            else:  # (an ended job's reason is the last one it waited for: only a failed dependency says why)
+                reason = REASONS[reason] if reason == "DependencyNeverSatisfied" else ""
             if what in LIVE:
                 states[key] = State(what, restarts, "; ".join(w for w in (words, reason) if w))
             elif mine.get("state") in ("done", "failed") and (what == "done") == (mine["state"] == "done"):
