@@ -269,6 +269,21 @@ fi
 if (( ! SLURM_SUBMIT && ${#SLURM_OPTS[@]} )); then
     die "${SLURM_OPTS[0]}: only with --slurm (submit the training as a SLURM job)"
 fi
+# one trainer per run directory: the first process of a training holds SAVE_DIR/.train.lock
+# from here (an existing directory) or from the start of fairseq-train (a new one) until
+# fairseq ends (its processes inherit it); another training of SAVE_DIR stops, whether it
+# runs here or as a SLURM job (a job's other tasks are its own processes)
+TRAIN_LOCK=""
+hold_save_dir() {
+    (( ! DRY_RUN && ! ${#TRAIN_LOCK} )) && (( ! SLURM_TASK || ${SLURM_PROCID:-0} == 0 )) || return 0
+    mkdir -p "$SAVE_DIR"
+    exec {TRAIN_LOCK}>>"$SAVE_DIR/.train.lock"
+    flock -w 5 "$TRAIN_LOCK" || die "--save-dir: another training is running in '$SAVE_DIR' \
+($(head -c 200 "$SAVE_DIR/.train.lock" | tr '\n' ' ')); one trainer per run directory: wait for it or stop it"
+    echo "pid $$ on $(hostname)${SLURM_JOB_ID:+, SLURM job $SLURM_JOB_ID}, since $(date -u '+%F %T') UTC" \
+        > "$SAVE_DIR/.train.lock"
+}
+[[ -d "$SAVE_DIR" ]] && hold_save_dir
 
 # The hardware: CUDA devices, compute capability of the first, torch_xla (where it is
 # installed, fairseq 0.12's --bf16 means training on TPUs).
@@ -463,15 +478,5 @@ if (( DRY_RUN )); then
 fi
 
 # ---- work
-# one trainer per run directory: the first process of a training holds SAVE_DIR/.train.lock
-# until fairseq ends (its processes inherit it); another training of SAVE_DIR stops here,
-# whether it runs here or as a SLURM job (a job's other tasks are its own processes)
-if (( ! SLURM_TASK || ${SLURM_PROCID:-0} == 0 )); then
-    mkdir -p "$SAVE_DIR"
-    exec {TRAIN_LOCK}>>"$SAVE_DIR/.train.lock"
-    flock -w 5 "$TRAIN_LOCK" || die "--save-dir: another training is running in '$SAVE_DIR' \
-($(head -c 200 "$SAVE_DIR/.train.lock" | tr '\n' ' ')); one trainer per run directory: wait for it or stop it"
-    echo "pid $$ on $(hostname)${SLURM_JOB_ID:+, SLURM job $SLURM_JOB_ID}, since $(date -u '+%F %T') UTC" \
-        > "$SAVE_DIR/.train.lock"
-fi
+hold_save_dir
 run "${CMD[@]}"

@@ -13,7 +13,13 @@ submitit with the CPU fakes of --rehearse and tiny models; nothing of SLURM is m
 - scontrol requeue of a training job mid-run: it resumes from its checkpoint;
 - a job whose --time is shorter than its training is requeued and finishes;
 - a two-task job (--gpus-per-node 2 --cpu) trains through srun over gloo;
-- bad input: one line, exit status 2, nothing submitted.
+- bad input: one line, exit status 2, nothing submitted;
+- a graph held in the queue (nothing trains): --status with the submission's options, a
+  local run of a queued row refused, a second submission with another --only (the table
+  waits for both), a failing squeue first on PATH, --cancel --only; the same of train.sh;
+  a row whose eval/ is gone is submitted again;
+- units without the cluster: SLURM's states in words, a failing, silent or garbled
+  squeue, every --slurm-arg key the graph sets, train.sh's one trainer per run directory.
 """
 import json
 import os
@@ -244,9 +250,9 @@ def test_queued_jobs_one_trainer_per_run_and_cancel_of_the_selected_rows(cluster
         # the submitted command with --status appended; "queued" only for what the queue holds
         p = driver(*held, "--only", "transformer", "--status")
         assert p.returncode == 0, p.stderr
-        assert re.match(rf"transformer seed 1: queued \(waiting for its start time\); jobs {first['prepare:wmt14_en_de']} "
-                        rf"{first['train:transformer:1']} {first['eval:transformer:1']}; update -; BLEU -; log /",
-                        p.stdout), p.stdout
+        jobs = " ".join(first[k] for k in ("prepare:wmt14_en_de", "train:transformer:1", "eval:transformer:1"))
+        assert p.stdout.startswith(f"transformer seed 1: queued (waiting for its start time); jobs {jobs}; update -; "
+                                   "BLEU -; log /"), p.stdout
         # a local run of the row refuses, naming the job; nothing of the row is written
         p = driver("--rehearse", "--work-dir", work, "--only", "transformer")
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith(
@@ -445,7 +451,7 @@ def test_a_job_past_its_time_limit_is_requeued_and_finishes(cluster, tiny_data_b
 # ------------------------------------------------------------------ units: no cluster needed
 from fairseq_localness.slurm import SET_BY_GRAPH, SET_BY_OPTION, SlurmError, UsageError, check_slurm_arg  # noqa: E402
 from fairseq_localness.slurm import cluster as slurm_cluster  # noqa: E402
-from fairseq_localness.slurm.status import describe  # noqa: E402
+from fairseq_localness.slurm.status import row_state  # noqa: E402
 
 
 @pytest.mark.parametrize("key", SET_BY_OPTION + SET_BY_GRAPH + ("depend", "sig", "kill-on"))
@@ -467,7 +473,7 @@ def test_slurm_states_are_mapped_once(tmp_path):
                 for i, k in enumerate(["prepare:d", "train:r:1", "eval:r:1", "final", "train:s:1", "eval:s:1",
                                        "train:t:1", "eval:t:1"], 1)}
     queue = {"1": ("COMPLETED", 0, "None"), "2": ("COMPLETING", 0, "None"), "3": ("PENDING", 0, "Dependency"),
-             "5": ("OUT_OF_MEMORY", 0, "OutOfMemory"), "6": ("CANCELLED", 0, "DependencyNeverSatisfied"), "3x": ("CANCELLED", 0, "Dependency"),
+             "5": ("OUT_OF_MEMORY", 0, "OutOfMemory"), "6": ("CANCELLED", 0, "DependencyNeverSatisfied"),
              "7": ("REQUEUED", 2, "BeginTime"), "8": ("PENDING", 0, "Dependency")}
     (tmp_path / "jobs").mkdir()
     # the table job was killed (kill -9) and SLURM no longer knows it: failed, not cancelled
@@ -479,13 +485,17 @@ def test_slurm_states_are_mapped_once(tmp_path):
     assert said["final"] == ("failed", 0, "it started and ended without a result (killed?)")
     assert said["train:s:1"] == ("failed", 0, "SLURM: OUT_OF_MEMORY (past its --mem)")
     assert said["eval:s:1"] == ("cancelled", 0, "a job it needs failed or was cancelled")
+    # a job cancelled while it waited: SLURM's last reason ("Dependency", "None") says nothing
+    for reason in ("Dependency", "None"):
+        s = slurm_cluster.job_states(str(tmp_path), registry, {"6": ("CANCELLED", 0, reason)})["eval:s:1"]
+        assert (s.what, s.why) == ("cancelled", "")
     for word in ("PREEMPTED", "NODE_FAIL", "TIMEOUT"):
         s = slurm_cluster.job_states(str(tmp_path), registry, {"5": (word, 1, "None")})["train:s:1"]
         assert s.what == "failed" and s.why.startswith(f"SLURM: {word} (") and s.restarts == 1
     # after a requeue, the job that matters now is the training (its log), not the evaluation
-    state, now = describe(["prepare:d", "train:t:1", "eval:t:1"], states, registry, False)
+    state, now = row_state(["prepare:d", "train:t:1", "eval:t:1"], states, registry, False)
     assert state == "queued (requeued; waiting for its start time)" and now == "train:t:1"
-    state, now = describe(["prepare:d", "train:s:1", "eval:s:1"], states, registry, False)
+    state, now = row_state(["prepare:d", "train:s:1", "eval:s:1"], states, registry, False)
     assert state == "failed (train job 5: SLURM: OUT_OF_MEMORY (past its --mem))" and now == "train:s:1"
 
 
@@ -507,7 +517,8 @@ def test_a_queue_that_fails_times_out_or_answers_garbage_is_one_line(tmp_path, m
 def test_train_sh_slurm_status_cancel_and_its_refusals(cluster, tiny_data_bin, tmp_path):
     save = tmp_path / "held"
     p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "5", "--dry-run")
-    assert p.returncode == 0 and re.search(r"^    bash \S+/train\.sh (?!.*--dry-run).* --slurm-task ", p.stdout, re.M), p.stdout
+    task = re.search(r"^    bash \S+/train\.sh (?!.*--dry-run).* --slurm-task ", p.stdout, re.M)
+    assert p.returncode == 0 and task, p.stdout
     p = train_slurm(tiny_data_bin, save, "--cpu", "--slurm-arg", "signal=USR1@5")
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         "train.sh: error: --slurm-arg signal=...: sbatch's --signal is set by the job graph itself; expected another "

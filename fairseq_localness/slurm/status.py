@@ -27,7 +27,7 @@ def row_keys(registry, row, seed, dataset):
     return [k for k in registry if k == f"prepare:{dataset}"] + sorted(mine, key=lambda k: ("train" not in k, k))
 
 
-def describe(keys, states, registry, score_exists):
+def row_state(keys, states, registry, score_exists):
     """A row's state in words, and the key of the job that matters now (its log is shown)."""
     if not keys:
         return "not submitted", None
@@ -39,7 +39,8 @@ def describe(keys, states, registry, score_exists):
         if k:
             s = states[k]
             if what in ("failed", "cancelled"):
-                return f"{what} ({k.split(':')[0]} job {registry[k]['job_id']}" + (f": {s.why}" if s.why else "") + ")", k
+                job = f"{k.split(':')[0]} job {registry[k]['job_id']}"
+                return f"{what} ({job}" + (f": {s.why}" if s.why else "") + ")", k
             return what + (f" ({s.why})" if s.why else ""), k
     return "incomplete (its jobs ended, its score is missing; --slurm submits it again)", keys[-1]
 
@@ -57,7 +58,7 @@ def status(args):
         keys = row_keys(registry, row, seed, dataset)
         in_rows.update(keys)
         bleu = load_json(score).get("score") if os.path.exists(score) else None
-        state, now = describe(keys, states, registry, bleu is not None)
+        state, now = row_state(keys, states, registry, bleu is not None)
         restarts = max([states[k].restarts for k in keys if k.startswith("train:")] or [0])
         if restarts:
             times = f"requeued {restarts} time{'s' if restarts > 1 else ''}"
@@ -95,8 +96,8 @@ def cancel(args):
         mine = {k for k in jobs if k in registry}
     others = [k for k, r in registry.items() if k not in mine and r["kind"] in ("train", "eval")]
     for dataset in {r[4] for r in rows}:  # (a job submitted without its dataset recorded keeps it)
-        if f"prepare:{dataset}" in registry and not any(states[o].live and registry[o].get("dataset", dataset) == dataset
-                                                        for o in others):
+        needed = any(states[o].live and registry[o].get("dataset", dataset) == dataset for o in others)
+        if f"prepare:{dataset}" in registry and not needed:
             mine.add(f"prepare:{dataset}")
     if "final" in registry and not any(states[o].live for o in others):
         mine.add("final")

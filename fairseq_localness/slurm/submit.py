@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import time
 
@@ -131,7 +132,9 @@ def submit(args):
                          f"flooding the queue); give --max-jobs {len(todo)} to submit them")
     ids = {k: registry[k]["job_id"] for k in registry if k in states and states[k].live and k != "final"}
     new, train_k = [], 0
-    if not args.dry_run:
+    if not args.dry_run:  # (the graph kept for reading, the rows for the table job)
+        if os.path.abspath(args.graph) != os.path.join(state_dir, "graph.tsv"):
+            shutil.copyfile(args.graph, os.path.join(state_dir, "graph.tsv"))
         write_rows(state_dir, rows)
     for key in todo:
         job = jobs[key]
@@ -147,6 +150,8 @@ def submit(args):
             train_k += 1
         if job.kind == "final":
             cmds = [c for c in job.commands if not c.startswith("#table ")]
+            if final is not None and final.live:  # (the tests of the table job it replaces, too)
+                cmds = [c for c in registry["final"].get("commands", []) if c not in cmds] + cmds
             table = [c[len("#table "):] for c in job.commands if c.startswith("#table ")][0]
             step = FinalStep(key, cmds, state_dir, table)
         elif job.kind == "train":
@@ -169,6 +174,8 @@ def submit(args):
         registry[key] = dict(job_id=ids[key], kind=job.kind, row=job.row, seed=job.seed,
                              dataset=datasets.get((job.row, job.seed), ""),
                              log=os.path.join(state_dir, "logs", f"{ids[key]}_0_log.err"), submitted=time.time())
+        if job.kind == "final":
+            registry[key]["commands"] = cmds
         write_json(reg_path, registry)
         new.append(key)
         print(f"{args.prog}: submitted {key}: job {ids[key]}" + (f" (after {dep})" if dep else ""), file=sys.stderr)

@@ -121,14 +121,10 @@ slurm_finish() {
     local state="$WORK/slurm"
     case "$SLURM_MODE" in
         submit)
-            if (( DRY_RUN )); then
-                slurm_py submit --graph "$SLURM_GRAPH" --state-dir "$state" "${SLURM_SUBMIT_ARGS[@]}" --dry-run \
-                    || exit $?
-            else
-                mkdir -p "$state"
-                cp "$SLURM_GRAPH" "$state/graph.tsv"
-                slurm_py submit --graph "$state/graph.tsv" --state-dir "$state" "${SLURM_SUBMIT_ARGS[@]}" || exit $?
-            fi ;;
+            local dry=()
+            (( DRY_RUN )) && dry=(--dry-run)
+            slurm_py submit --graph "$SLURM_GRAPH" --state-dir "$state" "${SLURM_SUBMIT_ARGS[@]}" "${dry[@]}" \
+                || exit $? ;;
         status|cancel)
             slurm_py "$SLURM_MODE" --graph "$SLURM_GRAPH" --state-dir "$state" || exit $? ;;
     esac
