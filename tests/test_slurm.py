@@ -336,7 +336,7 @@ def test_no_slurm_commands_on_path(tmp_path):
 
 
 def test_status_without_its_graph_is_a_usage_error(tmp_path):
-    p = run_command([sys.executable, "-m", "fairseq_localness.slurm", "status", "--state-dir", str(tmp_path)],
+    p = run_command([sys.executable, os.path.join(REPO, "scripts", "slurm.py"), "status", "--state-dir", str(tmp_path)],
                     env=tool_env(), timeout=120)
     assert p.returncode == 2 and "the following arguments are required: --graph" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
