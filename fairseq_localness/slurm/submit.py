@@ -150,7 +150,7 @@ def submit(args):
             train_k += 1
         if job.kind == "final":
             cmds = [c for c in job.commands if not c.startswith("#table ")]
-            if final is not None and final.live:  # (the tests of the table job it replaces, too)
+            if final is not None and final.what == "queued":  # (the tests of the table job it replaces, too)
                 cmds = [c for c in registry["final"].get("commands", []) if c not in cmds] + cmds
             table = [c[len("#table "):] for c in job.commands if c.startswith("#table ")][0]
             step = FinalStep(key, cmds, state_dir, table)
@@ -167,8 +167,8 @@ def submit(args):
             continue
         if dep:
             params["dependency"] = dep
-        if job.kind == "final" and final is not None and final.live:
-            # the table waits for the new jobs too: the queued one is replaced
+        if job.kind == "final" and final is not None and final.what == "queued":
+            # the table waits for the new jobs too: the queued one is replaced (a running one ends as it is)
             ask(["scancel", registry[key]["job_id"]])
         ids[key] = sbatch(step, params, state_dir, args.max_requeues, key, new)
         registry[key] = dict(job_id=ids[key], kind=job.kind, row=job.row, seed=job.seed,
