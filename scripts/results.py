@@ -14,7 +14,8 @@ import importlib.util
 import sys
 
 
-def load_results_module():
+def import_without_models(name):
+    """The module `name` of the fairseq_localness package, the package's __init__ not run."""
     if "fairseq_localness" not in sys.modules:
         spec = importlib.util.find_spec("fairseq_localness")  # finds it without importing it
         if spec is None or not spec.submodule_search_locations:
@@ -22,7 +23,11 @@ def load_results_module():
         # the package object with its search path, its __init__ not executed: submodules
         # (cli.results, analysis.logs, corpus) import from it as usual
         sys.modules["fairseq_localness"] = importlib.util.module_from_spec(spec)
-    return importlib.import_module("fairseq_localness.cli.results")
+    return importlib.import_module(name)
+
+
+def load_results_module():
+    return import_without_models("fairseq_localness.cli.results")
 
 
 if __name__ == "__main__":

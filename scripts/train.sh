@@ -129,7 +129,13 @@ SLURM (docs/slurm.md):
     seconds before the time limit at which the job saves and requeues
     (default 90)
 --slurm-arg K=V       SLURM_OPTS    pass                        -
-    any other sbatch option, by its long name (repeatable)
+    any other sbatch option, by its long name (repeatable); not one
+    that the job sets itself (time, signal, dependency, output, ...)
+--status              SLURM_STATUS  flag                        -
+    with --slurm: the job's state, id and log (the submitted command
+    with --status appended); submits nothing
+--cancel              SLURM_CANCEL  flag                        -
+    with --slurm: cancel the job if it is queued or running
 --slurm-task          SLURM_TASK    flag                        -
     run as one task of the job --slurm submitted (the job's command)
 EOF
@@ -205,7 +211,14 @@ require_pair "$DATA_BIN" "$SRC" "$TGT" train valid
 
 # --slurm: one job of --nodes x --gpus tasks that runs this command with --slurm-task
 # (fairseq_localness/slurm/, through submitit); checked here, on the machine that submits
+if (( SLURM_STATUS || SLURM_CANCEL )); then
+    (( SLURM_SUBMIT )) || die "--$( (( SLURM_STATUS )) && echo status || echo cancel): only with --slurm (the \
+submitted command with it appended)"
+    (( ! (SLURM_STATUS && SLURM_CANCEL) )) || die "--status and --cancel: expected one of them, not both"
+fi
 if (( SLURM_SUBMIT )); then
+    [[ "$SAVE_DIR" != *[$'\n\r']* ]] || die "--save-dir: '$SAVE_DIR' has a line break; SLURM's job scripts take \
+one line per option: expected a directory without one"
     GPN="" k=0
     for (( k = 0; k < ${#SLURM_OPTS[@]}; k += 2 )); do
         [[ "${SLURM_OPTS[k]}" == --gpus-per-node ]] && GPN="${SLURM_OPTS[k+1]}"
@@ -222,7 +235,7 @@ if (( SLURM_SUBMIT )); then
     for a in "${ORIG_ARGS[@]}"; do
         if (( skip )); then skip=0; continue; fi
         case "$a" in
-            --slurm) continue ;;
+            --slurm|--dry-run|--status|--cancel) continue ;;
             --partition|--gpus-per-node|--cpus-per-task|--mem|--time|--account|--qos|--constraint|--max-requeues|--signal-delay|--slurm-arg|--gpus|--nodes)
                 skip=1; continue ;;
             --) break ;;
@@ -238,6 +251,11 @@ if (( SLURM_SUBMIT )); then
     printf 'JOB\ttrain:%s\ttrain\t%s\t%s\t%s\t%s\t%s\t\n' "$(basename "$SAVE_DIR")" "$(basename "$SAVE_DIR")" \
         "$SEED" "$NODES" "$GPUS" "$gpus" > "$GRAPH"
     printf 'CMD\ttrain:%s\t%s\n' "$(basename "$SAVE_DIR")" "${task_cmd# }" >> "$GRAPH"
+    if (( SLURM_STATUS || SLURM_CANCEL )); then
+        "$PY" "$SCRIPTS_DIR/slurm.py" --prog "$PROG" "$( (( SLURM_STATUS )) && echo status || echo cancel)" \
+            --graph "$GRAPH" --state-dir "$SAVE_DIR/slurm"
+        exit $?
+    fi
     sub=(submit --graph "$GRAPH" --state-dir "$SAVE_DIR/slurm" --nodes "$NODES" --gpus-per-node "$GPUS")
     (( DRY_RUN )) && sub+=(--dry-run)
     k=0
@@ -245,12 +263,27 @@ if (( SLURM_SUBMIT )); then
         [[ "${SLURM_OPTS[k]}" == --gpus-per-node ]] || sub+=("${SLURM_OPTS[k]}" "${SLURM_OPTS[k+1]}")
     done
     (( DRY_RUN )) || mkdir -p "$SAVE_DIR"
-    "$PY" -m fairseq_localness.slurm --prog "$PROG" "${sub[@]}"
+    "$PY" "$SCRIPTS_DIR/slurm.py" --prog "$PROG" "${sub[@]}"
     exit $?
 fi
 if (( ! SLURM_SUBMIT && ${#SLURM_OPTS[@]} )); then
     die "${SLURM_OPTS[0]}: only with --slurm (submit the training as a SLURM job)"
 fi
+# one trainer per run directory: the first process of a training holds SAVE_DIR/.train.lock
+# from here (an existing directory) or from the start of fairseq-train (a new one) until
+# fairseq ends (its processes inherit it); another training of SAVE_DIR stops, whether it
+# runs here or as a SLURM job (a job's other tasks are its own processes)
+TRAIN_LOCK=""
+hold_save_dir() {
+    (( ! DRY_RUN && ! ${#TRAIN_LOCK} )) && (( ! SLURM_TASK || ${SLURM_PROCID:-0} == 0 )) || return 0
+    mkdir -p "$SAVE_DIR"
+    exec {TRAIN_LOCK}>>"$SAVE_DIR/.train.lock"
+    flock -w 5 "$TRAIN_LOCK" || die "--save-dir: another training is running in '$SAVE_DIR' \
+($(head -c 200 "$SAVE_DIR/.train.lock" | tr '\n' ' ')); one trainer per run directory: wait for it or stop it"
+    echo "pid $$ on $(hostname)${SLURM_JOB_ID:+, SLURM job $SLURM_JOB_ID}, since $(date -u '+%F %T') UTC" \
+        > "$SAVE_DIR/.train.lock"
+}
+[[ -d "$SAVE_DIR" ]] && hold_save_dir
 
 # The hardware: CUDA devices, compute capability of the first, torch_xla (where it is
 # installed, fairseq 0.12's --bf16 means training on TPUs).
@@ -445,4 +478,5 @@ if (( DRY_RUN )); then
 fi
 
 # ---- work
+hold_save_dir
 run "${CMD[@]}"

@@ -13,7 +13,13 @@ submitit with the CPU fakes of --rehearse and tiny models; nothing of SLURM is m
 - scontrol requeue of a training job mid-run: it resumes from its checkpoint;
 - a job whose --time is shorter than its training is requeued and finishes;
 - a two-task job (--gpus-per-node 2 --cpu) trains through srun over gloo;
-- bad input: one line, exit status 2, nothing submitted.
+- bad input: one line, exit status 2, nothing submitted;
+- a graph held in the queue (nothing trains): --status with the submission's options, a
+  local run of a queued row refused, a second submission with another --only (the table
+  waits for both), a failing squeue first on PATH, --cancel --only; the same of train.sh;
+  a row whose eval/ is gone is submitted again;
+- units without the cluster: SLURM's states in words, a failing, silent or garbled
+  squeue, every --slurm-arg key the graph sets, train.sh's one trainer per run directory.
 """
 import json
 import os
@@ -111,6 +117,13 @@ def test_a_rehearsal_through_slurm_gives_the_local_table(cluster, tmp_path):
     # a second --slurm submits nothing: every job is done
     p = driver("--rehearse", "--slurm", "--work-dir", remote, "--only", ROWS, "--time", "10")
     assert p.returncode == 0 and "0 job(s) submitted" in p.stderr, p.stderr[-2000:]
+    # outputs decide, not records: a row whose eval/ is gone is not "queued", and is submitted again
+    shutil.move(os.path.join(remote, "runs", "transformer", "eval"), str(tmp_path / "eval-moved"))
+    line = status_lines(remote)[0]
+    assert line.startswith("transformer seed 1: incomplete (its jobs ended, its score is missing"), line
+    p = driver("--rehearse", "--slurm", "--dry-run", "--work-dir", remote, "--only", ROWS)
+    assert re.findall(r"^job (\S+) \(", p.stdout, re.M) == ["train:transformer:1", "eval:transformer:1", "final"], \
+        p.stdout
 
 
 def failing_pipeline(tmp_path, run):
@@ -156,7 +169,7 @@ def test_a_failing_row_is_marked_failed_and_the_others_finish(cluster, tmp_path)
         line = next(x for x in lines if x.startswith(run + ":"))
         assert re.match(rf"{run}: done; jobs \d+ \d+ \d+; update 6; BLEU \d+\.\d\d; log /", line), line
     bad = next(x for x in lines if x.startswith("enc-dc seed 2:"))
-    assert re.match(r"enc-dc seed 2: failed \(train job \d+ failed: exit status 3: train\.sh: error: a failure of "
+    assert re.match(r"enc-dc seed 2: failed \(train job \d+: exit status 3: train\.sh: error: a failure of "
                     r"enc-dc/seed2 for the test\); jobs \d+ \d+ \d+; update -; BLEU -; log /\S+_log\.err$", bad), bad
     assert lines[-1].startswith("table: done; job ")
     table = first_table(os.path.join(work, "results.md"))
@@ -207,18 +220,82 @@ def test_dry_run_prints_the_graph_and_cancel_cancels(cluster, tmp_path):
     table = re.findall(r"^    (bash \S+/dc_table1\.sh .*--table)$", p.stdout, re.M)
     assert len(table) == 1 and " --seeds 2 " in table[0] and table[0].count("--work-dir") == 1, table
     assert not os.path.exists(work)
-    # submitted to start in an hour, then cancelled
-    p = driver("--rehearse", "--slurm", "--work-dir", work, "--only", ROWS, "--slurm-arg", "begin=now+3600")
-    assert p.returncode == 0, p.stderr
-    assert all(re.match(r"\S+ seed 1: queued; jobs \d+ \d+ \d+; update -; BLEU -; log ", x)
-               for x in status_lines(work)[:2])
-    p = driver("--rehearse", "--slurm", "--work-dir", work, "--only", ROWS, "--slurm-arg", "begin=now+3600")
-    assert "0 job(s) submitted" in p.stderr  # queued: not again
-    p = driver("--rehearse", "--cancel", "--work-dir", work, "--only", ROWS)
-    assert p.returncode == 0 and re.match(r"dc_table1\.sh: cancelled 6 job\(s\)", p.stdout), p.stdout + p.stderr
-    time.sleep(1)
-    lines = status_lines(work)
-    assert all("failed (" in x and "cancelled" in x for x in lines[:2]), lines
+    assert not os.path.exists(work)
+
+
+def fake_squeue(tmp_path, script):
+    """A directory to put first on PATH whose squeue is `script` (sh)."""
+    d = tmp_path / "fake-bin"
+    d.mkdir(exist_ok=True)
+    (d / "squeue").write_text("#!/bin/sh\n" + script + "\n")
+    (d / "squeue").chmod(0o755)
+    return {"PATH": f"{d}{os.pathsep}{tool_env()['PATH']}"}
+
+
+def dependency_of(job):
+    p = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
+    return re.search(r"Dependency=(\S+)", p.stdout).group(1)
+
+
+@pytest.mark.timeout(300)
+def test_queued_jobs_one_trainer_per_run_and_cancel_of_the_selected_rows(cluster, tmp_path):
+    # jobs held in the queue (to start in an hour): nothing trains, every check reads the queue
+    work = str(tmp_path / "work")
+    held = ["--rehearse", "--slurm", "--work-dir", work, "--time", "10", "--slurm-arg", "begin=now+3600"]
+    p = driver(*held, "--only", "transformer")
+    assert p.returncode == 0 and "4 job(s) submitted" in p.stderr, p.stderr
+    with open(os.path.join(work, "slurm", "submitted.json")) as f:
+        first = {k: r["job_id"] for k, r in json.load(f).items()}
+    try:
+        # the submitted command with --status appended; "queued" only for what the queue holds
+        p = driver(*held, "--only", "transformer", "--status")
+        assert p.returncode == 0, p.stderr
+        jobs = " ".join(first[k] for k in ("prepare:wmt14_en_de", "train:transformer:1", "eval:transformer:1"))
+        assert p.stdout.startswith(f"transformer seed 1: queued (waiting for its start time); jobs {jobs}; update -; "
+                                   "BLEU -; log /"), p.stdout
+        # a local run of the row refuses, naming the job; nothing of the row is written
+        p = driver("--rehearse", "--work-dir", work, "--only", "transformer")
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith(
+            f"dc_table1.sh: error: row 'transformer' seed 1: its prepare job {first['prepare:wmt14_en_de']} is queued "
+            "on the cluster"), p.stderr
+        assert os.listdir(os.path.join(work, "runs", "transformer")) == ["SYSTEM"]  # (written by the submission)
+        # a second submission of another row: the table waits for both rows' jobs
+        p = driver(*held, "--only", "enc-dc")
+        assert p.returncode == 0 and "3 job(s) submitted, 1 queued" in p.stderr, p.stderr
+        with open(os.path.join(work, "slurm", "submitted.json")) as f:
+            reg = {k: r["job_id"] for k, r in json.load(f).items()}
+        assert first["final"] not in squeue_ids() and reg["final"] != first["final"]
+        needs = set(re.findall(r"(\d+)", dependency_of(reg["final"])))
+        assert needs == {reg[k] for k in reg if k != "final"}, (needs, reg)
+        # a queue that fails: one line, nothing submitted, cancelled or recorded (a silent or garbled
+        # one: test_a_queue_that_fails_times_out_or_answers_garbage_is_one_line)
+        before = (set(squeue_ids()), open(os.path.join(work, "slurm", "submitted.json")).read())
+        env = fake_squeue(tmp_path, 'echo "squeue: error: Socket timed out on send/recv operation" >&2; exit 1')
+        for mode in ("--slurm", "--status", "--cancel"):
+            p = driver(*held, "--only", ROWS, mode, env=env)
+            assert p.returncode == 1 and p.stderr.splitlines()[-1].startswith(
+                "dc_table1.sh: error: squeue failed (exit status 1: squeue: error: Socket timed out"), (mode, p.stderr)
+            assert "Traceback" not in p.stderr and p.stdout == ""
+        assert (set(squeue_ids()), open(os.path.join(work, "slurm", "submitted.json")).read()) == before
+        # --cancel cancels what --only selects, and says what
+        p = driver("--rehearse", "--cancel", "--work-dir", work, "--only", "transformer")
+        assert p.returncode == 0 and p.stdout.startswith(
+            f"dc_table1.sh: cancelled 2 job(s): train:transformer:1 (job {reg['train:transformer:1']}), "
+            f"eval:transformer:1 (job {reg['eval:transformer:1']}); 4 job(s) of other rows left"), p.stdout
+        assert {reg[k] for k in reg if "transformer" not in k} <= set(squeue_ids())
+        lines = status_lines(work)
+        assert lines[0].startswith(f"transformer seed 1: cancelled (train job {reg['train:transformer:1']}); "), lines
+        assert lines[1].startswith("enc-dc seed 1: queued"), lines
+        p = driver("--rehearse", "--cancel", "--work-dir", work, "--only", "enc-dc")
+        assert p.stdout.startswith("dc_table1.sh: cancelled 4 job(s): ") and "left" not in p.stdout, p.stdout
+        assert sorted(re.findall(r"(\S+) \(job (\d+)\)", p.stdout)) == sorted(
+            (k, reg[k]) for k in ("prepare:wmt14_en_de", "train:enc-dc:1", "eval:enc-dc:1", "final")), p.stdout
+        assert not set(reg.values()) & set(squeue_ids())
+    finally:
+        with open(os.path.join(work, "slurm", "submitted.json")) as f:  # (only this test's jobs)
+            ours = set(first.values()) | {r["job_id"] for r in json.load(f).values()}
+        if ours & set(squeue_ids()):
+            subprocess.run(["scancel", *(ours & set(squeue_ids()))], capture_output=True)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -228,8 +305,13 @@ def test_dry_run_prints_the_graph_and_cancel_cancels(cluster, tmp_path):
     (["--slurm", "--gpus", "4", "--gpus-per-node", "2"], "dc_table1.sh: error: --gpus 4 and --nodes 1 "
                                                           "--gpus-per-node 2: conflicting GPU counts"),
     (["--slurm", "--time", "soon"], "dc_table1.sh: error: --time: expected a SLURM time"),
-    (["--slurm", "--slurm-arg", "dependency=afterok:1"], "dc_table1.sh: error: --slurm-arg dependency=afterok:1: "
-                                                         "sbatch's --dependency is set by the driver itself"),
+    (["--slurm", "--slurm-arg", "dependency=afterok:1"], "dc_table1.sh: error: --slurm-arg dependency=...: "
+                                                         "sbatch's --dependency is set by the job graph itself"),
+    (["--slurm", "--time", "99999999999"], "dc_table1.sh: error: --time: 99999999999 minutes is past SLURM's "
+                                           "largest time limit"),
+    (["--slurm", "--seeds", "300"], "dc_table1.sh: error: --slurm: up to 602 jobs (1 row(s) x 300 seed(s)"),
+    (["--slurm", "--only", "nosuch"], "dc_table1.sh: error: --only: no row 'nosuch'"),
+    (["--slurm", "--work-dir", "a\nb"], "dc_table1.sh: error: --work-dir: 'a\\nb' has a line break"),
     (["--partition", "debug"], "dc_table1.sh: error: --partition: only with --slurm"),
 ])
 def test_bad_input_is_one_line_before_anything_is_submitted(cluster, tmp_path, args, message):
@@ -254,7 +336,7 @@ def test_no_slurm_commands_on_path(tmp_path):
 
 
 def test_status_without_its_graph_is_a_usage_error(tmp_path):
-    p = run_command([sys.executable, "-m", "fairseq_localness.slurm", "status", "--state-dir", str(tmp_path)],
+    p = run_command([sys.executable, os.path.join(REPO, "scripts", "slurm.py"), "status", "--state-dir", str(tmp_path)],
                     env=tool_env(), timeout=120)
     assert p.returncode == 2 and "the following arguments are required: --graph" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
@@ -364,3 +446,113 @@ def test_a_job_past_its_time_limit_is_requeued_and_finishes(cluster, tiny_data_b
     # each run went on from the last checkpoint of the one before
     assert all(u > 0 for u in restores(log)) and restores(log) == sorted(restores(log))
     assert max(updates_logged(save)) > max(restores(log))
+
+
+# ------------------------------------------------------------------ units: no cluster needed
+from fairseq_localness.slurm import SET_BY_GRAPH, SET_BY_OPTION, SlurmError, UsageError, check_slurm_arg  # noqa: E402
+from fairseq_localness.slurm import cluster as slurm_cluster  # noqa: E402
+from fairseq_localness.slurm.status import row_state  # noqa: E402
+
+
+@pytest.mark.parametrize("key", SET_BY_OPTION + SET_BY_GRAPH + ("depend", "sig", "kill-on"))
+def test_slurm_arg_refuses_every_key_the_graph_sets(key):
+    with pytest.raises(UsageError, match=rf"^--slurm-arg {key}=\.\.\.: sbatch's --[a-z-]+ is set by ") as e:
+        check_slurm_arg(f"{key}=x")
+    assert "\n" not in str(e.value)
+
+
+def test_slurm_arg_takes_other_options_on_one_line():
+    for ok in ("begin=now+3600", "exclude=node7", "mail-type=END", "comment=a b"):
+        check_slurm_arg(ok)
+    with pytest.raises(UsageError, match="expected a value on one line"):
+        check_slurm_arg("comment=x\n#SBATCH --time=1")
+
+
+def test_slurm_states_are_mapped_once(tmp_path):
+    registry = {k: {"job_id": str(i), "log": f"/logs/{i}_0_log.err", "kind": k.split(":")[0], "row": "r", "seed": "1"}
+                for i, k in enumerate(["prepare:d", "train:r:1", "eval:r:1", "final", "train:s:1", "eval:s:1",
+                                       "train:t:1", "eval:t:1"], 1)}
+    queue = {"1": ("COMPLETED", 0, "None"), "2": ("COMPLETING", 0, "None"), "3": ("PENDING", 0, "Dependency"),
+             "5": ("OUT_OF_MEMORY", 0, "OutOfMemory"), "6": ("CANCELLED", 0, "DependencyNeverSatisfied"),
+             "7": ("REQUEUED", 2, "BeginTime"), "8": ("PENDING", 0, "Dependency")}
+    (tmp_path / "jobs").mkdir()
+    # the table job was killed (kill -9) and SLURM no longer knows it: failed, not cancelled
+    (tmp_path / "jobs" / "final.json").write_text(json.dumps({"job_id": "4", "state": "running"}))
+    states = slurm_cluster.job_states(str(tmp_path), registry, queue)
+    said = {k: (s.what, s.restarts, s.why) for k, s in states.items()}
+    assert said["train:r:1"] == ("ending", 0, "SLURM is ending it (COMPLETING)")
+    assert said["eval:r:1"] == ("queued", 0, "waiting for the jobs it needs")
+    assert said["final"] == ("failed", 0, "it started and ended without a result (killed?)")
+    assert said["train:s:1"] == ("failed", 0, "SLURM: OUT_OF_MEMORY (past its --mem)")
+    assert said["eval:s:1"] == ("cancelled", 0, "a job it needs failed or was cancelled")
+    # a job cancelled while it waited: SLURM's last reason ("Dependency", "None") says nothing
+    for reason in ("Dependency", "None"):
+        s = slurm_cluster.job_states(str(tmp_path), registry, {"6": ("CANCELLED", 0, reason)})["eval:s:1"]
+        assert (s.what, s.why) == ("cancelled", "")
+    for word in ("PREEMPTED", "NODE_FAIL", "TIMEOUT"):
+        s = slurm_cluster.job_states(str(tmp_path), registry, {"5": (word, 1, "None")})["train:s:1"]
+        assert s.what == "failed" and s.why.startswith(f"SLURM: {word} (") and s.restarts == 1
+    # after a requeue, the job that matters now is the training (its log), not the evaluation
+    state, now = row_state(["prepare:d", "train:t:1", "eval:t:1"], states, registry, False)
+    assert state == "queued (requeued; waiting for its start time)" and now == "train:t:1"
+    state, now = row_state(["prepare:d", "train:s:1", "eval:s:1"], states, registry, False)
+    assert state == "failed (train job 5: SLURM: OUT_OF_MEMORY (past its --mem))" and now == "train:s:1"
+
+
+@pytest.mark.parametrize("script, message", [
+    ("echo 'squeue: error: Socket timed out' >&2; exit 1", "squeue failed (exit status 1: squeue: error: Socket"),
+    ("echo '12 RUNNING 0 None'; echo 'garbage'", "squeue answered 'garbage'"),
+    ("echo '12 WAITING 0 None'", "squeue answered '12 WAITING 0 None'"),
+    ("sleep 5", "squeue did not answer within 0.5 s"),
+])
+def test_a_queue_that_fails_times_out_or_answers_garbage_is_one_line(tmp_path, monkeypatch, script, message):
+    monkeypatch.setenv("PATH", fake_squeue(tmp_path, script)["PATH"])
+    monkeypatch.setattr(slurm_cluster, "TIMEOUT", 0.5)
+    with pytest.raises(SlurmError) as e:
+        slurm_cluster.read_queue()
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), e.value
+
+
+@pytest.mark.timeout(200)
+def test_train_sh_slurm_status_cancel_and_its_refusals(cluster, tiny_data_bin, tmp_path):
+    save = tmp_path / "held"
+    p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "5", "--dry-run")
+    task = re.search(r"^    bash \S+/train\.sh (?!.*--dry-run).* --slurm-task ", p.stdout, re.M)
+    assert p.returncode == 0 and task, p.stdout
+    p = train_slurm(tiny_data_bin, save, "--cpu", "--slurm-arg", "signal=USR1@5")
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "train.sh: error: --slurm-arg signal=...: sbatch's --signal is set by the job graph itself; expected another "
+        "sbatch option (not: " + " ".join(SET_BY_OPTION + SET_BY_GRAPH) + ")"], p.stderr
+    held = ("--cpu", "--time", "5", "--slurm-arg", "begin=now+3600")
+    p = train_slurm(tiny_data_bin, save, *held)
+    assert p.returncode == 0, p.stderr
+    job = re.search(r"submitted train:held: job (\d+)", p.stderr).group(1)
+    try:
+        p = train_slurm(tiny_data_bin, save, *held, "--status")
+        assert p.returncode == 0 and p.stdout.startswith(f"train:held: queued (waiting for its start time); job {job}; "
+                                                         f"log {save}/slurm/logs/{job}_0_log.err"), p.stdout + p.stderr
+        p = train_slurm(tiny_data_bin, save, *held)  # queued: not again
+        assert p.returncode == 0 and "0 job(s) submitted, 1 queued" in p.stderr, p.stderr
+        p = train_slurm(tiny_data_bin, save, *held, "--cancel")
+        assert p.returncode == 0 and p.stdout == f"train.sh: cancelled 1 job(s): train:held (job {job})\n", p.stdout
+        assert job not in squeue_ids()
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+
+
+def test_train_sh_one_trainer_per_run_directory(tiny_data_bin, tmp_path):
+    # a training holds SAVE_DIR/.train.lock: a second one of the same directory stops, naming it
+    import fcntl
+
+    save = tmp_path / "run"
+    save.mkdir()
+    with open(save / ".train.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (save / ".train.lock").write_text("pid 123 on elsewhere")
+        p = run_command(["bash", TRAIN, "--arch", "transformer", "--data-bin", tiny_data_bin.data_bin, "--save-dir",
+                         str(save), "--max-update", "2", "--src", tiny_data_bin.src, "--tgt", tiny_data_bin.tgt,
+                         "--cpu", "--", *TINY_MODEL_ARGS], env=tool_env(), timeout=120)
+    assert p.returncode == 2 and p.stderr.splitlines()[-1] == (
+        f"train.sh: error: --save-dir: another training is running in '{save}' (pid 123 on elsewhere); one trainer "
+        "per run directory: wait for it or stop it"), p.stderr[-2000:]
+    assert not os.path.exists(save / "checkpoint_last.pt")

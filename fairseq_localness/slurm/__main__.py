@@ -1,11 +1,12 @@
-"""python -m fairseq_localness.slurm submit|check|status|cancel: the command line (the
-package's docstring describes it)."""
+"""python -m fairseq_localness.slurm submit|check|status|cancel|busy: the command line (the
+package's docstring describes it). --status and --cancel take the submission's options
+too (the submitted command with --status appended), and leave them aside."""
 import argparse
 import sys
 
 from fairseq_localness import slurm
-from fairseq_localness.slurm import PROG, UsageError
-from fairseq_localness.slurm.status import cancel, status
+from fairseq_localness.slurm import PROG, SlurmError, UsageError
+from fairseq_localness.slurm.status import busy, cancel, status
 from fairseq_localness.slurm.submit import check, submit
 
 
@@ -23,6 +24,7 @@ def add_resources(s):
     s.add_argument("--max-requeues", type=int, default=3)
     s.add_argument("--signal-delay", type=int, default=90)
     s.add_argument("--slurm-arg", action="append", default=[])
+    s.add_argument("--max-jobs", type=int, default=500)
 
 
 def main(argv=None):
@@ -36,16 +38,21 @@ def main(argv=None):
     s.add_argument("--dry-run", action="store_true")
     for s in (s, c):
         add_resources(s)
-    for name in ("status", "cancel"):
+    for name in ("status", "cancel", "busy"):
         q = sub.add_parser(name)
-        q.add_argument("--graph", required=name == "status")  # --status reads the rows from it
+        if name != "busy":
+            q.add_argument("--graph", required=True)  # the rows and seeds they read or cancel
+            add_resources(q)  # (the submission's, left aside)
         q.add_argument("--state-dir", required=True)
     args = p.parse_args(argv)
     try:
-        {"submit": submit, "status": status, "cancel": cancel, "check": check}[args.cmd](args)
+        {"submit": submit, "status": status, "cancel": cancel, "check": check, "busy": busy}[args.cmd](args)
     except UsageError as e:
         print(f"{args.prog}: error: {e}", file=sys.stderr)
         return 2
+    except SlurmError as e:
+        print(f"{args.prog}: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

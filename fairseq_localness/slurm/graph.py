@@ -1,4 +1,5 @@
 """The job graph a driver or train.sh writes (the format: the package's docstring), as jobs."""
+import os
 import re
 
 
@@ -32,3 +33,31 @@ def read_graph(path):
 
 def safe(key):
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", key)
+
+
+def rows_path(state_dir):
+    return os.path.join(state_dir, "rows.tsv")
+
+
+def read_rows(state_dir):
+    """The rows of every submission from a state directory (rows.tsv: the graphs' ROW lines),
+    each (row, seed, run dir, score file, dataset) once."""
+    rows = []
+    try:
+        with open(rows_path(state_dir), encoding="utf-8") as f:
+            for line in f:
+                fields = tuple(line.rstrip("\n").split("\t")[1:])
+                if len(fields) == 5 and fields not in rows:
+                    rows.append(fields)
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def write_rows(state_dir, rows):
+    """rows.tsv with the rows it holds and these, each once."""
+    known = read_rows(state_dir)
+    with open(rows_path(state_dir) + ".tmp", "w", encoding="utf-8") as f:
+        for r in known + [r for r in rows if r not in known]:
+            f.write("ROW\t" + "\t".join(r) + "\n")
+    os.replace(rows_path(state_dir) + ".tmp", rows_path(state_dir))

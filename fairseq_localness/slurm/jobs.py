@@ -9,7 +9,7 @@ import sys
 import time
 
 from fairseq_localness.slurm.cluster import load_json
-from fairseq_localness.slurm.graph import safe
+from fairseq_localness.slurm.graph import read_rows, safe
 
 
 def _last_line(path):
@@ -103,31 +103,36 @@ class TrainStep(Step, Checkpointable):
 
 class FinalStep(Step):
     """The significance tests and the table: the commands that can run (a test whose rows
-    failed is left out), each row without results marked failed (RUN/FAILED) first."""
+    failed is left out), each row without results marked failed (RUN/FAILED) first: the
+    rows of every submission from the state directory (rows.tsv)."""
 
-    def __init__(self, key, commands, state_dir, rows, table_command):
+    def __init__(self, key, commands, state_dir, table_command):
         super().__init__(key, commands, state_dir)
-        self.rows, self.table_command = rows, table_command
+        self.table_command = table_command
 
     def __call__(self):
+        self._write(state="running")  # (a table job killed before its end is failed, not cancelled)
         registry = load_json(os.path.join(self.state_dir, "submitted.json"))
-        for row, seed, run_dir, score, _ in self.rows:
+        for row, seed, run_dir, score, _ in read_rows(self.state_dir):
             failed = os.path.join(run_dir, "FAILED")
             if os.path.exists(score):
                 if os.path.exists(failed):
                     os.remove(failed)
                 continue
-            reasons = []
+            reasons, unfinished = [], ""
             for kind in ("prepare", "train", "eval"):
                 for key, rec in registry.items():
                     if rec.get("kind") != kind or (kind != "prepare" and (rec["row"], rec["seed"]) != (row, seed)):
                         continue
                     st = load_json(os.path.join(self.state_dir, "jobs", safe(key) + ".json"))
-                    if st.get("state") == "failed":
+                    if st.get("state") == "failed" and st.get("job_id") == rec["job_id"]:
                         reasons.append(f"{kind} job {rec['job_id']}: {st.get('message', '')}")
+                    elif st.get("job_id") != rec["job_id"] or st.get("state") != "done":
+                        unfinished = unfinished or f"{kind} job {rec['job_id']} (log {rec['log']})"
             os.makedirs(run_dir, exist_ok=True)
             with open(failed, "w") as f:
-                f.write((reasons[0] if reasons else "no results: a job it needed failed or was cancelled") + "\n")
+                f.write((reasons[0] if reasons else f"no results: {unfinished or 'a job it needed'} failed or was "
+                         "cancelled") + "\n")
         ok = True
         for cmd in self.commands:
             print("+ " + cmd, file=sys.stderr, flush=True)

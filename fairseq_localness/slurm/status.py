@@ -1,10 +1,13 @@
-"""--status (one line per row and seed, and the table's job) and --cancel (the
-queued and running jobs) of a submitted graph."""
+"""--status (one line per row and seed, and the table's job), --cancel (the live jobs of
+the selected rows and seeds) and a local run's check (busy) of the jobs submitted from a
+state directory. Each reads SLURM's queue once (cluster.read_queue)."""
 import os
 import re
-import subprocess
+import shutil
+import sys
 
-from fairseq_localness.slurm.cluster import job_states, load_json, need_slurm
+from fairseq_localness.slurm import UsageError
+from fairseq_localness.slurm.cluster import ask, job_states, load_json, need_slurm, read_queue
 from fairseq_localness.slurm.graph import read_graph
 
 
@@ -18,6 +21,30 @@ def last_update(log):
     return int(m[-1]) if m else None
 
 
+def row_keys(registry, row, seed, dataset):
+    """The keys of a row's jobs: its dataset's prepare job, its training, its evaluation."""
+    mine = [k for k, r in registry.items() if r["kind"] in ("train", "eval") and (r["row"], r["seed"]) == (row, seed)]
+    return [k for k in registry if k == f"prepare:{dataset}"] + sorted(mine, key=lambda k: ("train" not in k, k))
+
+
+def row_state(keys, states, registry, score_exists):
+    """A row's state in words, and the key of the job that matters now (its log is shown)."""
+    if not keys:
+        return "not submitted", None
+    if score_exists and not any(states[k].live for k in keys):
+        return "done", keys[-1]
+    # a failed or cancelled job first (the jobs after it cannot finish the row), then the live ones
+    for what in ("failed", "cancelled", "running", "ending", "queued"):
+        k = next((k for k in keys if states[k].what == what), None)
+        if k:
+            s = states[k]
+            if what in ("failed", "cancelled"):
+                job = f"{k.split(':')[0]} job {registry[k]['job_id']}"
+                return f"{what} ({job}" + (f": {s.why}" if s.why else "") + ")", k
+            return what + (f" ({s.why})" if s.why else ""), k
+    return "incomplete (its jobs ended, its score is missing; --slurm submits it again)", keys[-1]
+
+
 def status(args):
     rows, jobs = read_graph(args.graph)
     registry = load_json(os.path.join(args.state_dir, "submitted.json"))
@@ -25,46 +52,80 @@ def status(args):
         print(f"{args.prog}: nothing submitted from {args.state_dir} yet")
         return
     need_slurm()
-    states = job_states(args.state_dir, registry)
+    states = job_states(args.state_dir, registry, read_queue())
+    in_rows = set()
     for row, seed, run_dir, score, dataset in rows:
-        mine = [k for k, r in registry.items() if r["kind"] in ("train", "eval") and (r["row"], r["seed"]) == (row, seed)]
-        prep = [k for k in registry if k == f"prepare:{dataset}"]
-        keys = prep + sorted(mine, key=lambda k: ("train" not in k, k))
+        keys = row_keys(registry, row, seed, dataset)
+        in_rows.update(keys)
         bleu = load_json(score).get("score") if os.path.exists(score) else None
-        st = [states[k] for k in keys]
-        restarts = max([s[1] for k, s in zip(keys, st) if k.startswith("train:")] or [0])
-        failed = [(k, s) for k, s in zip(keys, st) if s[0] in ("failed", "cancelled")]
-        if bleu is not None and not any(s[0] in ("queued", "running") for s in st):
-            state = "done"
-        elif failed:
-            k, s = failed[0]
-            state = f"failed ({k.split(':')[0]} job {registry[k]['job_id']} {s[0]}: {s[2]})"
-        elif any(s[0] == "running" for s in st):
-            state = "running"
-        elif keys:
-            state = "queued"
-        else:
-            state = "not submitted"
-        if restarts and not state.startswith("done"):
-            state += f", requeued {restarts} time{'s' if restarts > 1 else ''}"
-        elif restarts:
-            state += f" (requeued {restarts} time{'s' if restarts > 1 else ''})"
+        state, now = row_state(keys, states, registry, bleu is not None)
+        restarts = max([states[k].restarts for k in keys if k.startswith("train:")] or [0])
+        if restarts:
+            times = f"requeued {restarts} time{'s' if restarts > 1 else ''}"
+            state += f" ({times})" if state == "done" else f", {times}"
         upd = last_update(os.path.join(run_dir, "train.log"))
-        active = next((k for k, s in zip(keys, st) if s[0] in ("running", "failed", "cancelled")), keys[-1] if keys else None)
-        log = registry[active]["log"] if active else "-"
         print(f"{row} seed {seed}: {state}; jobs {' '.join(registry[k]['job_id'] for k in keys) or '-'}; "
               f"update {upd if upd is not None else '-'}; BLEU {'%.2f' % bleu if bleu is not None else '-'}; "
-              f"log {log}")
+              f"log {registry[now]['log'] if now else '-'}")
+    if not rows:  # (train.sh --slurm: one job, no rows)
+        for key in jobs:
+            if key in registry:
+                s = states[key]
+                print(f"{key}: {s.what}" + (f" ({s.why})" if s.why else "")
+                      + (f", requeued {s.restarts} time{'s' if s.restarts > 1 else ''}" if s.restarts else "")
+                      + f"; job {registry[key]['job_id']}; log {registry[key]['log']}")
     if "final" in registry:
         s = states["final"]
-        print(f"table: {s[0]}; job {registry['final']['job_id']}; log {registry['final']['log']}")
+        print(f"table: {s.what}" + (f" ({s.why})" if s.why else "")
+              + f"; job {registry['final']['job_id']}; log {registry['final']['log']}")
 
 
 def cancel(args):
+    """Cancel the live jobs of the rows and seeds of the graph (those the driver's --only and
+    --seeds select; train.sh's one job): their trainings and evaluations, their dataset's
+    prepare job when no other row's live job needs it, the table's when no other row's
+    job is left queued or running."""
+    rows, jobs = read_graph(args.graph)
     registry = load_json(os.path.join(args.state_dir, "submitted.json"))
     need_slurm()
-    states = job_states(args.state_dir, registry)
-    live = [registry[k]["job_id"] for k, s in states.items() if s[0] in ("queued", "running")]
+    states = job_states(args.state_dir, registry, read_queue())
+    selected = {(r[0], r[1]) for r in rows}
+    if rows:
+        mine = {k for k, r in registry.items() if r["kind"] in ("train", "eval") and (r["row"], r["seed"]) in selected}
+    else:
+        mine = {k for k in jobs if k in registry}
+    others = [k for k, r in registry.items() if k not in mine and r["kind"] in ("train", "eval")]
+    for dataset in {r[4] for r in rows}:  # (a job submitted without its dataset recorded keeps it)
+        needed = any(states[o].live and registry[o].get("dataset", dataset) == dataset for o in others)
+        if f"prepare:{dataset}" in registry and not needed:
+            mine.add(f"prepare:{dataset}")
+    if "final" in registry and not any(states[o].live for o in others):
+        mine.add("final")
+    live = [k for k in registry if k in mine and states[k].live]
     if live:
-        subprocess.run(["scancel", *live], check=True, timeout=60)
-    print(f"{args.prog}: cancelled {len(live)} job(s)" + (f": {' '.join(live)}" if live else ""))
+        ask(["scancel", *(registry[k]["job_id"] for k in live)])
+    kept = sum(1 for k in registry if k not in mine and states[k].live)
+    print(f"{args.prog}: cancelled {len(live)} job(s)" + (": " + ", ".join(f"{k} (job {registry[k]['job_id']})"
+                                                                             for k in live) if live else "")
+          + (f"; {kept} job(s) of other rows left queued or running" if kept else ""))
+
+
+def busy(args):
+    """A local run's check: stop, naming the job, when a row it would run (lines 'row<TAB>seed<TAB>dataset'
+    on standard input) has a queued or running job submitted from the state directory."""
+    registry = load_json(os.path.join(args.state_dir, "submitted.json"))
+    if not registry:
+        return
+    wanted = [line.rstrip("\n").split("\t") for line in sys.stdin if line.strip()]
+    if shutil.which("squeue") is None:
+        raise UsageError(f"{args.state_dir}/submitted.json records jobs submitted to SLURM, and squeue is not on PATH "
+                         "to tell whether they still run; run where SLURM is, or remove that directory if they ended")
+    states = job_states(args.state_dir, registry, read_queue())
+    for row, seed, dataset in wanted:
+        for key in row_keys(registry, row, seed, dataset):
+            s = states[key]
+            if s.live:
+                raise UsageError(f"row '{row}' seed {seed}: its {key.split(':')[0]} job {registry[key]['job_id']} is "
+                                 f"{s.what} on the cluster ({args.state_dir}); one trainer per run directory: wait "
+                                 "for it, or --cancel it (with the same --only and --seeds) before running locally")
+

@@ -6,13 +6,13 @@ import hashlib
 import json
 import os
 import re
-import subprocess
+import shutil
 import sys
 import time
 
-from fairseq_localness.slurm import UsageError
-from fairseq_localness.slurm.cluster import job_states, load_json, need_slurm, partitions
-from fairseq_localness.slurm.graph import read_graph, safe
+from fairseq_localness.slurm import SlurmError, UsageError, check_slurm_arg
+from fairseq_localness.slurm.cluster import MAX_MINUTES, ask, job_states, load_json, need_slurm, partitions, read_queue
+from fairseq_localness.slurm.graph import read_graph, safe, write_rows
 from fairseq_localness.slurm.jobs import FinalStep, Step, TrainStep
 
 
@@ -29,9 +29,9 @@ def resources(job, opts):
             params[name] = getattr(opts, name)
     extra = dict(a.split("=", 1) for a in opts.slurm_arg)
     if job.kind in ("train", "eval"):
-        extra.setdefault("kill-on-invalid-dep", "yes")
+        extra["kill-on-invalid-dep"] = "yes"
     if job.kind == "train":
-        extra.setdefault("requeue", True)
+        extra["requeue"] = True
     params["additional_parameters"] = extra
     return params
 
@@ -70,15 +70,17 @@ def time_minutes(value, delay):
 
 
 def check(args):
-    """The options and the cluster: SLURM's commands, the partition, --time against its limit."""
+    """The options and the cluster: SLURM's commands, the partition, --time against its limit
+    (and SLURM's), every --slurm-arg (check_slurm_arg)."""
     if args.signal_delay < 10:
         raise UsageError(f"--signal-delay: expected a whole number >= 10, got '{args.signal_delay}'")
     if args.time and not isinstance(args.time, int):
         args.time = time_minutes(args.time, args.signal_delay)
+    if args.time and args.time > MAX_MINUTES:
+        raise UsageError(f"--time: {args.time} minutes is past SLURM's largest time limit ({MAX_MINUTES} minutes); "
+                         "expected at most that, or no --time for the partition's limit")
     for a in args.slurm_arg:
-        if not re.fullmatch(r"[a-z][a-z0-9-]*=.*", a):
-            raise UsageError(f"--slurm-arg: expected KEY=VALUE with an sbatch option's long name as KEY "
-                             f"(e.g. exclude=node7, mail-type=END), got '{a}'")
+        check_slurm_arg(a)
     need_slurm()
     parts = partitions()
     if args.partition and args.partition not in parts:
@@ -91,32 +93,55 @@ def check(args):
     args.time_minutes = args.time or limit or 7 * 24 * 60
 
 
+def write_json(path, value):
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def submit(args):
+    """Submit the graph's jobs that are not live (queued, running or ending: never twice),
+    whatever their records say (the graph holds the steps whose outputs are missing), and the
+    table job again when anything else is submitted, after every live job of the state
+    directory (every submission's rows)."""
+    if "\n" in os.path.abspath(args.state_dir) or "\r" in args.state_dir:
+        raise UsageError(f"--work-dir: {args.state_dir!r} has a line break; SLURM's job scripts take one line per "
+                         "option: expected a directory without one")
     check(args)
     rows, jobs = read_graph(args.graph)
     args.name = "fl-" + hashlib.sha1(os.path.abspath(args.state_dir).encode()).hexdigest()[:6]
-    os.makedirs(args.state_dir, exist_ok=True) if not args.dry_run else None
-    lock = open(os.path.join(args.state_dir, "lock"), "w") if not args.dry_run else None
-    if lock:
+    state_dir = os.path.abspath(args.state_dir)
+    if not args.dry_run:
+        os.makedirs(state_dir, exist_ok=True)
+        lock = open(os.path.join(state_dir, "lock"), "w")
         fcntl.flock(lock, fcntl.LOCK_EX)  # one submission at a time: no duplicate jobs
-    reg_path = os.path.join(args.state_dir, "submitted.json")
+    reg_path = os.path.join(state_dir, "submitted.json")
     registry = load_json(reg_path)
-    states = job_states(args.state_dir, {k: r for k, r in registry.items() if k in jobs})
-    ids, new, kept, train_k = {}, [], [], 0
-    for key, job in jobs.items():
-        st = states.get(key, ("", 0, ""))[0]
-        if st in ("queued", "running", "done") and not (key == "final" and new):
-            kept.append((key, st))
-            if st != "done":
-                ids[key] = registry[key]["job_id"]
-            continue
-        if key == "final" and st == "queued" and new and not args.dry_run:
-            # the table waits for the new jobs too: the queued one is replaced
-            subprocess.run(["scancel", registry[key]["job_id"]], timeout=60)
-        deps = [ids[k] for k in job.needs if k in ids]
-        if job.kind == "final":
-            dep = "afterany:" + ":".join(ids[k] for k in jobs if k != "final" and k in ids) if len(ids) else ""
+    states = job_states(state_dir, registry, read_queue())  # (a failing squeue stops here: nothing submitted)
+    datasets = {(r[0], r[1]): r[4] for r in rows}
+    # the plan: what is live stays; the rest of the graph is submitted, the table last
+    kept = [(k, states[k].what) for k in jobs if k != "final" and k in states and states[k].live]
+    todo = [k for k in jobs if k != "final" and not (k in states and states[k].live)]
+    final = states.get("final")
+    if "final" in jobs and (todo or final is None or final.what in ("failed", "cancelled")):
+        todo.append("final")
+    elif "final" in jobs:
+        kept.append(("final", final.what))
+    if len(todo) > args.max_jobs:
+        raise UsageError(f"{len(todo)} jobs to submit, more than --max-jobs {args.max_jobs} (a guard against "
+                         f"flooding the queue); give --max-jobs {len(todo)} to submit them")
+    ids = {k: registry[k]["job_id"] for k in registry if k in states and states[k].live and k != "final"}
+    new, train_k = [], 0
+    if not args.dry_run:  # (the graph kept for reading, the rows for the table job)
+        if os.path.abspath(args.graph) != os.path.join(state_dir, "graph.tsv"):
+            shutil.copyfile(args.graph, os.path.join(state_dir, "graph.tsv"))
+        write_rows(state_dir, rows)
+    for key in todo:
+        job = jobs[key]
+        if job.kind == "final":  # after every live job of the state directory, whichever submission's
+            dep = "afterany:" + ":".join(ids[k] for k in ids) if ids else ""
         else:
+            deps = [ids[k] for k in job.needs if k in ids]
             dep = "afterok:" + ":".join(deps) if deps else ""
         params = resources(job, args)
         if job.kind == "train" and args.max_running:
@@ -125,12 +150,14 @@ def submit(args):
             train_k += 1
         if job.kind == "final":
             cmds = [c for c in job.commands if not c.startswith("#table ")]
+            if final is not None and final.what == "queued":  # (the tests of the table job it replaces, too)
+                cmds = [c for c in registry["final"].get("commands", []) if c not in cmds] + cmds
             table = [c[len("#table "):] for c in job.commands if c.startswith("#table ")][0]
-            step = FinalStep(key, cmds, os.path.abspath(args.state_dir), rows, table)
+            step = FinalStep(key, cmds, state_dir, table)
         elif job.kind == "train":
-            step = TrainStep(key, job.commands, os.path.abspath(args.state_dir), args.max_requeues)
+            step = TrainStep(key, job.commands, state_dir, args.max_requeues)
         else:
-            step = Step(key, job.commands, os.path.abspath(args.state_dir))
+            step = Step(key, job.commands, state_dir)
         if args.dry_run:
             print(f"job {key} ({job.kind}): {describe(params, dep)}")
             for c in job.commands:
@@ -140,26 +167,38 @@ def submit(args):
             continue
         if dep:
             params["dependency"] = dep
-        import submitit
-
-        folder = os.path.join(os.path.abspath(args.state_dir), "logs")
-        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=args.max_requeues)
-        executor.update_parameters(**params)
-        sjob = executor.submit(step)
-        ids[key] = sjob.job_id
-        registry[key] = dict(job_id=sjob.job_id, kind=job.kind, row=job.row, seed=job.seed,
-                             log=str(sjob.paths.stderr).replace("%t", "0"), submitted=time.time())
-        with open(reg_path + ".tmp", "w") as f:
-            json.dump(registry, f, indent=1)
-        os.replace(reg_path + ".tmp", reg_path)
+        if job.kind == "final" and final is not None and final.what == "queued":
+            # the table waits for the new jobs too: the queued one is replaced (a running one ends as it is)
+            ask(["scancel", registry[key]["job_id"]])
+        ids[key] = sbatch(step, params, state_dir, args.max_requeues, key, new)
+        registry[key] = dict(job_id=ids[key], kind=job.kind, row=job.row, seed=job.seed,
+                             dataset=datasets.get((job.row, job.seed), ""),
+                             log=os.path.join(state_dir, "logs", f"{ids[key]}_0_log.err"), submitted=time.time())
+        if job.kind == "final":
+            registry[key]["commands"] = cmds
+        write_json(reg_path, registry)
         new.append(key)
-        print(f"{args.prog}: submitted {key}: job {sjob.job_id}" + (f" (after {dep})" if dep else ""),
-              file=sys.stderr)
+        print(f"{args.prog}: submitted {key}: job {ids[key]}" + (f" (after {dep})" if dep else ""), file=sys.stderr)
     if args.dry_run:
         for key, st in kept:
             print(f"job {key}: {st}, not submitted again")
-        print(f"# {len(new)} job(s) to submit, {len(kept)} done, queued or running; nothing submitted (--dry-run)")
+        print(f"# {len(new)} job(s) to submit, {len(kept)} queued, running or done; nothing submitted (--dry-run)")
         return
-    print(f"{args.prog}: {len(new)} job(s) submitted, {len(kept)} done, queued or running"
+    print(f"{args.prog}: {len(new)} job(s) submitted, {len(kept)} queued, running or done"
           + (f": {', '.join(k + ' ' + s for k, s in kept)}" if kept else "")
-          + f"; '{args.prog} ... --status' shows them", file=sys.stderr)
+          + f"; '{args.prog} ... --status' shows them, '{args.prog} ... --cancel' cancels them", file=sys.stderr)
+
+
+def sbatch(step, params, state_dir, max_requeues, key, submitted):
+    """Submit one step through submitit; its job id. sbatch's refusal is a SlurmError in one line
+    that names what was submitted before it."""
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=os.path.join(state_dir, "logs"), max_num_timeout=max_requeues)
+    executor.update_parameters(**params)
+    try:
+        return executor.submit(step).job_id
+    except Exception as e:  # (submitit: CalledProcessError, or its own error on sbatch's output)
+        said = " ".join(str(getattr(e, "output", b"") or e).split())[-300:]
+        raise SlurmError(f"sbatch refused {key}: {said}" + (f"; submitted before it: {', '.join(submitted)}"
+                                                            if submitted else "; nothing submitted")) from None

@@ -193,6 +193,7 @@ reproduce_main() {
         return 0
     fi
     reproduce_load_rows
+    slurm_check
     if (( TABLE_ONLY )); then
         write_table
         echo "(written to $WORK/results.md)" >&2
@@ -205,6 +206,7 @@ reproduce_main() {
             load_row "$i"  # a run directory trained with other settings, or no batch split, stops us here
         done
     done
+    (( DRY_RUN )) || slurm_busy
     rehearse_fakes
     (( DRY_RUN )) || preflight
     announce

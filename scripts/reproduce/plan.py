@@ -67,16 +67,18 @@ VALUES = {"--work-dir": "WORK", "--data-dir": "DATA_DIR", "--variant": "VARIANT"
           "--partition": "S_PARTITION", "--nodes": "S_NODES", "--gpus-per-node": "S_GPN",
           "--cpus-per-task": "S_CPUS", "--mem": "S_MEM", "--time": "S_TIME", "--account": "S_ACCOUNT",
           "--qos": "S_QOS", "--constraint": "S_CONSTRAINT", "--max-running": "S_MAX_RUNNING",
-          "--max-requeues": "S_MAX_REQUEUES", "--signal-delay": "S_SIGNAL_DELAY", "--slurm-arg": "S_ARG"}
+          "--max-requeues": "S_MAX_REQUEUES", "--signal-delay": "S_SIGNAL_DELAY", "--slurm-arg": "S_ARG",
+          "--max-jobs": "S_MAX_JOBS"}
 SLURM_VALUES = ("--partition", "--nodes", "--gpus-per-node", "--cpus-per-task", "--mem", "--time", "--account",
-                "--qos", "--constraint", "--max-running", "--max-requeues", "--signal-delay", "--slurm-arg")
+                "--qos", "--constraint", "--max-running", "--max-requeues", "--signal-delay", "--slurm-arg",
+                "--max-jobs")
 OPTION_DEFAULTS = dict(DRY_RUN="0", TABLE_ONLY="0", LIST_ONLY="0", REHEARSE="0", DOWNLOAD="0", CPU="0", WORK="",
                        DATA_DIR="", RAW_ROOT="", ONLY="", GPUS="1", MAX_TOKENS="", PRECISION="", SEED="1",
                        VARIANT="", BLEU_OVERRIDE="", TRAINING_CHOICE="paper", PATIENCE_OVERRIDE="",
                        SIGNIFICANCE="paper", SEEDS_SPEC="", SLURM="0", STATUS="0", CANCEL="0",
                        S_PARTITION="", S_NODES="", S_GPN="", S_CPUS="", S_MEM="", S_TIME="", S_ACCOUNT="",
                        S_QOS="", S_CONSTRAINT="", S_MAX_RUNNING="", S_MAX_REQUEUES="3", S_SIGNAL_DELAY="90",
-                       S_ARG="")
+                       S_ARG="", S_MAX_JOBS="500")
 _INT = re.compile(r"[0-9]+")
 
 
@@ -184,7 +186,6 @@ def parse_options(argv, datasets, prog, paper_test="none"):
 
 
 _MEM = re.compile(r"[0-9]+[KMGT]?")
-_SLURM_KEY = re.compile(r"[a-z][a-z0-9-]*")
 
 
 def slurm_minutes(opt, value):
@@ -209,14 +210,20 @@ def check_slurm(v, given, slurm_args):
     """--slurm's options checked; the options of `python -m fairseq_localness.slurm submit` (a list).
     S_NODES and S_GPN are set (processes per node; GPUS becomes the processes of a run)."""
     slurm_opts = [o for o in SLURM_VALUES if o in given]
-    modes = [o for o, k in (("--slurm", "SLURM"), ("--status", "STATUS"), ("--cancel", "CANCEL")) if v[k] == "1"]
+    modes = [o for o, k in (("--status", "STATUS"), ("--cancel", "CANCEL")) if v[k] == "1"]
     if len(modes) > 1:
         raise RowError(f"{modes[0]} and {modes[1]}: expected one of them, not both")
+    if (modes or v["SLURM"] == "1") and re.search(r"[\n\r]", v["WORK"]):
+        raise RowError(f"--work-dir: {v['WORK']!r} has a line break; SLURM's job scripts take one line per option: "
+                       "expected a directory without one")
+    if modes:  # the submitted command with --status or --cancel appended: its --slurm and resources left aside
+        v["SLURM"] = "0"
+        if v["DRY_RUN"] == "1":
+            raise RowError(f"{modes[0]} and --dry-run: expected one of them, not both")
+        return []
     if v["SLURM"] != "1":
         if slurm_opts:
             raise RowError(f"{slurm_opts[0]}: only with --slurm (submit the rows as SLURM jobs)")
-        if (v["STATUS"] == "1" or v["CANCEL"] == "1") and v["DRY_RUN"] == "1":
-            raise RowError(f"{modes[0]} and --dry-run: expected one of them, not both")
         return []
     if v["TABLE_ONLY"] == "1" or v["LIST_ONLY"] == "1":
         raise RowError("--slurm and %s: expected one of them, not both" % ("--table" if v["TABLE_ONLY"] == "1"
@@ -269,18 +276,9 @@ def check_slurm(v, given, slurm_args):
     if v["S_MAX_RUNNING"]:
         require_int("--max-running", v["S_MAX_RUNNING"], 1)
         out += ["--max-running", str(int(v["S_MAX_RUNNING"]))]
-    for a in slurm_args:
-        key, eq, value = a.partition("=")
-        if not (eq and _SLURM_KEY.fullmatch(key)):
-            raise RowError(f"--slurm-arg: expected KEY=VALUE with an sbatch option's long name as KEY "
-                           f"(e.g. exclude=node7, mail-type=END), got '{a}'")
-        if key in ("partition", "nodes", "gpus-per-node", "cpus-per-task", "mem", "time", "account", "qos",
-                   "constraint", "dependency", "array", "ntasks-per-node", "output", "error", "signal",
-                   "job-name"):
-            raise RowError(f"--slurm-arg {a}: sbatch's --{key} is set by "
-                           + (f"--{key}" if key in ("partition", "nodes", "gpus-per-node", "cpus-per-task", "mem",
-                                                     "time", "account", "qos", "constraint")
-                              else "the driver itself") + "; expected another option")
+    require_int("--max-jobs", v["S_MAX_JOBS"], 1)
+    out += ["--max-jobs", str(int(v["S_MAX_JOBS"]))]
+    for a in slurm_args:  # (checked with the cluster's options: fairseq_localness.slurm check)
         out += ["--slurm-arg", a]
     return out
 

@@ -16,7 +16,9 @@
 #
 # and fairseq_localness/slurm/ submits the graph through submitit (the format of the
 # graph is in its docstring). --status and --cancel build the same graph and read or
-# cancel what was submitted from WORK/slurm. docs/slurm.md explains it all.
+# cancel what was submitted from WORK/slurm (the rows and seeds it selects). A local run
+# of a row whose job is queued or running there stops (slurm_busy): one trainer per run
+# directory. docs/slurm.md explains it all.
 
 SLURM_MODE=""   # submit, status or cancel (set by slurm_options)
 SLURM_GRAPH=""
@@ -24,17 +26,46 @@ JOB_KEY=""
 
 # slurm_options: after the options are parsed; --status and --cancel write nothing.
 slurm_options() {
-    if (( SLURM )); then SLURM_MODE=submit
-    elif (( STATUS )); then SLURM_MODE=status
+    if (( STATUS )); then SLURM_MODE=status
     elif (( CANCEL )); then SLURM_MODE=cancel
+    elif (( SLURM )); then SLURM_MODE=submit
     else return 0
     fi
     [[ "$SLURM_MODE" == submit ]] || DRY_RUN=1
-    if [[ "$SLURM_MODE" == submit ]]; then  # the cluster and the options, before anything else
-        "$PY" -m fairseq_localness.slurm --prog "$PROG" check "${SLURM_SUBMIT_ARGS[@]}" || exit 2
-    fi
     SLURM_GRAPH="$(mktemp "${TMPDIR:-/tmp}/slurm-graph.XXXXXX")"
     trap 'rm -f "$SLURM_GRAPH"' EXIT
+}
+
+# slurm_py ARGS: python -m fairseq_localness.slurm, without importing fairseq (scripts/slurm.py)
+slurm_py() {
+    "$PY" "$SCRIPTS_DIR/slurm.py" --prog "$PROG" "$@"
+}
+
+# slurm_check: once the rows are read (an unknown row is refused without asking the
+# cluster): the number of jobs against --max-jobs (with --dry-run a warning), then the
+# options against the cluster (its partitions and their time limits), before anything else.
+slurm_check() {
+    [[ "$SLURM_MODE" == submit ]] || return 0
+    local datasets i n
+    datasets="$(for i in "${SELECTED[@]}"; do echo "${R_DATASET[$i]}"; done | sort -u | wc -l)"
+    n=$(( ${#SELECTED[@]} * ${#SEEDS[@]} * 2 + datasets + 1 ))
+    if (( n > S_MAX_JOBS )); then
+        (( DRY_RUN )) || die "--slurm: up to $n jobs (${#SELECTED[@]} row(s) x ${#SEEDS[@]} seed(s), a training and an evaluation each), more than --max-jobs $S_MAX_JOBS (a guard against flooding the queue); give --max-jobs $n to submit them"
+        echo "${PROG}: warning: up to $n jobs, more than --max-jobs $S_MAX_JOBS: submitting them needs --max-jobs $n" >&2
+    fi
+    slurm_py check "${SLURM_SUBMIT_ARGS[@]}" || exit $?
+}
+
+# slurm_busy: a local run (not --dry-run) stops when a selected row and seed has a job
+# queued or running from WORK/slurm (its dataset's prepare job included).
+slurm_busy() {
+    [[ -z "$SLURM_MODE" && -f "$WORK/slurm/submitted.json" ]] || return 0
+    local seed i
+    for seed in "${SEEDS[@]}"; do
+        for i in "${SELECTED[@]}"; do
+            printf '%s\t%s\t%s\n' "${R_NAME[$i]}" "$seed" "${R_DATASET[$i]}"
+        done
+    done | slurm_py busy --state-dir "$WORK/slurm" || exit $?
 }
 
 # slurm_job KEY KIND i NEEDS: the commands emitted from now on belong to job KEY (of
@@ -87,20 +118,14 @@ slurm_finish() {
     slurm_job final final "" ""
     printf -v table ' %q' bash "$driver" "${TABLE_ARGS[@]}" --work-dir "$WORK" --table
     slurm_emit "#table${table}"
-    local state="$WORK/slurm" py_args=(--prog "$PROG")
+    local state="$WORK/slurm"
     case "$SLURM_MODE" in
         submit)
-            if (( DRY_RUN )); then
-                "$PY" -m fairseq_localness.slurm "${py_args[@]}" submit --graph "$SLURM_GRAPH" --state-dir "$state" \
-                    "${SLURM_SUBMIT_ARGS[@]}" --dry-run || exit $?
-            else
-                mkdir -p "$state"
-                cp "$SLURM_GRAPH" "$state/graph.tsv"
-                "$PY" -m fairseq_localness.slurm "${py_args[@]}" submit --graph "$state/graph.tsv" \
-                    --state-dir "$state" "${SLURM_SUBMIT_ARGS[@]}" || exit $?
-            fi ;;
-        status|cancel)
-            "$PY" -m fairseq_localness.slurm "${py_args[@]}" "$SLURM_MODE" --graph "$SLURM_GRAPH" --state-dir "$state" \
+            local dry=()
+            (( DRY_RUN )) && dry=(--dry-run)
+            slurm_py submit --graph "$SLURM_GRAPH" --state-dir "$state" "${SLURM_SUBMIT_ARGS[@]}" "${dry[@]}" \
                 || exit $? ;;
+        status|cancel)
+            slurm_py "$SLURM_MODE" --graph "$SLURM_GRAPH" --state-dir "$state" || exit $? ;;
     esac
 }
