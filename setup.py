@@ -71,6 +71,7 @@ setup(
             "fairseq-localness-bench=fairseq_localness.cli.benchmark:main",
             "fairseq-localness-prepare=fairseq_localness.data.prepare:cli_main",
             "fairseq-localness-results=fairseq_localness.cli.results:cli_main",
+            "fairseq-localness-report=fairseq_localness.cli.report:cli_main",
         ]
     },
 )

@@ -14,7 +14,9 @@ import importlib.util
 import sys
 
 
-def load_results_module():
+def load_module(name="fairseq_localness.cli.results"):
+    """Import ``name`` from the installed fairseq_localness without running the
+    package's ``__init__`` (scripts/report.py loads fairseq-localness-report so too)."""
     if "fairseq_localness" not in sys.modules:
         spec = importlib.util.find_spec("fairseq_localness")  # finds it without importing it
         if spec is None or not spec.submodule_search_locations:
@@ -22,8 +24,8 @@ def load_results_module():
         # the package object with its search path, its __init__ not executed: submodules
         # (cli.results, analysis.logs, corpus) import from it as usual
         sys.modules["fairseq_localness"] = importlib.util.module_from_spec(spec)
-    return importlib.import_module("fairseq_localness.cli.results")
+    return importlib.import_module(name)
 
 
 if __name__ == "__main__":
-    sys.exit(load_results_module().cli_main())
+    sys.exit(load_module().cli_main())

@@ -1,0 +1,162 @@
+"""The page's figures (matplotlib, PNG files beside the page in ``WORK/report/``):
+each row's learning curves with its seeds overlaid, and the paper's figures that the
+analysis tools have made under ``WORK/analysis/``.
+
+A figure's file name carries a hash of what it is drawn from (each log's path, size and
+modification time), so a page written again (every ``--status``) redraws only the rows
+whose logs changed; files of older pages are removed.
+"""
+import hashlib
+import os
+import re
+from typing import Dict, List, Optional
+
+from fairseq_localness.analysis.plotting import pyplot
+from fairseq_localness.report.collect import Row, Work
+
+FIG_DIR = "report"   # in WORK, beside report.html
+DPI = 72
+
+
+def safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
+
+
+def series(log, kind: str, metric: str):
+    pts = sorted((r["num_updates"], r[metric]) for r in log.of_kind(kind) if metric in r)
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def curve_panels(row: Row) -> List[str]:
+    """The panels a row's logs can fill: loss, BLEU (where the run validates on it), lr."""
+    logs = [r.log for r in row.runs if r.log is not None]
+    panels = []
+    if any(r.get("loss") is not None for log in logs for r in log.records):
+        panels.append("loss")
+    if any("bleu" in r for log in logs for k in log.valid_subsets for r in log.of_kind(k)):
+        panels.append("BLEU")
+    if any("lr" in r for log in logs for r in log.records):
+        panels.append("learning rate")
+    return panels
+
+
+def draw_curves(row: Row, path: str, panels: List[str]):
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.3), squeeze=False)
+    axes = dict(zip(panels, axes[0]))
+    for k, run in enumerate(r for r in row.runs if r.log is not None):
+        log, color = run.log, f"C{k % 10}"
+        label = f"seed {run.seed}" if run.seed is not None else "run"
+        subset = (log.valid_subsets or ["valid"])[0]
+        train_kind = "train_inner" if log.of_kind("train_inner") else "train"
+        if "loss" in axes:
+            ax = axes["loss"]
+            for kind, style, text in ((train_kind, "-", "train"), (subset, "--", "valid")):
+                xs, ys = series(log, kind, "loss")
+                if xs:
+                    ax.plot(xs, ys, style, color=color, marker="." if len(xs) < 30 else None,
+                            label=f"{label} {text}")
+        if "BLEU" in axes:
+            xs, ys = series(log, subset, "bleu")
+            if xs:
+                axes["BLEU"].plot(xs, ys, "-", color=color, marker=".", label=f"{label} valid")
+        if "learning rate" in axes:
+            xs, ys = series(log, train_kind, "lr")
+            if xs:
+                axes["learning rate"].plot(xs, ys, "-", color=color, label=label)
+    for name, ax in axes.items():
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("updates", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def fingerprint(paths: List[str]) -> str:
+    h = hashlib.sha1()
+    for p in paths:
+        st = os.stat(p)
+        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()[:12]
+
+
+def curves(work: Work) -> Dict[str, Optional[str]]:
+    """{row: its learning curves' PNG, relative to WORK} for the rows with training
+    records; drawn again only where a log changed."""
+    out_dir = os.path.join(work.path, FIG_DIR)
+    os.makedirs(out_dir, exist_ok=True)
+    made, keep = {}, set()
+    for row in work.rows:
+        panels = curve_panels(row)
+        if not panels:
+            continue
+        name = f"curves-{safe(row.name)}-{fingerprint([r.log_path for r in row.runs if r.log is not None])}.png"
+        path = os.path.join(out_dir, name)
+        if not os.path.exists(path):
+            draw_curves(row, path + ".tmp.png", panels)
+            os.replace(path + ".tmp.png", path)
+        made[row.name] = f"{FIG_DIR}/{name}"
+        keep.add(name)
+    for old in os.listdir(out_dir):
+        if old.startswith("curves-") and old not in keep:
+            os.remove(os.path.join(out_dir, old))
+    return made
+
+
+# The papers' figures that fairseq-localness-analysis reproduces: per driver (the
+# reproduce script's name, or the demo), (figure, what it shows, the tool, the
+# architectures of the rows it needs; None: any row).
+PAPER_FIGURES = {
+    "yang2018": [("Yang et al. 2018, Fig. 3", "the predicted Gaussian windows per layer", "windows",
+                  {"localness_transformer"}),
+                 ("Yang et al. 2018, Fig. 4", "BLEU gain over the baseline by n-gram order", "bleu_breakdown", None)],
+    "xu2019": [("Xu et al. 2019, Fig. 3 and 4", "the local/global gate per layer and per POS tag", "gates",
+                {"hybrid_transformer"}),
+               ("Xu et al. 2019, Tables 3-4", "SentEval probing tasks", "probing", None)],
+    "song2019": [("Song et al. 2019, Fig. 4", "development BLEU and loss during training", "learning_curves", None),
+                 ("Song et al. 2019, Fig. 5", "each branch's attention as a heatmap", "heatmaps",
+                  {"hysan_transformer"})],
+    "dc": [("Ampomah et al. 2021, Fig. 4", "JS divergence between the DC module's contexts", "divergence",
+            {"dc_transformer"}),
+           ("Ampomah et al. 2021, Fig. 5", "BLEU by source sentence length", "bleu_breakdown", None),
+           ("Ampomah et al. 2021, Table 4", "SentEval probing tasks", "probing", None)],
+}
+PAPER_FIGURES["demo"] = [f for key in ("yang2018", "xu2019", "song2019", "dc") for f in PAPER_FIGURES[key]]
+ANALYSIS_DIR = "analysis"
+
+
+def arch_of(run_dir: str) -> Optional[str]:
+    """The architecture a run was trained with: its SYSTEM file's (reproduce drivers) or
+    its train.log's fairseq-train arguments."""
+    try:
+        with open(os.path.join(run_dir, "SYSTEM"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("arch "):
+                    return line.split()[1]
+    except OSError:
+        pass
+    return None
+
+
+def paper_figures(work: Work, driver: str) -> List[Dict]:
+    """Per figure of the driver's paper: the PNGs of WORK/analysis/<tool>/ (relative to
+    WORK), the rows it needs that ran, and those that did not."""
+    key = "demo" if driver == "demo" else re.sub(r"_table\d+$", "", driver or "")
+    figures = []
+    for label, what, tool, archs in PAPER_FIGURES.get(key, []):
+        folder = os.path.join(work.path, ANALYSIS_DIR, tool)
+        pngs = sorted(f for f in os.listdir(folder) if f.endswith(".png")) if os.path.isdir(folder) else []
+        needed, ran = [], []
+        for row in work.rows:
+            arch = row.entry.get("meta", {}).get("arch") or next(
+                (a for a in (arch_of(r.dir) for r in row.runs) if a), None)
+            if archs is None or arch in archs:
+                needed.append(row.name)
+                if row.state == "done":
+                    ran.append(row.name)
+        figures.append({"label": label, "what": what, "tool": tool,
+                        "pngs": [f"{ANALYSIS_DIR}/{tool}/{p}" for p in pngs], "needed": needed, "ran": ran})
+    return figures
