@@ -60,7 +60,8 @@ setup(
         # UniDic-lite dictionary) and Chinese (jieba)
         "segment": SEGMENT,
         # pytest-xdist: `make test` runs one worker per core
-        "test": ["pytest", "pytest-timeout", "pytest-xdist"] + SEGMENT,
+        # websocket-client: the report's browser tests talk to headless chromium (tests/browser.py)
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "websocket-client"] + SEGMENT,
     },
     entry_points={
         "console_scripts": [

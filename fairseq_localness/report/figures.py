@@ -15,7 +15,7 @@ from fairseq_localness.analysis.plotting import pyplot
 from fairseq_localness.report.collect import Row, Work
 
 FIG_DIR = "report"   # in WORK, beside report.html
-DPI = 72
+DPI = 96
 
 
 def safe(name: str) -> str:
@@ -41,36 +41,34 @@ def curve_panels(row: Row) -> List[str]:
 
 
 def draw_curves(row: Row, path: str, panels: List[str]):
+    """One PNG: a panel per quantity, a line per seed (and per train/valid for the loss).
+    Laid out by fixed margins, with few ticks and one legend (a figure a few tenths of
+    a second: the page of 32 rows stays within its seconds)."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.3), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.1 * len(panels), 2.3), squeeze=False)
+    fig.subplots_adjust(left=0.25 / len(panels), right=0.99, bottom=0.2, top=0.88, wspace=0.3)
     axes = dict(zip(panels, axes[0]))
     for k, run in enumerate(r for r in row.runs if r.log is not None):
         log, color = run.log, f"C{k % 10}"
         label = f"seed {run.seed}" if run.seed is not None else "run"
         subset = (log.valid_subsets or ["valid"])[0]
         train_kind = "train_inner" if log.of_kind("train_inner") else "train"
-        if "loss" in axes:
-            ax = axes["loss"]
-            for kind, style, text in ((train_kind, "-", "train"), (subset, "--", "valid")):
-                xs, ys = series(log, kind, "loss")
-                if xs:
-                    ax.plot(xs, ys, style, color=color, marker="." if len(xs) < 30 else None,
-                            label=f"{label} {text}")
-        if "BLEU" in axes:
-            xs, ys = series(log, subset, "bleu")
-            if xs:
-                axes["BLEU"].plot(xs, ys, "-", color=color, marker=".", label=f"{label} valid")
-        if "learning rate" in axes:
-            xs, ys = series(log, train_kind, "lr")
-            if xs:
-                axes["learning rate"].plot(xs, ys, "-", color=color, label=label)
+        for panel, kind, metric, style, text in (("loss", train_kind, "loss", "-", " train"),
+                                                 ("loss", subset, "loss", "--", " valid"),
+                                                 ("BLEU", subset, "bleu", "-", ""),
+                                                 ("learning rate", train_kind, "lr", "-", "")):
+            xs, ys = series(log, kind, metric)
+            if panel in axes and xs:
+                axes[panel].plot(xs, ys, style, color=color, lw=1, marker="." if len(xs) < 30 else None,
+                                 label=label + text)
     for name, ax in axes.items():
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("updates", fontsize=8)
-        ax.tick_params(labelsize=7)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6, loc="best")
-    fig.tight_layout()
+        ax.set_title(name + (" (valid)" if name == "BLEU" else ""), fontsize=8)
+        ax.set_xlabel("updates", fontsize=7, labelpad=1)
+        ax.locator_params(nbins=4)
+        ax.tick_params(labelsize=6, pad=1)
+    first = next(iter(axes.values()))
+    if first.get_legend_handles_labels()[0]:
+        first.legend(fontsize=5, loc="upper right", frameon=False)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
 

@@ -219,7 +219,7 @@ def curves_section(work: Work, figures: Dict[str, str]) -> str:
             caption = "train and valid loss, valid BLEU where the run validates on it, learning rate; against " \
                       "updates" + (f"; seeds {', '.join(map(str, seeds))} overlaid" if len(seeds) > 1 else "")
             parts.append(f'<figure id="curves-{name}"><h3>{name}</h3><img src="{esc(figures[row.name])}" '
-                         f'alt="learning curves of {name}" loading="lazy"><figcaption>{esc(caption)}</figcaption>'
+                         f'alt="learning curves of {name}"><figcaption>{esc(caption)}</figcaption>'
                          "</figure>")
         else:
             why = next(r.why for r in row.runs if r.state == "unreadable")
@@ -236,7 +236,7 @@ def paper_section(work: Work, paper: List[Dict], driver: str) -> str:
     for f in paper:
         head = f"<h3>{esc(f['label'])}: {esc(f['what'])}</h3>"
         if f["pngs"]:
-            imgs = "".join(f'<figure><img src="{esc(p)}" alt="{esc(f["label"])}" loading="lazy">'
+            imgs = "".join(f'<figure><img src="{esc(p)}" alt="{esc(f["label"])}">'
                            f'<figcaption>{esc(p)}</figcaption></figure>' for p in f["pngs"])
             parts.append(head + imgs)
             continue

@@ -127,6 +127,8 @@ def summary(value):
 def verdict(delta, p, alpha=0.05):
     if p is None or delta is None:
         return None
+    if delta == 0:  # (identical scores: sacreBLEU's p is 1 / (samples + 1) for identical outputs)
+        return "n.s."
     return ("better" if delta > 0 else "worse") if p < alpha else "n.s."
 
 
