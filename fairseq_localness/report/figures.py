@@ -151,7 +151,8 @@ def paper_figures(work: Work, driver: str) -> List[Dict]:
         for row in work.rows:
             arch = row.entry.get("meta", {}).get("arch") or next(
                 (a for a in (arch_of(r.dir) for r in row.runs) if a), None)
-            if archs is None or arch in archs:
+            # (a named architecture, e.g. localness_transformer_wmt_en_de, is of its model's family)
+            if archs is None or (arch and any(arch == a or arch.startswith(a + "_") for a in archs)):
                 needed.append(row.name)
                 if row.state == "done":
                     ran.append(row.name)

@@ -27,7 +27,7 @@ table { border-collapse: collapse; font-size: 13px; }
 th, td { padding: 4px 8px; border-bottom: 1px solid #e5e5e5; text-align: right; vertical-align: top;
          white-space: nowrap; }
 th { background: #f3f3f3; position: sticky; top: 0; }
-td.text, th.text { text-align: left; } td.wrap { white-space: normal; min-width: 12em; max-width: 22em; }
+td.text, th.text { text-align: left; } td.wrap { white-space: normal; min-width: 16em; max-width: 26em; }
 .v { display: block; } .v small { color: var(--muted); font-size: 10px; margin-right: 3px; }
 .ours { color: var(--ours); font-weight: 600; } .paper { color: var(--paper); }
 .state { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 12px; }
@@ -152,7 +152,7 @@ def table(work: Work, figures: Dict[str, str]) -> str:
             else:
                 value = row.cells.get(hs[0], "-")
                 numeric = bool(re.match(r"^[-+<]?[\d.,]+", value))
-                cls = "" if numeric else "text wrap" if len(value) > 24 else "text"
+                cls = "" if numeric else "text wrap" if len(value) > 48 else "text"
                 cells.append(f'<td class="{cls}" data-col="{esc(hs[0])}">{esc(value)}</td>')
         cells.append(significance_cell(row))
         cells.append(f'<td class="text links">{links(work, row)}</td>')
