@@ -105,12 +105,14 @@ def curves(work: Work) -> Dict[str, Optional[str]]:
 
 
 # The papers' figures that fairseq-localness-analysis reproduces: per driver (the
-# reproduce script's name, or the demo), (figure, what it shows, the tool, the
-# architectures of the rows it needs; None: any row).
+# reproduce script's name, or the demo), (figure, what it shows, the tool (and the
+# beginning of its PNG's name, where it makes several), the architectures of the rows
+# it needs; None: any row).
 PAPER_FIGURES = {
     "yang2018": [("Yang et al. 2018, Fig. 3", "the predicted Gaussian windows per layer", "windows",
                   {"localness_transformer"}),
-                 ("Yang et al. 2018, Fig. 4", "BLEU gain over the baseline by n-gram order", "bleu_breakdown", None)],
+                 ("Yang et al. 2018, Fig. 4", "BLEU gain over the baseline by n-gram order",
+                  "bleu_breakdown/bleu_by_ngram", None)],
     "xu2019": [("Xu et al. 2019, Fig. 3 and 4", "the local/global gate per layer and per POS tag", "gates",
                 {"hybrid_transformer"}),
                ("Xu et al. 2019, Tables 3-4", "SentEval probing tasks", "probing", None)],
@@ -119,7 +121,7 @@ PAPER_FIGURES = {
                   {"hysan_transformer"})],
     "dc": [("Ampomah et al. 2021, Fig. 4", "JS divergence between the DC module's contexts", "divergence",
             {"dc_transformer"}),
-           ("Ampomah et al. 2021, Fig. 5", "BLEU by source sentence length", "bleu_breakdown", None),
+           ("Ampomah et al. 2021, Fig. 5", "BLEU by source sentence length", "bleu_breakdown/bleu_by_length", None),
            ("Ampomah et al. 2021, Table 4", "SentEval probing tasks", "probing", None)],
 }
 PAPER_FIGURES["demo"] = [f for key in ("yang2018", "xu2019", "song2019", "dc") for f in PAPER_FIGURES[key]]
@@ -139,23 +141,86 @@ def arch_of(run_dir: str) -> Optional[str]:
     return None
 
 
+def run_files(run) -> Dict[str, str]:
+    """A finished run's files the analysis tools read: its checkpoint (the averaged or
+    the best one), its hypotheses, its log, and its data (the binarized folder from the
+    log's configuration; its raw/ and bpe/ beside it, as prepare_data.sh lays them)."""
+    files = {"dir": run.dir, "log": run.log_path, "hyp": os.path.join(run.dir, "eval", "hyp.detok")}
+    try:
+        names = sorted(os.listdir(run.dir))
+    except OSError:
+        names = []
+    ckpt = [n for n in names if n.startswith("checkpoint_avg") and n.endswith(".pt")] or \
+        [n for n in names if n == "checkpoint_best.pt"]
+    files["ckpt"] = os.path.join(run.dir, ckpt[0]) if ckpt else ""
+    files["data"] = ""
+    if run.log_path:
+        with open(run.log_path, encoding="utf-8", errors="replace") as f:
+            m = re.search(r"'data': '([^']+)'", f.readline())
+        files["data"] = m.group(1) if m else ""
+    return files
+
+
+def commands(tool: str, rows: List[Row], work: Work) -> List[List[str]]:
+    """The commands that make ``tool``'s figure from these finished rows (those whose
+    data is the first row's: one test set per figure), into WORK/analysis/<tool>."""
+    runs = [(row, next(r for r in row.runs if r.state == "done")) for row in rows]
+    files = [(row, run_files(run)) for row, run in runs]
+    data = files[0][1]["data"]
+    files = [(row, f) for row, f in files if f["data"] == data]
+    if not data:
+        return []
+    pair = (files[0][0].entry.get("meta", {}).get("pair") or "-").split("-")
+    src, tgt = (pair + ["", ""])[:2]
+    root, out = os.path.dirname(data), os.path.join(work.path, ANALYSIS_DIR, tool)
+    a = ["fairseq-localness-analysis", tool]
+    paths = [x for _, f in files if f["ckpt"] for x in ("--path", f["ckpt"])]
+    labels = ["--labels"] + [row.name for row, f in files if f["ckpt"]]
+    if tool in ("windows", "divergence", "heatmaps"):
+        extra = ["--split", "test", "--ids", "0", "--layer", "1"] if tool == "heatmaps" else []
+        return [a + [data] + paths + labels + extra + ["--output-dir", out]] if paths else []
+    if tool == "gates":
+        pos = os.path.join(out, "valid.pos")
+        return [["fairseq-localness-analysis", "pos_tags", "--input", os.path.join(root, "raw", f"valid.{src}"),
+                 "--output", pos, "--words-output", os.path.join(out, "valid.words")],
+                a + [data] + paths[:2] + ["--pos-tags", pos, "--pos-words", os.path.join(out, "valid.words"),
+                                          "--output-dir", out]] if paths else []
+    if tool == "bleu_breakdown":
+        base = [row.entry.get("baseline") for row, _ in files if row.entry.get("baseline")]
+        hyps = [x for row, f in files for x in ("--hyp", f"{row.name}={f['hyp']}")]
+        return [a + ["--ref", os.path.join(root, "raw", f"test.{tgt}"), "--src", os.path.join(root, "bpe", f"test.{src}")]
+                + hyps + (["--baseline", base[0]] if base else []) + ["--output-dir", out]]
+    if tool == "learning_curves":
+        logs = [x for row in rows for r in row.runs if r.log_path for x in ("--log", f"{row.name}={r.log_path}")]
+        return [a + logs + ["--train-loss", "--output-dir", out]]
+    if tool == "probing":
+        return [a + [data] + paths + labels + ["--senteval-dir", "SENTEVAL_DATA", "--output-dir", out]] \
+            if paths else []
+    return []
+
+
 def paper_figures(work: Work, driver: str) -> List[Dict]:
     """Per figure of the driver's paper: the PNGs of WORK/analysis/<tool>/ (relative to
-    WORK), the rows it needs that ran, and those that did not."""
+    WORK), the rows it needs that ran and those that did not, and the commands that
+    make it from the rows that ran."""
     key = "demo" if driver == "demo" else re.sub(r"_table\d+$", "", driver or "")
     figures = []
-    for label, what, tool, archs in PAPER_FIGURES.get(key, []):
+    for label, what, spec, archs in PAPER_FIGURES.get(key, []):
+        tool, _, prefix = spec.partition("/")
         folder = os.path.join(work.path, ANALYSIS_DIR, tool)
-        pngs = sorted(f for f in os.listdir(folder) if f.endswith(".png")) if os.path.isdir(folder) else []
+        pngs = sorted(f for f in os.listdir(folder) if f.endswith(".png") and f.startswith(prefix)) \
+            if os.path.isdir(folder) else []
         needed, ran = [], []
         for row in work.rows:
             arch = row.entry.get("meta", {}).get("arch") or next(
                 (a for a in (arch_of(r.dir) for r in row.runs) if a), None)
             # (a named architecture, e.g. localness_transformer_wmt_en_de, is of its model's family)
             if archs is None or (arch and any(arch == a or arch.startswith(a + "_") for a in archs)):
-                needed.append(row.name)
+                needed.append(row)
                 if row.state == "done":
-                    ran.append(row.name)
+                    ran.append(row)
         figures.append({"label": label, "what": what, "tool": tool,
-                        "pngs": [f"{ANALYSIS_DIR}/{tool}/{p}" for p in pngs], "needed": needed, "ran": ran})
+                        "pngs": [f"{ANALYSIS_DIR}/{tool}/{p}" for p in pngs],
+                        "needed": [r.name for r in needed], "ran": [r.name for r in ran],
+                        "commands": commands(tool, ran, work) if ran and not pngs else []})
     return figures

@@ -242,16 +242,16 @@ def paper_section(work: Work, paper: List[Dict], driver: str) -> str:
             continue
         missing = [n for n in f["needed"] if n not in f["ran"]]
         text = []
-        if f["ran"]:
-            text.append(f"From the rows that ran ({esc(', '.join(f['ran']))}): "
-                        f"<code>fairseq-localness-analysis {esc(f['tool'])} ... --output-dir "
-                        f"{esc(os.path.join(work.path, 'analysis', f['tool']))}</code> "
-                        f"(its options: docs/analysis.md) makes it, and this page then shows it.")
         if missing:
             text.append(f"It needs rows that did not run: {esc(', '.join(missing))}.")
         if not f["needed"]:
             text.append("None of this table's rows has the architecture it reads.")
-        parts.append(head + "<p>" + " ".join(text) + "</p>")
+        if f["ran"]:
+            text.append(f"Not made yet. From the rows that ran ({esc(', '.join(f['ran']))}) "
+                        + ("these commands make it (their options: docs/analysis.md), and this page then shows it:"
+                           if f["commands"] else "fairseq-localness-analysis makes it (docs/analysis.md)."))
+        cmds = "".join(f"<pre>{esc(shlex.join(c))}</pre>" for c in f["commands"])
+        parts.append(head + "<p>" + " ".join(text) + "</p>" + cmds)
     return "\n".join(parts)
 
 
