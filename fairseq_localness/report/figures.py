@@ -73,6 +73,26 @@ def draw_curves(row: Row, path: str, panels: List[str]):
     plt.close(fig)
 
 
+def _draw(job):
+    row, path, panels = job
+    draw_curves(row, path + ".tmp.png", panels)
+    os.replace(path + ".tmp.png", path)
+
+
+def draw_all(jobs):
+    """Draw the figures, in two processes where there are many and two cores (matplotlib
+    draws in one thread)."""
+    workers = min(2, os.cpu_count() or 1)
+    if len(jobs) < 8 or workers < 2:
+        for job in jobs:
+            _draw(job)
+        return
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        pool.map(_draw, jobs, chunksize=max(1, len(jobs) // (4 * workers)))
+
+
 def fingerprint(paths: List[str]) -> str:
     h = hashlib.sha1()
     for p in paths:
@@ -86,7 +106,7 @@ def curves(work: Work) -> Dict[str, Optional[str]]:
     records; drawn again only where a log changed."""
     out_dir = os.path.join(work.path, FIG_DIR)
     os.makedirs(out_dir, exist_ok=True)
-    made, keep = {}, set()
+    made, keep, todo = {}, set(), []
     for row in work.rows:
         panels = curve_panels(row)
         if not panels:
@@ -94,10 +114,10 @@ def curves(work: Work) -> Dict[str, Optional[str]]:
         name = f"curves-{safe(row.name)}-{fingerprint([r.log_path for r in row.runs if r.log is not None])}.png"
         path = os.path.join(out_dir, name)
         if not os.path.exists(path):
-            draw_curves(row, path + ".tmp.png", panels)
-            os.replace(path + ".tmp.png", path)
+            todo.append((row, path, panels))
         made[row.name] = f"{FIG_DIR}/{name}"
         keep.add(name)
+    draw_all(todo)
     for old in os.listdir(out_dir):
         if old.startswith("curves-") and old not in keep:
             os.remove(os.path.join(out_dir, old))

@@ -235,7 +235,11 @@ reproduce_main() {
     rehearse_fakes
     (( DRY_RUN )) || preflight
     announce
-    (( DRY_RUN )) || record_run
+    if (( ! DRY_RUN )); then
+        record_run
+        # a run that stops on a failing step still leaves the table and the page so far
+        [[ -n "$SLURM_MODE" ]] || trap 'status=$?; if (( status )); then write_table > /dev/null 2>&1 || true; write_report; fi' EXIT
+    fi
     [[ -z "$SLURM_MODE" ]] || note "--slurm: a job graph (every row and seed a train and an eval job) in $WORK/slurm"
     PREPARED_THIS_RUN=""
     for seed in "${SEEDS[@]}"; do  # seed by seed: a partial run has every row of the first seeds
