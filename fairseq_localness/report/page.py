@@ -194,7 +194,7 @@ def run_section(work: Work, now: float) -> str:
         secs = max(0, int(end - started))
         wall = f"{secs // 3600} h {secs % 3600 // 60:02d} min {secs % 60:02d} s" + (" so far" if busy else "")
     items = [
-        ("driver", f"{info.get('driver', '-')}" + (f" — {work.title}" if work.title else "")),
+        ("driver", esc(" — ".join(x for x in (info.get("driver"), work.title) if x) or "-")),
         ("command", f"<code>{esc(info.get('command', '-'))}</code>"),
         ("commit", esc(info.get("commit", "-"))),
         ("started", esc(info.get("started", "-"))),
@@ -204,7 +204,7 @@ def run_section(work: Work, now: float) -> str:
                                                                       if work.seeds else ""))),
         ("runs", esc(f"{len(done)} of {total} done")),
     ]
-    return '<dl class="run">' + "".join(f"<dt>{k}</dt><dd>{v if k in ('driver', 'command') else v}</dd>"
+    return '<dl class="run">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>"
                                         for k, v in items) + "</dl>"
 
 
