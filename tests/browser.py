@@ -12,6 +12,7 @@ script evaluated in it returns; a screenshot at a given width.
 import base64
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import tempfile
@@ -38,7 +39,7 @@ def chromium_missing():
 class Page:
     def __init__(self, browser, ws):
         self.browser, self.ws, self.next_id = browser, ws, 0
-        self.errors, self.requests, self.events = [], [], []
+        self.errors, self.requests = [], []
 
     def call(self, method, **params):
         self.next_id += 1
@@ -54,7 +55,6 @@ class Page:
 
     def _event(self, msg):
         method, params = msg.get("method"), msg.get("params", {})
-        self.events.append(method)
         if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
             self.errors.append("console: " + " ".join(str(a.get("value", a.get("description", "")))
                                                        for a in params.get("args", [])))
@@ -67,15 +67,6 @@ class Page:
             self.requests.append(params["request"]["url"])
         elif method == "Network.loadingFailed":
             self.errors.append(f"failed to load: {params.get('errorText')}")
-
-    def wait_for(self, event, timeout=30):
-        end = time.time() + timeout
-        while event not in self.events:
-            if time.time() > end:
-                raise TimeoutError(f"no {event} within {timeout} s")
-            self.ws.settimeout(max(0.1, end - time.time()))
-            self._event(json.loads(self.ws.recv()))
-        self.ws.settimeout(None)
 
     def eval(self, expression):
         r = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
@@ -127,8 +118,13 @@ class Browser:
             page.call(f"{domain}.enable")
         page.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
                   mobile=mobile)
-        page.call("Page.navigate", url="file://" + os.path.abspath(path))
-        page.wait_for("Page.loadEventFired", self.timeout)
+        url = pathlib.Path(path).resolve().as_uri()
+        page.call("Page.navigate", url=url)
+        end = time.time() + self.timeout  # (loaded: this URL's document, complete)
+        while not page.eval(f"location.href === {json.dumps(url)} && document.readyState === 'complete'"):
+            if time.time() > end:
+                raise TimeoutError(f"{path} did not load within {self.timeout} s")
+            time.sleep(0.05)
         # images: decoded (not only fetched) before the page is looked at
         page.eval("Promise.all([...document.images].map(i => i.decode().catch(() => null)))")
         return page

@@ -149,8 +149,8 @@ ANALYSIS_DIR = "analysis"
 
 
 def arch_of(run_dir: str) -> Optional[str]:
-    """The architecture a run was trained with: its SYSTEM file's (reproduce drivers) or
-    its train.log's fairseq-train arguments."""
+    """The architecture a run was trained with, from its SYSTEM file (the reproduce
+    drivers write one per run; the demo's rows carry theirs in results.json)."""
     try:
         with open(os.path.join(run_dir, "SYSTEM"), encoding="utf-8", errors="replace") as f:
             for line in f:

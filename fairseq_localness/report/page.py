@@ -43,6 +43,7 @@ ul.notes { font-size: 13px; color: #333; padding-left: 1.2em; }
   dl.run { grid-template-columns: 1fr; } dl.run dt { margin-top: 6px; } }
 """
 MARK = {"better": "▲ better", "worse": "▼ worse", "n.s.": "n.s."}
+NUMBER = re.compile(r"^[-+<]?[\d.,]+")  # a cell that is a number (right-aligned)
 
 
 def esc(text) -> str:
@@ -134,8 +135,8 @@ def table(work: Work, figures: Dict[str, str]) -> str:
             head.append(f'<th>{esc(title)}<br><small><span class="ours">ours</span> · '
                         f'<span class="paper">paper\'s</span></small></th>')
         else:
-            head.append(f'<th class="{"" if title[:1].isupper() or title in ("delta",) else "text"}">'
-                        f'{esc(title)}</th>')
+            numeric = any(NUMBER.match(row.cells.get(title, "")) for row in work.rows)
+            head.append(f'<th class="{"" if numeric else "text"}">{esc(title)}</th>')
     head += ['<th class="text">significance</th>', '<th class="text">files</th>']
     lines = ["<tr>" + "".join(head) + "</tr>"]
     for row in work.rows:
@@ -151,7 +152,7 @@ def table(work: Work, figures: Dict[str, str]) -> str:
                              "</td>")
             else:
                 value = row.cells.get(hs[0], "-")
-                numeric = bool(re.match(r"^[-+<]?[\d.,]+", value))
+                numeric = bool(NUMBER.match(value))
                 cls = "" if numeric else "text wrap" if len(value) > 48 else "text"
                 cells.append(f'<td class="{cls}" data-col="{esc(hs[0])}">{esc(value)}</td>')
         cells.append(significance_cell(row))
