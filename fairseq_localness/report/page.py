@@ -35,6 +35,7 @@ td.text, th.text { text-align: left; } td.wrap { white-space: normal; min-width:
 .state-running { background: #fff3cd; } .state-queued, .state-stopped, .state-not-run { background: #eee; }
 .better { color: #11772b; } .worse { color: #a11; }
 .links a { margin-right: 6px; }
+.curves { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 620px), 1fr)); gap: 0 16px; }
 figure { margin: .5em 0 1.2em; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 13px; color: var(--muted); }
 .why { color: #a11; overflow-wrap: anywhere; }
@@ -91,20 +92,25 @@ def columns(header: List[str]):
     return cols
 
 
-def significance_cell(row: Row) -> str:
+def significance_cell(row: Row, cell: Optional[str] = None, col: str = "") -> str:
+    """The mark of the test against the row's baseline (▲ better, ▼ worse, n.s.); in
+    results.md's verdict column (``cell``, kept as it is) or with Δ and p."""
+    data = f' data-col="{esc(col)}"' if col else ""
     c = row.entry.get("comparison")
-    if not c:
-        is_base = row.entry.get("_is_baseline")
-        return '<td class="text">baseline</td>' if is_base else '<td class="text">-</td>'
-    pooled = c.get("pooled") or {}
+    pooled = (c or {}).get("pooled") or {}
     verdict, p = pooled.get("verdict"), pooled.get("p_value")
     if verdict is None:
-        return '<td class="text">-</td>'
+        text = cell if cell is not None else ("baseline" if row.entry.get("_is_baseline") else "-")
+        return f'<td class="text"{data}>{esc(text)}</td>'
+    mark = {"better": "▲ ", "worse": "▼ "}.get(verdict, "")
+    if cell is not None:
+        return f'<td class="text sig {esc(verdict.replace(".", ""))}" data-verdict="{esc(verdict)}"{data}>' \
+               f'<small>{mark}</small>{esc(cell)}</td>'
     delta = c.get("delta_mean")
-    text = MARK.get(verdict, verdict)
     detail = (f" (Δ {delta:+.2f} vs {esc(c.get('baseline', ''))}" if delta is not None else " (") + \
         (f", p {p:.3f})" if p is not None and p >= 0.001 else ", p < 0.001)")
-    return f'<td class="text sig {esc(verdict.replace(".", ""))}" data-verdict="{esc(verdict)}">{esc(text)}{detail}</td>'
+    return f'<td class="text sig {esc(verdict.replace(".", ""))}" data-verdict="{esc(verdict)}">' \
+           f'{esc(MARK.get(verdict, verdict))}{detail}</td>'
 
 
 def links(work: Work, row: Row) -> str:
@@ -112,11 +118,12 @@ def links(work: Work, row: Row) -> str:
     for run in row.runs:
         tag = f"seed {run.seed}: " if len(row.runs) > 1 else ""
         parts = []
-        for label, path in (("train.log", os.path.join(run.dir, "train.log")), ("checkpoints", run.dir),
-                            ("hypotheses", os.path.join(run.dir, "eval", "hyp.detok")),
-                            ("configuration", os.path.join(run.dir, "SYSTEM"))):
+        for label, title, path in (("log", "train.log", os.path.join(run.dir, "train.log")),
+                                   ("checkpoints", "the run's folder", run.dir),
+                                   ("hyp", "hypotheses", os.path.join(run.dir, "eval", "hyp.detok")),
+                                   ("config", "what the run was trained with", os.path.join(run.dir, "SYSTEM"))):
             if os.path.exists(path):
-                parts.append(f'<a href="{href(work, path)}">{label}</a>')
+                parts.append(f'<a href="{href(work, path)}" title="{title}">{label}</a>')
         if parts:
             out.append(tag + " ".join(parts))
     config = row.entry.get("meta", {}).get("config")
@@ -137,7 +144,10 @@ def table(work: Work, figures: Dict[str, str]) -> str:
         else:
             numeric = any(NUMBER.match(row.cells.get(title, "")) for row in work.rows)
             head.append(f'<th class="{"" if numeric else "text"}">{esc(title)}</th>')
-    head += ['<th class="text">significance</th>', '<th class="text">files</th>']
+    # the significance mark: in results.md's verdict column where it has one ('vs. baseline',
+    # 'vs transformer'), else in a column of its own
+    verdict_col = next((h for h in header[1:] if h.startswith("vs")), None)
+    head += ([] if verdict_col else ['<th class="text">significance</th>']) + ['<th class="text">files</th>']
     lines = ["<tr>" + "".join(head) + "</tr>"]
     for row in work.rows:
         name = esc(row.name)
@@ -150,12 +160,15 @@ def table(work: Work, figures: Dict[str, str]) -> str:
                 cells.append(f'<td><span class="v ours" data-col="{esc(hs[1])}"><small>ours</small>{esc(ours)}</span>'
                              f'<span class="v paper" data-col="{esc(hs[0])}"><small>paper</small>{esc(paper)}</span>'
                              "</td>")
+            elif hs[0] == verdict_col:
+                cells.append(significance_cell(row, row.cells.get(hs[0], "-"), hs[0]))
             else:
                 value = row.cells.get(hs[0], "-")
                 numeric = bool(NUMBER.match(value))
                 cls = "" if numeric else "text wrap" if len(value) > 48 else "text"
                 cells.append(f'<td class="{cls}" data-col="{esc(hs[0])}">{esc(value)}</td>')
-        cells.append(significance_cell(row))
+        if not verdict_col:
+            cells.append(significance_cell(row))
         cells.append(f'<td class="text links">{links(work, row)}</td>')
         lines.append(f'<tr id="row-{name}" data-row="{name}">' + "".join(cells) + "</tr>")
     return '<div class="scroll"><table id="results">\n' + "\n".join(lines) + "\n</table></div>"
@@ -225,9 +238,10 @@ def curves_section(work: Work, figures: Dict[str, str]) -> str:
         else:
             why = next(r.why for r in row.runs if r.state == "unreadable")
             parts.append(f'<p id="curves-{name}"><b>{name}</b>: unreadable ({esc(why)})</p>')
+    text = '<div class="curves">' + "\n".join(parts) + "</div>"
     if empty:
-        parts.append("<p>No training records yet: " + ", ".join(empty) + ".</p>")
-    return "\n".join(parts)
+        text += "<p>No training records yet: " + ", ".join(empty) + ".</p>"
+    return text
 
 
 def paper_section(work: Work, paper: List[Dict], driver: str) -> str:
