@@ -35,7 +35,7 @@ td.text, th.text { text-align: left; } td.wrap { white-space: normal; min-width:
 .state-running { background: #fff3cd; } .state-queued, .state-stopped, .state-not-run { background: #eee; }
 .better { color: #11772b; } .worse { color: #a11; }
 .links a { margin-right: 6px; }
-.curves { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 620px), 1fr)); gap: 0 16px; }
+.curves { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 540px), 1fr)); gap: 0 16px; }
 figure { margin: .5em 0 1.2em; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 13px; color: var(--muted); }
 .why { color: #a11; overflow-wrap: anywhere; }
