@@ -60,7 +60,8 @@ setup(
         # UniDic-lite dictionary) and Chinese (jieba)
         "segment": SEGMENT,
         # pytest-xdist: `make test` runs one worker per core
-        "test": ["pytest", "pytest-timeout", "pytest-xdist"] + SEGMENT,
+        # websocket-client: the report's browser tests talk to headless chromium (tests/browser.py)
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "websocket-client"] + SEGMENT,
     },
     entry_points={
         "console_scripts": [
@@ -71,6 +72,7 @@ setup(
             "fairseq-localness-bench=fairseq_localness.cli.benchmark:main",
             "fairseq-localness-prepare=fairseq_localness.data.prepare:cli_main",
             "fairseq-localness-results=fairseq_localness.cli.results:cli_main",
+            "fairseq-localness-report=fairseq_localness.cli.report:cli_main",
         ]
     },
 )

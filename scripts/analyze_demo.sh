@@ -18,7 +18,9 @@
 #   probing           transformer, localness, hybrid-gate, hysan, enc-dc on the
 #                     corpus's SentEval-format probing tasks (Xu Tables 3-4, DC Table 4)
 #
-# The output is built in OUT.partial/ and renamed at the end.
+# The output is built in OUT.partial/ and renamed at the end; with the default OUT, the
+# demo's page (DEMO_DIR/report.html, fairseq-localness-report) is written again with
+# the figures.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -148,3 +150,7 @@ rm -rf "$OUT"
 mv "$WORK" "$OUT"
 echo "${PROG}: wrote $OUT:" >&2
 (cd "$OUT" && find . -name '*.png' | sort) >&2
+# the demo's page (report.html) with these figures, where they are in DEMO_DIR/analysis
+if [[ "$OUT" -ef "$DEMO_DIR/analysis" ]]; then
+    "$PY" "$SCRIPTS_DIR/report.py" "$DEMO_DIR" || echo "${PROG}: warning: $DEMO_DIR/report.html could not be written" >&2
+fi

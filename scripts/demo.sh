@@ -38,6 +38,8 @@ case "${1:-}" in
     *) die "unexpected argument '$1' (settings come from configs/demo.sh and DEMO_* variables)" ;;
 esac
 
+declare -A ENV_AT_START=()  # (the settings given, for the command on the page)
+for v in DEMO_CONFIG DEMO_SEEDS DEMO_ONLY DEMO_MAX_UPDATE DEMO_JOBS; do ENV_AT_START[$v]="${!v:-}"; done
 DEMO_CONFIG="${DEMO_CONFIG:-$REPO_DIR/configs/demo.sh}"
 require_file "$DEMO_CONFIG" DEMO_CONFIG
 # shellcheck source=../configs/demo.sh
@@ -87,6 +89,15 @@ echo "${PROG}: systems: ${NAMES[*]}; seed(s) ${SEEDS[*]}; ${DEMO_MAX_UPDATE} upd
 rm -rf "$WORK"
 mkdir -p "$WORK"
 T_START=$(date +%s)
+# what the page (report.html) shows of the run: the command, the commit, the hardware
+DEMO_COMMAND=""
+for v in DEMO_CONFIG DEMO_SEEDS DEMO_ONLY DEMO_MAX_UPDATE DEMO_JOBS; do
+    [[ -n "${ENV_AT_START[$v]:-}" ]] && DEMO_COMMAND+="$v=$(printf '%q' "${ENV_AT_START[$v]}") "
+done
+"$PY" "$SCRIPTS_DIR/report.py" "$WORK" --record-run --command "${DEMO_COMMAND}bash scripts/demo.sh" --driver demo \
+    --title "The demo: ${NAMES[*]} on the embedded corpus, ${DEMO_MAX_UPDATE} updates, seed(s) ${SEEDS[*]}" \
+    --devices "CPU: $DEMO_JOBS run(s) at a time on $NCORES core(s)" \
+    || echo "${PROG}: warning: $WORK/run.json could not be written" >&2
 
 # ---- data: corpus -> subwords -> binarized
 run fairseq-localness-corpus --out "$WORK/data/raw" --src "$DEMO_SRC" --tgt "$DEMO_TGT" "${DEMO_CORPUS_ARGS[@]}"
@@ -195,6 +206,7 @@ if [[ -e "$DEMO_DIR" ]]; then
 fi
 mv "$WORK" "$DEMO_DIR"
 rm -rf "$DEMO_DIR.old"
+"$PY" "$SCRIPTS_DIR/report.py" "$DEMO_DIR" || echo "${PROG}: warning: $DEMO_DIR/report.html could not be written" >&2
 echo
 echo "Demo finished in $(( $(date +%s) - T_START )) s. Results ($DEMO_DIR/results.md):"
 echo

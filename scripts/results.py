@@ -14,8 +14,10 @@ import importlib.util
 import sys
 
 
-def import_without_models(name):
-    """The module `name` of the fairseq_localness package, the package's __init__ not run."""
+def import_without_models(name="fairseq_localness.cli.results"):
+    """Import ``name`` from the installed fairseq_localness without running the
+    package's ``__init__`` (scripts/report.py and scripts/slurm.py load their modules so
+    too)."""
     if "fairseq_localness" not in sys.modules:
         spec = importlib.util.find_spec("fairseq_localness")  # finds it without importing it
         if spec is None or not spec.submodule_search_locations:
@@ -26,9 +28,5 @@ def import_without_models(name):
     return importlib.import_module(name)
 
 
-def load_results_module():
-    return import_without_models("fairseq_localness.cli.results")
-
-
 if __name__ == "__main__":
-    sys.exit(load_results_module().cli_main())
+    sys.exit(import_without_models().cli_main())

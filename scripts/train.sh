@@ -20,12 +20,14 @@
 #   --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3
 #   --weight-decay 0.0001 --criterion label_smoothed_cross_entropy
 #   --label-smoothing 0.1 --max-tokens 4096 --log-format json --log-interval 100
+#   --tensorboard-logdir SAVE_DIR/tensorboard
 #
 # Logs: --log-format json, so every training and validation record (train_inner,
 # train, valid) is one JSON object after fairseq's logger prefix, which
 # `fairseq-localness-analysis learning_curves` / `efficiency` and the demo's and
-# reproduce scripts' tables read. TensorBoard: give `-- --tensorboard-logdir DIR`
-# (tensorboardX is installed with this package) for event files of every metric.
+# reproduce scripts' tables read. TensorBoard: event files of every metric in
+# SAVE_DIR/tensorboard (tensorboardX is installed with this package; `-- --tensorboard-logdir
+# DIR` puts them elsewhere), so `tensorboard --logdir` on any folder above shows every run.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/batch_split.sh"
@@ -331,7 +333,8 @@ USER_DIR="$(user_dir)"
 RECIPE=(--optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
     --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3
     --weight-decay 0.0001 --criterion label_smoothed_cross_entropy
-    --label-smoothing 0.1 --max-tokens 4096 --log-format json --log-interval 100)
+    --label-smoothing 0.1 --max-tokens 4096 --log-format json --log-interval 100
+    --tensorboard-logdir "$SAVE_DIR/tensorboard")
 # The architecture and every fairseq-train argument after --, model options
 # included, parsed as fairseq-train parses them: a bad one stops here with exit
 # status 2, before anything is printed or --save-dir exists.

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from browser import Browser, check_report_page, chromium_missing
 from conftest import TINY_MODEL_ARGS, run_script, tool_env
 
 SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"
@@ -337,9 +338,9 @@ def test_demo_runs_end_to_end_on_a_tiny_budget(tmp_path):
     demo_dir = tmp_path / "demo"
     demo_dir.mkdir()
     (demo_dir / "old-run").write_text("previous results\n")
-    p = run_script("demo.sh", [], env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir),
-                                       "DEMO_MAX_UPDATE": "4", "DEMO_ONLY": "enc-dc transformer",
-                                       "DEMO_JOBS": "2", "DEMO_SEEDS": "2"})
+    p = p_demo = run_script("demo.sh", [], env={"DEMO_CONFIG": str(config), "DEMO_DIR": str(demo_dir),
+                                                "DEMO_MAX_UPDATE": "4", "DEMO_ONLY": "enc-dc transformer",
+                                                "DEMO_JOBS": "2", "DEMO_SEEDS": "2"})
     table = (demo_dir / "results.md").read_text()
     lines = table.splitlines()
     assert lines[0] == ("| system | arch | params | seeds | BLEU | reorder | gender | polysemy | long agreement | "
@@ -380,6 +381,17 @@ def test_demo_runs_end_to_end_on_a_tiny_budget(tmp_path):
     assert "| enc-dc | 2 |" in (out / "efficiency" / "efficiency.md").read_text()
     p = run_script("analyze_demo.sh", ["--demo-dir", str(demo_dir)], check=False)
     assert p.returncode == 2 and "--force" in p.stderr
+
+    # the demo's page (report.html), written by demo.sh and again by analyze_demo.sh
+    # with the paper's figures, in a browser
+    assert f"fairseq-localness-report: wrote {demo_dir}/report.html" in p_demo.stderr
+    if chromium_missing() is None:
+        with Browser() as b:
+            states = check_report_page(b, str(demo_dir), str(tmp_path / "page.png"))
+            page = b.open(str(demo_dir / "report.html"))
+            figures = page.eval("[...document.querySelectorAll('figure img')].map(i => i.getAttribute('src'))")
+        assert states == {"transformer": ("done", None), "enc-dc": ("done", states["enc-dc"][1])}
+        assert "analysis/divergence/divergence.png" in figures and "analysis/bleu_breakdown/bleu_by_length.png" in figures
 
 
 def test_demo_failure_keeps_previous_results(tmp_path):

@@ -17,9 +17,11 @@ PYTEST_ARGS="-m slow"` runs it (dc_table2.sh's 32 rows take the longest).
 import json
 import os
 import re
+import shutil
 
 import pytest
 
+from browser import Browser, check_report_page, chromium_missing
 from conftest import REPO, run_command, tool_env
 from reproduce_utils import SCRIPTS, commands, opt
 
@@ -135,15 +137,27 @@ def check_rehearsal(script, work, proc, rows):
     return table
 
 
+YANG_ROWS = ["en-de.base", "en-de.base+localness"]
+
+
+@pytest.fixture(scope="module")
+def yang_rehearsal(tmp_path_factory):
+    """Two rows of Yang et al.'s Table 4 rehearsed once for this module's tests: the
+    work directory and the driver's process."""
+    work = str(tmp_path_factory.mktemp("yang") / "work")
+    p = reproduce("yang2018_table4.sh", "--rehearse", "--work-dir", work, "--only", " ".join(YANG_ROWS), timeout=840)
+    return work, p
+
+
 @pytest.mark.timeout(900)
-def test_rehearsal_of_two_rows_runs_every_step(tmp_path):
+def test_rehearsal_of_two_rows_runs_every_step(yang_rehearsal):
     """Yang et al.'s Table 4, the En-De Transformer-Base and its localness row: WMT14's
     fake archives prepared with Moses and subword-nmt, two training processes each (the
     paper's 8 x 4096 tokens), the average of the last 5 checkpoints, NIST BLEU and the
-    tokenized, compound-split BLEU, the paired bootstrap against the baseline."""
-    work = str(tmp_path / "work")
-    rows = ["en-de.base", "en-de.base+localness"]
-    p = reproduce("yang2018_table4.sh", "--rehearse", "--work-dir", work, "--only", " ".join(rows), timeout=840)
+    tokenized, compound-split BLEU, the paired bootstrap against the baseline; the
+    page of the table (report.html) and each training's TensorBoard event files."""
+    work, p = yang_rehearsal
+    rows = YANG_ROWS
     table = check_rehearsal("yang2018_table4.sh", work, p, rows)
     assert "--nproc_per_node 2" in p.stderr and "--distributed-backend gloo" in p.stderr
     assert re.fullmatch(r"\d+\.\d\d", table["en-de.base+localness"]["tok. BLEU, compound split (extra)"])
@@ -153,6 +167,84 @@ def test_rehearsal_of_two_rows_runs_every_step(tmp_path):
     prepared = [d for d in os.listdir(os.path.join(work, "data")) if d.startswith("wmt14_en_de")]
     assert len(prepared) == 1 and os.path.exists(os.path.join(work, "data", prepared[0], "PREPARED"))
     assert "rehearsal" in open(os.path.join(work, "results.md"), encoding="utf-8").read()
+    assert f"fairseq-localness-report: wrote {work}/report.html" in p.stderr
+    for name in rows:
+        events = os.path.join(work, "runs", name, "tensorboard", "valid")
+        assert any(f.startswith("events.out.tfevents.") for f in os.listdir(events)), name
+    with open(os.path.join(work, "run.json"), encoding="utf-8") as f:
+        run = json.load(f)
+    assert run["command"].endswith(f"yang2018_table4.sh --rehearse --work-dir {work} --only en-de.base\\ "
+                                   "en-de.base+localness")
+    assert run["driver"] == "yang2018_table4" and run["hardware"].startswith("a rehearsal on the CPU; ")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
+def test_the_rehearsals_page_in_a_browser(yang_rehearsal, tmp_path):
+    """The page of the rehearsal in chromium: the numbers of results.json, the rows not
+    run shown as such, each trained row's curves loaded."""
+    work, _ = yang_rehearsal
+    with Browser() as b:
+        states = check_report_page(b, work, str(tmp_path / "page.png"))
+        page = b.open(os.path.join(work, "report.html"))
+        curves = page.eval("[...document.querySelectorAll('figure[id^=curves-] img')].map(i => i.naturalWidth)")
+        run = page.eval("document.querySelector('dl.run').textContent")
+    assert {n for n, (s, _) in states.items() if s == "done"} == set(YANG_ROWS)
+    assert all(s == "not run" for n, (s, _) in states.items() if n not in YANG_ROWS) and len(states) == 14
+    assert len(curves) == 2 and all(w > 0 for w in curves)
+    assert "2 of 14 done" in run and "yang2018_table4" in run
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
+def test_status_writes_the_page_of_a_half_finished_graph(yang_rehearsal, tmp_path):
+    """--status of a --slurm graph (its records as the jobs leave them, SLURM's commands
+    standing in on PATH) writes the table and the page: a running row, a failed one
+    with its reason and its log's last line, queued ones."""
+    src, _ = yang_rehearsal
+    work = str(tmp_path / "work")
+    shutil.copytree(src, work, ignore=shutil.ignore_patterns("*.pt", "downloads"))
+    for f in ("report.html", "results.md", "results.json"):
+        os.remove(os.path.join(work, f))
+    base, loc = (os.path.join(work, "runs", n) for n in YANG_ROWS)
+    os.remove(os.path.join(loc, "eval", "bleu.json"))  # localness: failed in its evaluation
+    with open(os.path.join(loc, "train.log"), "a") as f:
+        f.write("RuntimeError: a test failure\n")
+    state = os.path.join(work, "slurm")
+    os.makedirs(os.path.join(state, "jobs"))
+    registry = {"train:en-de.base:1": ("101", "done"), "eval:en-de.base:1": ("102", "done"),
+                "train:en-de.base+localness:1": ("103", "done"), "eval:en-de.base+localness:1": ("104", "failed"),
+                "train:en-de.big:1": ("105", "running"), "train:en-de.big+localness:1": ("106", None)}
+    with open(os.path.join(state, "submitted.json"), "w") as f:
+        json.dump({k: {"job_id": j, "kind": k.split(":")[0], "row": k.split(":")[1], "seed": "1",
+                       "log": os.path.join(state, "logs", j + "_0_log.err")} for k, (j, _) in registry.items()}, f)
+    for key, (job, st) in registry.items():
+        if st:
+            with open(os.path.join(state, "jobs", key.replace(":", "_") + ".json"), "w") as f:
+                json.dump({"state": st, "job_id": job, "message": "exit status 1: a test failure"
+                           if st == "failed" else ""}, f)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for cmd in ("sbatch", "scontrol", "scancel", "sinfo"):
+        (bin_dir / cmd).write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho '105 RUNNING 0 None'\necho '106 PENDING 0 Priority'\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = tool_env({"PATH": f"{bin_dir}:{tool_env()['PATH']}"})
+    p = run_command(["bash", os.path.join(REPRO, "yang2018_table4.sh"), "--rehearse", "--work-dir", work,
+                     "--status"], env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "en-de.big seed 1: running" in p.stdout
+    assert f"fairseq-localness-report: wrote {work}/report.html" in p.stderr
+    with Browser() as b:
+        states = check_report_page(b, work, str(tmp_path / "page.png"))
+        page = b.open(os.path.join(work, "report.html"))
+        failed = page.eval("[...document.querySelectorAll('li[data-row]')].map(li => li.textContent)")
+    assert states["en-de.base"][0] == "done" and states["en-de.base+localness"][0] == "failed"
+    assert states["en-de.big"][0] == "running" and states["en-de.big+localness"][0] == "queued"
+    assert states["zh-en.base"][0] == "not run"
+    assert any("en-de.base+localness" in t and "a test failure" in t and "its log ends: RuntimeError" in t
+               for t in failed), failed
 
 
 @pytest.mark.timeout(600)

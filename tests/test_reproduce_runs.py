@@ -95,6 +95,29 @@ def test_a_run_follows_its_dry_run_and_resumes(tmp_path):
     assert not calls.exists()
 
 
+def test_a_run_stopped_by_a_failing_step_leaves_its_table_and_page(tmp_path):
+    """A training that fails stops the run with its status, and the run leaves the table
+    and the page so far (report.html): the finished row done, the failed one with its
+    log's last line."""
+    work = tmp_path / "w"
+    failing = dict(STUBS, **{"train.sh": STUBS["train.sh"] + '; if [[ $(arg --arch) == dc_* ]]; then '
+                             'echo "RuntimeError: CUDA out of memory" >> "$dir/train.log"; exit 3; fi'})
+    env = _stub_steps(tmp_path, failing)
+    p = reproduce("dc_table1.sh", "--only", "transformer enc-dc", "--work-dir", work, "--data-dir",
+                  tmp_path / "data", env=env)
+    assert p.returncode == 3, p.stderr
+    assert f"fairseq-localness-report: wrote {work}/report.html" in p.stderr
+    result = json.loads((work / "results.json").read_text())
+    assert [(e["system"], e["seeds_done"]) for e in result["systems"]][:2] == [("transformer", [1]), ("enc-dc", [])]
+    html = (work / "report.html").read_text()
+    row = html[html.index('<tr id="row-enc-dc"'):]
+    assert 'data-state="failed"' in row[:row.index("</tr>")]
+    assert "its log ends: <code>RuntimeError: CUDA out of memory</code>" in html
+    run = json.loads((work / "run.json").read_text())
+    assert run["command"].endswith(f"dc_table1.sh --only transformer\\ enc-dc --work-dir {work} --data-dir "
+                                   f"{tmp_path / 'data'}") and run["hardware"].startswith("1 GPU(s) per run; ")
+
+
 def test_a_dataset_that_cannot_be_prepared_stops_the_run_before_any_work(tmp_path):
     """A real run checks every dataset it has to prepare before it starts: missing raw
     files (here the WMT17 ones of Yang et al.'s Zh-En rows) stop it with exit status 2

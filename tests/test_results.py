@@ -313,8 +313,9 @@ def test_a_failed_seed_is_marked_failed(tmp_path, capsys):
 
 def test_the_launcher_runs_without_fairseq():
     """scripts/results.py (the reproduce drivers' way in) loads the tool without the
-    package's __init__, so without fairseq and torch."""
-    code = ("import runpy, sys; m = runpy.run_path(%r, run_name='launcher'); m['load_results_module']().get_parser(); "
+    package's __init__, so without fairseq and torch; so does the report's."""
+    code = ("import runpy, sys; m = runpy.run_path(%r, run_name='launcher'); m['import_without_models']().get_parser(); "
+            "m['import_without_models']('fairseq_localness.cli.report').get_parser(); "
             "print(sorted(k for k in ('fairseq', 'torch') if k in sys.modules))"
             % os.path.join(REPO, "scripts", "results.py"))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=tool_env())

@@ -11,6 +11,13 @@ removed; values become numbers)::
     ... | INFO | valid | {"epoch": 1, "valid_loss": "6.629", "valid_bleu": "3.25", "valid_num_updates": "25"}
     ... | INFO | train | {"epoch": 1, "train_loss": "7.161", "train_wps": "680.9", "train_ups": "0.35", "train_num_updates": "40"}
 
+A log written by fairseq's ``--log-file`` (the reproduce drivers' ``train.log``) holds
+the same records without the prefix, one JSON object a line; the kind is read from the
+keys (``valid_num_updates``: ``valid``, ``train_num_updates``: ``train``, a bare
+``num_updates``: ``train_inner``)::
+
+    {"epoch": 1, "valid_loss": "7.421", "valid_nll_loss": "7.383", "valid_num_updates": "1"}
+
 plus two plain lines of ``fairseq_cli.train``::
 
     ... | INFO | fairseq_cli.train | num. shared model params: 245,760 (num. trained: 245,760)
@@ -34,6 +41,7 @@ _DONE = re.compile(r"done training in ([\d.]+) seconds")
 _KV_EQ = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([-+0-9.eE]+|nan|inf)")
 _KV_BAR = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*) ([-+0-9.eE]+|nan|inf)\s*$")
 _EPOCH = re.compile(r"epoch (\d+)")
+_BARE_KIND = re.compile(r'"(?:([A-Za-z0-9]+)_)?num_updates"')
 
 
 @dataclass
@@ -112,9 +120,15 @@ def parse_log(path: str) -> TrainingLog:
                 log.train_seconds = float(m.group(1))
                 continue
             m = _LINE.search(line)
-            if not m:
+            if m:
+                kind, text = m.group(1), m.group(2)
+            elif line.startswith('{"'):  # (--log-file: the record alone)
+                k = _BARE_KIND.search(line)
+                if not k:
+                    continue
+                kind, text = k.group(1) or "train_inner", line
+            else:
                 continue
-            kind, text = m.group(1), m.group(2)
             if kind.startswith("fairseq") or kind in ("root",):
                 continue
             record = _parse_record(kind, text)

@@ -144,6 +144,8 @@ def run(args) -> Dict:
     for r in runs:
         read_run(r)
     result = aggregate(runs, args)
+    result["title"] = args.title
+    result["layout"] = args.layout
     result["test"] = {
         "method": "paired bootstrap resampling of the test sentences on seed-pooled outputs (Koehn 2004); "
                   "p as sacreBLEU's --paired-bs",

@@ -186,7 +186,33 @@ the per-run ${RUN_TESTS// / and }")"
     done
 }
 
+# record_run: WORK/run.json, what the page's "The run" shows (the command, the commit,
+# the start, the hardware), when a run (or a --slurm submission) starts.
+record_run() {
+    local cmd devices table_args driver
+    printf -v cmd ' %q' "$0" "${DRIVER_ARGS[@]}"
+    printf -v table_args ' %q' "${TABLE_ARGS[@]}"
+    (( ${#TABLE_ARGS[@]} )) || table_args=""
+    driver="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+    if (( REHEARSE )); then devices="a rehearsal on the CPU"
+    elif [[ -n "$SLURM_MODE" ]]; then devices="--slurm: $S_NODES node(s) x $S_GPN $( (( CPU )) && echo "CPU process(es)" || echo "GPU(s)") per run"
+    elif (( CPU )); then devices="CPU"
+    else devices="$GPUS GPU(s) per run"
+    fi
+    "$PY" "$SCRIPTS_DIR/report.py" "$WORK" --record-run --command "${cmd# }" --driver "$(basename "$0" .sh)" \
+        --title "$TABLE_TITLE" --devices "$devices" --driver-path "$driver" --table-args "${table_args# }" \
+        || note "warning: $WORK/run.json could not be written"
+}
+
+# write_report: WORK/report.html, the page of the table so far (fairseq-localness-report,
+# through scripts/report.py, without fairseq); a page that cannot be written is a
+# warning, the run's results stand.
+write_report() {
+    "$PY" "$SCRIPTS_DIR/report.py" "$WORK" || echo "${PROG}: warning: $WORK/report.html could not be written" >&2
+}
+
 reproduce_main() {
+    DRIVER_ARGS=("$@")
     reproduce_parse_args "$@"
     if (( LIST_ONLY )); then
         list_rows
@@ -197,6 +223,7 @@ reproduce_main() {
     if (( TABLE_ONLY )); then
         write_table
         echo "(written to $WORK/results.md)" >&2
+        write_report
         return 0
     fi
     local i seed
@@ -210,6 +237,11 @@ reproduce_main() {
     rehearse_fakes
     (( DRY_RUN )) || preflight
     announce
+    if (( ! DRY_RUN )); then
+        record_run
+        # a run that stops on a failing step still leaves the table and the page so far
+        [[ -n "$SLURM_MODE" ]] || trap 'status=$?; if (( status )); then write_table > /dev/null 2>&1 || true; write_report; fi' EXIT
+    fi
     [[ -z "$SLURM_MODE" ]] || note "--slurm: a job graph (every row and seed a train and an eval job) in $WORK/slurm"
     PREPARED_THIS_RUN=""
     for seed in "${SEEDS[@]}"; do  # seed by seed: a partial run has every row of the first seeds
@@ -225,4 +257,5 @@ reproduce_main() {
     fi
     (( DRY_RUN )) && echo "# table (from the results that exist now):"
     write_table
+    (( DRY_RUN )) || write_report
 }

@@ -2,7 +2,7 @@
 """The Markdown table of a reproduce script: the paper's numbers next to ours, from
 the result files that exist. Used by scripts/reproduce/common.sh (print_table).
 
-    results_table.py --title TITLE [--tests "paired-bs compare-mt"] [--out FILE] < rows.tsv
+    results_table.py --title TITLE [--tests "paired-bs compare-mt"] [--seed N] [--out FILE] < rows.tsv
 
 rows.tsv: a header line, then one tab-separated line per row with the columns of
 COLUMNS (paths of result files that may not exist yet; empty fields allowed). Columns
@@ -23,6 +23,10 @@ Under the table: how many rows have results; per configuration the paper's words
 BLEU and what the columns report, the test set and the training (fixed updates and
 checkpoint averaging, or early stopping on development BLEU); the sacreBLEU
 signatures.
+
+With --out, the table's numbers are also written to results.json beside it, in the
+layout of fairseq-localness-results' results.json (one run per row: "systems", each with
+its "meta", "runs", "summary" and "comparison"), which fairseq-localness-report reads.
 """
 import argparse
 import csv
@@ -33,7 +37,7 @@ import sys
 
 COLUMNS = ("name", "pair", "paper_bleu", "kind", "extra", "score", "extra_score", "sacrebleu", "paper_params",
            "paper_speed", "log", "baseline", "compare_mt", "paired_bs", "config", "paper_metric", "test",
-           "training", "shares_embeddings")
+           "training", "shares_embeddings", "arch")
 KIND = {
     "nist": "NIST BLEU (mteval-v13a = sacreBLEU 13a)",
     "sacrebleu": "sacreBLEU",
@@ -115,7 +119,23 @@ def score_of(path):
     return s["score"] if s and "score" in s else None
 
 
-def table(title, rows, tests):
+def summary(value):
+    """fairseq-localness-results' summary of one run's value."""
+    return {"mean": value, "sd": None, "n": 0 if value is None else 1, "min": value, "max": value}
+
+
+def verdict(delta, p, alpha=0.05):
+    if p is None or delta is None:
+        return None
+    if delta == 0:  # (identical scores: sacreBLEU's p is 1 / (samples + 1) for identical outputs)
+        return "n.s."
+    return ("better" if delta > 0 else "worse") if p < alpha else "n.s."
+
+
+def table(title, rows, tests, seed=1, root=None):
+    """The Markdown table and notes, and the table's numbers per row in the layout of
+    fairseq-localness-results' results.json ("systems"; run directories relative to
+    ``root``)."""
     has_extra = any(r["extra"] for r in rows)
     extra_kinds = sorted({r["extra"] for r in rows if r["extra"]})
     has_params = any(r["paper_params"] for r in rows)
@@ -131,9 +151,10 @@ def table(title, rows, tests):
         head += ["paper speed", "our speed"]
     head += [TESTS[t][0] for t in tests]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 3 else "---:" for i in range(len(head))) + "|"]
-    signatures, done, shared_note, failed = set(), 0, False, []
+    signatures, done, shared_note, failed, systems = set(), 0, False, [], []
+    scores = {r["name"]: score_of(r["score"]) for r in rows}
     for r in rows:
-        ours = score_of(r["score"])
+        ours = scores[r["name"]]
         # a row whose SLURM jobs failed (--slurm's table job writes RUN/FAILED, with the reason)
         why = None
         if ours is None and r["log"]:
@@ -154,9 +175,10 @@ def table(title, rows, tests):
                 delta = "%+.2f" % (round(ours, 2) - float(r["paper_bleu"]))
         cells = [r["name"], r["pair"], KIND[r["kind"]], r["paper_bleu"],
                  "%.2f" % ours if ours is not None else ("failed" if why is not None else "-"), delta]
+        extra = score_of(r["extra_score"]) if r["extra"] else None
         if has_extra:
-            extra = score_of(r["extra_score"]) if r["extra"] else None
             cells += ["%.2f" % extra if extra is not None else "-"]
+        mine, speed, p_values = None, None, {}
         if has_params:
             n, base = ours_params.get(r["name"]), r["baseline"]
             if n is None:
@@ -172,12 +194,15 @@ def table(title, rows, tests):
                     shared_note = True
             cells += [r["paper_params"] or "-", mine]
         if has_speed:
-            s = speed_of(r["log"])
-            cells += [r["paper_speed"] or "-", "%.2f" % s if s is not None else "-"]
+            speed = speed_of(r["log"])
+            cells += [r["paper_speed"] or "-", "%.2f" % speed if speed is not None else "-"]
         for t in tests:
             p = p_value(load(r[TESTS[t][1]]), r["name"]) if r["baseline"] else None
+            p_values[t] = p
             cells += ["%.3f" % p if p is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
+        systems.append(system_entry(r, seed, root, ours, extra, ours_params.get(r["name"]), mine, speed, why,
+                                    scores.get(r["baseline"]) if r["baseline"] else None, p_values))
     notes = ["", "%s. Our numbers: %d of %d rows have results ('-': not run yet). delta = ours - paper."
              % (title, done, len(rows))]
     notes += ["failed: %s: %s" % (name, why) for name, why in failed]
@@ -209,23 +234,55 @@ def table(title, rows, tests):
                      "separate source embeddings, hence the difference in parameters.")
     for s in sorted(signatures):
         notes.append("sacreBLEU signature: " + s)
-    return "\n".join(lines + notes) + "\n"
+    return "\n".join(lines + notes) + "\n", systems
+
+
+def system_entry(r, seed, root, ours, extra, params, params_text, speed, why, base_score, p_values):
+    """One row of the table as an entry of results.json's "systems"."""
+    run_dir = os.path.dirname(r["log"]) if r["log"] else ""
+    rel = os.path.relpath(run_dir, root) if root and run_dir else run_dir
+    run = {"seed": seed, "dir": rel, "done": ours is not None, "bleu": ours, "extra": extra,
+           "params": params, "ups": speed}
+    if why is not None:
+        run["failed"] = why
+    comparison = None
+    if r["baseline"] and r["baseline"] != r["name"] and p_values:
+        delta = ours - base_score if ours is not None and base_score is not None else None
+        p = next((v for v in p_values.values() if v is not None), None)
+        comparison = {"baseline": r["baseline"], "delta_mean": delta, "tests": p_values,
+                      "pooled": {"delta": delta, "p_value": p, "verdict": verdict(delta, p)}}
+    meta = {"pair": r["pair"], "metric": r["kind"], "extra_metric": r["extra"], "paper_bleu": r["paper_bleu"],
+            "paper_params": r["paper_params"], "paper_speed": r["paper_speed"], "config": r["config"],
+            "paper_metric": r["paper_metric"], "test": r["test"], "training": r["training"],
+            "shares_embeddings": r["shares_embeddings"], "arch": r["arch"], "our_params": params_text or "-"}
+    return {"system": r["name"], "meta": meta, "baseline": r["baseline"] or None, "seeds": [seed],
+            "seeds_done": [seed] if ours is not None else [], "runs": [run],
+            "summary": {"bleu": summary(ours), "extra": summary(extra), "params": summary(params),
+                        "ups": summary(speed)},
+            "comparison": comparison}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--title", required=True)
     p.add_argument("--tests", default="", help="significance tests whose p-values to show: paired-bs, compare-mt")
-    p.add_argument("--out", default="", help="also write the table here")
+    p.add_argument("--seed", type=int, default=1, help="the runs' training seed (for results.json)")
+    p.add_argument("--out", default="", help="also write the table here, and its numbers to results.json beside it")
     args = p.parse_args(argv)
     reader = csv.DictReader(sys.stdin, delimiter="\t", quoting=csv.QUOTE_NONE)
     assert tuple(reader.fieldnames) == COLUMNS, reader.fieldnames
     rows = [{k: (v or "") for k, v in r.items()} for r in reader]
-    text = table(args.title, rows, args.tests.split())
+    root = os.path.dirname(os.path.abspath(args.out)) if args.out else None
+    text, systems = table(args.title, rows, args.tests.split(), args.seed, root)
     sys.stdout.write(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+        result = {"title": args.title, "layout": "reproduce", "systems": systems}
+        with open(os.path.join(root, "results.json.tmp"), "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        os.replace(os.path.join(root, "results.json.tmp"), os.path.join(root, "results.json"))
 
 
 if __name__ == "__main__":

@@ -128,4 +128,8 @@ slurm_finish() {
         status|cancel)
             slurm_py "$SLURM_MODE" --graph "$SLURM_GRAPH" --state-dir "$state" || exit $? ;;
     esac
+    # --status: the table and the page of what has finished so far
+    if [[ "$SLURM_MODE" == status && -f "$state/submitted.json" ]]; then
+        { DRY_RUN=0 write_table > /dev/null && write_report; } || echo "${PROG}: warning: no table or page" >&2
+    fi
 }

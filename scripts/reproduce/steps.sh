@@ -128,7 +128,7 @@ row_significance() {  # i
 print_table() {
     local i out="" rows
     printf -v rows '%s\t' name pair paper_bleu kind extra score extra_score sacrebleu paper_params paper_speed \
-        log baseline compare_mt paired_bs config paper_metric test training shares_embeddings
+        log baseline compare_mt paired_bs config paper_metric test training shares_embeddings arch
     rows="${rows%$'\t'}"$'\n'
     for i in "${!R_NAME[@]}"; do
         load_config "${R_CFG[$i]}"
@@ -139,11 +139,11 @@ print_table() {
             "${R_RUN[$i]}/eval/bleu.json" "${R_PARAMS[$i]}" "${R_SPEED[$i]}" "${R_RUN[$i]}/train.log" \
             "${R_BASE[$i]}" "${R_RUN[$i]}/significance/significance.json" "${R_RUN[$i]}/paired_bs/paired_bs.json" \
             "${R_CFG[$i]}" "$PAPER_BLEU" "${R_DATASET[$i]}${R_VARIANT[$i]:+ (${R_VARIANT[$i]})}: ${R_TEST[$i]}" \
-            "$TRAINING_TEXT" "${R_SHARES[$i]}"
+            "$TRAINING_TEXT" "${R_SHARES[$i]}" "${R_ARCH[$i]}"
         rows+="${line%$'\t'}"$'\n'
     done
     (( DRY_RUN )) || { mkdir -p "$WORK"; out="$WORK/results.md"; }
-    "$PY" "$REPRO_DIR/results_table.py" --title "$TABLE_TITLE" --tests "$RUN_TESTS" --out "$out" <<< "${rows%$'\n'}"
+    "$PY" "$REPRO_DIR/results_table.py" --title "$TABLE_TITLE" --tests "$RUN_TESTS" --seed "$SEED" --out "$out" <<< "${rows%$'\n'}"
 }
 
 # seeds_table: the table over several seeds, by fairseq-localness-results (layout
@@ -156,7 +156,7 @@ print_table() {
 seeds_table() {
     local i seed hyp score ref tokenize xscore dir tsv line
     printf -v tsv '%s\t' system seed dir hyp score ref tokenize baseline extra_score pair metric extra_metric \
-        paper_bleu paper_params paper_speed shares_embeddings config paper_metric test training
+        paper_bleu paper_params paper_speed shares_embeddings config paper_metric test training arch
     tsv="${tsv%$'\t'}"$'\n'
     for i in "${!R_NAME[@]}"; do
         load_config "${R_CFG[$i]}"
@@ -181,7 +181,8 @@ seeds_table() {
             printf -v line '%s\t' "${R_NAME[$i]}" "$seed" "$dir" "$hyp" "$score" "$ref" "$tokenize" "${R_BASE[$i]}" \
                 "$xscore" "${R_SRC[$i]}-${R_TGT[$i]}" "${R_KIND[$i]}" "${R_XKIND[$i]}" "${R_BLEU[$i]}" \
                 "${R_PARAMS[$i]}" "${R_SPEED[$i]}" "${R_SHARES[$i]}" "${R_CFG[$i]}" "$PAPER_BLEU" \
-                "${R_DATASET[$i]}${R_VARIANT[$i]:+ (${R_VARIANT[$i]})}: ${R_TEST[$i]}" "$TRAINING_TEXT"
+                "${R_DATASET[$i]}${R_VARIANT[$i]:+ (${R_VARIANT[$i]})}: ${R_TEST[$i]}" "$TRAINING_TEXT" \
+                "${R_ARCH[$i]}"
             tsv+="${line%$'\t'}"$'\n'
         done
     done
