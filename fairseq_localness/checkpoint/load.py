@@ -1,9 +1,11 @@
 """``torch.load`` for fairseq checkpoints, refusing anything a fairseq checkpoint
 does not hold (the switch, the order of the checks, and the one line).
 
-:func:`torch_load_checkpoint` loads a checkpoint in four steps, each of which can
-refuse it in one line (:class:`~fairseq_localness.checkpoint.errors.CheckpointError`)
-before the next starts:
+:func:`torch_load_checkpoint` reads the file once (:func:`read_checkpoint`: a
+regular file, no FIFO, device or directory, no larger than the memory available),
+then loads those bytes in four steps, each of which can refuse it in one line
+(:class:`~fairseq_localness.checkpoint.errors.CheckpointError`) before the next
+starts; the bytes checked are the bytes loaded:
 
 1. the container: torch's zip format, every member stored and inside the file
    (:func:`~fairseq_localness.checkpoint.scan.read_container`);
@@ -18,7 +20,8 @@ before the next starts:
 
 The one switch: ``FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1`` in the environment (or
 ``--trust-checkpoint`` on this package's command lines, which sets it) loads with
-``weights_only=False`` and none of the checks of steps 1 to 3, as fairseq does on
+``weights_only=False`` and none of the checks of steps 1 to 3 (the file is still read
+once, as a regular file), as fairseq does on
 torch < 2.6, i.e. runs whatever the file asks; it is logged once per process. There
 is no fallback from the safe load to the full one. The settings fairseq evaluates
 are literals whether or not the file is trusted (step 4's

@@ -40,15 +40,17 @@ one small entry per tensor (about 31 KB for a one-layer transformer with its
 optimizer state, a few hundred KB for a Transformer-big one); the weights are in the
 ``data/`` records, which have no such bound."""
 
-MAX_RECORDS = 20_000
+MAX_RECORDS = 10_000
 """The most members (storages) a checkpoint's zip may hold, counted from its end record
 before its directory is read: a Transformer-big checkpoint with Adam's moments and an
-EMA copy holds about 1,500; each costs the scan and torch's unpickler about 0.3 ms
-(150,000 empty tensors took 40 s)."""
-MAX_OPCODES = 1_000_000
-"""The most opcodes the scan runs: about 30 per tensor, 9,000 for a one-layer
-transformer with its optimizer state, about 100,000 for a Transformer-big one; a
-pickle of 16 MiB of one-byte opcodes would be 16 million."""
+EMA copy holds about 1,000, a 48+48-layer one about 8,000; each costs the checks and
+torch's unpickler about 0.3 ms (150,000 empty tensors took 40 s)."""
+MAX_OPCODES = 400_000
+"""The most opcodes the scan runs (torch's unpickler then runs as many): about 40 per
+tensor with its name, 7,400 for a one-layer transformer with its optimizer state, about
+40,000 for a Transformer-big one with an EMA copy; names pointing at one tensor cost a
+file three opcodes each, and a pickle of 16 MiB of one-byte opcodes would be 16
+million."""
 
 MAX_TENSOR_DIMS = 64
 

@@ -83,9 +83,8 @@ def last_n_checkpoints(
 def load_checkpoint(path: str) -> dict:
     """Load a fairseq checkpoint on CPU, without running code from it unless trusted
     (:func:`~fairseq_localness.checkpoint.torch_load_checkpoint`)."""
-    try:
-        with open(path, "rb") as f:
-            state = torch_load_checkpoint(f, map_location="cpu")
+    try:  # (the path, not a file opened here: a FIFO would hang open(), the load refuses it)
+        state = torch_load_checkpoint(path, map_location="cpu")
     except CheckpointError as e:
         raise AverageError(str(e)) from None
     except Exception as e:  # a truncated or foreign file: say which one
