@@ -221,8 +221,9 @@ def read_checkpoint(f, name: str) -> bytes:
         try:
             data = f.read() if size is None else f.read(size)
         except MemoryError:
-            raise MalformedCheckpointError(name, f"it is {size or 'too many':,} bytes, more than this process can "
-                                           "hold in memory") from None
+            raise MalformedCheckpointError(name, f"it is {size:,} bytes, more than this process can hold in "
+                                           "memory" if size is not None else "it is more than this process can hold "
+                                           "in memory") from None
         except OSError as e:
             raise MalformedCheckpointError(name, f"it cannot be read ({e.strerror or e})") from None
     if not isinstance(data, bytes):
