@@ -71,6 +71,8 @@ ROWS = {  # name: (change to the state, what the one line says)
     "a NaN learning rate": (_group("lr", float("nan")), "param_groups[0] lr = nan is not a finite number"),
     "a moment of another shape": (_moment, "exp_avg is a tensor of shape [3, 5], its parameter's is"),
     "a second parameter group": (_extra_group, "has 2 parameter groups, the run's optimizer 1"),
+    "a loss scale of 0": (lambda st: st["last_optimizer_state"].__setitem__("loss_scale", 0),
+                          "its last_optimizer_state's loss_scale is 0"),
 }
 
 
@@ -119,6 +121,17 @@ def test_a_forged_resume_is_refused_before_a_step(real, tmp_path):
         assert message.startswith(f"refusing to load checkpoint '{path}': ") and "\n" not in message, (name, message)
         assert fragment in message, (name, message)
         assert trainer.get_num_updates() in (0, 2), name  # no forged count taken (2: the real one, read before)
+
+
+def test_scheduler_states_as_fairseq_writes_them_pass():
+    """Numbers or None; the composite optimizer's: one such dict per optimizer."""
+    from fairseq_localness.checkpoint.resume import check_scheduler_state
+
+    check_scheduler_state({"best": None}, "f")
+    check_scheduler_state({"best": 2.5, "last_epoch": 3}, "f")
+    check_scheduler_state({"encoder": {"best": 1.0}, "decoder": {"lr": 0.1}}, "f")
+    with pytest.raises(CheckpointError, match="lr_scheduler_state's decoder's lr = 'x' is not a number"):
+        check_scheduler_state({"encoder": {"best": 1.0}, "decoder": {"lr": "x"}}, "f")
 
 
 @pytest.mark.parametrize("kind", ["directory", "FIFO"])

@@ -17,8 +17,9 @@ of the wrong shape or a position past the epoch's end each end in a traceback.
 - against the run (:func:`guard_trainer`): the optimizer's state
   (:func:`check_optimizer_state`: as many parameter groups and parameters as the
   run's optimizer, each moment a tensor of its parameter's shape or a number, each
-  hyperparameter of the type the run's has and within its range), the scheduler's
-  state, just before fairseq loads them into the optimizer it built for the run;
+  hyperparameter of the type the run's has and within its range, the fp16 loss
+  scale a positive number), the scheduler's state, just before fairseq loads them
+  into the optimizer it built for the run;
   the iterator's position within the epoch's batches, just before fairseq
   fast-forwards to it.
 
@@ -53,11 +54,9 @@ def _count(value, file: str, where: str, low: int = 0):
             file, f"its {where} = {short_repr(value, 40)} is not an integer in {low} .. 2**31")
 
 
-def _finite(value, file: str, where: str, low=None, high=None, none: bool = False):
+def _finite(value, file: str, where: str, low=None, high=None):
     """``value`` a finite number (a Python number, or a one-element tensor or array,
     as a distributed run's all-reduce leaves some), within ``[low, high)``."""
-    if value is None and none:
-        return
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
         value = value.item()
     elif hasattr(value, "dtype") and getattr(value, "size", 0) == 1 and value.dtype.kind in "biuf":
@@ -91,18 +90,21 @@ def check_history(state: dict, file: str):
 
 
 def check_scheduler_state(state, file: str, where: str = "lr_scheduler_state"):
-    """fairseq's schedulers keep numbers (``best``, ``last_epoch``, ``lr``) or ``None``."""
+    """fairseq's schedulers keep numbers (``best``, ``last_epoch``, ``lr``) or ``None``;
+    the composite optimizer's keeps one such dict per optimizer."""
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         raise MalformedCheckpointError(file, f"its {where} is not a dict of named values, as fairseq writes it")
     for key, value in state.items():
-        if not (value is None or _is_number(value)):
+        if isinstance(value, dict):
+            check_scheduler_state(value, file, f"{where}'s {key}")
+        elif not (value is None or _is_number(value)):
             raise MalformedCheckpointError(
                 file, f"its {where}'s {key} = {short_repr(value, 40)} is not a number, as fairseq writes it")
 
 
 # --------------------------------------------------------------------------- against the run
 RANGES = {"lr": (0, None), "eps": (0, None), "weight_decay": (0, None), "momentum": (0, None),
-          "betas": (0, 1), "loss_scale": (0, None)}
+          "betas": (0, 1)}
 """The ranges of the hyperparameters fairseq's optimizers share ([low, high))."""
 
 FACTORED = {"exp_avg_sq_row": lambda shape: shape[:-1], "exp_avg_sq_col": lambda shape: shape[:-2] + shape[-1:]}
@@ -153,8 +155,10 @@ def check_optimizer_state(optimizer, state, file: str, overrides=None):
     where = "last_optimizer_state"
     if not isinstance(state, dict):
         raise MalformedCheckpointError(file, f"its {where} is a {type(state).__name__}, not a dict")
-    if "loss_scale" in state:
+    if "loss_scale" in state:  # (fairseq divides by it)
         _finite(state["loss_scale"], file, f"{where}'s loss_scale", low=0)
+        if state["loss_scale"] == 0:
+            raise MalformedCheckpointError(file, f"its {where}'s loss_scale is 0; fairseq divides by it")
     inner = getattr(optimizer, "optimizer", None)
     if not isinstance(inner, torch.optim.Optimizer) or "param_groups" not in inner.state_dict():
         return  # an optimizer of another layout (a composite one): fairseq's own load decides

@@ -118,8 +118,8 @@ def patch_checkpoint_loading():
     ``Trainer.load_checkpoint`` (resuming, ``--restore-file``,
     ``--finetune-from-model``); open the checkpoints fairseq reads as regular files
     only (:func:`checkpoint_open`); check what a resume takes from its checkpoint
-    against the run (:func:`~fairseq_localness.checkpoint.resume.guard_trainer`). Installs the hook that prints a refused checkpoint
-    as one line. Idempotent.
+    against the run (:func:`~fairseq_localness.checkpoint.resume.guard_trainer`).
+    Installs the hook that prints a refused checkpoint as one line. Idempotent.
     """
     from fairseq import checkpoint_utils, models, trainer
     from fairseq.data import iterators
