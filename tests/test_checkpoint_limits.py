@@ -9,6 +9,7 @@ literals only (fairseq_localness.checkpoint.literals).
 """
 import argparse
 import collections
+import contextlib
 import io
 import json
 import os
@@ -278,6 +279,36 @@ def test_the_bytes_scanned_are_the_bytes_loaded(real, tmp_path, monkeypatch):
     state = torch_load_checkpoint(path)
     assert "rewritten" not in state["extra_state"]
     assert "rewritten" in torch_load_checkpoint(path)["extra_state"]  # (the file did change)
+
+
+def test_fairseqs_own_opens_refuse_a_fifo_without_waiting(tmp_path):
+    """fairseq opens checkpoints itself (load_checkpoint_to_cpu, the EMA's
+    save_ema_as_checkpoint): a FIFO is refused, not waited on. (Were it waited on, a
+    writer opened after 10 s ends the wait, and the test fails: it was waited on.)"""
+    import threading
+
+    from fairseq import checkpoint_utils
+
+    fifo = str(tmp_path / "checkpoint.pt")
+    os.mkfifo(fifo)
+
+    waited = []
+
+    def unblock():
+        with contextlib.suppress(OSError):  # ENXIO: nothing waits on it
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            waited.append(True)
+
+    for read in (checkpoint_utils.load_checkpoint_to_cpu,
+                 lambda path: checkpoint_utils.save_ema_as_checkpoint(path, str(tmp_path / "ema.pt"))):
+        timer = threading.Timer(10, unblock)
+        timer.start()
+        try:
+            with pytest.raises(MalformedCheckpointError, match="it is a FIFO \\(named pipe\\), not a regular file"):
+                read(fifo)
+        finally:
+            timer.cancel()
+        assert not waited, read
 
 
 def test_an_opcode_past_the_bound_is_refused(real, monkeypatch):

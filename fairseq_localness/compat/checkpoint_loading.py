@@ -92,13 +92,15 @@ def _one_line_failures(function, files_of):
 
 
 def checkpoint_open(file, mode="r", *args, **kwargs):
-    """``open`` as ``fairseq.checkpoint_utils`` sees it: a checkpoint it reads
-    (``"rb"``) is opened without waiting for a writer and refused in one line unless
-    it is a regular file (a FIFO would hang ``open`` itself); everything else is
-    Python's ``open``."""
+    """``open`` as ``fairseq.checkpoint_utils`` and ``fairseq.file_io`` see it: a
+    checkpoint they read (``"rb"``) is opened without waiting for a writer and
+    refused in one line unless it is a regular file (a FIFO would hang ``open``
+    itself); everything else is Python's ``open``."""
     from fairseq_localness.checkpoint.load import open_regular
 
-    if mode == "rb" and not args and not kwargs and isinstance(file, (str, os.PathLike)):
+    defaults = {"buffering": -1, "encoding": None, "errors": None, "newline": None}  # (PathManager.open passes them)
+    if (mode == "rb" and not args and all(defaults.get(k, object()) == v for k, v in kwargs.items())
+            and isinstance(file, (str, os.PathLike))):
         return open_regular(file)
     return open(file, mode, *args, **kwargs)
 
@@ -121,7 +123,7 @@ def patch_checkpoint_loading():
     against the run (:func:`~fairseq_localness.checkpoint.resume.guard_trainer`).
     Installs the hook that prints a refused checkpoint as one line. Idempotent.
     """
-    from fairseq import checkpoint_utils, models, trainer
+    from fairseq import checkpoint_utils, file_io, models, trainer
     from fairseq.data import iterators
     from fairseq.distributed import utils as distributed_utils
 
@@ -135,6 +137,7 @@ def patch_checkpoint_loading():
         if not getattr(module.torch, _MARK, False):
             module.torch = _TorchWithLoad(load)
     checkpoint_utils.open = checkpoint_open
+    file_io.open = checkpoint_open  # (PathManager.open: only checkpoints are read through it in binary, the EMA's)
     guard_trainer(trainer.Trainer, iterators.EpochBatchIterator)
     checkpoint_utils.load_checkpoint_to_cpu = _one_line_failures(
         checkpoint_utils.load_checkpoint_to_cpu, lambda path, *a, **k: str(path))
