@@ -110,7 +110,7 @@ def test_bad_inputs_stop_before_writing(tmp_path, capsys, case):
         "dir_without_num": (["--inputs", tmp_path], "is a directory; give checkpoint files"),
         "files_with_num": (["--inputs", a, b, "--num-epoch-checkpoints", 2], "must be one directory"),
         "bound_without_num": (["--inputs", a, b, "--checkpoint-upper-bound", 3], "requires --num-epoch"),
-        "not_a_checkpoint": (None, "is not a fairseq checkpoint"),
+        "not_a_checkpoint": (None, "(no 'model' entry)"),
     }[case]
     if case == "mismatched_keys":
         c = make_ckpt(str(tmp_path / "other.pt"), {"w": params(3)["w"], "extra": torch.zeros(1)})

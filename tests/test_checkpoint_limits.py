@@ -8,6 +8,8 @@ through fairseq's real command lines. fairseq's ``eval()`` of its settings parse
 literals only (fairseq_localness.checkpoint.literals).
 """
 import argparse
+import collections
+import contextlib
 import io
 import json
 import os
@@ -23,7 +25,8 @@ import pytest
 import torch
 
 import forge
-from conftest import USER_DIR, get_tiny_data, parse_hypotheses, run_fairseq, tool_env, train_command
+from conftest import (SCRIPTS, USER_DIR, get_tiny_data, parse_hypotheses, run_command, run_fairseq, tool_env, tool_path,
+                      train_command)
 
 from fairseq_localness.checkpoint import (CheckpointError, MalformedCheckpointError, UntrustedCheckpointError,
                                           torch_load_checkpoint)
@@ -123,7 +126,7 @@ def _crafted(real, tmp, case):
         def large(cfg):
             cfg["model"].max_source_positions = cfg["model"].max_target_positions = 5_000_000
         return (forge.with_settings(r, out, large), UntrustedCheckpointError,
-                "its settings describe a model of 160,")
+                "its settings describe a model of more than")
     if case == "a cycle":
         loop = []
         loop.append(loop)
@@ -183,6 +186,43 @@ def _crafted(real, tmp, case):
         def meter(st):
             st["extra_state"]["metrics"]["valid"][0] = (10, "loss", "OrderedDict", {})
         return forge.with_state(r, out, meter), MalformedCheckpointError, "its extra_state's metrics are not"
+    if case == "no model entry":  # the size check counts the weights: a file without them has nothing to count
+        def no_model(st):
+            del st["model"]
+            st["cfg"]["model"].max_source_positions = st["cfg"]["model"].max_target_positions = 5_000_000
+        return forge.with_state(r, out, no_model), MalformedCheckpointError, "it holds no weights (no 'model' entry)"
+    if case == "one storage under 300 names, a large model described":  # counted once, the size check refuses
+        def many_names(st):
+            shared = torch.zeros(1_000_000)
+            st["model"].update((f"junk{i}", shared) for i in range(300))
+            st["cfg"]["model"].max_source_positions = st["cfg"]["model"].max_target_positions = 5_000_000
+        return (forge.with_state(r, out, many_names), UntrustedCheckpointError,
+                "its settings describe a model of more than")
+    if case == "overlapping views of one storage":
+        base = torch.zeros(1000)
+        return (forge.tensor_file({f"w{i}": base[i:i + 900] for i in range(300)}, out), UntrustedCheckpointError,
+                "the tensors built from one storage hold more elements together than the storage")
+    if case == "10**6 encoder layers":  # the meta build stops at the bound instead of building for an hour
+        return (forge.with_settings(r, out, forge.set_model_option("encoder_layers", 10 ** 6)),
+                UntrustedCheckpointError, "weights and buffers, far more than the")
+    if case == "a literal of 10**10 values":
+        return (forge.with_settings(r, out, forge.set_model_option("encoder_layers", "[[[0] * 100000] * 100000]")),
+                UntrustedCheckpointError, "is not a Python literal (a literal of more than 100000 values")
+    if case == "more zip members than a checkpoint needs":  # 150,000 empty tensors took 40 s
+        top = forge.members(r)[0][0].split("/")[0]
+        extra = [(f"{top}/data/x{i}", b"") for i in range(scan.MAX_RECORDS)]
+        return forge.repack(r, out, add=extra), UntrustedCheckpointError, "members, more than the 10,000 storages"
+    if case == "a FIFO":  # fairseq's own open() waited for a writer
+        os.mkfifo(out)
+        return out, MalformedCheckpointError, "it is a FIFO (named pipe), not a regular file"
+    if case == "a directory":
+        os.mkdir(out)
+        return out, MalformedCheckpointError, "it is a directory, not a regular file"
+    if case == "a character device":
+        return "/dev/zero", MalformedCheckpointError, "it is a character device, not a regular file"
+    if case == "an update count past 2**31":
+        return (forge.with_state(r, out, lambda st: st["optimizer_history"][-1].__setitem__("num_updates", 2 ** 70)),
+                MalformedCheckpointError, "num_updates = 1180591620717411303424 is not an integer in 0 .. 2**31")
     if case == "code in adam_betas":
         code = forge.code_setting(m)
         return (forge.with_settings(r, out, lambda cfg: cfg["optimizer"].__setitem__("adam_betas", code)),
@@ -199,7 +239,9 @@ CRAFTED = ["bytearray of 2 GiB", "STACK_GLOBAL of memoized strings", "INST", "OB
            "code in adam_betas", "a second pickle named DATA.PKL", "a member outside the folder",
            "an escaped interpolation in legacy args", "namespaces fanned out", "a long list in legacy args",
            "bytes as a setting", "a string as the iterator's position", "weights that are a list",
-           "an unknown meter"]
+           "an unknown meter", "no model entry", "overlapping views of one storage", "a literal of 10**10 values",
+           "more zip members than a checkpoint needs", "a FIFO", "a directory", "a character device",
+           "an update count past 2**31"]
 
 
 @pytest.mark.parametrize("case", CRAFTED)
@@ -207,6 +249,73 @@ def test_a_crafted_checkpoint_is_refused_in_one_line(real, tmp_path, case):
     path, kind, fragment = _crafted(real, tmp_path, case)
     refused(path, kind, fragment)
     assert not (tmp_path / "marker").exists()
+
+
+def test_a_literal_is_bounded_by_what_it_builds():
+    """Nested repetition builds what a walk or a copy reaches, not what it holds."""
+    assert literal("[(512, 3)] * 20 + [(1024, 3)]") == [(512, 3)] * 20 + [(1024, 3)]
+    assert len(literal("[[0] * 300] * 300")) == 300
+    for text in ("[[[0] * 100000] * 100000]", "[[0] * 1000] * 1000", "('ab' * 1000,) * 1000",
+                 "[" + ", ".join(["[0] * 9999"] * 11) + "]"):
+        with pytest.raises(NotALiteral, match="a literal of more than 100000 values"):
+            literal(text)
+
+
+def test_the_bytes_scanned_are_the_bytes_loaded(real, tmp_path, monkeypatch):
+    """A file rewritten between the scan and torch's load: the load reads the bytes
+    the scan read, not the new ones."""
+    from fairseq_localness.checkpoint import load
+
+    path = forge.write(tmp_path / "model.pt", forge.file_bytes(real["path"]))
+    other = forge.with_state(real["path"], tmp_path / "other.pt",
+                             lambda st: st["extra_state"].__setitem__("rewritten", True))
+    scanned = load.scanning.scan
+
+    def scan_then_rewrite(container, name):
+        scanned(container, name)
+        forge.write(path, forge.file_bytes(other))  # in place, as another process could
+
+    monkeypatch.setattr(load.scanning, "scan", scan_then_rewrite)
+    state = torch_load_checkpoint(path)
+    assert "rewritten" not in state["extra_state"]
+    assert "rewritten" in torch_load_checkpoint(path)["extra_state"]  # (the file did change)
+
+
+def test_fairseqs_own_opens_refuse_a_fifo_without_waiting(tmp_path):
+    """fairseq opens checkpoints itself (load_checkpoint_to_cpu, the EMA's
+    save_ema_as_checkpoint): a FIFO is refused, not waited on. (Were it waited on, a
+    writer opened after 10 s ends the wait, and the test fails: it was waited on.)"""
+    import threading
+
+    from fairseq import checkpoint_utils
+
+    fifo = str(tmp_path / "checkpoint.pt")
+    os.mkfifo(fifo)
+
+    waited = []
+
+    def unblock():
+        with contextlib.suppress(OSError):  # ENXIO: nothing waits on it
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            waited.append(True)
+
+    for read in (checkpoint_utils.load_checkpoint_to_cpu,
+                 lambda path: checkpoint_utils.save_ema_as_checkpoint(path, str(tmp_path / "ema.pt"))):
+        timer = threading.Timer(10, unblock)
+        timer.start()
+        try:
+            with pytest.raises(MalformedCheckpointError, match="it is a FIFO \\(named pipe\\), not a regular file"):
+                read(fifo)
+        finally:
+            timer.cancel()
+        assert not waited, read
+
+
+def test_an_opcode_past_the_bound_is_refused(real, monkeypatch):
+    """The scan's time is bounded by its count of opcodes (a one-layer checkpoint runs
+    about 7,400)."""
+    monkeypatch.setattr(scan, "MAX_OPCODES", 1000)
+    refused(real["path"], UntrustedCheckpointError, "its pickle runs more than 1,000 opcodes")
 
 
 MEMORY_SCRIPT = r"""
@@ -262,20 +371,48 @@ def test_memory_bombs_are_refused_within_a_few_hundred_megabytes(real, tmp_path)
 
 
 CLI_CASES = ["INST", "cut short", "random bytes", "deflated pickle", "settings bomb (2**40 values)", "a cycle",
-             "unregistered task", "interpolation", "a model larger than it stores"]
+             "unregistered task", "interpolation", "a model larger than it stores", "no model entry",
+             "one storage under 300 names, a large model described", "10**6 encoder layers", "a FIFO"]
+MEMORY_LIMIT = 1536 << 20
+"""The address space fairseq-generate is given to refuse a file (it translates the real
+checkpoint within it)."""
 
 
 @pytest.mark.parametrize("case", CLI_CASES)
 def test_fairseq_generate_refuses_a_crafted_checkpoint_in_one_line(real, tmp_path, case):
     path, _, fragment = _crafted(real, tmp_path, case)
     data = real["data"]
-    proc = run_fairseq("fairseq-generate", [data.data_bin, "--user-dir", USER_DIR, "--source-lang", "src",
-                                            "--target-lang", "tgt", "--path", path, "--gen-subset", "test",
-                                            "--beam", "1", "--max-len-b", "3"], check=False, timeout=120)
+    proc = run_command(["prlimit", f"--as={MEMORY_LIMIT}", "--", tool_path("fairseq-generate"), data.data_bin,
+                        "--user-dir", USER_DIR, "--source-lang", "src", "--target-lang", "tgt", "--path", path,
+                        "--gen-subset", "test", "--beam", "1", "--max-len-b", "3"], env=tool_env(), timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fairseq-generate: error: ")]
     assert len(errors) == 1 and f"refusing to load checkpoint '{path}': " in errors[0] and fragment in errors[0]
+
+
+def test_one_tensor_under_300_names_against_averaging(real, tmp_path):
+    """Averaging sums each tensor once, however many names point at it: alone, the
+    file averages within the memory limit into a file of its own size; newest among
+    real checkpoints in average.sh --last 3, it is refused in one line."""
+    def many_names(st):
+        shared = torch.zeros(1_000_000)
+        st["model"] = collections.OrderedDict((f"junk{i}", shared) for i in range(300))
+    save_dir = tmp_path / "run"
+    save_dir.mkdir()
+    for epoch in (1, 2):
+        forge.write(save_dir / f"checkpoint{epoch}.pt", forge.file_bytes(real["path"]))
+    forged = forge.with_state(real["path"], save_dir / "checkpoint3.pt", many_names)
+    limit = ["prlimit", f"--as={MEMORY_LIMIT}", "--"]
+    alone = run_command(limit + [tool_path("fairseq-localness-average"), "--inputs", forged, "--output",
+                                 tmp_path / "alone.pt"], env=tool_env(), timeout=120)
+    assert alone.returncode == 0 and "Traceback" not in alone.stderr, alone.stderr[-3000:]
+    assert os.path.getsize(tmp_path / "alone.pt") < 2 * os.path.getsize(forged)
+    proc = run_command(limit + ["bash", os.path.join(SCRIPTS, "average.sh"), "--save-dir", save_dir, "--last", "3"],
+                       env=tool_env(), timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "does not have the parameters of" in errors[0], proc.stderr[-3000:]
 
 
 # --------------------------------------------------------------------------- mutations

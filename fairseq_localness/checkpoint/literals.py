@@ -28,7 +28,10 @@ from fairseq_localness.checkpoint.errors import UntrustedCheckpointError, short_
 MAX_SOURCE = 10_000
 """The longest string evaluated: fairseq's evaluated settings are a few dozen characters."""
 MAX_SEQUENCE = 100_000
-"""The longest list, tuple or string that ``*`` may build."""
+"""The most values the ``+`` and ``*`` of one literal may build, counted as a copy or a
+walk counts them: every item of every nested list, tuple, set and dict, and every
+character of a string, each time it is reached (``[[0] * 1000] * 1000`` builds a
+million, though it holds two lists of a thousand references)."""
 MAX_EXPONENT = 1_000
 MAX_INT_BITS = 4_096
 
@@ -54,6 +57,38 @@ def _number(value) -> bool:
     return isinstance(value, _NUMBER) and not isinstance(value, bool) or isinstance(value, bool)
 
 
+_built = threading.local()  # .sizes: {id: (expanded size, value)} of what + and * built; .total: their sum
+
+
+def _expanded(value) -> int:
+    """The values in ``value`` counted as a copy counts them (see :data:`MAX_SEQUENCE`);
+    what ``+`` and ``*`` built is looked up, not walked."""
+    if isinstance(value, (str, bytes)):
+        return max(len(value), 1)
+    if not isinstance(value, (list, tuple, set, frozenset, dict)):
+        return 1
+    known = _built.sizes.get(id(value))
+    if known is not None and known[1] is value:
+        return known[0]
+    items = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
+    size = 1 + sum(_expanded(item) for item in items)
+    _built.sizes[id(value)] = (size, value)
+    return size
+
+
+def _build(size: int, make):
+    """``make()``, a sequence of ``size`` values (expanded), within :data:`MAX_SEQUENCE`
+    for all that one literal builds."""
+    _built.total += size
+    if _built.total > MAX_SEQUENCE:
+        raise NotALiteral(f"a literal of more than {MAX_SEQUENCE} values (nested values counted each time they "
+                          "are reached)")
+    value = make()
+    if not isinstance(value, (str, bytes)):
+        _built.sizes[id(value)] = (size, value)
+    return value
+
+
 def _binop(node: ast.BinOp, left, right):
     op = type(node.op)
     if op not in _OPS:
@@ -63,15 +98,14 @@ def _binop(node: ast.BinOp, left, right):
         seq, times = (left, right) if isinstance(left, sequences) else (right, left)
         if not isinstance(times, int) or isinstance(times, bool):
             raise NotALiteral("a sequence multiplied by something that is not an integer")
-        if len(seq) * max(times, 0) > MAX_SEQUENCE:
-            raise NotALiteral(f"a sequence of more than {MAX_SEQUENCE} items")
-        return seq * times
+        times = max(times, 0)
+        if isinstance(seq, (str, bytes)):
+            return _build(len(seq) * times, lambda: seq * times)
+        return _build((_expanded(seq) - 1) * times + 1, lambda: seq * times)
     if op is ast.Add and isinstance(left, sequences):
         if type(left) is not type(right):
             raise NotALiteral("+ of a sequence and something else")
-        if len(left) + len(right) > MAX_SEQUENCE:
-            raise NotALiteral(f"a sequence of more than {MAX_SEQUENCE} items")
-        return left + right
+        return _build(_expanded(left) + _expanded(right), lambda: left + right)
     if not (_number(left) and _number(right)):
         raise NotALiteral(f"{type(node.op).__name__} of {type(left).__name__} and {type(right).__name__}")
     if op is ast.Pow and (not isinstance(right, (int, float)) or abs(right) > MAX_EXPONENT
@@ -124,12 +158,14 @@ def literal(source):
     """The value of ``source``, a Python literal: numbers, strings, bytes, ``True``,
     ``False``, ``None``, and tuples, lists, sets and dicts of them, with unary signs
     and binary arithmetic (``+ - * / // % **``) on numbers and ``+``/``*`` on
-    sequences, bounded in size. Raises :class:`NotALiteral` for anything else (a
-    name, a call, an attribute, a subscript, a lambda, a comprehension)."""
+    sequences, bounded in what they build (:data:`MAX_SEQUENCE`). Raises
+    :class:`NotALiteral` for anything else (a name, a call, an attribute, a
+    subscript, a lambda, a comprehension)."""
     if not isinstance(source, str):
         raise NotALiteral(f"not a string but {type(source).__name__}")
     if len(source) > MAX_SOURCE:
         raise NotALiteral(f"longer than {MAX_SOURCE} characters")
+    _built.sizes, _built.total = {}, 0
     try:
         tree = ast.parse(source.strip(), mode="eval")
         return _value(tree.body)
@@ -137,6 +173,8 @@ def literal(source):
         raise
     except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError) as e:
         raise NotALiteral(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    finally:
+        _built.sizes = {}
 
 
 # --------------------------------------------------------------------------- where a string came from

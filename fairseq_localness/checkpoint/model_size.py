@@ -9,14 +9,22 @@ checkpoint of a few kilobytes whose settings claim ``max_source_positions =
 :func:`guarded_build_model` wraps ``fairseq.models.build_model``: when a model is
 built for a checkpoint (``from_checkpoint=True``, as ``load_model_ensemble_and_task``
 builds it, for generation, the hub and the analyses), it is first built on torch's
-``meta`` device, which allocates nothing, and its weights and buffers are counted;
-more than the checkpoint stores plus a quarter plus :data:`SLACK` (buffers that are
-not stored, such as the positions' table) is refused in one line naming the file.
-:func:`remember_weights` notes what the last checkpoint loaded stores.
+``meta`` device, which allocates nothing, and its weights and buffers are counted
+as they are registered: more elements than the checkpoint stores plus a quarter plus
+:data:`SLACK` (buffers that are not stored, such as the positions' table), or more
+tensors than :data:`TENSORS_PER_NAME` per weight it names plus :data:`SLACK_TENSORS`,
+or a build longer than :data:`MAX_BUILD_SECONDS`, is refused in one line naming the
+file, as soon as the build passes the bound (a model of ``encoder_layers = 10**6``
+would take an hour to build even on ``meta``).
+:func:`remember_weights` notes what the last checkpoint loaded stores: the elements
+of its storages, each storage counted once however many names point at it (one
+storage under 300 names is one storage), and the number of its names.
 """
+import contextlib
 import copy
 import functools
 import threading
+import time
 
 import torch
 
@@ -24,6 +32,25 @@ from fairseq_localness.checkpoint.errors import UntrustedCheckpointError
 
 SLACK = 1 << 24
 """Elements a model may have beyond what its checkpoint stores: 64 MiB in float32."""
+TENSORS_PER_NAME = 3
+"""Weights a model may have per weight its checkpoint names: fairseq's upgrade of older
+checkpoints splits an attention's ``in_proj_weight`` into three."""
+SLACK_TENSORS = 256
+"""Weights and buffers beyond those: buffers that are not stored (a positions'
+``_float_tensor``)."""
+MAX_BUILD_SECONDS = 5.0
+"""The longest the build on ``meta`` may take: a Transformer-big builds in about 0.05 s,
+a hundred layers in about 0.5 s. Names (and views of one storage) cost a file a few
+bytes each, so the bound in tensors per name alone would let a file of 300,000 names
+describe a model that builds for minutes."""
+
+
+class _TooLarge(Exception):
+    """The model being built has passed the bound (``what``: which)."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
 
 _last = threading.local()
 
@@ -32,13 +59,50 @@ def remember_weights(state, file: str):
     """Note the elements of the weights ``state["model"]`` stores (from ``file``)."""
     model = state.get("model") if isinstance(state, dict) else None
     if isinstance(model, dict):
-        _last.file = file
-        _last.numel = sum(v.numel() for v in model.values() if isinstance(v, torch.Tensor))
+        storages = {}
+        for v in model.values():
+            if isinstance(v, torch.Tensor):
+                storage = v.untyped_storage()
+                storages[(storage.data_ptr(), storage.device)] = storage.nbytes() // max(v.element_size(), 1)
+        _last.file, _last.numel, _last.names = file, sum(storages.values()), len(model)
 
 
-def _count(model) -> int:
-    tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    return sum(t.numel() for t in tensors.values())
+@contextlib.contextmanager
+def _bounded(max_numel: int, max_tensors: int, seconds: float):
+    """Raise :class:`_TooLarge` as soon as the weights and buffers registered inside
+    pass ``max_numel`` elements or ``max_tensors`` tensors, or a module, weight or
+    buffer is registered after ``seconds``."""
+    from torch.nn.modules import module as nn_module
+
+    counted = {"numel": 0, "tensors": 0}
+    seen = set()
+    deadline = time.monotonic() + seconds
+
+    def in_time(module, name, child):
+        if time.monotonic() > deadline:
+            raise _TooLarge(f"that takes more than {seconds:g} s to build even without allocating it")
+
+    def count(module, name, tensor):
+        in_time(module, name, tensor)
+        if tensor is not None and id(tensor) not in seen:
+            seen.add(id(tensor))
+            counted["numel"] += tensor.numel()
+            counted["tensors"] += 1
+            if counted["numel"] > max_numel:
+                raise _TooLarge(f"of more than {max_numel:,} weight and buffer elements, far more than the "
+                                f"{_last.numel:,} it stores")
+            if counted["tensors"] > max_tensors:
+                raise _TooLarge(f"of more than {max_tensors:,} weights and buffers, far more than the "
+                                f"{_last.names:,} weights it names")
+
+    handles = [nn_module.register_module_parameter_registration_hook(count),
+               nn_module.register_module_buffer_registration_hook(count),
+               nn_module.register_module_module_registration_hook(in_time)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def guarded_build_model(build_model):
@@ -51,15 +115,16 @@ def guarded_build_model(build_model):
     def guarded(cfg, task, from_checkpoint=False):
         stored = getattr(_last, "numel", None)
         if from_checkpoint and stored is not None:
+            max_numel, max_tensors = stored + stored // 4 + SLACK, _last.names * TENSORS_PER_NAME + SLACK_TENSORS
             try:  # (on a copy: building may change the settings, e.g. --encoder-layers-to-keep)
-                with torch.device("meta"):
-                    described = _count(build_model(copy.deepcopy(cfg), task, from_checkpoint))
-            except Exception:  # a model that cannot be built without memory: fairseq's own build decides
-                described = None
-            if described is not None and described > stored + stored // 4 + SLACK:
+                with torch.device("meta"), _bounded(max_numel, max_tensors, MAX_BUILD_SECONDS):
+                    build_model(copy.deepcopy(cfg), task, from_checkpoint)
+            except _TooLarge as e:
                 raise UntrustedCheckpointError(
-                    _last.file, f"its settings describe a model of {described:,} weights and buffers, far more than "
-                    f"the {stored:,} it stores; fairseq would allocate them all before comparing", trust_helps=False)
+                    _last.file, f"its settings describe a model {e.what}; fairseq would build and allocate it all "
+                    "before comparing", trust_helps=False) from None
+            except Exception:  # a model that cannot be built without memory: fairseq's own build decides
+                pass
         return build_model(cfg, task, from_checkpoint)
 
     guarded._fairseq_localness_guarded = True

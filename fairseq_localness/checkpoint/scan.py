@@ -13,8 +13,9 @@ Before torch's restricted unpickler builds a single object of a checkpoint,
   that every global it names, every call it makes and the arguments of each call
   are known before anything is unpickled. Only what a fairseq checkpoint holds is
   allowed (:data:`CALLS`, :data:`STORAGE_TYPES`): tensors rebuilt from storages
-  (``torch._utils._rebuild_tensor_v2``, each view inside its storage and no larger
-  than it), ``collections.OrderedDict``, ``argparse.Namespace`` (the settings), and
+  (``torch._utils._rebuild_tensor_v2``, each view inside its storage, and the views
+  of one storage together no larger than it: a tensor under many names is one
+  tensor, built once), ``collections.OrderedDict``, ``argparse.Namespace`` (the settings), and
   the numpy arrays of fairseq's BLEU statistics (``--eval-bleu``: numeric
   dtypes only, no object arrays, the bytes of each array exactly its size). Each
   storage must name a record of the container large enough for it.
@@ -38,6 +39,18 @@ MAX_PICKLE_BYTES = 16 * 1024 * 1024
 one small entry per tensor (about 31 KB for a one-layer transformer with its
 optimizer state, a few hundred KB for a Transformer-big one); the weights are in the
 ``data/`` records, which have no such bound."""
+
+MAX_RECORDS = 10_000
+"""The most members (storages) a checkpoint's zip may hold, counted from its end record
+before its directory is read: a Transformer-big checkpoint with Adam's moments and an
+EMA copy holds about 1,000, a 48+48-layer one about 8,000; each costs the checks and
+torch's unpickler about 0.3 ms (150,000 empty tensors took 40 s)."""
+MAX_OPCODES = 400_000
+"""The most opcodes the scan runs (torch's unpickler then runs as many): about 40 per
+tensor with its name, 7,400 for a one-layer transformer with its optimizer state, about
+40,000 for a Transformer-big one with an EMA copy; names pointing at one tensor cost a
+file three opcodes each, and a pickle of 16 MiB of one-byte opcodes would be 16
+million."""
 
 MAX_TENSOR_DIMS = 64
 
@@ -92,6 +105,11 @@ def read_container(f, name: str, size: int) -> Container:
     """Check the zip container of a ``torch.save`` file (see the module docstring) and
     read its pickle. ``f`` is a seekable binary file of ``size`` bytes."""
     try:
+        end = zipfile._EndRecData(f)  # (the end record only: its count, before the directory is parsed)
+        if end is not None and end[zipfile._ECD_ENTRIES_TOTAL] > MAX_RECORDS:
+            raise UntrustedCheckpointError(
+                name, f"its zip holds {end[zipfile._ECD_ENTRIES_TOTAL]:,} members, more than the {MAX_RECORDS:,} "
+                "storages a fairseq checkpoint needs")
         z = zipfile.ZipFile(f)
         infos = z.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, IndexError, KeyError,
@@ -211,6 +229,7 @@ class _Machine:
         self.memo: Dict[int, object] = {}
         self.hooks: List[_Object] = []  # backward-hook dicts of tensors: must stay empty
         self.globals: List[str] = []  # refused globals, in order
+        self.viewed: Dict[str, int] = {}  # elements of the tensors built from each storage
 
     # ---- helpers
     def refuse(self, reason):
@@ -252,7 +271,10 @@ class _Machine:
     # ---- the run
     def run(self, data: bytes):
         try:
-            for op, arg, _ in pickletools.genops(io.BytesIO(data)):
+            for count, (op, arg, _) in enumerate(pickletools.genops(io.BytesIO(data))):
+                if count == MAX_OPCODES:
+                    self.refuse(f"its pickle runs more than {MAX_OPCODES:,} opcodes, far more than a fairseq "
+                                "checkpoint's")
                 self.step(op.name, arg)
                 if op.name == "STOP":
                     break
@@ -383,7 +405,7 @@ class _Machine:
             self.malformed(f"storage {key[:40]!r} has no record in the file")
         if self.records[key] != nbytes:
             self.malformed(f"storage {key[:40]!r} claims {nbytes} bytes, its record holds {self.records[key]}")
-        return _Object("storage", numel)
+        return _Object("storage", (numel, key))
 
     def call(self, func, args):
         if not isinstance(func, _Global):
@@ -469,13 +491,18 @@ class _Machine:
                 or not all(isinstance(v, int) and v >= 0 for v in size + stride) or offset < 0):
             self.malformed("a tensor with a negative or mismatched size or stride")
         numel = math.prod(size)
+        capacity, key = storage.info
         if numel:
             end = offset + sum((n - 1) * st for n, st in zip(size, stride)) + 1
-            if end > storage.info:
+            if end > capacity:
                 self.malformed("a tensor reaching beyond its storage")
-            if numel > storage.info:
+            if numel > capacity:
                 self.refuse("a tensor has more elements than its storage (a few bytes repeated into a large "
                             "tensor), which torch.save never writes")
+            self.viewed[key] = self.viewed.get(key, 0) + numel
+            if self.viewed[key] > capacity:
+                self.refuse("the tensors built from one storage hold more elements together than the storage "
+                            "(overlapping views: its bytes counted many times), which torch.save never writes")
         self.hooks.append(hooks)
         return _Object("tensor")
 

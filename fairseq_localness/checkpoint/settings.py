@@ -54,6 +54,7 @@ from fairseq_localness.checkpoint.errors import MalformedCheckpointError, Untrus
 from fairseq_localness.checkpoint.files import drop_file_settings
 from fairseq_localness.checkpoint.literals import NotALiteral, literal, remember_settings
 from fairseq_localness.checkpoint.values import check_finite, check_sizes
+from fairseq_localness.checkpoint.resume import check_history
 
 MAX_DEPTH = 64
 MAX_NODES = 5_000_000
@@ -329,12 +330,16 @@ def _number(value, file, where, none=True):
 
 def check_structure(state, file: str):
     """The entries fairseq reads from a checkpoint have the types fairseq writes: the
-    weights (``model``, ``criterion``, the EMA's) dicts of named tensors, the
-    optimizer history's counters and names, and what resuming reads of
-    ``extra_state`` (the epoch iterator's position, the best score, the metrics with
-    fairseq's own meters). Other entries are left as they are."""
-    if "model" in state:
-        _tensors(state["model"], file, "model")
+    weights (``model``, which every checkpoint holds; ``criterion``, the EMA's) dicts
+    of named tensors, the optimizer history's counters and names, and what resuming
+    reads of ``extra_state`` (the epoch iterator's position, the best score, the
+    metrics with fairseq's own meters), the counts within their ranges
+    (:func:`~fairseq_localness.checkpoint.resume.check_history`). Other entries are
+    left as they are."""
+    if "model" not in state:
+        raise MalformedCheckpointError(file, "it holds no weights (no 'model' entry), which every fairseq "
+                                       "checkpoint has")
+    _tensors(state["model"], file, "model")
     if state.get("criterion") is not None:
         _tensors(state["criterion"], file, "criterion")
     history = state.get("optimizer_history")
@@ -349,6 +354,7 @@ def check_structure(state, file: str):
                 raise MalformedCheckpointError(file, "its optimizer_history's num_updates is not an integer")
     extra = state.get("extra_state")
     if extra is None:
+        check_history(state, file)
         return
     if not isinstance(extra, dict):
         raise MalformedCheckpointError(file, f"its extra_state is a {_describe(extra)}, not a dict")
@@ -379,6 +385,7 @@ def check_structure(state, file: str):
         if not ok:
             raise MalformedCheckpointError(file, "its extra_state's metrics are not fairseq's (priority, name, "
                                            f"meter, state) with its own meters ({', '.join(sorted(METERS))})")
+    check_history(state, file)
 
 
 def check_state(state, file: str, names: bool = True):

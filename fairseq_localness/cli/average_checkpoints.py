@@ -9,7 +9,8 @@
   the last N of them, optionally only those numbered ``<= --checkpoint-upper-bound``;
 - everything except the parameters (``args``/``cfg``, optimizer history, ...) is
   copied from the first input (the newest one when a directory is given);
-- floating-point parameters are averaged; integer buffers get the floor of their mean.
+- floating-point parameters are averaged; integer buffers get the floor of their mean;
+  a tensor under several names (tied embeddings) is summed once and stays tied.
 
 It differs where fairseq's script is unsafe or unclear:
 
@@ -82,9 +83,8 @@ def last_n_checkpoints(
 def load_checkpoint(path: str) -> dict:
     """Load a fairseq checkpoint on CPU, without running code from it unless trusted
     (:func:`~fairseq_localness.checkpoint.torch_load_checkpoint`)."""
-    try:
-        with open(path, "rb") as f:
-            state = torch_load_checkpoint(f, map_location="cpu")
+    try:  # (the path, not a file opened here: a FIFO would hang open(), the load refuses it)
+        state = torch_load_checkpoint(path, map_location="cpu")
     except CheckpointError as e:
         raise AverageError(str(e)) from None
     except Exception as e:  # a truncated or foreign file: say which one
@@ -169,14 +169,30 @@ def config_differences(first: dict, other: dict) -> List[str]:
     ]
 
 
+def _tensor_key(t: torch.Tensor):
+    """What makes two entries of a state dict one tensor: the same view of one storage."""
+    return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype
+
+
+def _tie(params: Dict[str, torch.Tensor], names: List[str]) -> List[List[str]]:
+    """``names`` split into the groups that are one tensor in ``params`` (in order)."""
+    parts: Dict[tuple, List[str]] = collections.OrderedDict()
+    for name in names:
+        parts.setdefault(_tensor_key(params[name]), []).append(name)
+    return list(parts.values())
+
+
 def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
     """Load ``inputs`` and return the first one's state with averaged parameters.
 
-    Checkpoints of different models (:func:`config_differences`) are refused unless
-    ``force``."""
+    A tensor that several names share (tied embeddings) is summed once, and stays
+    shared in the average while it is shared in every input: the memory used is that
+    of the distinct tensors, however many names point at them. Checkpoints of
+    different models (:func:`config_differences`) are refused unless ``force``."""
     if not inputs:
         raise AverageError("--inputs: expected at least one checkpoint")
-    sums: Dict[str, torch.Tensor] = collections.OrderedDict()
+    sums: Dict[str, torch.Tensor] = collections.OrderedDict()  # one per group of tied names, by its first name
+    groups: Dict[str, List[str]] = collections.OrderedDict()
     dtypes: Dict[str, torch.dtype] = {}
     keys: Optional[List[str]] = None
     new_state = None
@@ -186,6 +202,7 @@ def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
         if keys is None:
             keys = list(params.keys())
             new_state = state
+            groups.update((names[0], names) for names in _tie(params, keys))
         elif not force and (diff := config_differences(new_state, state)):
             raise AverageError(
                 f"'{path}' is not the same model as '{inputs[0]}' ({'; '.join(diff[:5])}"
@@ -194,28 +211,34 @@ def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
             )
         if list(params.keys()) != keys:
             raise AverageError(_describe_key_mismatch(path, keys, list(params.keys()), inputs[0]))
-        for k in keys:
+        for first, names in list(groups.items()):
+            for part in _tie(params, names)[1:]:  # tied in the inputs so far, not in this one: sums of their own
+                groups[first] = [n for n in groups[first] if n not in part]
+                groups[part[0]] = part
+                sums[part[0]], dtypes[part[0]] = sums[first].clone(), dtypes[first]
+        for k, names in groups.items():
             p = params[k]
             if k not in sums:
                 dtypes[k] = p.dtype
-                # clone: a shared (tied) parameter must not be accumulated twice
                 sums[k] = p.detach().to(torch.float64 if p.is_floating_point() else torch.int64).clone()
                 continue
-            if p.shape != sums[k].shape:
-                raise AverageError(
-                    f"parameter '{k}' has shape {tuple(p.shape)} in '{path}' but "
-                    f"{tuple(sums[k].shape)} in '{inputs[0]}'"
-                )
+            for name in names:
+                if params[name].shape != sums[k].shape:
+                    raise AverageError(
+                        f"parameter '{name}' has shape {tuple(params[name].shape)} in '{path}' but "
+                        f"{tuple(sums[k].shape)} in '{inputs[0]}'"
+                    )
             sums[k] += p.detach().to(sums[k].dtype)
         del state, params
     n = len(inputs)
-    averaged = collections.OrderedDict()
+    averaged_groups = {}
     for k, total in sums.items():
         if total.is_floating_point():
-            averaged[k] = (total / n).to(dtypes[k])
+            averaged_groups[k] = (total / n).to(dtypes[k])
         else:
-            averaged[k] = torch.div(total, n, rounding_mode="floor").to(dtypes[k])
-    new_state["model"] = averaged
+            averaged_groups[k] = torch.div(total, n, rounding_mode="floor").to(dtypes[k])
+    owner = {name: first for first, names in groups.items() for name in names}
+    new_state["model"] = collections.OrderedDict((k, averaged_groups[owner[k]]) for k in keys)
     return new_state
 
 

@@ -32,6 +32,7 @@ The test that fails without it: ``tests/test_checkpoint_loading.py``,
 checkpoint through fairseq).
 """
 import functools
+import os
 import types
 
 import torch
@@ -141,6 +142,20 @@ def _one_line_hub(init):
     return wrapper
 
 
+def checkpoint_open(file, mode="r", *args, **kwargs):
+    """``open`` as ``fairseq.checkpoint_utils`` and ``fairseq.file_io`` see it: a
+    checkpoint they read (``"rb"``) is opened without waiting for a writer and
+    refused in one line unless it is a regular file (a FIFO would hang ``open``
+    itself); everything else is Python's ``open``."""
+    from fairseq_localness.checkpoint.load import open_regular
+
+    defaults = {"buffering": -1, "encoding": None, "errors": None, "newline": None}  # (PathManager.open passes them)
+    if (mode == "rb" and not args and all(defaults.get(k, object()) == v for k, v in kwargs.items())
+            and isinstance(file, (str, os.PathLike))):
+        return open_regular(file)
+    return open(file, mode, *args, **kwargs)
+
+
 def patch_checkpoint_loading():
     """Make ``fairseq.checkpoint_utils`` load fairseq checkpoints on torch >= 2.6
     through :func:`~fairseq_localness.checkpoint.torch_load_checkpoint`, and
@@ -154,22 +169,29 @@ def patch_checkpoint_loading():
     ``load_checkpoint_to_cpu`` (fairseq's upgrade of older settings),
     ``load_model_ensemble_and_task`` (generation, the hub, the analyses) and
     ``Trainer.load_checkpoint`` (resuming, ``--restore-file``,
-    ``--finetune-from-model``); check the files the hub reads beside a checkpoint
-    and turn a failure to build its BPE or tokenizer into one line
-    (:mod:`fairseq_localness.checkpoint.files`). Installs the hook that prints a
-    refused checkpoint as one line. Idempotent.
+    ``--finetune-from-model``); open the checkpoints fairseq reads as regular files
+    only (:func:`checkpoint_open`); check what a resume takes from its checkpoint
+    against the run (:func:`~fairseq_localness.checkpoint.resume.guard_trainer`);
+    check the files the hub reads beside a checkpoint and turn a failure to build its
+    BPE or tokenizer into one line (:mod:`fairseq_localness.checkpoint.files`).
+    Installs the hook that prints a refused checkpoint as one line. Idempotent.
     """
-    from fairseq import checkpoint_utils, file_utils, hub_utils, models, trainer
+    from fairseq import checkpoint_utils, file_io, file_utils, hub_utils, models, trainer
+    from fairseq.data import iterators
     from fairseq.distributed import utils as distributed_utils
 
     from fairseq_localness.checkpoint import install_excepthook, literals, torch_load_checkpoint
     from fairseq_localness.checkpoint.model_size import guarded_build_model
+    from fairseq_localness.checkpoint.resume import guard_trainer
 
     literals.install()
     models.build_model = guarded_build_model(models.build_model)
     for module, load in ((checkpoint_utils, torch_load_checkpoint), (distributed_utils, process_group_torch_load)):
         if not getattr(module.torch, _MARK, False):
             module.torch = _TorchWithLoad(load)
+    checkpoint_utils.open = checkpoint_open
+    file_io.open = checkpoint_open  # (PathManager.open: only checkpoints are read through it in binary, the EMA's)
+    guard_trainer(trainer.Trainer, iterators.EpochBatchIterator)
     checkpoint_utils.load_checkpoint_to_cpu = _one_line_failures(
         checkpoint_utils.load_checkpoint_to_cpu, lambda path, *a, **k: str(path))
     checkpoint_utils.load_model_ensemble_and_task = _one_line_failures(
