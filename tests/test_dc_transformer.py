@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from fairseq_localness.analysis.divergence import dc_divergence
 from fairseq_localness.models._locality import OptionError
 from fairseq_localness.models.dc_transformer import DCOptions
+from fairseq_localness.modules.incremental import MIN_STEPS
 from fairseq_localness.modules.dual_context import (
     DualContextModule,
     LocalContextUnit,
@@ -139,6 +140,36 @@ def test_convolution_cache_several_steps_at_once_and_reordered(kernel_size):
             _reorder(unit, state, order)
             r, full, outs = r[:, order], full[:, order], [o[:, order] for o in outs]
     torch.testing.assert_close(torch.cat(outs), full, atol=1e-6, rtol=1e-5)
+
+
+def test_decoder_steps_past_the_cache_room_with_reorders_equal_the_full_pass(monkeypatch):
+    """Beam-search steps of the DC module (the FI units' one-row step, the caches'
+    stores filled past their first room and reordered, the batch shrinking as
+    sentences finish) give the full teacher-forced pass, and bit for bit what the
+    cores' own forward passes give for the same steps."""
+    torch.manual_seed(0)
+    dc = DualContextModule(C, H, kernel_size=2, causal=True).eval()
+    steps = MIN_STEPS + 4
+    reorders = {2: torch.tensor([2, 0, 0]), MIN_STEPS: torch.tensor([1, 2])}
+
+    def decode(r):
+        state, outs = {}, []
+        with torch.no_grad():
+            for t in range(steps):
+                x = r[t : t + 1]
+                outs.append(dc(x, x, x, incremental_state=state)[0])
+                if t in reorders:
+                    _reorder(dc, state, reorders[t])
+                    r, outs = r[:, reorders[t]], [o[:, reorders[t]] for o in outs]
+        return torch.cat(outs), r
+
+    r = torch.randn(steps, 3, C)
+    out, reordered = decode(r)
+    full, _ = dc(reordered, reordered, reordered)
+    torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-4)
+    monkeypatch.setattr(DualContextModule, "_plain_step", lambda self, *args: False)
+    through_cores, _ = decode(r)
+    torch.testing.assert_close(out, through_cores, rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------- eq. 6-9 in float64

@@ -96,10 +96,13 @@ from torch import Tensor, nn
 
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.context import query_part
-from fairseq_localness.modules.incremental import IncrementalBuffer
+from fairseq_localness.modules.incremental import IncrementalBuffer, attention_step
 from fairseq_localness.modules.observe import QUERY_PADDING, VALID, Observable
 
 HEAD_REDUCTIONS = ("max", "mean", "per_head")
+# the dtypes whose decoder steps the FI units compute by the one-row kernel (float64
+# takes the cores' eager reference path)
+STEP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def kernel_split(kernel_size: int, causal: bool) -> Tuple[int, int]:
@@ -271,6 +274,21 @@ class DualContextModule(nn.Module, Observable):
     def _set_input_buffer(self, incremental_state, buffer):
         return self.fi_global._set_input_buffer(incremental_state, buffer)
 
+    def _plain_step(self, r: Tensor, incremental_state, attn_mask: Optional[Tensor]) -> bool:
+        """Whether this call is one decoder step that both FI units compute by the
+        one-row kernel (:func:`~.incremental.attention_step`): one query, no
+        ``attn_mask``, nothing recorded, no attention dropout drawn, a fast-path dtype,
+        ``attention_impl`` not ``"eager"``. A beam-search step then skips the cores'
+        context, masks and kernel choice, which a step of one query row does not use
+        (a DC step at d = 16: 1.28 -> 1.06 ms; docs/benchmark_appendix.md, "Dec-DC's
+        beam search at long sentences")."""
+        if incremental_state is None or r.size(0) != 1 or attn_mask is not None or self.recording:
+            return False
+        return r.dtype in STEP_DTYPES and all(
+            core.attention_impl != "eager" and not core.recording and not core._dropout_active()
+            for core in (self.fi_local, self.fi_global)
+        )
+
     def forward(
         self,
         query: Tensor,
@@ -296,6 +314,10 @@ class DualContextModule(nn.Module, Observable):
         if key_padding_mask is not None:
             new_padding = query_part(key_padding_mask, tgt_len).bool()
         lc = self.local_context(r, new_padding, incremental_state)  # eq. 6
+        if self._plain_step(r, incremental_state, attn_mask):  # a decoder step of beam search
+            h_l = attention_step(self.fi_local, r, lc, key_padding_mask, incremental_state)  # eq. 7
+            h_g = attention_step(self.fi_global, r, r, key_padding_mask, incremental_state)
+            return self.aggregate(torch.cat([h_l, h_g], dim=-1)), None  # eq. 8
         # validation forward passes only (not training, not inference, not decoding steps)
         want_probs = incremental_state is None and self.logging_metrics
         h_l, p_l = self.fi_local(  # eq. 7, h_l = FI(r, lc): T x B x C

@@ -7,11 +7,26 @@ and reorders them along the batch when beam search reorders its hypotheses. The
 attention core keeps its projected keys and values there (:func:`append_to_cache`), as
 fairseq's ``MultiheadAttention`` does, so a step projects only its new tokens; the
 Dual Contextual module's Local Context Unit keeps its last ``f - 1`` inputs.
+
+Self-attention keys and values grow by one step per decoder step. fairseq's
+``MultiheadAttention`` appends them with ``torch.cat``, which copies the whole cache at
+every step, and beam search's reorder copies it again. Here they are written into
+spare room of a store that has the steps as its first dimension (``cap x B x H x Dh``,
+:func:`append_steps`), and the cache is a ``B x H x T x Dh`` view of its first T steps,
+so a step writes only its own keys; the reorder copies the T cached steps once, into
+a store of the same room (:meth:`IncrementalBuffer.reorder_incremental_state`). A
+Dual Contextual decoder layer keeps two such caches (its two FI units), where the
+copies of ``torch.cat`` and the reorder took 58% of its self-attention sublayer's
+time at 256 steps (docs/benchmark_appendix.md, "Dec-DC's beam search at long
+sentences").
 """
 from typing import Dict, Optional, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from fairseq_localness.modules.fusion import merge_heads, split_heads
+from fairseq_localness.modules.kernels.step import last_keys_attention
 
 
 class IncrementalBuffer:
@@ -31,14 +46,75 @@ class IncrementalBuffer:
     @torch.jit.export
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Reorder every cached tensor (the attention's keys, values and padding, the
-        Local Context Unit's window ``B x C x (f-1)``) for beam search."""
+        Local Context Unit's window ``B x C x (f-1)``) for beam search: along the batch,
+        the first dimension, except for the stores of :func:`append_steps` (batch second),
+        whose views are rebuilt from the reordered store."""
         buffer = self._get_input_buffer(incremental_state)
         if buffer:
             for key, value in buffer.items():
-                if value is not None:
-                    buffer[key] = value.index_select(0, new_order)
+                if value is None or key.endswith(_STORE) or key + _STORE in buffer:
+                    continue
+                buffer[key] = value.index_select(0, new_order)
+            for key in [key for key in buffer if key.endswith(_STORE)]:
+                name = key[: -len(_STORE)]
+                buffer[key], buffer[name] = _reordered(buffer[key], buffer[name].size(2), new_order)
             incremental_state = self._set_input_buffer(incremental_state, buffer)
         return incremental_state
+
+
+# the suffix of a store's key in the buffer: "prev_key" is a view of "prev_key_store"
+_STORE = "_store"
+# the fewest steps a new store has room for; it doubles when full
+MIN_STEPS = 16
+
+
+def _steps_view(store: Tensor, length: int) -> Tensor:
+    """The first ``length`` steps of a ``cap x B x H x Dh`` store as ``B x H x T x Dh``."""
+    return store[:length].permute(1, 2, 0, 3)
+
+
+def _reordered(store: Tensor, length: int, new_order: Tensor) -> Tuple[Tensor, Tensor]:
+    """A store with the same room holding the first ``length`` steps of ``store``
+    reordered along the batch (``new_order``), and its view of them."""
+    reordered = store.new_empty(store.size(0), new_order.numel(), *store.shape[2:])
+    torch.index_select(store[:length], 1, new_order, out=reordered[:length])
+    return reordered, _steps_view(reordered, length)
+
+
+def append_steps(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor) -> Tensor:
+    """The cached steps under ``name`` (``B x H x T x Dh``) followed by ``new``
+    (``B x H x T' x Dh``), stored back under ``name``.
+
+    Without gradients the steps are written into the spare room of a store under
+    ``name + "_store"`` (``cap x B x H x Dh``, the steps first; room for
+    :data:`MIN_STEPS` steps at first, doubled when full), and the result is a view of
+    its first ``T + T'`` steps: no step is copied again until the store is full. With
+    gradients (an incremental pass being trained through) the result is
+    ``torch.cat``'s, so that no tensor saved for the backward pass is written into.
+    """
+    prev = saved.get(name)
+    store = saved.get(name + _STORE)
+    if new.requires_grad:
+        saved.pop(name + _STORE, None)
+        saved[name] = new if prev is None else torch.cat([prev, new], dim=2)
+        return saved[name]
+    length = 0 if prev is None else prev.size(2)
+    total = length + new.size(2)
+    steps_shape = (new.size(0), new.size(1), new.size(3))
+    in_store = (
+        store is not None and store.size(0) >= total and store.shape[1:] == steps_shape
+        and store.dtype == new.dtype and (prev is None or prev.data_ptr() == store.data_ptr())
+    )
+    if not in_store:
+        room = max(total, MIN_STEPS, 2 * store.size(0) if store is not None else 0)
+        grown = new.new_empty(room, *steps_shape)
+        if prev is not None:
+            grown[:length] = prev.permute(2, 0, 1, 3)
+        store = grown
+    store[length:total] = new.permute(2, 0, 1, 3)
+    saved[name + _STORE] = store
+    saved[name] = _steps_view(store, total)
+    return saved[name]
 
 
 def append_to_cache(
@@ -74,8 +150,38 @@ def append_to_cache(
                     else prev_key.new_zeros(bsz, k.size(2), dtype=torch.bool)
                 )
                 key_padding_mask = torch.cat([prev_kpm.bool(), new_kpm], dim=1)
-            k = torch.cat([prev_key, k], dim=2)
-            v = torch.cat([prev_value, v], dim=2)
+            k, v = append_steps(saved, "prev_key", k), append_steps(saved, "prev_value", v)
+    elif not static_kv:  # the first step of a growing cache
+        k, v = append_steps(saved, "prev_key", k), append_steps(saved, "prev_value", v)
     saved["prev_key"], saved["prev_value"] = k, v
     saved["prev_key_padding_mask"] = key_padding_mask
     return k, v, key_padding_mask
+
+
+def attention_step(core: nn.Module, query: Tensor, key_input: Tensor, key_padding_mask: Optional[Tensor],
+                   incremental_state) -> Tensor:
+    """One decoder step (``query`` ``1 x B x C``) of a one-branch attention core
+    (:class:`~fairseq_localness.modules.attention.AttentionCore`) whose keys and values
+    come from ``key_input`` (``1 x B x C``) at the query's position, with its keys and
+    values cached in ``incremental_state``; returns ``1 x B x C`` with the heads merged,
+    before any output projection.
+
+    The same operations as the core's own forward pass for such a step (its
+    projections, :func:`append_to_cache`, the one-row kernel
+    :func:`~fairseq_localness.modules.kernels.step.last_keys_attention`), without the
+    context, masks and kernel choice that a step of a plain branch does not use; so it
+    applies where the core would take that kernel: one global branch, no relative
+    positions, no attention dropout drawn, nothing recorded, no ``attn_mask``. The
+    Dual Contextual module's decoder steps run its two FI units this way.
+    """
+    saved = core._get_input_buffer(incremental_state)
+    heads = core.num_heads
+    q = split_heads(core.q_proj(query), heads)
+    k, v = split_heads(core.k_proj(key_input), heads), split_heads(core.v_proj(key_input), heads)
+    k, v, key_padding_mask = append_to_cache(saved, k, v, key_padding_mask, False, query.size(1))
+    core._set_input_buffer(incremental_state, saved)
+    if key_padding_mask is not None:
+        key_padding_mask = key_padding_mask.bool()
+        if key_padding_mask.device.type == "cpu" and not key_padding_mask.any():
+            key_padding_mask = None
+    return merge_heads(last_keys_attention(q, k, v, core.scaling, key_padding_mask, None))
