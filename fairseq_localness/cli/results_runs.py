@@ -100,18 +100,20 @@ def read_manifest(text: str, source: str, default_ref: Optional[str], default_ba
     return runs
 
 
-def _load_json(path: str):
+def load_json(path: str, error=ResultsError):
+    """The JSON value in ``path``; None where there is no such file; ``error`` (one
+    line naming the file) where it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise ResultsError(f"{path}: not readable as JSON ({e})")
+        raise error(f"{path}: not readable as JSON ({e})")
 
 
 def _score_of(path: str) -> Optional[float]:
-    score = _load_json(path)
+    score = load_json(path)
     if score is None:
         return None
     if not isinstance(score, dict) or not isinstance(score.get("score"), (int, float)):
@@ -136,10 +138,10 @@ def read_run(run: Run):
             pass
     if run.extra_score:
         run.values["extra"] = _score_of(run.extra_score)
-    sacre = _load_json(os.path.join(run.dir, "eval", "bleu.json"))
+    sacre = load_json(os.path.join(run.dir, "eval", "bleu.json"))
     if isinstance(sacre, dict) and sacre.get("signature"):
         run.signature = sacre["signature"]
-    phen = _load_json(os.path.join(run.dir, "eval", "phenomena.json"))
+    phen = load_json(os.path.join(run.dir, "eval", "phenomena.json"))
     if isinstance(phen, dict):
         for name, v in phen.items():
             acc = v.get("accuracy") if isinstance(v, dict) else None

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from fairseq_localness.analysis.logs import TrainingLog, parse_log
+from fairseq_localness.cli.results_runs import load_json
 
 RUNNING_SECONDS = 600
 # a log line of fairseq's whose text is a JSON record (scripts/train.sh: --log-format json;
@@ -72,13 +73,7 @@ class Work:
 
 
 def read_json(path: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise ReportError(f"{path}: not readable as JSON ({e})")
+    return load_json(path, ReportError)
 
 
 def markdown_table(path: str):
