@@ -201,7 +201,7 @@ def _crafted(real, tmp, case):
     if case == "overlapping views of one storage":
         base = torch.zeros(1000)
         return (forge.tensor_file({f"w{i}": base[i:i + 900] for i in range(300)}, out), UntrustedCheckpointError,
-                "the tensors built from one storage hold more elements together than the storage")
+                "the distinct tensors built from one storage hold more elements together than")
     if case == "10**6 encoder layers":  # the meta build stops at the bound instead of building for an hour
         return (forge.with_settings(r, out, forge.set_model_option("encoder_layers", 10 ** 6)),
                 UntrustedCheckpointError, "weights and buffers, far more than the")
@@ -249,6 +249,21 @@ def test_a_crafted_checkpoint_is_refused_in_one_line(real, tmp_path, case):
     path, kind, fragment = _crafted(real, tmp_path, case)
     refused(path, kind, fragment)
     assert not (tmp_path / "marker").exists()
+
+
+def test_a_weight_tied_under_several_names_loads(real, tmp_path):
+    """``state_dict()`` gives each name of a tied weight (``--share-all-embeddings``,
+    ``--share-decoder-input-output-embed``) a tensor of its own over one storage: the
+    same view under several names is one view, not overlapping ones."""
+    def tie(state):
+        weight = state["model"]["encoder.embed_tokens.weight"]
+        for name in ("decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+            state["model"][name] = weight.detach()
+
+    loaded = torch_load_checkpoint(forge.with_state(real["path"], tmp_path / "tied.pt", tie), map_location="cpu")
+    model = loaded["model"]
+    assert (model["decoder.output_projection.weight"].data_ptr() == model["decoder.embed_tokens.weight"].data_ptr()
+            == model["encoder.embed_tokens.weight"].data_ptr())
 
 
 def test_a_literal_is_bounded_by_what_it_builds():

@@ -229,7 +229,11 @@ class _Machine:
         self.memo: Dict[int, object] = {}
         self.hooks: List[_Object] = []  # backward-hook dicts of tensors: must stay empty
         self.globals: List[str] = []  # refused globals, in order
-        self.viewed: Dict[str, int] = {}  # elements of the tensors built from each storage
+        # the distinct views (offset, size, stride) built from each storage, and their elements together: a
+        # view under several names (tied embeddings: state_dict() gives each name a tensor of its own over
+        # one storage) is counted once
+        self.views: Dict[str, set] = {}
+        self.viewed: Dict[str, int] = {}
 
     # ---- helpers
     def refuse(self, reason):
@@ -499,10 +503,14 @@ class _Machine:
             if numel > capacity:
                 self.refuse("a tensor has more elements than its storage (a few bytes repeated into a large "
                             "tensor), which torch.save never writes")
-            self.viewed[key] = self.viewed.get(key, 0) + numel
+            views = self.views.setdefault(key, set())
+            if (offset, size, stride) not in views:
+                views.add((offset, size, stride))
+                self.viewed[key] = self.viewed.get(key, 0) + numel
             if self.viewed[key] > capacity:
-                self.refuse("the tensors built from one storage hold more elements together than the storage "
-                            "(overlapping views: its bytes counted many times), which torch.save never writes")
+                self.refuse("the distinct tensors built from one storage hold more elements together than "
+                            "the storage (overlapping views: its bytes counted many times), which torch.save "
+                            "never writes")
         self.hooks.append(hooks)
         return _Object("tensor")
 
