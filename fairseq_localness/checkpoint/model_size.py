@@ -12,13 +12,13 @@ builds it, for generation, the hub and the analyses), it is first built on torch
 ``meta`` device, which allocates nothing, and its weights and buffers are counted
 as they are registered: more elements than the checkpoint stores plus a quarter plus
 :data:`SLACK` (buffers that are not stored, such as the positions' table), or more
-tensors than :data:`TENSORS_PER_NAME` per weight it names plus :data:`SLACK_TENSORS`,
+tensors than :data:`TENSORS_PER_STORAGE` per tensor it stores plus :data:`SLACK_TENSORS`,
 or a build longer than :data:`MAX_BUILD_SECONDS`, is refused in one line naming the
 file, as soon as the build passes the bound (a model of ``encoder_layers = 10**6``
 would take an hour to build even on ``meta``).
 :func:`remember_weights` notes what the last checkpoint loaded stores: the elements
 of its storages, each storage counted once however many names point at it (one
-storage under 300 names is one storage), and the number of its names.
+storage under 300 names is one storage), and the number of its storages.
 """
 import contextlib
 import copy
@@ -32,17 +32,19 @@ from fairseq_localness.checkpoint.errors import UntrustedCheckpointError
 
 SLACK = 1 << 24
 """Elements a model may have beyond what its checkpoint stores: 64 MiB in float32."""
-TENSORS_PER_NAME = 3
-"""Weights a model may have per weight its checkpoint names: fairseq's upgrade of older
-checkpoints splits an attention's ``in_proj_weight`` into three."""
+TENSORS_PER_STORAGE = 3
+"""Weights a model may have per tensor (storage) its checkpoint stores: fairseq's upgrade
+of older checkpoints splits an attention's ``in_proj_weight`` into three. Counted per
+storage, not per name: names (and the same tensor under many of them) cost a file a few
+bytes each, a storage is a member of its zip (at most
+:data:`~fairseq_localness.checkpoint.scan.MAX_RECORDS`)."""
 SLACK_TENSORS = 256
 """Weights and buffers beyond those: buffers that are not stored (a positions'
 ``_float_tensor``)."""
-MAX_BUILD_SECONDS = 5.0
-"""The longest the build on ``meta`` may take: a Transformer-big builds in about 0.05 s,
-a hundred layers in about 0.5 s. Names (and views of one storage) cost a file a few
-bytes each, so the bound in tensors per name alone would let a file of 300,000 names
-describe a model that builds for minutes."""
+MAX_BUILD_SECONDS = 30.0
+"""The longest the build on ``meta`` may take, a last bound behind the two in elements
+and tensors: a Transformer-big builds in about 0.05 s, a hundred layers in about 0.5 s
+(far longer on a machine under load, which is why this bound is not tighter)."""
 
 
 class _TooLarge(Exception):
@@ -64,7 +66,7 @@ def remember_weights(state, file: str):
             if isinstance(v, torch.Tensor):
                 storage = v.untyped_storage()
                 storages[(storage.data_ptr(), storage.device)] = storage.nbytes() // max(v.element_size(), 1)
-        _last.file, _last.numel, _last.names = file, sum(storages.values()), len(model)
+        _last.file, _last.numel, _last.storages = file, sum(storages.values()), len(storages)
 
 
 @contextlib.contextmanager
@@ -93,7 +95,7 @@ def _bounded(max_numel: int, max_tensors: int, seconds: float):
                                 f"{_last.numel:,} it stores")
             if counted["tensors"] > max_tensors:
                 raise _TooLarge(f"of more than {max_tensors:,} weights and buffers, far more than the "
-                                f"{_last.names:,} weights it names")
+                                f"{_last.storages:,} tensors it stores")
 
     handles = [nn_module.register_module_parameter_registration_hook(count),
                nn_module.register_module_buffer_registration_hook(count),
@@ -115,7 +117,7 @@ def guarded_build_model(build_model):
     def guarded(cfg, task, from_checkpoint=False):
         stored = getattr(_last, "numel", None)
         if from_checkpoint and stored is not None:
-            max_numel, max_tensors = stored + stored // 4 + SLACK, _last.names * TENSORS_PER_NAME + SLACK_TENSORS
+            max_numel, max_tensors = stored + stored // 4 + SLACK, _last.storages * TENSORS_PER_STORAGE + SLACK_TENSORS
             try:  # (on a copy: building may change the settings, e.g. --encoder-layers-to-keep)
                 with torch.device("meta"), _bounded(max_numel, max_tensors, MAX_BUILD_SECONDS):
                     build_model(copy.deepcopy(cfg), task, from_checkpoint)
