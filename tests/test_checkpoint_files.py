@@ -158,6 +158,14 @@ def test_file_settings_are_unset_when_loaded_trusted_or_not(real, tmp_path, monk
                       UntrustedCheckpointError, "its setting cfg.task.config_yaml = '../../etc/x.yaml' names a file "
                       "outside the data directory")
     assert TRUST_ENV not in message
+    # a language is part of a file name (dict.{lang}.txt): 'a/b' would read a FIFO in a folder beside the hub's
+    message = refused(forge.with_settings(real["path"], tmp_path / "lang.pt",
+                                          lambda cfg: cfg["task"].__setitem__("source_lang", "a/b")),
+                      UntrustedCheckpointError, "its setting cfg.task.source_lang = 'a/b' holds a path separator")
+    assert TRUST_ENV not in message
+    refused(forge.with_legacy_args(real["path"], tmp_path / "pairs.pt",
+                                   lambda args: setattr(args, "lang_pairs", ["src-tgt", "..\\x-tgt"])),
+            UntrustedCheckpointError, "its setting args.lang_pairs = ")
 
 
 def test_a_file_named_by_a_checkpoint_is_not_opened_by_fairseq_generate(real, tmp_path):
