@@ -276,8 +276,9 @@ def test_impossible_sizes_and_diverged_weights_are_refused_when_loaded(real, tmp
 
     cases = [
         (forge.with_settings(real["path"], tmp_path / "positions.pt",
-                             forge.set_model_option("max_target_positions", 0)),
-         "its setting cfg.model.max_target_positions = 0 is not a size fairseq can build or translate with"),
+                             forge.set_model_option("max_target_positions", 1)),  # no room for a word
+         "its setting cfg.model.max_target_positions = 1 is not a size fairseq can build or translate with "
+         "(a whole number of at least 2)"),
         (forge.with_legacy_args(real["path"], tmp_path / "dim.pt", lambda a: setattr(a, "encoder_embed_dim", "16")),
          "its setting args.encoder_embed_dim = '16' is not a size"),
         (forge.with_settings(real["path"], tmp_path / "heads.pt", forge.set_model_option("decoder_attention_heads", 3)),
