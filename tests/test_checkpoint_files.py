@@ -158,6 +158,13 @@ def test_file_settings_are_unset_when_loaded_trusted_or_not(real, tmp_path, monk
                       UntrustedCheckpointError, "its setting cfg.task.config_yaml = '../../etc/x.yaml' names a file "
                       "outside the data directory")
     assert TRUST_ENV not in message
+    # how to translate is the command line's: the hub's first translate stopped on temperature 0 or min_len 1000
+    generation = forge.with_settings(real["path"], tmp_path / "generation.pt", lambda cfg: cfg["generation"].update(
+        temperature=0.0, min_len=1000, constraints="ordered"))
+    legacy = forge.with_legacy_args(real["path"], tmp_path / "args_generation.pt",
+                                    lambda args: setattr(args, "diverse_beam_groups", 3))
+    assert torch_load_checkpoint(generation)["cfg"]["generation"] == real_cfg["generation"]
+    assert not hasattr(torch_load_checkpoint(legacy)["args"], "diverse_beam_groups")
     # a language is part of a file name (dict.{lang}.txt): 'a/b' would read a FIFO in a folder beside the hub's
     message = refused(forge.with_settings(real["path"], tmp_path / "lang.pt",
                                           lambda cfg: cfg["task"].__setitem__("source_lang", "a/b")),

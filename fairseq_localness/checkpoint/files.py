@@ -173,6 +173,38 @@ def drop_file_settings(settings, file: str):
     return dropped
 
 
+def command_line_generation(settings, file: str):
+    """Replace the generation settings a checkpoint holds (``cfg.generation``, and the
+    same names in legacy ``args``) by fairseq's defaults: how to translate is the
+    command line's (``fairseq-generate`` reads its own; the hub applies
+    ``from_pretrained``'s keyword arguments over these), and a checkpoint's
+    ``temperature = 0``, ``min_len = 1000``, ``sampling_topk = 10**6``,
+    ``constraints`` or ``diverse_beam_groups`` would stop the hub's first
+    ``translate`` in fairseq's generator with a traceback. A checkpoint written by
+    ``fairseq-train`` holds the defaults. Returns whether anything was replaced."""
+    import dataclasses
+
+    from fairseq.dataclass.configs import GenerationConfig
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.structured(GenerationConfig()))
+    changed = False
+    cfg, args = settings.get("cfg"), settings.get("args")
+    if isinstance(cfg, dict) and isinstance(cfg.get("generation"), (dict, argparse.Namespace)):
+        held = cfg["generation"]
+        changed = (vars(held) if isinstance(held, argparse.Namespace) else held) != defaults
+        cfg["generation"] = defaults
+    if isinstance(args, argparse.Namespace):
+        names = {field.name for field in dataclasses.fields(GenerationConfig)}
+        for name in names & set(vars(args)):
+            changed |= getattr(args, name) != defaults[name]
+            delattr(args, name)
+    if changed:
+        logger.info("%s: its generation settings are replaced by fairseq's defaults: how to translate is the "
+                    "command line's (or from_pretrained's keyword arguments)", file)
+    return changed
+
+
 def _refuse(file, what, reason):
     raise UntrustedCheckpointError(file, f"{what} {reason}", trust_helps=False)
 
