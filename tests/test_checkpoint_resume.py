@@ -75,6 +75,7 @@ ROWS = {  # name: (change to the state, what the one line says)
     "a string in betas": (_group("betas", ("a", "b")), "its last_optimizer_state's param_groups[0] betas = "
                           "('a', 'b') is not of the kind the run's optimizer has"),
     "a beta of 1": (_group("betas", (0.9, 1.0)), "param_groups[0] betas = 1.0 is not a finite number >= 0 and < 1"),
+    "amsgrad switched on": (_group("amsgrad", True), "param_groups[0] amsgrad = True, the run's optimizer False"),
     "a NaN learning rate": (_group("lr", float("nan")), "param_groups[0] lr = nan is not a finite number"),
     "a moment of another shape": (_moment, "exp_avg is a tensor of shape [3, 5], its parameter's is"),
     "a negative second moment": (_first_moment("exp_avg_sq", lambda v: v.fill_(-1.0)),

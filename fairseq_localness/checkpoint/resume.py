@@ -127,6 +127,10 @@ def _hyperparameter(value, run, file: str, where: str, key: str):
         raise MalformedCheckpointError(
             file, f"its {where} = {short_repr(value, 40)} is not of the kind the run's optimizer has "
             f"({short_repr(run, 40)})")
+    if isinstance(run, bool) and value != run:  # (amsgrad: True wants a max_exp_avg_sq the state may not hold)
+        raise MalformedCheckpointError(
+            file, f"its {where} = {value!r}, the run's optimizer {run!r}: a switch of the optimizer decides which "
+            "state its step reads, and the first step would fail on what the state does not hold")
     low, high = RANGES.get(key, (None, None))
     for item in value if isinstance(value, (tuple, list)) else [value]:
         if _is_number(item):
