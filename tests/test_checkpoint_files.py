@@ -342,3 +342,23 @@ def test_with_the_switch_the_settings_are_still_bounded(real, tmp_path, monkeypa
     assert f"set {TRUST_ENV}=1" in refused(elsewhere, UntrustedCheckpointError, "it contains itself (a cycle)")
     monkeypatch.setenv(TRUST_ENV, "1")
     assert torch_load_checkpoint(elsewhere)["cfg"] == forge.load_real(real["path"])["cfg"]
+
+
+def test_an_analysis_tool_reads_no_fifo_in_the_data_directory_a_checkpoint_records(real, tmp_path):
+    """Given no data directory, an analysis tool reads the dictionaries of the one the
+    checkpoint records: a FIFO there hung the task's setup; it is refused in one line."""
+    from fairseq_localness.analysis.checkpoint import load_checkpoint
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(os.path.join(real["data"].data_bin, "dict.tgt.txt"), data)
+    _fifo(data / "dict.src.txt")
+    path = forge.with_settings(real["path"], tmp_path / "recorded.pt",
+                               lambda cfg: cfg["task"].__setitem__("data", str(data)))
+    start = time.monotonic()
+    with pytest.raises(UntrustedCheckpointError) as e:
+        load_checkpoint(path, cpu=True)
+    assert time.monotonic() - start < 10 and "\n" not in str(e.value)
+    assert "the dictionary 'dict.src.txt' in the data directory it records" in str(e.value), str(e.value)
+    assert "is not a regular file" in str(e.value)
+
