@@ -158,6 +158,21 @@ def test_file_settings_are_unset_when_loaded_trusted_or_not(real, tmp_path, monk
                       UntrustedCheckpointError, "its setting cfg.task.config_yaml = '../../etc/x.yaml' names a file "
                       "outside the data directory")
     assert TRUST_ENV not in message
+    # how to translate is the command line's: the hub's first translate stopped on temperature 0 or min_len 1000
+    generation = forge.with_settings(real["path"], tmp_path / "generation.pt", lambda cfg: cfg["generation"].update(
+        temperature=0.0, min_len=1000, constraints="ordered"))
+    legacy = forge.with_legacy_args(real["path"], tmp_path / "args_generation.pt",
+                                    lambda args: setattr(args, "diverse_beam_groups", 3))
+    assert torch_load_checkpoint(generation)["cfg"]["generation"] == real_cfg["generation"]
+    assert not hasattr(torch_load_checkpoint(legacy)["args"], "diverse_beam_groups")
+    # a language is part of a file name (dict.{lang}.txt): 'a/b' would read a FIFO in a folder beside the hub's
+    message = refused(forge.with_settings(real["path"], tmp_path / "lang.pt",
+                                          lambda cfg: cfg["task"].__setitem__("source_lang", "a/b")),
+                      UntrustedCheckpointError, "its setting cfg.task.source_lang = 'a/b' holds a path separator")
+    assert TRUST_ENV not in message
+    refused(forge.with_legacy_args(real["path"], tmp_path / "pairs.pt",
+                                   lambda args: setattr(args, "lang_pairs", ["src-tgt", "..\\x-tgt"])),
+            UntrustedCheckpointError, "its setting args.lang_pairs = ")
 
 
 def test_a_file_named_by_a_checkpoint_is_not_opened_by_fairseq_generate(real, tmp_path):
@@ -268,8 +283,9 @@ def test_impossible_sizes_and_diverged_weights_are_refused_when_loaded(real, tmp
 
     cases = [
         (forge.with_settings(real["path"], tmp_path / "positions.pt",
-                             forge.set_model_option("max_target_positions", 0)),
-         "its setting cfg.model.max_target_positions = 0 is not a size fairseq can build or translate with"),
+                             forge.set_model_option("max_target_positions", 1)),  # no room for a word
+         "its setting cfg.model.max_target_positions = 1 is not a size fairseq can build or translate with "
+         "(a whole number of at least 2)"),
         (forge.with_legacy_args(real["path"], tmp_path / "dim.pt", lambda a: setattr(a, "encoder_embed_dim", "16")),
          "its setting args.encoder_embed_dim = '16' is not a size"),
         (forge.with_settings(real["path"], tmp_path / "heads.pt", forge.set_model_option("decoder_attention_heads", 3)),
@@ -326,3 +342,23 @@ def test_with_the_switch_the_settings_are_still_bounded(real, tmp_path, monkeypa
     assert f"set {TRUST_ENV}=1" in refused(elsewhere, UntrustedCheckpointError, "it contains itself (a cycle)")
     monkeypatch.setenv(TRUST_ENV, "1")
     assert torch_load_checkpoint(elsewhere)["cfg"] == forge.load_real(real["path"])["cfg"]
+
+
+def test_an_analysis_tool_reads_no_fifo_in_the_data_directory_a_checkpoint_records(real, tmp_path):
+    """Given no data directory, an analysis tool reads the dictionaries of the one the
+    checkpoint records: a FIFO there hung the task's setup; it is refused in one line."""
+    from fairseq_localness.analysis.checkpoint import load_checkpoint
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(os.path.join(real["data"].data_bin, "dict.tgt.txt"), data)
+    _fifo(data / "dict.src.txt")
+    path = forge.with_settings(real["path"], tmp_path / "recorded.pt",
+                               lambda cfg: cfg["task"].__setitem__("data", str(data)))
+    start = time.monotonic()
+    with pytest.raises(UntrustedCheckpointError) as e:
+        load_checkpoint(path, cpu=True)
+    assert time.monotonic() - start < 10 and "\n" not in str(e.value)
+    assert "the dictionary 'dict.src.txt' in the data directory it records" in str(e.value), str(e.value)
+    assert "is not a regular file" in str(e.value)
+

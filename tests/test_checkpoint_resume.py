@@ -50,6 +50,13 @@ def _moment(st):
     moments[sorted(moments)[0]]["exp_avg"] = torch.zeros(3, 5)
 
 
+def _first_moment(key, value):
+    def change(st):
+        moments = st["last_optimizer_state"]["state"]
+        moments[sorted(moments)[0]][key] = value(moments[sorted(moments)[0]][key])
+    return change
+
+
 def _extra_group(st):
     groups = st["last_optimizer_state"]["param_groups"]
     groups.append(dict(groups[0], params=[]))
@@ -68,8 +75,13 @@ ROWS = {  # name: (change to the state, what the one line says)
     "a string in betas": (_group("betas", ("a", "b")), "its last_optimizer_state's param_groups[0] betas = "
                           "('a', 'b') is not of the kind the run's optimizer has"),
     "a beta of 1": (_group("betas", (0.9, 1.0)), "param_groups[0] betas = 1.0 is not a finite number >= 0 and < 1"),
+    "amsgrad switched on": (_group("amsgrad", True), "param_groups[0] amsgrad = True, the run's optimizer False"),
     "a NaN learning rate": (_group("lr", float("nan")), "param_groups[0] lr = nan is not a finite number"),
     "a moment of another shape": (_moment, "exp_avg is a tensor of shape [3, 5], its parameter's is"),
+    "a negative second moment": (_first_moment("exp_avg_sq", lambda v: v.fill_(-1.0)),
+                                 "exp_avg_sq holds 1,664 values that are not finite or are negative (of 1,664)"),
+    "a NaN step": (_first_moment("step", lambda v: torch.tensor(float("nan"))),
+                   "step holds 1 values that are not finite or are negative"),
     "a second parameter group": (_extra_group, "has 2 parameter groups, the run's optimizer 1"),
     "a loss scale of 0": (lambda st: st["last_optimizer_state"].__setitem__("loss_scale", 0),
                           "its last_optimizer_state's loss_scale is 0"),

@@ -61,6 +61,12 @@ DATA_RELATIVE = frozenset({"config_yaml", "multitask_config_yaml"})
 """Settings naming a file inside the task's data directory (``Path(data) /
 config_yaml``): kept where they are a relative name that stays inside it."""
 
+NAME_PARTS = frozenset({"source_lang", "target_lang", "lang_pairs", "extra_lang_pairs", "langs", "labels", "channels"})
+"""Settings fairseq joins into a file name inside the data directory (``dict.{lang}.txt``,
+``dict.{labels}.txt``): a language, label or channel name holds no path separator, so
+the file stays the one the hub checks beside the checkpoint (``a/b`` would read
+``dict.a/b.txt``, a FIFO in a folder of the checkpoint's, or one a link points to)."""
+
 COMMAND_LINE_ONLY = frozenset({
     "data", "save_dir", "restore_file", "finetune_from_model", "ema_seed_model", "lm_path", "tensorboard_logdir",
     "log_file", "plasma_path", "user_dir", "results_path", "path", "quantization_config_path", "checkpoint",
@@ -144,6 +150,14 @@ def drop_file_settings(settings, file: str):
                 raise UntrustedCheckpointError(
                     file, f"its setting {path}.{key} = {short_repr(value, 80)} names a file outside the data "
                     "directory; it may only name one inside it (a relative name without '..')", trust_helps=False)
+        for key in NAME_PARTS & set(items):
+            value = items[key]
+            parts = value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(part, str) and any(c in part for c in "/\\\0") for part in parts):
+                raise UntrustedCheckpointError(
+                    file, f"its setting {path}.{key} = {short_repr(value, 80)} holds a path separator, and fairseq "
+                    f"reads it as part of a file name (dict.{{name}}.txt); a name there is a plain word",
+                    trust_helps=False)
         for key in [k for k in items if k in FILE_SETTINGS]:
             value, off = items[key], FILE_SETTINGS[key]
             if value is None or value is False or value is True or value == off:
@@ -157,6 +171,38 @@ def drop_file_settings(settings, file: str):
         logger.info("%s: not reading the files its settings name (%s): a checkpoint names no file that is read; "
                     "its weights are stored in it", file, ", ".join(sorted(dropped)))
     return dropped
+
+
+def command_line_generation(settings, file: str):
+    """Replace the generation settings a checkpoint holds (``cfg.generation``, and the
+    same names in legacy ``args``) by fairseq's defaults: how to translate is the
+    command line's (``fairseq-generate`` reads its own; the hub applies
+    ``from_pretrained``'s keyword arguments over these), and a checkpoint's
+    ``temperature = 0``, ``min_len = 1000``, ``sampling_topk = 10**6``,
+    ``constraints`` or ``diverse_beam_groups`` would stop the hub's first
+    ``translate`` in fairseq's generator with a traceback. A checkpoint written by
+    ``fairseq-train`` holds the defaults. Returns whether anything was replaced."""
+    import dataclasses
+
+    from fairseq.dataclass.configs import GenerationConfig
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.structured(GenerationConfig()))
+    changed = False
+    cfg, args = settings.get("cfg"), settings.get("args")
+    if isinstance(cfg, dict) and isinstance(cfg.get("generation"), (dict, argparse.Namespace)):
+        held = cfg["generation"]
+        changed = (vars(held) if isinstance(held, argparse.Namespace) else held) != defaults
+        cfg["generation"] = defaults
+    if isinstance(args, argparse.Namespace):
+        names = {field.name for field in dataclasses.fields(GenerationConfig)}
+        for name in names & set(vars(args)):
+            changed |= getattr(args, name) != defaults[name]
+            delattr(args, name)
+    if changed:
+        logger.info("%s: its generation settings are replaced by fairseq's defaults: how to translate is the "
+                    "command line's (or from_pretrained's keyword arguments)", file)
+    return changed
 
 
 def _refuse(file, what, reason):

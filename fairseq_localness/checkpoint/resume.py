@@ -127,13 +127,26 @@ def _hyperparameter(value, run, file: str, where: str, key: str):
         raise MalformedCheckpointError(
             file, f"its {where} = {short_repr(value, 40)} is not of the kind the run's optimizer has "
             f"({short_repr(run, 40)})")
+    if isinstance(run, bool) and value != run:  # (amsgrad: True wants a max_exp_avg_sq the state may not hold)
+        raise MalformedCheckpointError(
+            file, f"its {where} = {value!r}, the run's optimizer {run!r}: a switch of the optimizer decides which "
+            "state its step reads, and the first step would fail on what the state does not hold")
     low, high = RANGES.get(key, (None, None))
     for item in value if isinstance(value, (tuple, list)) else [value]:
         if _is_number(item):
             _finite(item, file, where, low, high)
 
 
+NON_NEGATIVE = frozenset({"step", "exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col", "sum",
+                          "square_avg", "acc_delta"})
+"""Moments that are never negative: step counts and running averages of squares (Adam's
+``exp_avg_sq``, Adafactor's, Adagrad's ``sum``, RMSprop's, Adadelta's). A negative
+square's root, or a NaN anywhere, makes the first step's weights NaN, and the second
+stops on "gradients are Nan/Inf" with a traceback."""
+
+
 def _moment(value, param: torch.Tensor, file: str, where: str, key: str):
+    low = 0 if key in NON_NEGATIVE else None
     if isinstance(value, torch.Tensor):
         shape = tuple(param.shape)
         allowed = [shape, ()] + ([FACTORED[key](shape)] if key in FACTORED and len(shape) >= 2 else [])
@@ -141,10 +154,19 @@ def _moment(value, param: torch.Tensor, file: str, where: str, key: str):
             raise MalformedCheckpointError(
                 file, f"its {where} is a tensor of shape {list(value.shape)}, its parameter's is {list(shape)}: "
                 "the optimizer's state is not of this model")
+        if value.dtype.is_floating_point or value.dtype.is_complex:
+            bad = int((~torch.isfinite(value)).sum()) + (int((value < 0).sum()) if low is not None else 0)
+            if bad:
+                raise MalformedCheckpointError(
+                    file, f"its {where} holds {bad:,} values that are not finite"
+                    + (" or are negative" if low is not None else "") + f" (of {value.numel():,}): the first "
+                    "step would make the weights NaN")
+        elif low is not None and value.numel() and int(value.min()) < 0:
+            raise MalformedCheckpointError(file, f"its {where} holds a negative value")
         return
     if value is None or _is_number(value):
         if value is not None:
-            _finite(value, file, where)
+            _finite(value, file, where, low)
         return
     raise MalformedCheckpointError(file, f"its {where} is a {type(value).__name__}, not a tensor or a number")
 

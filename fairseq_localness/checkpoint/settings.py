@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError, short_repr
-from fairseq_localness.checkpoint.files import drop_file_settings
+from fairseq_localness.checkpoint.files import command_line_generation, drop_file_settings
 from fairseq_localness.checkpoint.literals import NotALiteral, literal, remember_settings
 from fairseq_localness.checkpoint.values import check_finite, check_sizes
 from fairseq_localness.checkpoint.resume import check_history
@@ -301,6 +301,7 @@ def check_settings(settings: Dict[str, object], file: str, plain: bool = True):
     remember_settings(file, strings)
     check_sizes(leaves, file)
     drop_file_settings(settings, file)
+    command_line_generation(settings, file)
 
 
 METERS = frozenset({"AverageMeter", "SumMeter", "ConcatTensorMeter", "TimeMeter", "StopwatchMeter"})

@@ -8,7 +8,8 @@ that diverged are NaN or infinite, which ends beam search in an ``AssertionError
 Each of these is refused when the checkpoint is loaded, in one line naming the file
 and the setting or weight:
 
-- :func:`check_sizes`: the sizes of :data:`SIZES` are whole numbers of at least 1,
+- :func:`check_sizes`: the sizes of :data:`SIZES` are whole numbers of at least 1 (2 for
+  ``max_target_positions``, :data:`LEAST`),
   and each embedding dimension is a multiple of its number of attention heads;
 - :func:`check_finite`: every floating-point weight (the model's, the criterion's,
   the EMA's) is finite.
@@ -23,6 +24,11 @@ SIZES = re.compile(r"^(max_(source_|target_)?positions|(encoder|decoder)_(embed_
                    r"output_dim|input_dim|out_embed_dim))$")
 """The settings that size a model (and a task's longest sentence): at least 1."""
 
+LEAST = {"max_target_positions": 2}
+"""Sizes whose least buildable value is more than 1: a decoder of one position leaves
+beam search no room for a word before the end of the sentence (``max_len`` is one
+less than the decoder's positions), and fairseq's generator stops on an assertion."""
+
 HEADS = (("encoder_embed_dim", "encoder_attention_heads"), ("decoder_embed_dim", "decoder_attention_heads"))
 
 
@@ -35,10 +41,11 @@ def check_sizes(leaves, file: str):
         parent, _, name = path.rpartition(".")
         if not SIZES.match(name) or value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        least = LEAST.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise MalformedCheckpointError(
                 file, f"its setting {path} = {short_repr(value, 40)} is not a size fairseq can build or translate "
-                "with (a whole number of at least 1)")
+                f"with (a whole number of at least {least})")
         groups.setdefault(parent, {})[name] = value
     for parent, sizes in groups.items():
         for dim, heads in HEADS:
