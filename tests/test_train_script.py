@@ -216,7 +216,7 @@ def test_the_tiny_preset_is_the_demos_model_and_recipe_between_the_defaults_and_
             "--src", "en", "--tgt", "de", "--cpu", "--dry-run"]
     cmd = fairseq_command(run_script("train.sh", args + ["--preset", "tiny", "--", "--max-tokens", "1000"],
                                      env=stub_env).stdout)
-    start = cmd.index("--log-interval") + 2  # the last of the recipe's defaults
+    start = cmd.index("--tensorboard-logdir") + 2  # the last of the recipe's defaults
     assert cmd[start:start + len(preset)] == preset
     assert last(cmd, "--lr") == "2e-3" and last(cmd, "--encoder-embed-dim") == "64"
     assert last(cmd, "--max-tokens") == "1000"  # the arguments after -- win

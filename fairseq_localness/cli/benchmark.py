@@ -85,10 +85,11 @@ def get_parser():
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES),
                    help="dtype of every model (model.to(dtype)); fp16 needs a CUDA GPU, bf16 a CPU or a GPU of "
                    "compute capability >= 8.0 (default: fp32)")
-    p.add_argument("--attention-impl", nargs="+", default=["auto"], choices=["auto", "sdpa", "eager"],
+    p.add_argument("--attention-impl", nargs="+", default=["auto"], choices=["auto", "sdpa", "eager", "flex"],
                    help="path of every attention core of the package's models: auto (the default: the fused "
-                   "kernel where it applies and pays), sdpa (the fused kernel wherever it applies) or eager "
-                   "(the reference); several values run every system once per value, interleaved in the same "
+                   "kernel where it applies and pays), sdpa (the fused kernel wherever it applies), eager "
+                   "(the reference) or flex (every branch one FlexAttention call; on a CPU only without "
+                   "gradients, so decoding only); several values run every system once per value, interleaved in the same "
                    "rounds (rows 'system [value]'); the transformer is fairseq's own attention either way")
     p.add_argument("--batch-size", type=int, default=None, help="sentences per training step (default: 64; quick: 6)")
     p.add_argument("--src-len", type=int, default=None, help="source tokens per sentence (default: 32; quick: 20)")
