@@ -85,7 +85,7 @@ LONGEST_FIRST = ("test_slurm.py",)
 def pytest_collection_modifyitems(session, config, items):
     """The longest file starts first. pytest-xdist (``--dist loadfile``) hands whole
     files to the workers in collection order, so a long file collected late runs alone
-    at the end while the other worker has nothing left: tests/test_slurm.py (about 6.5
+    at the end while the other worker has nothing left: tests/test_slurm.py (about 7
     minutes, most of it waiting for its cluster's jobs) comes first, the rest keep
     their order."""
     items.sort(key=lambda item: os.path.basename(str(item.fspath)) not in LONGEST_FIRST)
