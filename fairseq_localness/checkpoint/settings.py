@@ -261,12 +261,14 @@ def bound_settings(settings: Dict[str, object], file: str, plain: bool = True):
                     trust_helps=False)
 
 
-def check_settings(settings: Dict[str, object], file: str, plain: bool = True):
-    """Bounded (:func:`bound_settings`); plain values only (unless not ``plain``: a
-    trusted file may hold other objects); no interpolation, also once a setting is
-    read as a literal; literals where fairseq evaluates (see the module docstring);
-    no file named (:func:`~fairseq_localness.checkpoint.files.drop_file_settings`)."""
-    bound_settings(settings, file, plain)
+def check_settings(settings: Dict[str, object], file: str, plain: bool = True, bounded: bool = False):
+    """Bounded (:func:`bound_settings`, unless ``bounded``: the caller has checked
+    it); plain values only (unless not ``plain``: a trusted file may hold other
+    objects); no interpolation, also once a setting is read as a literal; literals
+    where fairseq evaluates (see the module docstring); no file named
+    (:func:`~fairseq_localness.checkpoint.files.drop_file_settings`)."""
+    if not bounded:
+        bound_settings(settings, file, plain)
     leaves = []
     for top, value in settings.items():
         if value is not None:
@@ -400,7 +402,7 @@ def check_state(state, file: str, names: bool = True):
     measure(state, file, "it", MAX_NODES)
     check_structure(state, file)
     check_finite(state, file)
-    check_settings(settings, file)
+    check_settings(settings, file, bounded=True)  # (bounded above, before the whole state is measured)
     if names:
         check_names(settings["cfg"], settings["args"], file)
 
