@@ -167,31 +167,107 @@ def test_descriptions_evaluate_to_the_eager_bias_and_mask():
     assert window.describe(ctx).window == flex.Window(2, 1)
 
 
+def _traced_on_the_cpu(monkeypatch):
+    """Compile the fused call on the CPU as CUDA does (one code object per kind of call,
+    ``fullgraph=True``, dynamic shapes), traced by dynamo and run by torch's reference
+    (``backend="eager"``: the CPU has no compiled kernel with a log-sum-exp); returns
+    the dynamo counters, cleared."""
+    import torch._dynamo
+
+    monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", "eager")
+    monkeypatch.setattr(flex, "COMPILED", {})
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    return torch._dynamo.utils.counters
+
+
+def _graphs_per_kind():
+    """How many graphs dynamo holds for each kind of call compiled so far."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return {key: len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__))
+            for key, fn in flex.COMPILED.items()}
+
+
 def test_the_fused_call_traces_whole_and_compiles_once_for_every_length(monkeypatch):
     """The function CUDA compiles (``flex._attend``) traces without a graph break
     (``fullgraph=True``), every term present, and new lengths with new tensors reuse
-    it: two graphs (the call, and the value term's far-left call with its block mask)
-    for the first length, two dynamic ones at the second, none after. Traced by
-    dynamo on a CPU and run by torch's reference (``backend="eager"``): the CPU has no
-    compiled kernel with a log-sum-exp."""
+    it: one graph each for the call and the value term's far-left call (which has a
+    block mask) at the first length, none after."""
+    counters = _traced_on_the_cpu(monkeypatch)
+    module = _module("gaussian+shaw", False).eval()
+    graphs = []
+    try:
+        with torch.no_grad():
+            for T in (9, 12, 15):
+                x = torch.randn(T, B, C)
+                padding = _padding("left", B, T, [T, 5, 2])
+                keep = (~padding).t().unsqueeze(-1).float()
+                out = _run(module, x, "flex", padding)
+                torch.testing.assert_close(out * keep, _run(module, x, "eager", padding) * keep, atol=2e-6, rtol=1e-5)
+                graphs.append(counters["stats"]["unique_graphs"])
+        kinds = len(flex.COMPILED)
+    finally:
+        torch._dynamo.reset()
+    assert kinds == 2
+    assert graphs[1:] == [graphs[0]] * 2 and graphs[0] <= 2 * kinds, graphs
+
+
+# Every model's attention kinds: the systems of the benchmark at the tiny size.
+MODELS = [
+    ("localness_transformer_tiny", ["--localness-rel-pos"]),
+    ("localness_transformer_tiny", ["--localness-window", "head"]),
+    ("hysan_transformer_tiny", []),
+    ("hybrid_transformer_tiny", ["--hybrid-decoder-layers", "1"]),
+    ("dc_transformer_tiny", ["--dc-mode", "full"]),
+]
+
+
+def test_every_model_in_one_process_compiles_each_kind_of_call_a_few_times_and_no_more(monkeypatch):
+    """The benchmark holds every model in one process, and fairseq changes B and T at
+    every step. Every kind of fused call (:func:`flex.variant`) has its own code object
+    and so its own dynamo budget (``recompile_limit``, 8: with ``fullgraph=True`` a
+    call past it raises); here no kind needs more than 4 graphs (dynamic shapes from
+    the first call; a view's base guard adds one), and after two batches of each model
+    no batch of new B and T compiles anything."""
+    import random
+
     import torch._dynamo
 
-    compiled = torch.compile(flex._attend, fullgraph=True, backend="eager")
-    monkeypatch.setattr(flex, "_kernel", lambda device: compiled)
-    module = _module("gaussian+shaw", False).eval()
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    graphs = []
+    from model_utils import build_model, random_batch
+
+    counters = _traced_on_the_cpu(monkeypatch)
+    rng = random.Random(0)
+    try:
+        for arch, extra in MODELS:
+            model, task = build_model(arch, extra)
+            assert set_attention_impl(model, "flex") > 0
+            with torch.no_grad():
+                for step in range(4):
+                    lengths = [rng.randint(3, 12) for _ in range(rng.randint(2, 5))]
+                    src, src_lengths, prev, _ = random_batch(task, lengths, seed=step)
+                    model(src, src_lengths, prev)
+                    if step == 1:
+                        warm = counters["stats"]["unique_graphs"]
+            assert counters["stats"]["unique_graphs"] == warm, (arch, extra)
+        per_kind = _graphs_per_kind()
+    finally:
+        torch._dynamo.reset()
+    assert len(per_kind) >= 5, per_kind
+    assert max(per_kind.values()) <= 4 < torch._dynamo.config.recompile_limit, per_kind
+
+
+def test_training_and_inference_are_different_kinds_of_call():
+    """The grad mode is one of dynamo's guards: a training step and the validation
+    after it are two kinds of call with a budget each (so a model's kinds are not
+    counted twice against one budget)."""
+    q = torch.randn(2, 4, 5, 8)
+    args = (None, None, None, None, None, True, None)
     with torch.no_grad():
-        for T in (9, 12, 15):
-            x = torch.randn(T, B, C)
-            padding = _padding("left", B, T, [T, 5, 2])
-            keep = (~padding).t().unsqueeze(-1).float()
-            out = _run(module, x, "flex", padding)
-            torch.testing.assert_close(out * keep, _run(module, x, "eager", padding) * keep, atol=2e-6, rtol=1e-5)
-            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-    torch._dynamo.reset()
-    assert graphs == [2, 4, 4]
+        inference = flex.variant(q, *args)
+    assert flex.variant(q, *args) != inference
+    assert flex.variant(q.half(), *args) != flex.variant(q, *args)
+    assert flex.variant(q, None, torch.ones(2, 5, dtype=torch.bool), None, None, None, True, None) != flex.variant(q, *args)
 
 
 def test_an_empty_far_bucket_window_is_known_empty():
@@ -286,9 +362,12 @@ def test_cuda_fused_kernel_compiles_once_per_kind_of_call():
     module = _module("gaussian+shaw", False, device="cuda")
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
+    graphs = []
     for T in (16, 24, 40, 56):
         x = torch.randn(T, B, C, device="cuda", requires_grad=True)
         out = _run(module, x, "auto", _padding("left", B, T, [T, 9, 3], device="cuda"))
         out.sum().backward()
-    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    assert frames <= 4, frames  # static, then dynamic shapes, for the branch call and the far-left call
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    # dynamic shapes from the first call: the branch call and the far-left call, once each
+    # (a view's base guard may add one each at the second call), then nothing for a new length
+    assert graphs[1:] == [graphs[1]] * 3 and graphs[-1] <= 4, graphs

@@ -27,7 +27,7 @@ description once and turns it into the call of one kernel per device:
 * on CUDA, a branch with anything of its own (a bounded window, a score term, a
   mask given whole) or in a call with Shaw et al.'s terms goes to one fused
   FlexAttention call (:mod:`.flex`: the window as a block mask, the rest in one
-  score function, compiled once); a branch with nothing of its own stays on SDPA's
+  score function, compiled once per kind of call); a branch with nothing of its own stays on SDPA's
   fused kernels, which are faster per call than flex (below, [6]_).
 
 The call (:func:`use_fast_path`): the first row that matches decides.

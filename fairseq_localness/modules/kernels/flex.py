@@ -19,12 +19,15 @@ and the mask function ``-left <= d <= right`` (a window; causality is ``right <=
 How it is called, and why (the pitfalls met on an H200, issue 38):
 
 * The function that builds the ``score_mod`` closure, :func:`_attend`, is defined once
-  here and compiled once on CUDA (:func:`_kernel`); every per-call tensor (centres,
-  coefficients, the bucket table, the padding, the geometry ``left, right, Tk - Tq,
-  K``) is an argument, captured by the closure as a buffer. A closure made anew per
-  call, or one capturing Python numbers, would compile again for every call or every
-  value; here only the presence of each term (``None`` or not) and the dtypes select
-  a compiled graph, and shapes become dynamic after the first change.
+  here and compiled on CUDA once per kind of call (:func:`_kernel`, :func:`variant`);
+  every per-call tensor (centres, coefficients, the bucket table, the padding, the
+  geometry ``left, right, Tk - Tq, K``) is an argument, captured by the closure as a
+  buffer. A closure made anew per call, or one capturing Python numbers, would
+  compile again for every call or every value; here only the presence of each term
+  (``None`` or not), the dtypes and the grad mode select a compiled graph, each kind
+  under its own code object (dynamo's limit of 8 graphs per code object would
+  otherwise be reached by one rel_pos model in training and validation, and with
+  ``fullgraph=True`` a call past it raises), with dynamic shapes from the first call.
 * A captured tensor that needs gradients is indexed once per score: ``P[b, h, q]``
   and ``c[b, h, q]`` once each, ``c = -1 / (2 sigma^2)`` computed outside.
 * The backward pass of a table bias runs out of shared memory with the default
@@ -51,6 +54,7 @@ elsewhere. On a CPU, torch (2.13) runs the call's forward pass without compiling
 only without gradients, which is how the tests run it against the eager reference.
 """
 import functools
+import types
 from typing import Optional, Tuple
 
 import torch
@@ -110,15 +114,51 @@ def _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, ge
     return out, aux.lse
 
 
-@functools.lru_cache(maxsize=None)
-def _compiled():
-    return torch.compile(_attend, fullgraph=True)
+# Where :func:`_attend` is compiled, and by which ``torch.compile`` backend; elsewhere
+# it runs uncompiled (torch's reference implementation of the call; forward only on
+# a CPU). The tests add ``"cpu": "eager"`` to trace it with dynamo on a CPU (the
+# tracing and the guards, without Inductor's kernels).
+COMPILE_BACKENDS = {"cuda": "inductor"}
 
 
-def _kernel(device: torch.device):
-    """:func:`_attend` compiled once for CUDA; uncompiled elsewhere (torch's reference
-    implementation of the call, forward only on a CPU)."""
-    return _compiled() if device.type == "cuda" else _attend
+def variant(q: Tensor, block_mask, padding, centre, table, bias, return_lse: bool, kernel_options) -> tuple:
+    """What selects a compiled graph of :func:`_attend` besides shapes: the dtypes, the
+    grad mode, which arguments are present, the log-sum-exp and the kernel options."""
+    present = tuple(t is not None for t in (block_mask, padding, centre, table, bias))
+    return (str(q.dtype), torch.is_grad_enabled()) + present + (bool(return_lse), kernel_options is not None)
+
+
+# (variant, backend) -> the compiled function (:func:`_compiled`)
+COMPILED = {}
+
+
+def _compiled(key: tuple, backend: str):
+    """:func:`_attend` compiled for one :func:`variant`, under a code object of its own.
+
+    dynamo keeps its compiled graphs per code object, at most ``recompile_limit``
+    (8) of them, and with ``fullgraph=True`` a call past the limit raises. One model
+    makes several kinds of call (with and without a Gaussian, a bucket table, a block
+    mask, the log-sum-exp; in training and under ``no_grad`` for validation and
+    beam search: the rel_pos model makes 8 kinds), and a process may hold several
+    models (the benchmark), so one code object for them all would reach the limit.
+    Here each kind has its own code object and compiles once, with dynamic shapes
+    from the first call (``dynamic=True``: fairseq's batches change B and T at every
+    step, and the default, static shapes first, would compile every kind twice).
+    """
+    compiled = COMPILED.get((key, backend))
+    if compiled is None:
+        name = "_attend_" + "_".join(str(part) for part in key).replace("torch.", "").replace(".", "_")
+        code = _attend.__code__.replace(co_name=name, co_qualname=name)
+        function = types.FunctionType(code, _attend.__globals__, name, _attend.__defaults__, _attend.__closure__)
+        compiled = COMPILED[(key, backend)] = torch.compile(function, fullgraph=True, dynamic=True, backend=backend)
+    return compiled
+
+
+def _kernel(device: torch.device, key: tuple):
+    """The call for one :func:`variant` on ``device``: compiled where
+    :data:`COMPILE_BACKENDS` names a backend, else :func:`_attend` uncompiled."""
+    backend = COMPILE_BACKENDS.get(device.type)
+    return _attend if backend is None else _compiled(key, backend)
 
 
 @functools.lru_cache(maxsize=256)
@@ -189,8 +229,9 @@ class _Terms:
         block_mask = _block_mask(window.left, window.right, tgt_len, src_len, q.device)
         geometry = _geometry(window.left, window.right, src_len - tgt_len, self.k, q.device)
         options = TABLE_KERNEL_OPTIONS if (self.table is not None and q.device.type == "cuda") else None
-        return _kernel(q.device)(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos,
-                                 self.table, geometry, self.bias, return_lse, options)
+        key = variant(q, block_mask, self.padding, self.centre, self.table, self.bias, return_lse, options)
+        return _kernel(q.device, key)(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos,
+                                      self.table, geometry, self.bias, return_lse, options)
 
 
 def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Description, call_scores=(),
