@@ -25,9 +25,9 @@ How it is called, and why (the pitfalls met on an H200, issue 38):
   buffer. A closure made anew per call, or one capturing Python numbers, would
   compile again for every call or every value; here only the presence of each term
   (``None`` or not), the dtypes and the grad mode select a compiled graph, each kind
-  under its own code object (dynamo's limit of 8 graphs per code object would
-  otherwise be reached by one rel_pos model in training and validation, and with
-  ``fullgraph=True`` a call past it raises), with dynamic shapes from the first call.
+  under its own code object (one rel_pos model reached dynamo's limit of 8 graphs
+  per code object, past which a ``fullgraph=True`` call raises), with dynamic shapes
+  from the first call.
 * A captured tensor that needs gradients is indexed once per score: ``P[b, h, q]``
   and ``c[b, h, q]`` once each, ``c = -1 / (2 sigma^2)`` computed outside.
 * The backward pass of a table bias runs out of shared memory with the default
@@ -138,12 +138,13 @@ def _compiled(key: tuple, backend: str):
     dynamo keeps its compiled graphs per code object, at most ``recompile_limit``
     (8) of them, and with ``fullgraph=True`` a call past the limit raises. One model
     makes several kinds of call (with and without a Gaussian, a bucket table, a block
-    mask, the log-sum-exp; in training and under ``no_grad`` for validation and
-    beam search: the rel_pos model makes 8 kinds), and a process may hold several
-    models (the benchmark), so one code object for them all would reach the limit.
-    Here each kind has its own code object and compiles once, with dynamic shapes
-    from the first call (``dynamic=True``: fairseq's batches change B and T at every
-    step, and the default, static shapes first, would compile every kind twice).
+    mask, the log-sum-exp; each in training and under ``no_grad`` for validation and
+    beam search), the default compiles each kind twice (static shapes first, then
+    dynamic ones when fairseq's next batch changes B or T), and a process may hold
+    several models (the benchmark): with one code object, one rel_pos model traced
+    on a CPU reached 8 graphs in its third batch, without gradients. Here each kind
+    has its own code object and compiles with dynamic shapes from the first call
+    (``dynamic=True``).
     """
     compiled = COMPILED.get((key, backend))
     if compiled is None:
