@@ -26,7 +26,6 @@ Tk = key length, Dh = head dimension.
   :func:`one_row_softmax`). No host synchronisation on accelerators: the test for an
   empty row (:func:`empty_rows`) inspects a mask's values on CPU tensors only.
 """
-from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
@@ -36,7 +35,6 @@ from fairseq_localness.modules.observe import Observable
 from fairseq_localness.modules.scores import DenseScore, Description, Window
 
 
-@dataclass
 class AttentionContext:
     """Everything a branch or a fusion may need to know about one attention call.
 
@@ -52,27 +50,59 @@ class AttentionContext:
         causal: True in decoder self-attention.
         self_attention: True when queries and keys are the same token positions
             (self-attention, or a core built with ``self_positions=True``).
+        cache: what the call computes once for all its branches.
+        bsz, num_heads, tgt_len, src_len: B, H, Tq and Tk.
+
+    ``q_pos``, ``k_pos`` and ``lengths`` are computed on first use
+    (:func:`real_positions`) and kept in ``cache``: only Yang et al.'s Gaussian and
+    masks over real positions outside self-attention read them, so a call of windows
+    and directions alone (HySAN, the hybrid, the Dual Contextual module) launches no
+    kernel for them. Given to the constructor, they are used as they are.
     """
 
-    query_input: Tensor
-    q: Tensor
-    k: Tensor
-    key_padding_mask: Optional[Tensor]
-    q_pos: Tensor
-    k_pos: Tensor
-    lengths: Tensor
-    causal: bool
-    self_attention: bool
-    cache: Dict[str, Optional[Tensor]] = field(default_factory=dict)
-    # B, H, Tq and Tk, read once from the projected queries and keys
-    bsz: int = field(init=False)
-    num_heads: int = field(init=False)
-    tgt_len: int = field(init=False)
-    src_len: int = field(init=False)
+    def __init__(self, query_input: Tensor, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor],
+                 causal: bool, self_attention: bool, q_pos: Optional[Tensor] = None,
+                 k_pos: Optional[Tensor] = None, lengths: Optional[Tensor] = None):
+        self.query_input, self.q, self.k = query_input, q, k
+        self.key_padding_mask = key_padding_mask
+        self.causal, self.self_attention = causal, self_attention
+        self.cache: Dict[str, Optional[Tensor]] = {}
+        for name, value in (("q_pos", q_pos), ("k_pos", k_pos), ("lengths", lengths)):
+            if value is not None:
+                self.cache[name] = value
+        # B, H, Tq and Tk, read once from the projected queries and keys
+        self.bsz, self.num_heads, self.tgt_len = q.shape[:3]
+        self.src_len = k.size(2)
 
-    def __post_init__(self):
-        self.bsz, self.num_heads, self.tgt_len = self.q.shape[:3]
-        self.src_len = self.k.size(2)
+    @property
+    def k_pos(self) -> Tensor:
+        if "k_pos" not in self.cache:
+            self.cache["k_pos"] = real_positions(self.key_padding_mask, self.src_len, self.q.device)
+        return self.cache["k_pos"]
+
+    @property
+    def q_pos(self) -> Tensor:
+        if "q_pos" not in self.cache:
+            if self.self_attention:
+                self.cache["q_pos"] = query_part(self.k_pos, self.tgt_len)
+            else:
+                # Encoder-decoder attention: query positions are not source positions;
+                # nothing in this package uses them there.
+                self.cache["q_pos"] = torch.arange(self.tgt_len, device=self.q.device).unsqueeze(0)
+        return self.cache["q_pos"]
+
+    @property
+    def lengths(self) -> Tensor:
+        if "lengths" not in self.cache:
+            tgt_len, padding = self.tgt_len, self.key_padding_mask
+            if self.causal:
+                lengths = (self.q_pos + 1).float()
+            elif padding is None:
+                lengths = torch.full((1, tgt_len), float(self.src_len), device=self.q.device)
+            else:
+                lengths = (~padding).sum(-1, keepdim=True).float().expand(-1, tgt_len)
+            self.cache["lengths"] = lengths
+        return self.cache["lengths"]
 
     def query_padding_mask(self) -> Optional[Tensor]:
         """``B x Tq``, True at the padding queries; None when no query is padding or
@@ -179,34 +209,12 @@ def real_positions(key_padding_mask: Optional[Tensor], src_len: int, device) -> 
 
 def build_context(query: Tensor, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
                   same_positions: bool) -> AttentionContext:
-    """The context of one call: real key positions, query positions (the keys' last Tq
-    when ``same_positions``: self-attention, or keys of their own standing at the query
-    positions), and ``I`` of Yang et al. (2018) per query."""
-    tgt_len, src_len = q.size(2), k.size(2)
-    k_pos = real_positions(key_padding_mask, src_len, q.device)
-    if same_positions:
-        q_pos = query_part(k_pos, tgt_len)
-    else:
-        # Encoder-decoder attention: query positions are not source positions;
-        # nothing in this package uses them there.
-        q_pos = torch.arange(tgt_len, device=q.device).unsqueeze(0)
-    if causal:
-        lengths = (q_pos + 1).float()
-    elif key_padding_mask is None:
-        lengths = torch.full((1, tgt_len), float(src_len), device=q.device)
-    else:
-        lengths = (~key_padding_mask).sum(-1, keepdim=True).float().expand(-1, tgt_len)
-    return AttentionContext(
-        query_input=query,
-        q=q,
-        k=k,
-        key_padding_mask=key_padding_mask,
-        q_pos=q_pos,
-        k_pos=k_pos,
-        lengths=lengths,
-        causal=causal,
-        self_attention=same_positions,
-    )
+    """The context of one call. Its real key positions, query positions (the keys' last
+    Tq when ``same_positions``: self-attention, or keys of their own standing at the
+    query positions) and ``I`` of Yang et al. (2018) per query are computed when first
+    read (:class:`AttentionContext`)."""
+    return AttentionContext(query_input=query, q=q, k=k, key_padding_mask=key_padding_mask, causal=causal,
+                            self_attention=same_positions)
 
 
 # A float attn_mask value at or below this blocks the key (fairseq's encoder turns a
