@@ -68,17 +68,21 @@ def _padding(side, bsz, total, lengths, device="cpu"):
 
 
 class _FlexCalls:
-    """Counts the calls of the fused kernel."""
+    """Counts the calls of the fused kernel: one branch (``flex_branch``), or several
+    windows at once (``flex_windows``, counted in ``windows``)."""
 
     def __init__(self, monkeypatch):
-        self.count = 0
-        original = flex.flex_branch
+        self.count = self.windows = 0
+        for name in ("flex_branch", "flex_windows"):
+            monkeypatch.setattr(flex, name, self._spy(getattr(flex, name), name == "flex_windows"))
 
+    def _spy(self, original, windows):
         def spy(*args, **kwargs):
             self.count += 1
+            self.windows += windows
             return original(*args, **kwargs)
 
-        monkeypatch.setattr(flex, "flex_branch", spy)
+        return spy
 
 
 def _reorder(module, state, order):
@@ -135,6 +139,62 @@ def test_flex_continues_a_prefix_in_incremental_decoding(kind):
         rest = x[5:, order]
         step, _ = module(rest, rest, rest, incremental_state=state, need_weights=False)
     torch.testing.assert_close(step, full[5:, order], atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", ["hysan", "hybrid-gate"])
+def test_several_window_branches_are_one_fused_call(kind, causal, monkeypatch):
+    """HySAN's L branches and the hybrid's two are windows alone: the fused path
+    computes them in one call (grouped query heads, a block mask per branch), not one
+    call per branch, and equals the eager reference with padding."""
+    module = _module(kind, causal).eval()
+    T = 21
+    x = torch.randn(T, B, C)
+    padding = None if causal else _padding("left", B, T, [T, 12, 1])
+    keep = torch.ones(T, B, 1) if padding is None else (~padding).t().unsqueeze(-1).float()
+    calls = _FlexCalls(monkeypatch)
+    with torch.no_grad():
+        out = _run(module, x, "flex", padding)
+        ref = _run(module, x, "eager", padding)
+    assert (calls.count, calls.windows) == (1, 1)
+    torch.testing.assert_close(out * keep, ref * keep, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_one_squeeze_gate_over_stacked_branches_equals_the_gate_per_branch(dtype):
+    """HySAN's gated sum (Song et al. 2019, eq. 13-14) over the stacked outputs of one
+    fused call == the loop over branches: the output, the gradients of the outputs and
+    of the gate's weights, and the gate values logged per branch."""
+    from fairseq_localness.modules.fusion import BranchOutputs
+    from fairseq_localness.modules.hysan import GatedSumFusion
+
+    torch.manual_seed(0)
+    names = ["global", "forward", "backward", "local2"]
+    fusion = GatedSumFusion(C, names, reduction=4, bias=True).to(dtype)
+    fusion.metric_prefix = "enc1"
+    fusion.train()
+    padding = _padding("left", B, 6, [6, 4, 2])
+    ctx = build_context(torch.zeros(6, B, C, dtype=dtype), torch.zeros(B, H, 6, C // H, dtype=dtype),
+                        torch.zeros(B, H, 6, C // H, dtype=dtype), padding, causal=False, same_positions=True)
+    stacked = torch.randn(B, H, len(names), 6, C // H, dtype=dtype)
+
+    def run(make):
+        x = stacked.clone().requires_grad_(True)
+        fusion.zero_grad()
+        logged = {}
+        fusion.log_metric = lambda name, value, *a, **k: logged.__setitem__(name, value.float().item())
+        out = fusion(make(x), ctx)
+        (out.float() * torch.linspace(-1, 1, C)).sum().backward()
+        return out.float(), x.grad.float(), [p.grad.float() for p in fusion.parameters()], logged
+
+    got, want = run(BranchOutputs), run(lambda x: list(x.unbind(2)))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
+    for a, b in zip(got[:2] + tuple(got[2]), want[:2] + tuple(want[2])):
+        torch.testing.assert_close(a, b, **tol)
+    assert len(got[2]) == 4  # both weights and both biases of the gate
+    assert set(got[3]) == set(want[3]) == {f"gate_{n}" for n in names}
+    for name, value in want[3].items():
+        assert abs(got[3][name] - value) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
 def test_flex_is_not_taken_on_a_cpu_with_gradients(monkeypatch):
@@ -322,6 +382,8 @@ def test_cuda_fused_path_equals_eager_outputs_and_gradients(kind, causal, dtype,
     calls = _FlexCalls(monkeypatch)
     fast = run("auto", module.to(dtype), x32.to(dtype))
     assert calls.count >= 1 or kind == "dual-context"
+    if kind in ("hysan", "hybrid-gate"):  # every branch a window: one call for all
+        assert (calls.count, calls.windows) == (1, 1)
     assert len(fast) == len(ref)
     # a tensor whose gradient is zero up to rounding (the key projection's bias: softmax
     # is shift invariant) is compared relative to the largest gradient

@@ -63,9 +63,9 @@ from fairseq_localness.modules.context import (
     build_context,
     safe_masked_softmax,
 )
-from fairseq_localness.modules.fusion import Fusion, MergeHeads, SumFusion, split_heads
+from fairseq_localness.modules.fusion import BranchOutputs, Fusion, MergeHeads, SumFusion, split_heads
 from fairseq_localness.modules.incremental import IncrementalBuffer, append_to_cache
-from fairseq_localness.modules.kernels.choice import branch_attention, check_impl, use_fast_path
+from fairseq_localness.modules.kernels.choice import branch_attention, check_impl, fused_windows, use_fast_path
 from fairseq_localness.modules.observe import Observable, probs_key
 
 def set_attention_impl(model: nn.Module, impl: str) -> int:
@@ -263,8 +263,13 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
                 # Shaw et al.'s key term only (no values): a float mask for SDPA
                 key_term = self.relative_positions.key_scores(q * self.scaling, ctx)
                 soft_bias = key_term if soft_bias is None else soft_bias + key_term
-            # one kernel call per branch, each with its own mask, bias and dropout
-            outputs = [self._sdpa(ctx, v, branch, base_blocked, soft_bias) for branch in self.branches]
+            stacked = fused_windows(ctx, v, self.branches, soft_bias, self.scaling,
+                                    self.dropout_module if self._dropout_active() else None,
+                                    self.relative_positions, self.attention_impl)
+            if stacked is not None:  # one fused call for all branches (B x H x L x Tq x Dh)
+                outputs = BranchOutputs(stacked)
+            else:  # one kernel call per branch, each with its own mask, bias and dropout
+                outputs = [self._sdpa(ctx, v, branch, base_blocked, soft_bias) for branch in self.branches]
         else:
             q_scaled = q * self.scaling
             energies = torch.matmul(q_scaled, k.transpose(-1, -2))  # B x H x Tq x Tk

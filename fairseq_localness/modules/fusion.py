@@ -48,6 +48,31 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     return x.reshape(tlen, bsz, num_heads, dim // num_heads).permute(1, 2, 0, 3)
 
 
+def merge_branches(x: Tensor) -> Tensor:
+    """``B x H x L x T x Dh`` (L branches, :class:`BranchOutputs`) -> ``T x (L*B) x
+    (H*Dh)``: each branch's heads merged, branch b's batch at rows ``b*B .. b*B+B-1``."""
+    bsz, heads, count, tlen, dh = x.shape
+    return x.permute(3, 2, 0, 1, 4).reshape(tlen, count * bsz, heads * dh)
+
+
+def split_branches(x: Tensor, num_heads: int, count: int) -> Tensor:
+    """The inverse of :func:`merge_branches`: ``T x (L*B) x C`` -> ``B x H x L x T x Dh``
+    (a view of ``x``)."""
+    tlen, rows, dim = x.shape
+    return x.reshape(tlen, count, rows // count, num_heads, dim // num_heads).permute(2, 3, 1, 0, 4)
+
+
+class BranchOutputs(list):
+    """The outputs of L branches computed by one fused call: the list of their ``B x H x
+    Tq x Dh`` views (what every fusion takes) and, as :attr:`stacked`, the ``B x H x L
+    x Tq x Dh`` tensor they are views of, which a fusion may use whole (e.g. one
+    squeeze gate over all branches, :class:`~.hysan.GatedSumFusion`)."""
+
+    def __init__(self, stacked: Tensor):
+        super().__init__(stacked.unbind(2))
+        self.stacked = stacked
+
+
 class Fusion(nn.Module, Observable):
     """The interface of a fusion.
 

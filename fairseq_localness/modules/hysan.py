@@ -81,7 +81,9 @@ from fairseq_localness.modules.branches import (
     global_branch,
 )
 from fairseq_localness.modules.context import AttentionContext
-from fairseq_localness.modules.fusion import ConcatFusion, Fusion, SumFusion, merge_heads, split_heads
+from fairseq_localness.modules.fusion import (
+    ConcatFusion, Fusion, SumFusion, merge_branches, merge_heads, split_branches, split_heads,
+)
 from fairseq_localness.modules.observe import gate_key, masked_mean
 
 SIDES = ("encoder", "decoder")
@@ -181,6 +183,9 @@ class GatedSumFusion(Fusion):
 
     def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
         assert len(outputs) == len(self.names)
+        stacked = getattr(outputs, "stacked", None)
+        if stacked is not None:  # one fused call computed the branches: one gate for all
+            return self._stacked(stacked, ctx)
         fused = None
         keep = None
         log = self.logging_metrics
@@ -202,12 +207,39 @@ class GatedSumFusion(Fusion):
                 self.record(gate_key(name), g.float().mean(-1).t())  # B x Tq
         return fused
 
+    def _stacked(self, stacked: Tensor, ctx: AttentionContext) -> Tensor:
+        """The same as the loop over branches, on the ``B x H x L x Tq x Dh`` outputs of
+        one fused call (:class:`~.fusion.BranchOutputs`): the gate's products and
+        element-wise work once over the ``L*B`` rows instead of once per branch, and the
+        sum over branches one reduction (on CUDA: a few kernels instead of L times as
+        many; the backward pass keeps ``stacked``, which the fused call keeps anyway)."""
+        count = stacked.size(2)
+        if torch.is_grad_enabled():
+            y, g = _SqueezeGated.apply(stacked, self.gate.f1.weight, self.gate.f1.bias, self.gate.f2.weight,
+                                       self.gate.f2.bias)
+        else:
+            x = merge_branches(stacked)
+            g = self.gate(x)
+            y = x * g
+        tgt_len, rows, dim = y.shape
+        fused = y.view(tgt_len, count, rows // count, dim).sum(1)
+        if self.logging_metrics or self.recording:
+            keep = ctx.query_keep() if self.logging_metrics else None
+            keep = None if keep is None else keep.t().unsqueeze(-1)  # Tq x B x 1
+            for name, gate in zip(self.names, g.view(tgt_len, count, rows // count, dim).unbind(1)):
+                if self.logging_metrics:
+                    self.log_metric(gate_key(name), masked_mean(gate, keep))
+                if self.recording:
+                    self.record(gate_key(name), gate.float().mean(-1).t())  # B x Tq
+        return fused
+
 
 class _SqueezeGated(torch.autograd.Function):
     """``y = x * SG(x)`` with ``x = merge_heads(out)`` and ``SG(x) = sigmoid(f2(h))``,
     ``h = ReLU(f1(x))`` (Song et al. 2019, eq. 13-14), for one branch output ``out``
     (``B x H x Tq x Dh``); returns ``y`` and the gate ``SG(x)`` (``Tq x B x C``, not
-    differentiable: for logging and recording).
+    differentiable: for logging and recording). For the stacked outputs of L branches
+    (``B x H x L x Tq x Dh``) ``x = merge_branches(out)`` and both are ``Tq x L*B x C``.
 
     What the backward pass keeps: ``out`` (which the attention's own backward pass
     keeps anyway) and the bottleneck ``h`` (C/r values per token). Autograd on the
@@ -220,7 +252,7 @@ class _SqueezeGated(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, out, w1, b1, w2, b2):
-        x = merge_heads(out)
+        x = merge_heads(out) if out.dim() == 4 else merge_branches(out)
         h = torch.relu(F.linear(x, w1, b1))
         g = torch.sigmoid(F.linear(h, w2, b2))
         ctx.save_for_backward(out, h, w1, w2, b2)
@@ -233,7 +265,7 @@ class _SqueezeGated(torch.autograd.Function):
         out, h, w1, w2, b2 = ctx.saved_tensors
         dtype = h.dtype
         w1c, w2c = w1.to(dtype), w2.to(dtype)
-        x = merge_heads(out).to(dtype)
+        x = (merge_heads(out) if out.dim() == 4 else merge_branches(out)).to(dtype)
         g = torch.sigmoid(F.linear(h, w2c, None if b2 is None else b2.to(dtype)))
         grad_y = grad_y.to(dtype)
         grad_z = torch.ops.aten.sigmoid_backward(grad_y * x, g)  # through SG's sigmoid
@@ -244,7 +276,10 @@ class _SqueezeGated(torch.autograd.Function):
         grad_w1 = flat(grad_h).t().matmul(flat(x)).to(w1.dtype)
         grad_b2 = flat(grad_z).sum(0).to(b2.dtype) if b2 is not None else None
         grad_b1 = flat(grad_h).sum(0).to(w1.dtype) if ctx.has_b1 else None
-        grad_out = split_heads(grad_x, out.size(1)).to(out.dtype)
+        if out.dim() == 4:
+            grad_out = split_heads(grad_x, out.size(1)).to(out.dtype)
+        else:
+            grad_out = split_branches(grad_x, out.size(1), out.size(2)).to(out.dtype)
         return grad_out, grad_w1, grad_b1, grad_w2, grad_b2
 
 

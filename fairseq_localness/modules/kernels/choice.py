@@ -59,8 +59,18 @@ The call (:func:`use_fast_path`): the first row that matches decides.
 | ``"sdpa"``, ``"flex"``               |         |         |                 |         |
 +--------------------------------------+---------+---------+-----------------+---------+
 
-A branch on the fast path (:func:`branch_attention`): the first row that matches
-decides. "Plain" is a call without a float ``attn_mask`` of its own (whose finite
+Several branches that are windows alone (HySAN's, the hybrid's), at least one of
+them bounded, where the fused kernel computes the call's branches (CUDA; ``"flex"``
+on a CPU without gradients; no attention dropout, no ``attn_mask`` of the call's own,
+no Shaw et al. terms, ``Tq > 1``): one FlexAttention call for all of them
+(:func:`fused_windows`, :func:`~.flex.flex_windows`: each branch a group of query
+heads with its window in the block mask), and a fusion that can take the stacked
+outputs whole does (HySAN's squeeze gate: one gate over all branches). On CUDA that
+is one forward and one backward kernel per sublayer instead of one per branch, and
+the gate's few kernels once instead of L times; not yet measured on a GPU.
+
+Otherwise each branch on the fast path (:func:`branch_attention`): the first row that
+matches decides. "Plain" is a call without a float ``attn_mask`` of its own (whose finite
 part is then a bias of every branch); a hard window is a branch that is exactly
 ``-l <= j - i <= r`` (a description with a :class:`~fairseq_localness.modules.scores.Window`
 and nothing else; ``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal core.
@@ -246,6 +256,41 @@ def _fused_terms(ctx, scale, dropout, rel, impl):
         key, value = rel.describe(ctx.q * scale)
         scores.append(key)
     return tuple(scores), value
+
+
+def fused_windows(
+    ctx: AttentionContext,
+    v: Tensor,
+    branches,
+    soft_bias: Optional[Tensor],
+    scale: float,
+    dropout: Optional[nn.Module],
+    relative_positions: Optional[nn.Module],
+    impl: str = "auto",
+) -> Optional[Tensor]:
+    """Several branches on the fast path in one fused call, ``B x H x L x Tq x Dh``
+    (:func:`~.flex.flex_windows`), where every branch is a window alone (a
+    :class:`~fairseq_localness.modules.scores.Window` and nothing else: HySAN's
+    branches, the hybrid's) and a fused kernel computes the call's branches (the
+    conditions of :func:`_fused_terms`; no Shaw et al. terms, no ``attn_mask`` bias),
+    with at least one window bounded (several global branches stay on SDPA) unless
+    ``impl`` is ``"flex"``; else None (each branch then takes
+    :func:`branch_attention`)."""
+    if len(branches) < 2 or relative_positions is not None or soft_bias is not None:
+        return None
+    if "fused" not in ctx.cache:
+        ctx.cache["fused"] = _fused_terms(ctx, scale, dropout, relative_positions, impl)
+    if ctx.cache["fused"] is None:
+        return None
+    windows = []
+    for branch in branches:
+        description = branch.describe(ctx)
+        if description.scores or description.mask is not None:
+            return None
+        windows.append(description.window if description.window is not None else Window(None, None))
+    if impl != "flex" and not any(window.bounded for window in windows):
+        return None
+    return flex.flex_windows(ctx, v, scale, windows)
 
 
 def branch_attention(

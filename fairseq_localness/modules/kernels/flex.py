@@ -55,7 +55,7 @@ only without gradients, which is how the tests run it against the eager referenc
 """
 import functools
 import types
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -86,9 +86,10 @@ def available() -> bool:
 
 
 def _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse,
-            kernel_options):
+            kernel_options, gqa=False):
     """One fused call; every tensor the score function reads is an argument (see the
-    module docstring). ``geometry``: ``[left, right, Tk - Tq, K]`` (long)."""
+    module docstring). ``geometry``: ``[left, right, Tk - Tq, K]`` (long). ``gqa``:
+    ``q`` has a group of query heads per head of ``k`` and ``v`` (:func:`flex_windows`)."""
 
     def score_mod(score, b, h, q_idx, kv_idx):
         if centre is not None:  # Yang et al. 2018, eq. 5
@@ -105,12 +106,12 @@ def _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, ge
 
     if not return_lse:
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                              kernel_options=kernel_options)
+                              kernel_options=kernel_options, enable_gqa=gqa)
     if AuxRequest is None:
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, return_lse=True,
-                              kernel_options=kernel_options)
+                              kernel_options=kernel_options, enable_gqa=gqa)
     out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                              kernel_options=kernel_options, return_aux=AuxRequest(lse=True))
+                              kernel_options=kernel_options, return_aux=AuxRequest(lse=True), enable_gqa=gqa)
     return out, aux.lse
 
 
@@ -121,11 +122,14 @@ def _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, ge
 COMPILE_BACKENDS = {"cuda": "inductor"}
 
 
-def variant(q: Tensor, block_mask, padding, centre, table, bias, return_lse: bool, kernel_options) -> tuple:
+def variant(q: Tensor, block_mask, padding, centre, table, bias, return_lse: bool, kernel_options,
+            gqa: bool = False) -> tuple:
     """What selects a compiled graph of :func:`_attend` besides shapes: the dtypes, the
-    grad mode, which arguments are present, the log-sum-exp and the kernel options."""
+    grad mode, which arguments are present, the log-sum-exp, the kernel options and
+    grouped query heads."""
     present = tuple(t is not None for t in (block_mask, padding, centre, table, bias))
-    return (str(q.dtype), torch.is_grad_enabled()) + present + (bool(return_lse), kernel_options is not None)
+    return (str(q.dtype), torch.is_grad_enabled()) + present + (bool(return_lse), kernel_options is not None,
+                                                                 bool(gqa))
 
 
 # (variant, backend) -> the compiled function (:func:`_compiled`)
@@ -252,6 +256,53 @@ def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Des
     out, lse = terms.call(ctx.q, ctx.k, v, scale, window, True)
     sums = _bucket_masses(ctx, v, scale, terms, window, value.k, lse)
     return out + torch.matmul(sums, value.embeddings.to(sums.dtype)).to(out.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _windows_block_mask(windows: Tuple[Tuple[Optional[int], Optional[int]], ...], heads: int, tgt_len: int,
+                        src_len: int, device: torch.device):
+    """The block mask of :func:`flex_windows`: query head ``h * L + b`` keeps
+    ``-left_b <= d <= right_b`` (``windows[b] = (left_b, right_b)``), cached per windows,
+    heads, lengths and device."""
+    with torch.inference_mode(False):
+        # L x 3: left, right and Tk - Tq of each group, as data (numbers captured by the
+        # closure would be constants of the compiled graph)
+        bounds = torch.tensor([[_UNBOUNDED if x is None else x for x in w] + [src_len - tgt_len] for w in windows],
+                              dtype=torch.long, device=device)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            group = h % bounds.size(0)
+            d = kv_idx - q_idx - bounds[group, 2]
+            return (d >= -bounds[group, 0]) & (d <= bounds[group, 1])
+
+        return create_block_mask(mask_mod, None, heads * len(windows), tgt_len, src_len, device=device)
+
+
+def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequence[Window]) -> Tensor:
+    """L branches that are windows alone over the same energies (HySAN's directions and
+    local windows, Song et al. 2019, eq. 8-12; the hybrid's global and local branches,
+    Xu et al. 2019, eq. 1-3) as one FlexAttention call: branch ``b`` is a group of query
+    heads (grouped-query attention: query head ``h * L + b`` reads key head ``h``) and
+    the block mask keeps each group's window, so the call skips every block outside
+    it. Returns ``B x H x L x Tq x Dh`` in ``v``'s dtype (branch outputs on dim 2).
+
+    One call's launches for L (a forward and a backward kernel, one copy of the
+    queries) instead of L calls'; padding in the score function and causality as in
+    :func:`flex_branch`."""
+    q, k = ctx.q, ctx.k
+    bsz, heads, tgt_len, head_dim = q.shape
+    count, src_len = len(windows), k.size(2)
+    if ctx.causal:
+        windows = [window.causal() for window in windows]
+    grouped = q.unsqueeze(2).expand(bsz, heads, count, tgt_len, head_dim).reshape(bsz, heads * count, tgt_len,
+                                                                                 head_dim)
+    block_mask = _windows_block_mask(tuple((w.left, w.right) for w in windows), heads, tgt_len, src_len, q.device)
+    geometry = _geometry(None, None, src_len - tgt_len, 0, q.device)
+    padding = ctx.key_padding_mask
+    key = variant(grouped, block_mask, padding, None, None, None, False, None, gqa=True)
+    out = _kernel(q.device, key)(grouped, k, v, scale, block_mask, padding, None, None, None, None, geometry, None,
+                                 False, None, True)
+    return out.view(bsz, heads, count, tgt_len, head_dim)
 
 
 def _bucket_masses(ctx: AttentionContext, v: Tensor, scale: float, terms: _Terms, window: Window, k_clip: int,
