@@ -45,7 +45,9 @@ to ``d <= -K`` (in causal attention, where the far right is empty, it is the res
 the row's mass and no second call is made), and the far right the rest of the row's
 mass. Cost: one float32 ``q k^T`` (``B x H x Tq x Tk``, not kept for the backward
 pass), a gather of ``B x H x Tq x (2K - 1)``, one more fused call outside causal
-attention, and about fifteen small element-wise kernels; gradients flow through the
+attention, and element-wise work: about a hundred small operations forward and
+backward, which CUDA compiles into a few fused kernels (:func:`_value_term`; Inductor
+for the CPU makes 22 of them, ``tests/test_flex_path.py``); gradients flow through the
 log-sum-exp into the fused call's own backward pass.
 
 No attention dropout (the kernel draws none): :mod:`.choice` sends calls with dropout
@@ -132,12 +134,13 @@ def variant(q: Tensor, block_mask, padding, centre, table, bias, return_lse: boo
                                                                  bool(gqa))
 
 
-# (variant, backend) -> the compiled function (:func:`_compiled`)
+# (function name, variant, backend) -> the compiled function (:func:`_compiled`)
 COMPILED = {}
 
 
-def _compiled(key: tuple, backend: str):
-    """:func:`_attend` compiled for one :func:`variant`, under a code object of its own.
+def _compiled(key: tuple, backend: str, function=None):
+    """``function`` (default :func:`_attend`) compiled for one kind of call ``key``
+    (:func:`variant`), under a code object of its own.
 
     dynamo keeps its compiled graphs per code object, at most ``recompile_limit``
     (8) of them, and with ``fullgraph=True`` a call past the limit raises. One model
@@ -150,20 +153,25 @@ def _compiled(key: tuple, backend: str):
     has its own code object and compiles with dynamic shapes from the first call
     (``dynamic=True``).
     """
-    compiled = COMPILED.get((key, backend))
+    function = _attend if function is None else function
+    compiled = COMPILED.get((function.__name__, key, backend))
     if compiled is None:
-        name = "_attend_" + "_".join(str(part) for part in key).replace("torch.", "").replace(".", "_")
-        code = _attend.__code__.replace(co_name=name, co_qualname=name)
-        function = types.FunctionType(code, _attend.__globals__, name, _attend.__defaults__, _attend.__closure__)
-        compiled = COMPILED[(key, backend)] = torch.compile(function, fullgraph=True, dynamic=True, backend=backend)
+        name = function.__name__ + "_" + "_".join(str(part) for part in key).replace("torch.", "").replace(".", "_")
+        code = function.__code__.replace(co_name=name, co_qualname=name)
+        copy = types.FunctionType(code, function.__globals__, name, function.__defaults__, function.__closure__)
+        compiled = torch.compile(copy, fullgraph=True, dynamic=True, backend=backend)
+        COMPILED[(function.__name__, key, backend)] = compiled
     return compiled
 
 
-def _kernel(device: torch.device, key: tuple):
-    """The call for one :func:`variant` on ``device``: compiled where
-    :data:`COMPILE_BACKENDS` names a backend, else :func:`_attend` uncompiled."""
+def _kernel(device: torch.device, key: tuple, function=None):
+    """The call of ``function`` (default :func:`_attend`) for one kind of call ``key``
+    on ``device``: compiled where :data:`COMPILE_BACKENDS` names a backend, else the
+    function itself, uncompiled."""
     backend = COMPILE_BACKENDS.get(device.type)
-    return _attend if backend is None else _compiled(key, backend)
+    if backend is None:
+        return _attend if function is None else function
+    return _compiled(key, backend, function)
 
 
 @functools.lru_cache(maxsize=256)
@@ -254,8 +262,7 @@ def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Des
     if value is None:
         return terms.call(ctx.q, ctx.k, v, scale, window, False)
     out, lse = terms.call(ctx.q, ctx.k, v, scale, window, True)
-    sums = _bucket_masses(ctx, v, scale, terms, window, value.k, lse)
-    return out + torch.matmul(sums, value.embeddings.to(sums.dtype)).to(out.dtype)
+    return _with_value_term(ctx, v, scale, terms, window, value, out, lse)
 
 
 @functools.lru_cache(maxsize=256)
@@ -305,51 +312,71 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
     return out.view(bsz, heads, count, tgt_len, head_dim)
 
 
-def _bucket_masses(ctx: AttentionContext, v: Tensor, scale: float, terms: _Terms, window: Window, k_clip: int,
-                   lse: Tensor) -> Tensor:
-    """Each row's probability mass per bucket ``clip(d, -K, K) + K``, ``B x H x Tq x R``
-    (float32): the band ``|d| < K`` recomputed from the log-sum-exp; of the far left
-    (``d <= -K``) and the far right (``d >= K``), a side the window excludes is 0, and
-    where only one side is open it is the rest of the row; where both are, the far left
-    comes from a call masked to ``d <= -K`` and the far right is the rest (see the
-    module docstring)."""
+def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Terms, window: Window,
+                     value: ValueTerm, out: Tensor, lse: Tensor) -> Tensor:
+    """``out`` plus Shaw et al.'s value term, ``sum_r mass_r w^V_r`` with each row's
+    probability mass per bucket ``r = clip(d, -K, K) + K`` (see the module docstring):
+    the far-left call where both far sides are open (a fused call of its own), then
+    :func:`_value_term` (compiled on CUDA, like the fused call, once per kind of call:
+    its two dozen small element-wise, gather and reduction kernels become a few)."""
     q, k = ctx.q, ctx.k
-    bsz, heads, tgt_len, src_len = ctx.bsz, ctx.num_heads, ctx.tgt_len, ctx.src_len
-    j, valid = _band(tgt_len, src_len, k_clip, window.left, window.right, q.device)  # Tq x W each
-    width = 2 * k_clip - 1
+    tgt_len, src_len, k_clip = ctx.tgt_len, ctx.src_len, value.k
+    left_open = window.left is None or window.left >= k_clip
+    right_open = window.right is None or window.right >= k_clip
+    far_lse = None
+    if left_open and right_open:
+        far = Window(window.left, -k_clip)
+        if not _empty(far, tgt_len, src_len):
+            far_lse = terms.call(q, k, v, scale, far, True)[1]
+    j, valid = _band(tgt_len, src_len, k_clip, window.left, window.right, q.device)  # Tq x (2K - 1) each
+    args = (out, q, k, scale, lse, far_lse, j, valid, terms.centre, terms.coeff, terms.k_pos, terms.table,
+            terms.bias, terms.padding, value.embeddings, left_open, right_open)
+    key = (str(q.dtype), torch.is_grad_enabled()) + tuple(a is not None for a in args[5:14]) + (left_open, right_open)
+    return _kernel(q.device, key, _value_term)(*args)
+
+
+def _value_term(out, q, k, scale, lse, far_lse, j, valid, centre, coeff, k_pos, table, bias, padding, embeddings,
+                left_open: bool, right_open: bool):
+    """``out + masses @ w^V`` (Shaw et al. 2018, eq. 3 with the clipping of eq. 5), where
+    ``masses`` (``B x H x Tq x R``, float32) is each row's probability mass per bucket:
+    the band ``|d| < K`` recomputed from the log-sum-exp ``lse`` of the fused call
+    (energies ``q k^T`` in float32 gathered at the band keys ``j``, plus the same score
+    terms); of the far left (``d <= -K``) and the far right (``d >= K``), a side the
+    window excludes is 0, and where only one side is open it is the rest of the row;
+    where both are, the far left is ``exp(far_lse - lse)`` (0 without ``far_lse``: no
+    query has such a key) and the far right the rest."""
+    bsz, heads, tgt_len, _ = q.shape
+    width = j.size(-1)  # 2K - 1
     index = j.expand(bsz, heads, tgt_len, width)
     key_index = j.reshape(1, -1).expand(bsz, -1)
     energies = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # B x H x Tq x Tk
     scores = energies.gather(-1, index)
-    if terms.centre is not None:
-        dist = terms.k_pos.gather(-1, key_index).view(bsz, 1, tgt_len, width) - terms.centre[..., None]
-        scores = scores + dist * dist * terms.coeff[..., None]
-    if terms.table is not None:
-        scores = scores + terms.table[..., 1 : 2 * k_clip].float()
-    if terms.bias is not None:
-        scores = scores + terms.bias.gather(-1, index).float()
+    if centre is not None:
+        dist = k_pos.gather(-1, key_index).view(bsz, 1, tgt_len, width) - centre[..., None]
+        scores = scores + dist * dist * coeff[..., None]
+    if table is not None:
+        scores = scores + table[..., 1 : width + 1].float()
+    if bias is not None:
+        scores = scores + bias.gather(-1, index).float()
     keep = valid
-    if terms.padding is not None:
-        keep = keep & ~terms.padding.gather(-1, key_index).view(bsz, 1, tgt_len, width)
+    if padding is not None:
+        keep = keep & ~padding.gather(-1, key_index).view(bsz, 1, tgt_len, width)
     nonempty = torch.isfinite(lse)
     zero = torch.zeros_like(lse)
     safe_lse = torch.where(nonempty, lse, zero)
     probs = torch.exp(scores.masked_fill(~keep, float("-inf")) - safe_lse[..., None])  # B x H x Tq x W
     rest = torch.where(nonempty, 1.0 - probs.sum(-1), zero)
-    left_open = window.left is None or window.left >= k_clip
-    right_open = window.right is None or window.right >= k_clip
     far_left = far_right = zero
     if left_open and right_open:
-        far = Window(window.left, -k_clip)
-        if not _empty(far, tgt_len, src_len):
-            _, far_lse = terms.call(q, k, v, scale, far, True)
+        if far_lse is not None:
             far_left = torch.exp(far_lse - safe_lse)
         far_right = (rest - far_left).clamp(min=0.0)
     elif left_open:
         far_left = rest.clamp(min=0.0)
     elif right_open:
         far_right = rest.clamp(min=0.0)
-    return torch.cat([far_left[..., None], probs, far_right[..., None]], dim=-1)
+    masses = torch.cat([far_left[..., None], probs, far_right[..., None]], dim=-1)
+    return out + torch.matmul(masses, embeddings.to(masses.dtype)).to(out.dtype)
 
 
 @functools.lru_cache(maxsize=256)
