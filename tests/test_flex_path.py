@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),  # torch: flex_attention called without torch.compile
 ]
 
-C, H, B = 32, 4, 3
+C, H, B = 64, 4, 3  # Dh = 16: the least head dimension the CUDA kernels take (flex.MIN_HEAD_DIM)
 
 
 def _hysan(side):
@@ -205,6 +205,25 @@ def test_flex_is_not_taken_on_a_cpu_with_gradients(monkeypatch):
     x = torch.randn(9, B, C, requires_grad=True)
     _run(module, x, "flex", None).sum().backward()
     assert calls.count == 0 and x.grad is not None
+
+
+@pytest.mark.parametrize("head_dim", [8, 16], ids=lambda d: f"Dh={d}")
+def test_a_head_dimension_under_16_stays_off_the_compiled_kernel(head_dim, monkeypatch):
+    """Inductor's kernels of the fused call (CUDA) need a head dimension of at least 16
+    (its lowering raises below that): on such a device a core with ``Dh = 8`` takes the
+    other kernels, one with ``Dh = 16`` the fused call. The CPU stands in for that
+    device here; the outputs equal the eager reference either way."""
+    monkeypatch.setattr(flex, "TRITON_DEVICES", ("cpu",))
+    torch.manual_seed(0)
+    dim = H * head_dim
+    module = AttentionCore(dim, H, self_attention=True, branches=[GaussianLocalness(dim, H)]).eval()
+    x = torch.randn(9, B, dim)
+    calls = _FlexCalls(monkeypatch)
+    with torch.no_grad():
+        out = _run(module, x, "flex", None)
+        ref = _run(module, x, "eager", None)
+    assert calls.count == (0 if head_dim < flex.MIN_HEAD_DIM else 1)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
 
 
 def test_descriptions_evaluate_to_the_eager_bias_and_mask():

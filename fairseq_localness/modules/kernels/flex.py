@@ -82,9 +82,25 @@ TABLE_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
 _UNBOUNDED = 1 << 30
 
 
+# Devices where the call is compiled into Triton kernels, and the smallest head
+# dimension those take: Inductor's lowering of the call raises for a head dimension
+# under 16 ("NYI: embedding dimension of the query, key, and value must be at least
+# 16": Triton's tl.dot needs 16), which with ``fullgraph=True`` fails the call.
+TRITON_DEVICES = ("cuda",)
+MIN_HEAD_DIM = 16
+
+
 def available() -> bool:
     """Whether this torch has FlexAttention."""
     return flex_attention is not None
+
+
+def supports(q: Tensor) -> bool:
+    """Whether the fused call can compute attention for the queries ``q``
+    (``B x H x Tq x Dh``): FlexAttention in this torch, and on a device where the call
+    is compiled into Triton kernels (:data:`TRITON_DEVICES`), ``Dh >= 16``
+    (:data:`MIN_HEAD_DIM`)."""
+    return available() and (q.device.type not in TRITON_DEVICES or q.size(-1) >= MIN_HEAD_DIM)
 
 
 def _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse,
