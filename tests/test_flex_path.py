@@ -337,6 +337,38 @@ def test_every_model_in_one_process_compiles_each_kind_of_call_a_few_times_and_n
     assert max(per_kind.values()) <= 4 < torch._dynamo.config.recompile_limit, per_kind
 
 
+def test_sublayers_with_other_branch_counts_and_one_sentence_batches_keep_within_the_budget(monkeypatch):
+    """dynamo compiles a graph of its own per number of query heads (H L with grouped
+    heads) and for a batch of one sentence, whatever ``dynamic=True`` says: HySAN
+    sublayers of 2 to 9 branches in one process (the benchmark's several systems), each
+    with a batch of 3 sentences and of 1, compile without reaching dynamo's limit of 8
+    graphs on any code object (with ``fullgraph=True`` that is an error), one graph per
+    kind of call."""
+    import torch._dynamo
+
+    counters = _traced_on_the_cpu(monkeypatch)
+    names = ["global", "forward", "backward"] + [f"local{k}" for k in range(1, 7)]
+    try:
+        for count in range(2, len(names) + 1):
+            torch.manual_seed(count)
+            core = AttentionCore(C, H, self_attention=True, branches=[make_branch(n, "encoder") for n in names[:count]],
+                                 fusion=build_fusion("sum", C, names[:count])).eval()
+            for bsz in (3, 1):
+                x = torch.randn(7, bsz, C)
+                padding = _padding("left", bsz, 7, [7, 4, 2][:bsz])
+                with torch.no_grad():
+                    out = _run(core, x, "flex", padding)
+                    ref = _run(core, x, "eager", padding)
+                keep = (~padding).t().unsqueeze(-1).float()
+                torch.testing.assert_close(out * keep, ref * keep, atol=2e-6, rtol=1e-5)
+        per_kind = _graphs_per_kind()
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert len(per_kind) == 2 * (len(names) - 1) and max(per_kind.values()) == 1, per_kind
+    assert graphs == len(per_kind)
+
+
 def test_the_value_terms_bookkeeping_compiles_into_a_few_kernels(monkeypatch):
     """Shaw et al.'s value term around the fused call (the band's masses recomputed from
     the log-sum-exp, the far buckets, the product with a^V) is about a hundred small

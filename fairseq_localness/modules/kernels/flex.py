@@ -144,10 +144,22 @@ def variant(q: Tensor, block_mask, padding, centre, table, bias, return_lse: boo
             gqa: bool = False) -> tuple:
     """What selects a compiled graph of :func:`_attend` besides shapes: the dtypes, the
     grad mode, which arguments are present, the log-sum-exp, the kernel options and
-    grouped query heads."""
+    grouped query heads; and the two sizes dynamo specializes even with dynamic shapes
+    (:func:`_specialized`)."""
     present = tuple(t is not None for t in (block_mask, padding, centre, table, bias))
     return (str(q.dtype), torch.is_grad_enabled()) + present + (bool(return_lse), kernel_options is not None,
-                                                                 bool(gqa))
+                                                                 bool(gqa)) + _specialized(q)
+
+
+def _specialized(q: Tensor) -> tuple:
+    """The sizes of ``q`` (``B x H x Tq x Dh``) that dynamo compiles a graph of their
+    own for even with dynamic shapes: the query heads ``H`` (``H L`` with grouped heads:
+    HySAN's and the hybrid's sublayers differ in L), and a batch of one sentence (its
+    0/1 specialization). Part of a kind's key, they give each such graph a budget of
+    its own: under one code object, HySAN sublayers of 2 to 5 branches, each with a
+    batch of 3 sentences and of 1, reached dynamo's limit of 8 graphs (with
+    ``fullgraph=True``, a ``FailOnRecompileLimitHit`` error)."""
+    return (q.size(1), q.size(0) == 1)
 
 
 # (function name, variant, backend) -> the compiled function (:func:`_compiled`)
@@ -347,7 +359,8 @@ def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Ter
     j, valid = _band(tgt_len, src_len, k_clip, window.left, window.right, q.device)  # Tq x (2K - 1) each
     args = (out, q, k, scale, lse, far_lse, j, valid, terms.centre, terms.coeff, terms.k_pos, terms.table,
             terms.bias, terms.padding, value.embeddings, left_open, right_open)
-    key = (str(q.dtype), torch.is_grad_enabled()) + tuple(a is not None for a in args[5:14]) + (left_open, right_open)
+    key = ((str(q.dtype), torch.is_grad_enabled()) + tuple(a is not None for a in args[5:14]) + (left_open, right_open)
+           + _specialized(q))
     return _kernel(q.device, key, _value_term)(*args)
 
 
