@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),  # torch: flex_attention called without torch.compile
 ]
 
-C, H, B = 32, 4, 3
+C, H, B = 64, 4, 3  # Dh = 16: the least head dimension the CUDA kernels take (flex.MIN_HEAD_DIM)
 
 
 def _hysan(side):
@@ -207,6 +207,25 @@ def test_flex_is_not_taken_on_a_cpu_with_gradients(monkeypatch):
     assert calls.count == 0 and x.grad is not None
 
 
+@pytest.mark.parametrize("head_dim", [8, 16], ids=lambda d: f"Dh={d}")
+def test_a_head_dimension_under_16_stays_off_the_compiled_kernel(head_dim, monkeypatch):
+    """Inductor's kernels of the fused call (CUDA) need a head dimension of at least 16
+    (its lowering raises below that): on such a device a core with ``Dh = 8`` takes the
+    other kernels, one with ``Dh = 16`` the fused call. The CPU stands in for that
+    device here; the outputs equal the eager reference either way."""
+    monkeypatch.setattr(flex, "TRITON_DEVICES", ("cpu",))
+    torch.manual_seed(0)
+    dim = H * head_dim
+    module = AttentionCore(dim, H, self_attention=True, branches=[GaussianLocalness(dim, H)]).eval()
+    x = torch.randn(9, B, dim)
+    calls = _FlexCalls(monkeypatch)
+    with torch.no_grad():
+        out = _run(module, x, "flex", None)
+        ref = _run(module, x, "eager", None)
+    assert calls.count == (0 if head_dim < flex.MIN_HEAD_DIM else 1)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+
+
 def test_descriptions_evaluate_to_the_eager_bias_and_mask():
     """A description evaluated densely is what the eager reference adds and masks:
     the Gaussian's block rows equal its dense bias, Shaw et al.'s bucket table equals
@@ -316,6 +335,38 @@ def test_every_model_in_one_process_compiles_each_kind_of_call_a_few_times_and_n
         torch._dynamo.reset()
     assert len(per_kind) >= 5, per_kind
     assert max(per_kind.values()) <= 4 < torch._dynamo.config.recompile_limit, per_kind
+
+
+def test_sublayers_with_other_branch_counts_and_one_sentence_batches_keep_within_the_budget(monkeypatch):
+    """dynamo compiles a graph of its own per number of query heads (H L with grouped
+    heads) and for a batch of one sentence, whatever ``dynamic=True`` says: HySAN
+    sublayers of 2 to 9 branches in one process (the benchmark's several systems), each
+    with a batch of 3 sentences and of 1, compile without reaching dynamo's limit of 8
+    graphs on any code object (with ``fullgraph=True`` that is an error), one graph per
+    kind of call."""
+    import torch._dynamo
+
+    counters = _traced_on_the_cpu(monkeypatch)
+    names = ["global", "forward", "backward"] + [f"local{k}" for k in range(1, 7)]
+    try:
+        for count in range(2, len(names) + 1):
+            torch.manual_seed(count)
+            core = AttentionCore(C, H, self_attention=True, branches=[make_branch(n, "encoder") for n in names[:count]],
+                                 fusion=build_fusion("sum", C, names[:count])).eval()
+            for bsz in (3, 1):
+                x = torch.randn(7, bsz, C)
+                padding = _padding("left", bsz, 7, [7, 4, 2][:bsz])
+                with torch.no_grad():
+                    out = _run(core, x, "flex", padding)
+                    ref = _run(core, x, "eager", padding)
+                keep = (~padding).t().unsqueeze(-1).float()
+                torch.testing.assert_close(out * keep, ref * keep, atol=2e-6, rtol=1e-5)
+        per_kind = _graphs_per_kind()
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert len(per_kind) == 2 * (len(names) - 1) and max(per_kind.values()) == 1, per_kind
+    assert graphs == len(per_kind)
 
 
 def test_the_value_terms_bookkeeping_compiles_into_a_few_kernels(monkeypatch):

@@ -78,16 +78,16 @@ and nothing else; ``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal c
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | kind of branch                       | device | dtype | length          | kernel                |
 +======================================+========+=======+=================+=======================+
-| any branch, ``attention_impl=        | CPU,   | any   | Tq > 1          | :mod:`.flex` (CPU:    |
-| "flex"``, no ``attn_mask`` of the    | no     |       |                 | forward only)         |
+| any branch, ``attention_impl=        | CPU,   | any   | Tq > 1; on CUDA | :mod:`.flex` (CPU:    |
+| "flex"``, no ``attn_mask`` of the    | no     |       | Dh >= 16        | forward only)         |
 | call's own, no attention dropout     | grads; |       |                 |                       |
 |                                      | CUDA   |       |                 |                       |
 +--------------------------------------+--------+-------+-----------------+-----------------------+
-| a bounded window, a score term       | CUDA   | any   | Tq > 1; not yet | :mod:`.flex` [6]_     |
-| (Yang et al.'s Gaussian), a mask     |        |       | measured on a   |                       |
-| given whole, or any branch of a call |        |       | GPU against the |                       |
-| with Shaw et al.'s terms; no         |        |       | rows below      |                       |
-| ``attn_mask`` of the call's own, no  |        |       |                 |                       |
+| a bounded window, a score term       | CUDA   | any   | Tq > 1, Dh >=   | :mod:`.flex` [6]_     |
+| (Yang et al.'s Gaussian), a mask     |        |       | 16; not yet     |                       |
+| given whole, or any branch of a call |        |       | measured on a   |                       |
+| with Shaw et al.'s terms; no         |        |       | GPU against the |                       |
+| ``attn_mask`` of the call's own, no  |        |       | rows below      |                       |
 | attention dropout                    |        |       |                 |                       |
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | a learned bias (Yang et al.'s        | any    | any   | any             | :mod:`.recompute`     |
@@ -241,8 +241,10 @@ def _fused_terms(ctx, scale, dropout, rel, impl):
     """The call's own score terms and value term for :func:`~.flex.flex_branch`, where a
     fused kernel computes this call's branches (CUDA with ``"auto"`` or ``"sdpa"``;
     ``"flex"`` anywhere, on a CPU without gradients); else None. Not with attention
-    dropout (the fused kernel draws none), nor for one query row (:mod:`.step`)."""
-    if dropout is not None or ctx.tgt_len == 1 or not flex.available():
+    dropout (the fused kernel draws none), nor for one query row (:mod:`.step`), nor
+    on CUDA for a head dimension under 16 (:func:`~.flex.supports`: Inductor's kernels
+    of the call need 16; the other kernels take those calls)."""
+    if dropout is not None or ctx.tgt_len == 1 or not flex.supports(ctx.q):
         return None
     if ctx.q.device.type == "cuda":
         if impl not in ("auto", "sdpa", "flex"):

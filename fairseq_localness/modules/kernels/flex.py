@@ -82,9 +82,25 @@ TABLE_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
 _UNBOUNDED = 1 << 30
 
 
+# Devices where the call is compiled into Triton kernels, and the smallest head
+# dimension those take: Inductor's lowering of the call raises for a head dimension
+# under 16 ("NYI: embedding dimension of the query, key, and value must be at least
+# 16": Triton's tl.dot needs 16), which with ``fullgraph=True`` fails the call.
+TRITON_DEVICES = ("cuda",)
+MIN_HEAD_DIM = 16
+
+
 def available() -> bool:
     """Whether this torch has FlexAttention."""
     return flex_attention is not None
+
+
+def supports(q: Tensor) -> bool:
+    """Whether the fused call can compute attention for the queries ``q``
+    (``B x H x Tq x Dh``): FlexAttention in this torch, and on a device where the call
+    is compiled into Triton kernels (:data:`TRITON_DEVICES`), ``Dh >= 16``
+    (:data:`MIN_HEAD_DIM`)."""
+    return available() and (q.device.type not in TRITON_DEVICES or q.size(-1) >= MIN_HEAD_DIM)
 
 
 def _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse,
@@ -128,10 +144,22 @@ def variant(q: Tensor, block_mask, padding, centre, table, bias, return_lse: boo
             gqa: bool = False) -> tuple:
     """What selects a compiled graph of :func:`_attend` besides shapes: the dtypes, the
     grad mode, which arguments are present, the log-sum-exp, the kernel options and
-    grouped query heads."""
+    grouped query heads; and the two sizes dynamo specializes even with dynamic shapes
+    (:func:`_specialized`)."""
     present = tuple(t is not None for t in (block_mask, padding, centre, table, bias))
     return (str(q.dtype), torch.is_grad_enabled()) + present + (bool(return_lse), kernel_options is not None,
-                                                                 bool(gqa))
+                                                                 bool(gqa)) + _specialized(q)
+
+
+def _specialized(q: Tensor) -> tuple:
+    """The sizes of ``q`` (``B x H x Tq x Dh``) that dynamo compiles a graph of their
+    own for even with dynamic shapes: the query heads ``H`` (``H L`` with grouped heads:
+    HySAN's and the hybrid's sublayers differ in L), and a batch of one sentence (its
+    0/1 specialization). Part of a kind's key, they give each such graph a budget of
+    its own: under one code object, HySAN sublayers of 2 to 5 branches, each with a
+    batch of 3 sentences and of 1, reached dynamo's limit of 8 graphs (with
+    ``fullgraph=True``, a ``FailOnRecompileLimitHit`` error)."""
+    return (q.size(1), q.size(0) == 1)
 
 
 # (function name, variant, backend) -> the compiled function (:func:`_compiled`)
@@ -331,7 +359,8 @@ def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Ter
     j, valid = _band(tgt_len, src_len, k_clip, window.left, window.right, q.device)  # Tq x (2K - 1) each
     args = (out, q, k, scale, lse, far_lse, j, valid, terms.centre, terms.coeff, terms.k_pos, terms.table,
             terms.bias, terms.padding, value.embeddings, left_open, right_open)
-    key = (str(q.dtype), torch.is_grad_enabled()) + tuple(a is not None for a in args[5:14]) + (left_open, right_open)
+    key = ((str(q.dtype), torch.is_grad_enabled()) + tuple(a is not None for a in args[5:14]) + (left_open, right_open)
+           + _specialized(q))
     return _kernel(q.device, key, _value_term)(*args)
 
 
