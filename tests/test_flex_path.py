@@ -422,6 +422,80 @@ def test_the_value_terms_bookkeeping_compiles_into_a_few_kernels(monkeypatch):
     assert metrics.generated_kernel_count < 30 < Count.calls, (metrics.generated_kernel_count, Count.calls)
 
 
+class _FailsInBackward(torch.autograd.Function):
+    """The identity, whose backward pass fails as Inductor passes on Triton's error
+    (or ``message`` of another error)."""
+
+    message = None
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if _FailsInBackward.message is not None:
+            raise RuntimeError(_FailsInBackward.message)
+        try:
+            raise RuntimeError("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
+        except RuntimeError as cause:
+            raise RuntimeError("backend='inductor' raised: see above") from cause
+
+
+def _stand_in_kernel(calls):
+    """A stand-in for the compiled call: SDPA, whose backward pass fails with the default
+    blocks (``kernel_options`` None); records the options of every call."""
+
+    def kernel(device, key, function=None):
+        def run(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse,
+                options, gqa=False):
+            calls.append(options)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+            return _FailsInBackward.apply(out) if options is None else out
+
+        return run
+
+    return kernel
+
+
+def test_a_kind_of_call_out_of_shared_memory_takes_small_blocks_from_then_on(monkeypatch):
+    """The first call of a kind with gradients on a GPU runs once more, forward and
+    backward: where Triton runs out of shared memory there (as Shaw et al.'s table did
+    with the default blocks on an H200), the call and every later one of its kind take
+    the small blocks instead of failing in the training step's backward pass. The CPU
+    stands in for CUDA, a stand-in kernel for the compiled call."""
+    calls = []
+    monkeypatch.setattr(flex, "TRITON_DEVICES", ("cpu",))
+    monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", "eager")
+    monkeypatch.setattr(flex, "_kernel", _stand_in_kernel(calls))
+    monkeypatch.setattr(flex, "_CHECKED", set())
+    monkeypatch.setattr(flex, "_NEED_SMALL_BLOCKS", set())
+    monkeypatch.setattr(_FailsInBackward, "message", None)
+    q, k, v = (torch.randn(2, 4, 6, 16, requires_grad=True) for _ in range(3))
+    args = (0.25, None, None, None, None, None, None, None, None, False, None)
+    for _ in range(2):
+        out = flex._fused_call(q, k, v, *args)
+        out.sum().backward()
+    assert calls == [None, flex.SMALL_BLOCKS, flex.SMALL_BLOCKS]  # checked once, then small blocks
+    with torch.no_grad():  # without gradients: another kind, not checked (no backward pass)
+        flex._fused_call(q, k, v, *args)
+    assert calls[-1] is None and len(flex._NEED_SMALL_BLOCKS) == 1
+
+
+def test_any_other_error_of_the_check_is_raised(monkeypatch):
+    calls = []
+    monkeypatch.setattr(flex, "TRITON_DEVICES", ("cpu",))
+    monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", "eager")
+    monkeypatch.setattr(flex, "_kernel", _stand_in_kernel(calls))
+    monkeypatch.setattr(flex, "_CHECKED", set())
+    monkeypatch.setattr(flex, "_NEED_SMALL_BLOCKS", set())
+    monkeypatch.setattr(_FailsInBackward, "message", "CUDA error: an illegal memory access was encountered")
+    q, k, v = (torch.randn(2, 4, 6, 16, requires_grad=True) for _ in range(3))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        flex._fused_call(q, k, v, 0.25, None, None, None, None, None, None, None, None, False, None)
+    assert not flex._NEED_SMALL_BLOCKS
+
+
 def test_training_and_inference_are_different_kinds_of_call():
     """The grad mode is one of dynamo's guards: a training step and the validation
     after it are two kinds of call with a budget each (so a model's kinds are not

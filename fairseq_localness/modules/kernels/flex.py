@@ -56,6 +56,7 @@ elsewhere. On a CPU, torch (2.13) runs the call's forward pass without compiling
 only without gradients, which is how the tests run it against the eager reference.
 """
 import functools
+import logging
 import types
 from typing import Optional, Sequence, Tuple
 
@@ -73,6 +74,8 @@ try:
     from torch.nn.attention.flex_attention import AuxRequest
 except ImportError:  # torch < 2.9: return_lse
     AuxRequest = None
+
+logger = logging.getLogger(__name__)
 
 # Shaw et al.'s table bias: the blocks with which its backward pass fits in shared
 # memory (issue 38, measured on an H200: the default blocks ran out of it).
@@ -202,6 +205,73 @@ def _kernel(device: torch.device, key: tuple, function=None):
     return _compiled(key, backend, function)
 
 
+# Kinds of call (:func:`variant`, without kernel options) whose backward pass ran out of
+# the GPU's shared memory with the default blocks, and which take SMALL_BLOCKS instead;
+# and the kinds checked (:func:`_fused_call`).
+SMALL_BLOCKS = TABLE_KERNEL_OPTIONS
+_NEED_SMALL_BLOCKS = set()
+_CHECKED = set()
+
+
+def _fused_call(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse,
+                options, gqa=False):
+    """:func:`_attend` for one call, by the kernel of its kind (:func:`_kernel`).
+
+    The first call of a kind with gradients on a device where it is compiled into
+    Triton kernels runs once more, forward and backward, on detached copies of its
+    inputs: where that runs out of shared memory (the backward pass of Shaw et al.'s
+    table did with the default blocks on an H200, issue 38; a learned Gaussian at a
+    head dimension of 128 has not been measured), the kind takes :data:`SMALL_BLOCKS`
+    from then on, with a warning, instead of failing in the training step's backward
+    pass. Any other error is raised."""
+    args = [q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse, options, gqa]
+    key = variant(q, block_mask, padding, centre, table, bias, return_lse, options, gqa)
+    if options is None and key in _NEED_SMALL_BLOCKS:
+        args[13] = SMALL_BLOCKS
+    elif (options is None and key not in _CHECKED and q.device.type in COMPILE_BACKENDS
+          and q.device.type in TRITON_DEVICES and torch.is_grad_enabled()):
+        _CHECKED.add(key)
+        if not _fits(_kernel(q.device, key), args):
+            logger.warning("FlexAttention: a kind of call ran out of shared memory with the default blocks; "
+                           "it takes kernel_options=%s from now on", SMALL_BLOCKS)
+            _NEED_SMALL_BLOCKS.add(key)
+            args[13] = SMALL_BLOCKS
+    kernel_key = variant(q, block_mask, padding, centre, table, bias, return_lse, args[13], gqa)
+    return _kernel(q.device, kernel_key)(*args)
+
+
+def _fits(function, args) -> bool:
+    """Whether ``function(*args)`` runs forward and backward (on detached copies of the
+    float tensors, those that need gradients again needing them) without running out of
+    the GPU's shared memory; any other error is raised."""
+    copies = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, Tensor) and a.is_floating_point() else a
+              for a in args]
+    try:
+        result = function(*copies)
+        outputs = result if isinstance(result, tuple) else (result,)
+        total = sum(out.float().sum() for out in outputs if out.requires_grad)
+        if isinstance(total, Tensor):
+            total.backward()
+        return True
+    except Exception as error:  # noqa: BLE001 - sorted below: only this one is caught
+        if _out_of_shared_memory(error):
+            return False
+        raise
+
+
+def _out_of_shared_memory(error: BaseException) -> bool:
+    """Whether ``error`` or one it was raised from is Triton's "out of resource: shared
+    memory" (``triton.runtime.errors.OutOfResources``), as Inductor passes it on."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = f"{type(error).__name__}: {error}".lower()
+        if "outofresources" in text or ("out of resource" in text and "shared memory" in text):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 @functools.lru_cache(maxsize=256)
 def _geometry(left: Optional[int], right: Optional[int], offset: int, k: int, device: torch.device) -> Tensor:
     left = _UNBOUNDED if left is None else left
@@ -270,9 +340,8 @@ class _Terms:
         block_mask = _block_mask(window.left, window.right, tgt_len, src_len, q.device)
         geometry = _geometry(window.left, window.right, src_len - tgt_len, self.k, q.device)
         options = TABLE_KERNEL_OPTIONS if (self.table is not None and q.device.type == "cuda") else None
-        key = variant(q, block_mask, self.padding, self.centre, self.table, self.bias, return_lse, options)
-        return _kernel(q.device, key)(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos,
-                                      self.table, geometry, self.bias, return_lse, options)
+        return _fused_call(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos, self.table,
+                           geometry, self.bias, return_lse, options)
 
 
 def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Description, call_scores=(),
@@ -334,9 +403,8 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
     block_mask = _windows_block_mask(tuple((w.left, w.right) for w in windows), heads, tgt_len, src_len, q.device)
     geometry = _geometry(None, None, src_len - tgt_len, 0, q.device)
     padding = ctx.key_padding_mask
-    key = variant(grouped, block_mask, padding, None, None, None, False, None, gqa=True)
-    out = _kernel(q.device, key)(grouped, k, v, scale, block_mask, padding, None, None, None, None, geometry, None,
-                                 False, None, True)
+    out = _fused_call(grouped, k, v, scale, block_mask, padding, None, None, None, None, geometry, None, False, None,
+                      gqa=True)
     return out.view(bsz, heads, count, tgt_len, head_dim)
 
 
