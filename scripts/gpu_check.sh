@@ -2,11 +2,11 @@
 # The GPU check: everything this project measures and tests on a CUDA GPU.
 #
 # Usage: gpu_check.sh --data-bin DIR --out DIR [--budget SECONDS] [--stages LIST]
-#                     [--systems LIST] [--bench-systems all]
+#                     [--systems LIST] [--bench-systems all] [--dtypes LIST]
 #
 # Stages (--stages; the default, train, fits one 10-minute call with its default budget):
 # train  300 updates of fairseq-train (4,096 tokens per batch, IWSLT's Transformer-base)
-#        per system in --bf16 and then --fp16, one run at a time so that each has the GPU
+#        per system in --bf16 and then --fp16 (--dtypes), one run at a time so that each has the GPU
 #        to itself, the transformer first; each through scripts/gpu_train_probe.py
 #        (fairseq-train's own entry point, counting the CUDA kernels of updates 101-103
 #        with torch.profiler and the peak GPU memory). Summaries: train.tsv
@@ -47,8 +47,16 @@ parse_options "$@" <<'EOF'
 --bench-systems all     BENCH_ALL      choice:all   -
     benchmark every system of fairseq-localness-bench --list instead of the
     transformer and each model's main system
+--dtypes LIST           DTYPES         text         -
+    the training runs' precisions, in order (default: bf16 fp16); with one
+    call of 480 s, "bf16" alone gives each of the 8 systems about 58 s,
+    the fused kernels' first compiling included
 EOF
 STAGES="${STAGES:-train}"
+DTYPES="${DTYPES:-bf16 fp16}"
+for d in $DTYPES; do
+    [[ "$d" =~ ^(bf16|fp16)$ ]] || die "--dtypes: unknown precision '$d' (allowed: bf16 fp16)"
+done
 SYSTEMS="${SYSTEMS:-transformer localness localness-relpos hybrid hysan enc-dc dec-dc full-dc}"
 BENCH_SYSTEMS=("transformer" "localness (query, enc 1-3)" "localness + rel_pos" "hybrid (gate, enc 1-2)"
                "hysan e1 (gated)" "enc-dc (f=2)" "dec-dc (f=2)" "full-dc (f=2)")
@@ -116,7 +124,7 @@ fi
 # what is left (a run cut short keeps the intervals it logged)
 if stage train; then
     runs=()
-    for dtype in bf16 fp16; do
+    for dtype in $DTYPES; do
         runs+=("transformer.$dtype")
         for s in $SYSTEMS; do [[ "$s" == transformer ]] || runs+=("$s.$dtype"); done
     done

@@ -108,7 +108,8 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
     (["--budget", "10"], "--budget: expected a whole number >= 60, got '10'"),
     (["--bench-systems", "some"], "--bench-systems: expected one of: all; got 'some'"),
     (["--colour", "red"], "unknown option '--colour'"),
-], ids=["stage", "system", "budget", "bench-systems", "unknown"])
+    (["--dtypes", "bf16 fp32"], "--dtypes: unknown precision 'fp32' (allowed: bf16 fp16)"),
+], ids=["stage", "system", "budget", "bench-systems", "unknown", "dtypes"])
 def test_bad_options_stop_before_anything_runs(tmp_path, args, message):
     data = tmp_path / "bin"
     data.mkdir()
