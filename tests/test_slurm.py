@@ -8,8 +8,10 @@ submitit with the CPU fakes of --rehearse and tiny models; nothing of SLURM is m
 
 - a driver's --rehearse --slurm end to end: every row a job, the table the same as the
   local rehearsal's; a second --slurm submits nothing; --status says done with BLEU;
-- a failing row: failed in --status with its log's last line, the other row finishes,
-  the table marks it; --cancel; --dry-run prints the graph and submits nothing;
+  then a second seed of the same rows (only its jobs submitted), one run failing: failed
+  in --status with its log's last line, the other runs finish, the table over the seeds
+  marks it;
+- --cancel; --dry-run prints the graph and submits nothing;
 - scontrol requeue of a training job mid-run: it resumes from its checkpoint;
 - a job whose --time is shorter than its training is requeued and finishes;
 - a two-task job (--gpus-per-node 2 --cpu) trains through srun over gloo;
@@ -85,8 +87,36 @@ def status_lines(work, *extra):
     return p.stdout.splitlines()
 
 
-@pytest.mark.timeout(600)
-def test_a_rehearsal_through_slurm_gives_the_local_table(cluster, tmp_path):
+def failing_pipeline(tmp_path, run):
+    """REPRODUCE_PIPELINE_DIR: the pipeline's steps, with a train.sh that fails for the run
+    directory runs/`run`."""
+    d = tmp_path / "pipeline"
+    d.mkdir()
+    for name in os.listdir(os.path.join(REPO, "scripts")):  # the steps and what they source
+        if name != "train.sh":
+            os.symlink(os.path.join(REPO, "scripts", name), d / name)
+    (d / "train.sh").write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *"/runs/{run} "* ]]; then\n'
+                                f'    echo "train.sh: error: a failure of {run} for the test" >&2; exit 3\nfi\n'
+                                f'exec bash {TRAIN} "$@"\n')
+    return str(d)
+
+
+def first_table(results_md):
+    """{row: {column: cell}} of the first table of results.md (with --seeds the per-seed
+    table follows)."""
+    rows, header = {}, None
+    for line in open(results_md, encoding="utf-8").read().split("\n\n")[0].splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not line.startswith("|--"):
+            rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+@pytest.mark.timeout(800)
+def test_a_rehearsal_through_slurm_gives_the_local_table_then_a_failing_seed_is_marked_failed_and_the_others_finish(
+        cluster, tmp_path):
     local, remote = str(tmp_path / "local"), str(tmp_path / "slurm")
     t0 = time.time()
     p = driver("--rehearse", "--slurm", "--work-dir", remote, "--only", ROWS, "--time", "10", timeout=120)
@@ -118,50 +148,24 @@ def test_a_rehearsal_through_slurm_gives_the_local_table(cluster, tmp_path):
     p = driver("--rehearse", "--slurm", "--work-dir", remote, "--only", ROWS, "--time", "10")
     assert p.returncode == 0 and "0 job(s) submitted" in p.stderr, p.stderr[-2000:]
     # outputs decide, not records: a row whose eval/ is gone is not "queued", and is submitted again
-    shutil.move(os.path.join(remote, "runs", "transformer", "eval"), str(tmp_path / "eval-moved"))
+    eval_dir = os.path.join(remote, "runs", "transformer", "eval")
+    shutil.move(eval_dir, str(tmp_path / "eval-moved"))
     line = status_lines(remote)[0]
     assert line.startswith("transformer seed 1: incomplete (its jobs ended, its score is missing"), line
     p = driver("--rehearse", "--slurm", "--dry-run", "--work-dir", remote, "--only", ROWS)
     assert re.findall(r"^job (\S+) \(", p.stdout, re.M) == ["train:transformer:1", "eval:transformer:1", "final"], \
         p.stdout
+    shutil.move(str(tmp_path / "eval-moved"), eval_dir)
 
-
-def failing_pipeline(tmp_path, run):
-    """REPRODUCE_PIPELINE_DIR: the pipeline's steps, with a train.sh that fails for the run
-    directory runs/`run`."""
-    d = tmp_path / "pipeline"
-    d.mkdir()
-    for name in os.listdir(os.path.join(REPO, "scripts")):  # the steps and what they source
-        if name != "train.sh":
-            os.symlink(os.path.join(REPO, "scripts", name), d / name)
-    (d / "train.sh").write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *"/runs/{run} "* ]]; then\n'
-                                f'    echo "train.sh: error: a failure of {run} for the test" >&2; exit 3\nfi\n'
-                                f'exec bash {TRAIN} "$@"\n')
-    return str(d)
-
-
-def first_table(results_md):
-    """{row: {column: cell}} of the first table of results.md (with --seeds the per-seed
-    table follows)."""
-    rows, header = {}, None
-    for line in open(results_md, encoding="utf-8").read().split("\n\n")[0].splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if header is None:
-            header = cells
-        elif not line.startswith("|--"):
-            rows[cells[0]] = dict(zip(header, cells))
-    return rows
-
-
-@pytest.mark.timeout(500)
-def test_a_failing_row_is_marked_failed_and_the_others_finish(cluster, tmp_path):
-    # two seeds: enc-dc's second seed fails to train; the three other runs finish and the
-    # table over the seeds says what failed
-    work = str(tmp_path / "work")
+    # a second seed of the same rows (the finished runs above are their seed 1): enc-dc's
+    # second seed fails to train; the three other runs finish and the table over the seeds
+    # says what failed. (A fresh graph of two seeds, 10 jobs, is the dry run of
+    # test_dry_run_prints_the_graph_and_cancel_cancels.)
+    work = remote
     env = {"REPRODUCE_PIPELINE_DIR": failing_pipeline(tmp_path, "enc-dc/seed2")}
     p = driver("--rehearse", "--slurm", "--seeds", "2", "--work-dir", work, "--only", ROWS, "--time", "10", env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "10 job(s) submitted" in p.stderr, p.stderr[-3000:]
+    assert "5 job(s) submitted" in p.stderr, p.stderr[-3000:]
     wait_jobs(work, timeout=400)
     lines = status_lines(work, "--seeds", "2")
     assert len(lines) == 5, lines
