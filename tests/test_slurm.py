@@ -424,18 +424,23 @@ def test_scontrol_requeue_resumes_from_the_checkpoint(cluster, tiny_data_bin, tm
     assert after and min(after) == restored + 1
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(500)
 def test_a_job_past_its_time_limit_is_requeued_and_finishes(cluster, tiny_data_bin, tmp_path):
-    # --time 1 with the warning 30 s ahead: at most about 25 s of training per run, on
-    # any machine; fairseq stops after 36 s of training counted over the runs (its
-    # --stop-time-hours adds the time of the runs before, saved in the checkpoint), so
-    # the job is requeued at least once and then finishes, however fast the machine
+    # --time 2 with the warning 60 s ahead: at most 60 s of training per run, on any
+    # machine. The warning comes early (sbatch's man page: up to 60 s; here slurmctld
+    # looks at time limits every 30 s and it came 52 s after a run's start), and a run's
+    # start (submitit, train.sh's checks, fairseq's import) takes about 15 s here, more
+    # on a loaded machine: with --time 1 and the warning 30 s ahead it came 22 s after
+    # the start of each requeued run, and on a loaded machine no run got to train until
+    # the requeues ran out. fairseq stops after 61 s of training counted over the runs
+    # (its --stop-time-hours adds the time of the runs before, saved in the checkpoint),
+    # so the job is requeued at least once and then finishes, however fast the machine
     save = tmp_path / "short"
-    p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "1", "--signal-delay", "30", "--max-requeues", "8",
-                    updates=1_000_000, extra=["--save-interval-updates", "20", "--stop-time-hours", "0.01"])
+    p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "2", "--signal-delay", "60", "--max-requeues", "8",
+                    updates=1_000_000, extra=["--save-interval-updates", "20", "--stop-time-hours", "0.017"])
     assert p.returncode == 0, p.stderr
     job = re.search(r"job (\d+)", p.stderr).group(1)
-    wait_for(lambda: job not in squeue_ids(), 360, f"job {job}")
+    wait_for(lambda: job not in squeue_ids(), 420, f"job {job}")
     state = job_state(save)
     assert state["state"] == "done" and state["restarts"] >= 1, state
     log = job_log(save, job)
