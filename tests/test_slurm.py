@@ -12,8 +12,8 @@ submitit with the CPU fakes of --rehearse and tiny models; nothing of SLURM is m
   in --status with its log's last line, the other runs finish, the table over the seeds
   marks it;
 - --cancel; --dry-run prints the graph and submits nothing;
-- scontrol requeue of a training job mid-run: it resumes from its checkpoint;
-- a job whose --time is shorter than its training is requeued and finishes;
+- scontrol requeue of a training job mid-run: it resumes from its checkpoint; beside it,
+  a job whose --time is shorter than its training is requeued and finishes;
 - a two-task job (--gpus-per-node 2 --cpu) trains through srun over gloo;
 - bad input: one line, exit status 2, nothing submitted;
 - a graph held in the queue (nothing trains): --status with the submission's options, a
@@ -397,8 +397,29 @@ def test_a_two_task_job_trains_through_srun_over_gloo(cluster, tiny_data_bin, tm
     assert max(updates_logged(save)) == 4 and os.path.exists(save / "checkpoint_last.pt")
 
 
-@pytest.mark.timeout(400)
-def test_scontrol_requeue_resumes_from_the_checkpoint(cluster, tiny_data_bin, tmp_path):
+@pytest.mark.timeout(700)
+def test_scontrol_requeue_resumes_from_the_checkpoint_and_a_job_past_its_time_limit_is_requeued_and_finishes(
+        cluster, tiny_data_bin, tmp_path):
+    # two training jobs side by side on the cluster's two CPUs (the one past its time
+    # limit spends much of its time waiting for SLURM's warning and requeue):
+    #
+    # the job past its time limit: --time 2 with the warning 60 s ahead: at most 60 s of
+    # training per run, on any machine. The warning comes early (sbatch's man page: up to
+    # 60 s; here slurmctld looks at time limits every 30 s and it came 52 s after a run's
+    # start), and a run's start (submitit, train.sh's checks, fairseq's import) takes
+    # about 15 s here, more on a loaded machine: with --time 1 and the warning 30 s ahead
+    # it came 22 s after the start of each requeued run, and on a loaded machine no run
+    # got to train until the requeues ran out. fairseq stops after 61 s of training
+    # counted over the runs (its --stop-time-hours adds the time of the runs before,
+    # saved in the checkpoint), so the job is requeued at least once and then finishes,
+    # however fast the machine
+    short = tmp_path / "short"
+    p = train_slurm(tiny_data_bin, short, "--cpu", "--time", "2", "--signal-delay", "60", "--max-requeues", "8",
+                    updates=1_000_000, extra=["--save-interval-updates", "20", "--stop-time-hours", "0.017"])
+    assert p.returncode == 0, p.stderr
+    short_job = re.search(r"job (\d+)", p.stderr).group(1)
+
+    # scontrol requeue of a training job mid-run: it resumes from its checkpoint
     save = tmp_path / "requeued"
     p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "10", updates=600)
     assert p.returncode == 0, p.stderr
@@ -423,27 +444,11 @@ def test_scontrol_requeue_resumes_from_the_checkpoint(cluster, tiny_data_bin, tm
     after = ups[[i for i, u in enumerate(ups) if u <= restored][-1] + 1:]
     assert after and min(after) == restored + 1
 
-
-@pytest.mark.timeout(500)
-def test_a_job_past_its_time_limit_is_requeued_and_finishes(cluster, tiny_data_bin, tmp_path):
-    # --time 2 with the warning 60 s ahead: at most 60 s of training per run, on any
-    # machine. The warning comes early (sbatch's man page: up to 60 s; here slurmctld
-    # looks at time limits every 30 s and it came 52 s after a run's start), and a run's
-    # start (submitit, train.sh's checks, fairseq's import) takes about 15 s here, more
-    # on a loaded machine: with --time 1 and the warning 30 s ahead it came 22 s after
-    # the start of each requeued run, and on a loaded machine no run got to train until
-    # the requeues ran out. fairseq stops after 61 s of training counted over the runs
-    # (its --stop-time-hours adds the time of the runs before, saved in the checkpoint),
-    # so the job is requeued at least once and then finishes, however fast the machine
-    save = tmp_path / "short"
-    p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "2", "--signal-delay", "60", "--max-requeues", "8",
-                    updates=1_000_000, extra=["--save-interval-updates", "20", "--stop-time-hours", "0.017"])
-    assert p.returncode == 0, p.stderr
-    job = re.search(r"job (\d+)", p.stderr).group(1)
-    wait_for(lambda: job not in squeue_ids(), 420, f"job {job}")
-    state = job_state(save)
+    # the job past its time limit, requeued and finished
+    wait_for(lambda: short_job not in squeue_ids(), 420, f"job {short_job}")
+    state = job_state(short)
     assert state["state"] == "done" and state["restarts"] >= 1, state
-    log = job_log(save, job)
+    log = job_log(short, short_job)
     # every run after the first resumed from a checkpoint where one had been written: a
     # run can end (at its time limit) before it writes one, or, on a loaded machine,
     # before fairseq looks for one, so restores may be fewer than restarts, but no run
@@ -454,7 +459,7 @@ def test_a_job_past_its_time_limit_is_requeued_and_finishes(cluster, tiny_data_b
     assert "Stopping training due to cumulative_training_time" in log, log[-3000:]
     # each run went on from the last checkpoint of the one before
     assert all(u > 0 for u in restores(log)) and restores(log) == sorted(restores(log))
-    assert max(updates_logged(save)) > max(restores(log))
+    assert max(updates_logged(short)) > max(restores(log))
 
 
 # ------------------------------------------------------------------ units: no cluster needed
