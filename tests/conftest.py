@@ -100,7 +100,7 @@ def pytest_collection_modifyitems(session, config, items):
     turned off in :func:`pytest_configure`), each worker taking the next file as it
     finishes one, so a long file collected late would run alone at the end while the
     other worker has nothing left: the files of :data:`LONGEST_FIRST` come first, in its
-    order (tests/test_slurm.py, about 6 minutes, most of it waiting for its cluster's
+    order (tests/test_slurm.py, 5.5 minutes alone, most of it waiting for its cluster's
     jobs, overlaps the others), then the others, the most tests first (the files of
     a few short tests make the end)."""
     counts = {}
