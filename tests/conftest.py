@@ -70,6 +70,12 @@ TINY_MODEL_ARGS = [
 
 def pytest_configure(config):
     _refuse_process_groups()
+    if hasattr(config.option, "loadscopereorder"):
+        # pytest-xdist (3.x) would hand out the files by their number of tests, most
+        # first, in place of the order of pytest_collection_modifyitems: the long files
+        # with few tests (tests/test_localness_cli.py, tests/test_readme.py, ...) would
+        # come last and run alone at the end
+        config.option.loadscopereorder = False
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # `make test` runs one worker per core (pytest-xdist): one torch thread each,
         # as the commands the tests start have (tool_env), so workers do not fight.
@@ -78,17 +84,37 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-LONGEST_FIRST = ("test_slurm.py",)
-"""Test files started before the others (:func:`pytest_collection_modifyitems`)."""
+LONGEST_FIRST = (
+    "test_slurm.py", "test_pipeline.py", "test_rehearse.py", "test_localness_cli.py", "test_checkpoint_limits.py",
+    "test_hybrid_transformer.py", "test_dc_transformer.py", "test_readme.py", "test_train_script.py",
+    "test_layerdrop.py", "test_hysan_transformer.py", "test_analysis.py", "test_time_limits.py", "test_distributed.py",
+    "test_checkpoint_safety.py", "test_evaluation.py", "test_faults.py", "test_checkpoint_files.py",
+)
+"""Test files started before the others, longest first (:func:`pytest_collection_modifyitems`):
+the order of their times in a run of ``make test`` on 2 cores (``--durations``)."""
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The longest file starts first. pytest-xdist (``--dist loadfile``) hands whole
-    files to the workers in collection order, so a long file collected late runs alone
-    at the end while the other worker has nothing left: tests/test_slurm.py (about 7
-    minutes, most of it waiting for its cluster's jobs) comes first, the rest keep
-    their order."""
-    items.sort(key=lambda item: os.path.basename(str(item.fspath)) not in LONGEST_FIRST)
+    """The longest files start first. pytest-xdist (``--dist loadfile``) hands whole
+    files to the workers in collection order (its reordering by the number of tests is
+    turned off in :func:`pytest_configure`), each worker taking the next file as it
+    finishes one, so a long file collected late would run alone at the end while the
+    other worker has nothing left: the files of :data:`LONGEST_FIRST` come first, in its
+    order (tests/test_slurm.py, 5.5 minutes alone, most of it waiting for its cluster's
+    jobs, overlaps the others), then the others, the most tests first (the files of
+    a few short tests make the end)."""
+    counts = {}
+    for item in items:
+        name = os.path.basename(str(item.fspath))
+        counts[name] = counts.get(name, 0) + 1
+
+    def rank(item):
+        name = os.path.basename(str(item.fspath))
+        if name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(name), 0, name
+        return len(LONGEST_FIRST), -counts[name], name
+
+    items.sort(key=rank)
 
 
 @pytest.fixture

@@ -8,10 +8,12 @@ submitit with the CPU fakes of --rehearse and tiny models; nothing of SLURM is m
 
 - a driver's --rehearse --slurm end to end: every row a job, the table the same as the
   local rehearsal's; a second --slurm submits nothing; --status says done with BLEU;
-- a failing row: failed in --status with its log's last line, the other row finishes,
-  the table marks it; --cancel; --dry-run prints the graph and submits nothing;
-- scontrol requeue of a training job mid-run: it resumes from its checkpoint;
-- a job whose --time is shorter than its training is requeued and finishes;
+  then a second seed of the same rows (only its jobs submitted), one run failing: failed
+  in --status with its log's last line, the other runs finish, the table over the seeds
+  marks it;
+- --cancel; --dry-run prints the graph and submits nothing;
+- scontrol requeue of a training job mid-run: it resumes from its checkpoint; beside it,
+  a job whose --time is shorter than its training is requeued and finishes;
 - a two-task job (--gpus-per-node 2 --cpu) trains through srun over gloo;
 - bad input: one line, exit status 2, nothing submitted;
 - a graph held in the queue (nothing trains): --status with the submission's options, a
@@ -85,8 +87,36 @@ def status_lines(work, *extra):
     return p.stdout.splitlines()
 
 
-@pytest.mark.timeout(600)
-def test_a_rehearsal_through_slurm_gives_the_local_table(cluster, tmp_path):
+def failing_pipeline(tmp_path, run):
+    """REPRODUCE_PIPELINE_DIR: the pipeline's steps, with a train.sh that fails for the run
+    directory runs/`run`."""
+    d = tmp_path / "pipeline"
+    d.mkdir()
+    for name in os.listdir(os.path.join(REPO, "scripts")):  # the steps and what they source
+        if name != "train.sh":
+            os.symlink(os.path.join(REPO, "scripts", name), d / name)
+    (d / "train.sh").write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *"/runs/{run} "* ]]; then\n'
+                                f'    echo "train.sh: error: a failure of {run} for the test" >&2; exit 3\nfi\n'
+                                f'exec bash {TRAIN} "$@"\n')
+    return str(d)
+
+
+def first_table(results_md):
+    """{row: {column: cell}} of the first table of results.md (with --seeds the per-seed
+    table follows)."""
+    rows, header = {}, None
+    for line in open(results_md, encoding="utf-8").read().split("\n\n")[0].splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not line.startswith("|--"):
+            rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+@pytest.mark.timeout(800)
+def test_a_rehearsal_through_slurm_gives_the_local_table_then_a_failing_seed_is_marked_failed_and_the_others_finish(
+        cluster, tmp_path):
     local, remote = str(tmp_path / "local"), str(tmp_path / "slurm")
     t0 = time.time()
     p = driver("--rehearse", "--slurm", "--work-dir", remote, "--only", ROWS, "--time", "10", timeout=120)
@@ -118,50 +148,24 @@ def test_a_rehearsal_through_slurm_gives_the_local_table(cluster, tmp_path):
     p = driver("--rehearse", "--slurm", "--work-dir", remote, "--only", ROWS, "--time", "10")
     assert p.returncode == 0 and "0 job(s) submitted" in p.stderr, p.stderr[-2000:]
     # outputs decide, not records: a row whose eval/ is gone is not "queued", and is submitted again
-    shutil.move(os.path.join(remote, "runs", "transformer", "eval"), str(tmp_path / "eval-moved"))
+    eval_dir = os.path.join(remote, "runs", "transformer", "eval")
+    shutil.move(eval_dir, str(tmp_path / "eval-moved"))
     line = status_lines(remote)[0]
     assert line.startswith("transformer seed 1: incomplete (its jobs ended, its score is missing"), line
     p = driver("--rehearse", "--slurm", "--dry-run", "--work-dir", remote, "--only", ROWS)
     assert re.findall(r"^job (\S+) \(", p.stdout, re.M) == ["train:transformer:1", "eval:transformer:1", "final"], \
         p.stdout
+    shutil.move(str(tmp_path / "eval-moved"), eval_dir)
 
-
-def failing_pipeline(tmp_path, run):
-    """REPRODUCE_PIPELINE_DIR: the pipeline's steps, with a train.sh that fails for the run
-    directory runs/`run`."""
-    d = tmp_path / "pipeline"
-    d.mkdir()
-    for name in os.listdir(os.path.join(REPO, "scripts")):  # the steps and what they source
-        if name != "train.sh":
-            os.symlink(os.path.join(REPO, "scripts", name), d / name)
-    (d / "train.sh").write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *"/runs/{run} "* ]]; then\n'
-                                f'    echo "train.sh: error: a failure of {run} for the test" >&2; exit 3\nfi\n'
-                                f'exec bash {TRAIN} "$@"\n')
-    return str(d)
-
-
-def first_table(results_md):
-    """{row: {column: cell}} of the first table of results.md (with --seeds the per-seed
-    table follows)."""
-    rows, header = {}, None
-    for line in open(results_md, encoding="utf-8").read().split("\n\n")[0].splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if header is None:
-            header = cells
-        elif not line.startswith("|--"):
-            rows[cells[0]] = dict(zip(header, cells))
-    return rows
-
-
-@pytest.mark.timeout(500)
-def test_a_failing_row_is_marked_failed_and_the_others_finish(cluster, tmp_path):
-    # two seeds: enc-dc's second seed fails to train; the three other runs finish and the
-    # table over the seeds says what failed
-    work = str(tmp_path / "work")
+    # a second seed of the same rows (the finished runs above are their seed 1): enc-dc's
+    # second seed fails to train; the three other runs finish and the table over the seeds
+    # says what failed. (A fresh graph of two seeds, 10 jobs, is the dry run of
+    # test_dry_run_prints_the_graph_and_cancel_cancels.)
+    work = remote
     env = {"REPRODUCE_PIPELINE_DIR": failing_pipeline(tmp_path, "enc-dc/seed2")}
     p = driver("--rehearse", "--slurm", "--seeds", "2", "--work-dir", work, "--only", ROWS, "--time", "10", env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "10 job(s) submitted" in p.stderr, p.stderr[-3000:]
+    assert "5 job(s) submitted" in p.stderr, p.stderr[-3000:]
     wait_jobs(work, timeout=400)
     lines = status_lines(work, "--seeds", "2")
     assert len(lines) == 5, lines
@@ -393,8 +397,29 @@ def test_a_two_task_job_trains_through_srun_over_gloo(cluster, tiny_data_bin, tm
     assert max(updates_logged(save)) == 4 and os.path.exists(save / "checkpoint_last.pt")
 
 
-@pytest.mark.timeout(400)
-def test_scontrol_requeue_resumes_from_the_checkpoint(cluster, tiny_data_bin, tmp_path):
+@pytest.mark.timeout(700)
+def test_scontrol_requeue_resumes_from_the_checkpoint_and_a_job_past_its_time_limit_is_requeued_and_finishes(
+        cluster, tiny_data_bin, tmp_path):
+    # two training jobs side by side on the cluster's two CPUs (the one past its time
+    # limit spends much of its time waiting for SLURM's warning and requeue):
+    #
+    # the job past its time limit: --time 2 with the warning 60 s ahead: at most 60 s of
+    # training per run, on any machine. The warning comes early (sbatch's man page: up to
+    # 60 s; here slurmctld looks at time limits every 30 s and it came 52 s after a run's
+    # start), and a run's start (submitit, train.sh's checks, fairseq's import) takes
+    # about 15 s here, more on a loaded machine: with --time 1 and the warning 30 s ahead
+    # it came 22 s after the start of each requeued run, and on a loaded machine no run
+    # got to train until the requeues ran out. fairseq stops after 61 s of training
+    # counted over the runs (its --stop-time-hours adds the time of the runs before,
+    # saved in the checkpoint), so the job is requeued at least once and then finishes,
+    # however fast the machine
+    short = tmp_path / "short"
+    p = train_slurm(tiny_data_bin, short, "--cpu", "--time", "2", "--signal-delay", "60", "--max-requeues", "8",
+                    updates=1_000_000, extra=["--save-interval-updates", "20", "--stop-time-hours", "0.017"])
+    assert p.returncode == 0, p.stderr
+    short_job = re.search(r"job (\d+)", p.stderr).group(1)
+
+    # scontrol requeue of a training job mid-run: it resumes from its checkpoint
     save = tmp_path / "requeued"
     p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "10", updates=600)
     assert p.returncode == 0, p.stderr
@@ -419,22 +444,11 @@ def test_scontrol_requeue_resumes_from_the_checkpoint(cluster, tiny_data_bin, tm
     after = ups[[i for i, u in enumerate(ups) if u <= restored][-1] + 1:]
     assert after and min(after) == restored + 1
 
-
-@pytest.mark.timeout(400)
-def test_a_job_past_its_time_limit_is_requeued_and_finishes(cluster, tiny_data_bin, tmp_path):
-    # --time 1 with the warning 30 s ahead: at most about 25 s of training per run, on
-    # any machine; fairseq stops after 36 s of training counted over the runs (its
-    # --stop-time-hours adds the time of the runs before, saved in the checkpoint), so
-    # the job is requeued at least once and then finishes, however fast the machine
-    save = tmp_path / "short"
-    p = train_slurm(tiny_data_bin, save, "--cpu", "--time", "1", "--signal-delay", "30", "--max-requeues", "8",
-                    updates=1_000_000, extra=["--save-interval-updates", "20", "--stop-time-hours", "0.01"])
-    assert p.returncode == 0, p.stderr
-    job = re.search(r"job (\d+)", p.stderr).group(1)
-    wait_for(lambda: job not in squeue_ids(), 360, f"job {job}")
-    state = job_state(save)
+    # the job past its time limit, requeued and finished
+    wait_for(lambda: short_job not in squeue_ids(), 420, f"job {short_job}")
+    state = job_state(short)
     assert state["state"] == "done" and state["restarts"] >= 1, state
-    log = job_log(save, job)
+    log = job_log(short, short_job)
     # every run after the first resumed from a checkpoint where one had been written: a
     # run can end (at its time limit) before it writes one, or, on a loaded machine,
     # before fairseq looks for one, so restores may be fewer than restarts, but no run
@@ -445,7 +459,7 @@ def test_a_job_past_its_time_limit_is_requeued_and_finishes(cluster, tiny_data_b
     assert "Stopping training due to cumulative_training_time" in log, log[-3000:]
     # each run went on from the last checkpoint of the one before
     assert all(u > 0 for u in restores(log)) and restores(log) == sorted(restores(log))
-    assert max(updates_logged(save)) > max(restores(log))
+    assert max(updates_logged(short)) > max(restores(log))
 
 
 # ------------------------------------------------------------------ units: no cluster needed
