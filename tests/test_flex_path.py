@@ -104,7 +104,9 @@ def _run(module, x, impl, padding):
 def test_flex_forward_on_a_cpu_equals_the_eager_reference(kind, causal, monkeypatch):
     """Every branch kind through the fused kernel's forward pass == the eager
     reference, with left padding (one sentence of a single real token) in the
-    encoder; float32 tightly, bfloat16 within its rounding."""
+    encoder; float32 tightly, bfloat16 within its rounding. HySAN's L branches and
+    the hybrid's two are windows alone: one fused call computes them all (grouped
+    query heads, a block mask per branch), not one call per branch."""
     module = _module(kind, causal).eval()
     T = 13
     x = torch.randn(T, B, C)
@@ -115,6 +117,8 @@ def test_flex_forward_on_a_cpu_equals_the_eager_reference(kind, causal, monkeypa
         ref = _run(module, x, "eager", padding)
         out = _run(module, x, "flex", padding)
         assert calls.count >= 1
+        if kind in ("hysan", "hybrid-gate"):
+            assert (calls.count, calls.windows) == (1, 1)
         torch.testing.assert_close(out * keep, ref * keep, atol=2e-6, rtol=1e-5)
         half = _run(module.to(torch.bfloat16), x.bfloat16(), "flex", padding).float()
     assert (((half - ref) * keep).abs().max() / ref.abs().max()).item() < 0.03
@@ -139,25 +143,6 @@ def test_flex_continues_a_prefix_in_incremental_decoding(kind):
         rest = x[5:, order]
         step, _ = module(rest, rest, rest, incremental_state=state, need_weights=False)
     torch.testing.assert_close(step, full[5:, order], atol=2e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
-@pytest.mark.parametrize("kind", ["hysan", "hybrid-gate"])
-def test_several_window_branches_are_one_fused_call(kind, causal, monkeypatch):
-    """HySAN's L branches and the hybrid's two are windows alone: the fused path
-    computes them in one call (grouped query heads, a block mask per branch), not one
-    call per branch, and equals the eager reference with padding."""
-    module = _module(kind, causal).eval()
-    T = 21
-    x = torch.randn(T, B, C)
-    padding = None if causal else _padding("left", B, T, [T, 12, 1])
-    keep = torch.ones(T, B, 1) if padding is None else (~padding).t().unsqueeze(-1).float()
-    calls = _FlexCalls(monkeypatch)
-    with torch.no_grad():
-        out = _run(module, x, "flex", padding)
-        ref = _run(module, x, "eager", padding)
-    assert (calls.count, calls.windows) == (1, 1)
-    torch.testing.assert_close(out * keep, ref * keep, atol=2e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -458,18 +443,25 @@ def _stand_in_kernel(calls):
     return kernel
 
 
-def test_a_kind_of_call_out_of_shared_memory_takes_small_blocks_from_then_on(monkeypatch):
-    """The first call of a kind with gradients on a GPU runs once more, forward and
-    backward: where Triton runs out of shared memory there (as Shaw et al.'s table did
-    with the default blocks on an H200), the call and every later one of its kind take
-    the small blocks instead of failing in the training step's backward pass. The CPU
-    stands in for CUDA, a stand-in kernel for the compiled call."""
+def _stand_in_gpu(monkeypatch):
+    """The CPU in CUDA's place, the stand-in kernel in the compiled call's; returns the
+    list of the options of every call."""
     calls = []
     monkeypatch.setattr(flex, "TRITON_DEVICES", ("cpu",))
     monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", "eager")
     monkeypatch.setattr(flex, "_kernel", _stand_in_kernel(calls))
     monkeypatch.setattr(flex, "_CHECKED", set())
     monkeypatch.setattr(flex, "_NEED_SMALL_BLOCKS", set())
+    return calls
+
+
+def test_a_kind_of_call_out_of_shared_memory_takes_small_blocks_from_then_on(monkeypatch):
+    """The first call of a kind with gradients on a GPU runs once more, forward and
+    backward: where Triton runs out of shared memory there (as Shaw et al.'s table did
+    with the default blocks on an H200), the call and every later one of its kind take
+    the small blocks instead of failing in the training step's backward pass. The CPU
+    stands in for CUDA, a stand-in kernel for the compiled call."""
+    calls = _stand_in_gpu(monkeypatch)
     monkeypatch.setattr(_FailsInBackward, "message", None)
     q, k, v = (torch.randn(2, 4, 6, 16, requires_grad=True) for _ in range(3))
     args = (0.25, None, None, None, None, None, None, None, None, False, None)
@@ -483,12 +475,7 @@ def test_a_kind_of_call_out_of_shared_memory_takes_small_blocks_from_then_on(mon
 
 
 def test_any_other_error_of_the_check_is_raised(monkeypatch):
-    calls = []
-    monkeypatch.setattr(flex, "TRITON_DEVICES", ("cpu",))
-    monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", "eager")
-    monkeypatch.setattr(flex, "_kernel", _stand_in_kernel(calls))
-    monkeypatch.setattr(flex, "_CHECKED", set())
-    monkeypatch.setattr(flex, "_NEED_SMALL_BLOCKS", set())
+    calls = _stand_in_gpu(monkeypatch)
     monkeypatch.setattr(_FailsInBackward, "message", "CUDA error: an illegal memory access was encountered")
     q, k, v = (torch.randn(2, 4, 6, 16, requires_grad=True) for _ in range(3))
     with pytest.raises(RuntimeError, match="illegal memory access"):
