@@ -170,10 +170,11 @@ def test_sdpa_path_equals_eager_path(kind, causal, dtype, device):
 
 
 def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_with_dropout():
-    """``"auto"``: the fast path for one branch, for several branches trained without
-    attention dropout over more than EAGER_MAX_KEYS keys, without gradients and in half
-    precision; the eager path for several float32 branches trained on a CPU with
-    attention dropout or over at most EAGER_MAX_KEYS keys; ``"sdpa"`` forces the fast
+    """``"auto"``: the fast path for one branch, for several branches over more than
+    EAGER_MAX_KEYS keys trained without attention dropout or run without gradients,
+    and in half precision; the eager path for several float32 branches on a CPU
+    trained with attention dropout or over at most EAGER_MAX_KEYS keys, or run without
+    gradients over at most EAGER_MAX_KEYS keys; ``"sdpa"`` forces the fast
     path there; an unknown setting is an error naming the allowed ones, from the core
     and from ``set_attention_impl``."""
     from model_utils import attention_paths
@@ -193,12 +194,13 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_w
     assert paths(single) == {"sdpa"}
     assert paths(no_dropout, length=EAGER_MAX_KEYS + 1) == {"sdpa"}
     assert paths(no_dropout, length=EAGER_MAX_KEYS) == {"eager"}
-    assert paths(no_dropout, grad=False) == {"sdpa"}
+    assert paths(no_dropout, grad=False) == {"eager"}
+    assert paths(no_dropout, grad=False, length=EAGER_MAX_KEYS + 1) == {"sdpa"}
     assert paths(several) == {"eager"}
     assert paths(several, length=EAGER_MAX_KEYS + 1) == {"eager"}
     assert paths(several, torch.bfloat16) == {"sdpa"}
     several.float()
-    assert paths(several, grad=False) == {"sdpa"}
+    assert paths(several, grad=False) == {"eager"}
     several.eval()  # no dropout drawn
     assert paths(several, length=EAGER_MAX_KEYS + 1) == {"sdpa"}
     assert paths(several) == {"eager"}  # few keys
