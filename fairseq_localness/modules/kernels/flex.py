@@ -149,9 +149,15 @@ def variant(q: Tensor, block_mask, padding, centre, table, bias, return_lse: boo
     grad mode, which arguments are present, the log-sum-exp, the kernel options and
     grouped query heads; and the two sizes dynamo specializes even with dynamic shapes
     (:func:`_specialized`)."""
-    present = tuple(t is not None for t in (block_mask, padding, centre, table, bias))
-    return (str(q.dtype), torch.is_grad_enabled()) + present + (bool(return_lse), kernel_options is not None,
-                                                                 bool(gqa)) + _specialized(q)
+    return _kind(q, (block_mask, padding, centre, table, bias, kernel_options), (bool(return_lse), bool(gqa)))
+
+
+def _kind(q: Tensor, optional, flags) -> tuple:
+    """The key of a kind of call of a compiled function (:func:`variant`,
+    :func:`_with_value_term`): ``q``'s dtype, the grad mode, which ``optional``
+    arguments are present, the Python ``flags`` and :func:`_specialized`."""
+    return ((str(q.dtype), torch.is_grad_enabled()) + tuple(a is not None for a in optional) + tuple(flags)
+            + _specialized(q))
 
 
 def _specialized(q: Tensor) -> tuple:
@@ -169,7 +175,7 @@ def _specialized(q: Tensor) -> tuple:
 COMPILED = {}
 
 
-def _compiled(key: tuple, backend: str, function=None):
+def _compiled(key: tuple, backend: str, function=_attend):
     """``function`` (default :func:`_attend`) compiled for one kind of call ``key``
     (:func:`variant`), under a code object of its own.
 
@@ -184,7 +190,6 @@ def _compiled(key: tuple, backend: str, function=None):
     has its own code object and compiles with dynamic shapes from the first call
     (``dynamic=True``).
     """
-    function = _attend if function is None else function
     compiled = COMPILED.get((function.__name__, key, backend))
     if compiled is None:
         name = function.__name__ + "_" + "_".join(str(part) for part in key).replace("torch.", "").replace(".", "_")
@@ -195,14 +200,12 @@ def _compiled(key: tuple, backend: str, function=None):
     return compiled
 
 
-def _kernel(device: torch.device, key: tuple, function=None):
+def _kernel(device: torch.device, key: tuple, function=_attend):
     """The call of ``function`` (default :func:`_attend`) for one kind of call ``key``
     on ``device``: compiled where :data:`COMPILE_BACKENDS` names a backend, else the
     function itself, uncompiled."""
     backend = COMPILE_BACKENDS.get(device.type)
-    if backend is None:
-        return _attend if function is None else function
-    return _compiled(key, backend, function)
+    return function if backend is None else _compiled(key, backend, function)
 
 
 # Kinds of call (:func:`variant`, without kernel options) whose backward pass ran out of
@@ -224,20 +227,20 @@ def _fused_call(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table
     head dimension of 128 has not been measured), the kind takes :data:`SMALL_BLOCKS`
     from then on, with a warning, instead of failing in the training step's backward
     pass. Any other error is raised."""
-    args = [q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse, options, gqa]
     key = variant(q, block_mask, padding, centre, table, bias, return_lse, options, gqa)
-    if options is None and key in _NEED_SMALL_BLOCKS:
-        args[13] = SMALL_BLOCKS
-    elif (options is None and key not in _CHECKED and q.device.type in COMPILE_BACKENDS
-          and q.device.type in TRITON_DEVICES and torch.is_grad_enabled()):
+    if options is None and key not in _NEED_SMALL_BLOCKS and key not in _CHECKED and torch.is_grad_enabled() \
+            and q.device.type in COMPILE_BACKENDS and q.device.type in TRITON_DEVICES:
         _CHECKED.add(key)
+        args = (q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse, None, gqa)
         if not _fits(_kernel(q.device, key), args):
             logger.warning("FlexAttention: a kind of call ran out of shared memory with the default blocks; "
                            "it takes kernel_options=%s from now on", SMALL_BLOCKS)
             _NEED_SMALL_BLOCKS.add(key)
-            args[13] = SMALL_BLOCKS
-    kernel_key = variant(q, block_mask, padding, centre, table, bias, return_lse, args[13], gqa)
-    return _kernel(q.device, kernel_key)(*args)
+    if options is None and key in _NEED_SMALL_BLOCKS:
+        options = SMALL_BLOCKS
+        key = variant(q, block_mask, padding, centre, table, bias, return_lse, options, gqa)
+    return _kernel(q.device, key)(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias,
+                                  return_lse, options, gqa)
 
 
 def _fits(function, args) -> bool:
@@ -427,9 +430,7 @@ def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Ter
     j, valid = _band(tgt_len, src_len, k_clip, window.left, window.right, q.device)  # Tq x (2K - 1) each
     args = (out, q, k, scale, lse, far_lse, j, valid, terms.centre, terms.coeff, terms.k_pos, terms.table,
             terms.bias, terms.padding, value.embeddings, left_open, right_open)
-    key = ((str(q.dtype), torch.is_grad_enabled()) + tuple(a is not None for a in args[5:14]) + (left_open, right_open)
-           + _specialized(q))
-    return _kernel(q.device, key, _value_term)(*args)
+    return _kernel(q.device, _kind(q, args[5:14], (left_open, right_open)), _value_term)(*args)
 
 
 def _value_term(out, q, k, scale, lse, far_lse, j, valid, centre, coeff, k_pos, table, bias, padding, embeddings,
