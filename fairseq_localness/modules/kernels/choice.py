@@ -173,7 +173,7 @@ from fairseq_localness.modules.context import AttentionBranch, AttentionContext,
 from fairseq_localness.modules.kernels import flex, sdpa
 from fairseq_localness.modules.kernels.banded import banded_attention
 from fairseq_localness.modules.kernels.recompute import recomputed_attention, whole_bias_term
-from fairseq_localness.modules.kernels.step import last_keys_attention
+from fairseq_localness.modules.kernels.step import last_keys_attention, last_keys_windows
 from fairseq_localness.modules.scores import Description, GaussianScore, Window
 
 # The settings of AttentionCore.attention_impl: "auto" (the fast path where it applies
@@ -282,6 +282,8 @@ def fused_windows(
     :func:`branch_attention`)."""
     if len(branches) < 2 or relative_positions is not None or soft_bias is not None:
         return None
+    if ctx.tgt_len == 1:
+        return _one_row_windows(ctx, v, branches, scale, dropout)
     if "fused" not in ctx.cache:
         ctx.cache["fused"] = _fused_terms(ctx, scale, dropout, relative_positions, impl)
     if ctx.cache["fused"] is None:
@@ -295,6 +297,23 @@ def fused_windows(
     if impl != "flex" and not any(window.bounded for window in windows):
         return None
     return flex.flex_windows(ctx, v, scale, windows)
+
+
+def _one_row_windows(ctx, v, branches, scale, dropout) -> Optional[Tensor]:
+    """One query row (an incremental step) of several branches that are hard windows
+    alone, without attention dropout or an ``attn_mask`` of the call's own, as one
+    product (:func:`~.step.last_keys_windows`, ``B x H x L x 1 x Dh``); else None. The
+    same distributions as one :func:`~.step.last_keys_attention` per branch, the
+    row's energies computed once."""
+    if dropout is not None or ctx.cache.get("extra_mask"):
+        return None
+    lefts = []
+    for branch in branches:
+        window = _effective_window(ctx, branch.describe(ctx))
+        if window is None:
+            return None
+        lefts.append(window.left)
+    return last_keys_windows(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, lefts)
 
 
 def branch_attention(
