@@ -70,6 +70,14 @@ heads with its window in the block mask), and a fusion that can take the stacked
 outputs whole does (HySAN's squeeze gate: one gate over all branches). On CUDA that
 is one forward and one backward kernel per sublayer instead of one per branch, and
 the gate's few kernels once instead of L times; not yet measured on a GPU.
+At one query row (an incremental step; no attention dropout, no ``attn_mask`` of the
+call's own, no Shaw et al. terms), several branches that are hard windows alone take
+one product on any device (:func:`~.step.last_keys_windows`: the row's energies once,
+a row per window), stacked for the fusion likewise. One HySAN decoder self-attention
+step (forward, local1) went from 91 operator calls to 71 (the transformer's: 35), a
+beam search of the benchmark's default shape from 18,747 to 16,593 (the
+transformer's: 11,260; counted by dispatch, ``iwslt_de_en``, 8 sentences, beam 4,
+16 steps).
 
 Otherwise each branch on the fast path (:func:`branch_attention`): the first row that
 matches decides. "Plain" is a call without a float ``attn_mask`` of its own (whose finite
