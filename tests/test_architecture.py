@@ -19,6 +19,7 @@ from fairseq_localness.modules.observe import (
     Observable,
     branch_of,
     gate_key,
+    masked_mean,
     probs_key,
 )
 from model_utils import TINY, build_model, parse_model_args, random_batch
@@ -155,6 +156,27 @@ def test_one_metrics_policy(passes, train, inference, valid):
                 with metrics.aggregate(context):
                     module(x)
         assert ("enc1_value" in agg.get_smoothed_values()) is expected, (mode, context)
+
+
+@pytest.mark.parametrize("value_shape,keep_shape", [
+    ((T, B, C), (T, B, 1)),  # a gate over the real tokens (HySAN, the hybrid)
+    ((B, H, T), (B, 1, T)),  # per-head centres over the real queries (Yang et al.)
+    ((B, H, T), (H, T)),  # a mask of fewer dimensions
+    ((T, B, C), (T, B, C)),  # a mask of the value's own shape
+])
+def test_masked_mean_is_the_mean_over_the_kept_positions(value_shape, keep_shape):
+    """The logged means: the mean over the positions ``keep`` broadcasts to, as the
+    mean of the selected elements; in float32 for a bfloat16 value; 0 with nothing kept."""
+    g = torch.Generator().manual_seed(0)
+    value = torch.randn(*value_shape, generator=g)
+    keep = torch.rand(*keep_shape, generator=g) > 0.3
+    expected = value[keep.expand(value_shape)].mean()
+    torch.testing.assert_close(masked_mean(value, keep), expected)
+    half = masked_mean(value.bfloat16(), keep)
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half, value.bfloat16().float()[keep.expand(value_shape)].mean())
+    assert masked_mean(value, torch.zeros(keep_shape, dtype=torch.bool)).item() == 0.0
+    torch.testing.assert_close(masked_mean(value, None), value.mean())
 
 
 def test_the_models_declare_their_metric_passes():

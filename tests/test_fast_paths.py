@@ -281,3 +281,56 @@ def test_shaw_step_equals_the_last_row_of_the_dense_equation():
             expected = ref if values else _shaw_reference(
                 q, k, v, 0.5, key_emb, torch.zeros_like(value_emb), True, kpm)[:, :, -1:]
             torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-9)
+
+
+def test_one_row_windows_equal_one_step_per_window():
+    """Several windows of one query row in one product (:func:`~.step.last_keys_windows`)
+    == one :func:`~.step.last_keys_attention` per window, with padding (a window over
+    padding alone gives 0) and windows wider than the keys."""
+    from fairseq_localness.modules.kernels.step import last_keys_attention, last_keys_windows
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(3, 2, n, 4, dtype=torch.float64, generator=g) for n in (1, 9, 9))
+    kpm = _left_padding(3, 9, [0, 4, 8])
+    kpm[2] = False
+    kpm[2, 7:] = True  # the last two keys padding: the window of 1 and 2 keys sees none
+    lefts = [None, 0, 1, 3, 20]
+    out = last_keys_windows(q, k, v, 0.5, kpm, lefts)
+    assert out.shape == (3, 2, len(lefts), 1, 4)
+    for row, left in enumerate(lefts):
+        torch.testing.assert_close(out[:, :, row], last_keys_attention(q, k, v, 0.5, kpm, left), atol=1e-12, rtol=0)
+    assert bool((out[2, :, 1:3] == 0).all())
+
+
+def test_gated_decoder_steps_take_one_product_for_all_windows(monkeypatch):
+    """A HySAN decoder core with the squeeze gate (Song et al. 2019, eq. 13-14) over
+    forward, local1 and local2: every incremental step computes its three windows in one
+    call of :func:`~.step.last_keys_windows` (none per branch), and the steps == the full
+    pass."""
+    names = ["forward", "local1", "local2"]
+    torch.manual_seed(0)
+    core = AttentionCore(C, H, self_attention=True, causal=True, branches=[make_branch(n, "decoder") for n in names],
+                         fusion=build_fusion("gated", C, names, reduction=2)).eval()
+    calls = {"windows": 0, "one": 0}
+    windows, one = choice.last_keys_windows, choice.last_keys_attention
+
+    def spy_windows(*a, **kw):
+        calls["windows"] += 1
+        return windows(*a, **kw)
+
+    def spy_one(*a, **kw):
+        calls["one"] += 1
+        return one(*a, **kw)
+
+    monkeypatch.setattr(choice, "last_keys_windows", spy_windows)
+    monkeypatch.setattr(choice, "last_keys_attention", spy_one)
+    steps = 20
+    x = torch.randn(steps, 2, C)
+    with torch.no_grad():
+        full, _ = core(x, x, x, need_weights=False)
+        state, outs = {}, []
+        for t in range(steps):
+            out, _ = core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+            outs.append(out)
+    assert calls == {"windows": steps, "one": 0}
+    torch.testing.assert_close(torch.cat(outs, 0), full, atol=1e-5, rtol=1e-4)

@@ -167,8 +167,16 @@ class AttentionRecorder:
 
 @torch.no_grad()
 def masked_mean(value: Tensor, keep: Optional[Tensor]) -> Tensor:
-    """Mean of ``value`` over the positions where ``keep`` is True (broadcast)."""
+    """Mean of ``value`` over the positions where ``keep`` is True (``keep`` broadcasts
+    to ``value``: e.g. a gate ``Tq x B x C`` and the real tokens ``Tq x B x 1``).
+
+    ``value`` is first summed, in float32, over the dimensions ``keep`` broadcasts
+    along (one pass over it, no mask of its size), then weighted by ``keep``."""
     if keep is None:
-        return value.float().mean()
-    keep = keep.expand_as(value).float()
-    return (value.float() * keep).sum() / keep.sum().clamp(min=1.0)
+        return value.mean(dtype=torch.float32)
+    keep = keep.reshape((1,) * (value.dim() - keep.dim()) + tuple(keep.shape))
+    spread = [d for d in range(value.dim()) if keep.size(d) == 1 and value.size(d) != 1]
+    per_kept = value.sum(spread, keepdim=True, dtype=torch.float32) if spread else value.float()
+    copies = value.numel() // per_kept.numel()  # the elements of value behind each element of keep
+    kept = keep.sum(dtype=torch.float32) * copies
+    return (per_kept * keep).sum() / kept.clamp(min=1.0)
