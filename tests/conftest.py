@@ -274,9 +274,10 @@ def run_command(cmd: Sequence, cwd: Optional[str] = None, input: Optional[str] =
     has already imported what it imports (:func:`_fork_server`, ``tests/zygote.py``)
     unless ``FAIRSEQ_LOCALNESS_TEST_FORK=0``; everything else is a subprocess."""
     cmd = [str(a) for a in cmd]
-    server = _fork_server(cmd, cwd, env)
+    limit, argv = _address_space_limit(cmd)
+    server = _fork_server(argv, cwd, env)
     if server is not None:
-        proc = server.run(cmd, cwd, input, env, timeout)
+        proc = server.run(cmd, argv, cwd, input, env, timeout, limit)
         if proc is not None:
             return proc
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, start_new_session=True,
@@ -318,6 +319,19 @@ OMP_*, LOGLEVEL, read when the interpreter starts or a module is imported) runs 
 real subprocess."""
 
 
+def _address_space_limit(cmd: List[str]):
+    """``(N, the command)`` for ``prlimit --as=N -- <command>`` (the forked child
+    sets the same limit on itself, as prlimit does before it runs the command; the
+    zygote's address space, which the child starts with, is the real process's after
+    its imports, a few MB more: a limit leaves it no more room than a real process),
+    else ``(None, cmd)``."""
+    import re
+
+    if len(cmd) > 3 and cmd[0] == "prlimit" and re.fullmatch(r"--as=\d+", cmd[1]) and cmd[2] == "--":
+        return int(cmd[1][len("--as="):]), cmd[3:]
+    return None, cmd
+
+
 def _console_entries() -> dict:
     """``{script name: "module:function"}`` for the console scripts of fairseq
     (``fairseq_cli``) and of this package."""
@@ -344,7 +358,8 @@ def _fork_server(cmd: List[str], cwd: Optional[str], env: Optional[dict]) -> Opt
     """The fork server for ``cmd``, started on first use, or None where ``cmd`` must
     run as a real subprocess: the switch is off; it is not a console script of
     fairseq or of this package installed next to this Python (bash scripts,
-    torchrun, prlimit, ``python -c``); a script of fairseq whose command line names
+    torchrun, ``python -c``; ``prlimit --as=N --`` before a script is forked with
+    the limit, :func:`_address_space_limit`); a script of fairseq whose command line names
     no ``--user-dir`` or another one than this package (a real run would not import
     this package, which the zygote has imported); an environment that differs from
     the zygote's beyond :data:`_RUNTIME_ENV`; a ``cwd`` that is not a directory (the
@@ -418,10 +433,11 @@ class _ForkServer:
             _kill_group(self.proc.pid)
             self.proc.wait()
 
-    def run(self, cmd: List[str], cwd: Optional[str], input: Optional[str], env: dict,
-            timeout: float) -> Optional[subprocess.CompletedProcess]:
-        """Run ``cmd`` in a child of the zygote, as :func:`run_command` runs a
-        subprocess; None if the zygote could not fork it (it then runs as one)."""
+    def run(self, cmd: List[str], argv: List[str], cwd: Optional[str], input: Optional[str], env: dict,
+            timeout: float, limit: Optional[int] = None) -> Optional[subprocess.CompletedProcess]:
+        """Run ``argv`` (``cmd`` without its ``prlimit --as=<limit> --``) in a child
+        of the zygote, as :func:`run_command` runs ``cmd`` as a subprocess; None if
+        the zygote could not fork it (it then runs as one)."""
         import json
         import socket
 
@@ -429,7 +445,8 @@ class _ForkServer:
         stdin_r, stdin_w = os.pipe() if input is not None else (os.open(os.devnull, os.O_RDONLY), None)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        request = json.dumps({"argv": cmd, "cwd": os.path.abspath(cwd or os.getcwd()), "env": env}).encode()
+        request = json.dumps({"argv": argv, "cwd": os.path.abspath(cwd or os.getcwd()), "env": env,
+                              "address_space": limit}).encode()
         try:
             with self.lock:
                 socket.send_fds(self.control, [request], [theirs.fileno(), stdin_r, out_w, err_w])

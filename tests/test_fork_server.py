@@ -11,6 +11,8 @@ import pytest
 import conftest
 from conftest import USER_DIR, run_fairseq, tool_env, tool_path, train_command
 
+pytestmark = pytest.mark.skipif(not conftest.FORK, reason=f"{conftest.FORK_ENV}=0: no command is forked")
+
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| ", re.M)
 TIMINGS = re.compile(r"\b(wps|ups|wall|train_wall|gb_free)([= ])[\d.]+|\d+(\.\d+)?\s?(seconds|s)\b|"
                      r"(time|Time)[: ]+[\d.]+|\(\d+\.\d+ sentences/s, \d+\.\d+ tokens/s\)")
@@ -49,7 +51,12 @@ def test_which_commands_are_forked(monkeypatch, tmp_path):
     # read while the command runs
     assert server([train, "data", "--user-dir", USER_DIR], env={"FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS": "1"})
     assert server(["bash", "-c", "true"]) is None
+    assert server(["prlimit", "--as=1000000", "--", "bash", "-c", "true"]) is None
     assert server(["prlimit", "--as=1000000", "--", train, "--user-dir", USER_DIR]) is None
+    limited = ["prlimit", "--as=1000000", "--", train, "--user-dir", USER_DIR]
+    assert conftest._address_space_limit(limited) == (1000000, limited[3:])
+    other = ["prlimit", "--cpu=1", "--", train]
+    assert conftest._address_space_limit(other) == (None, other)
     assert server([train, "data", "--user-dir", USER_DIR], cwd=str(tmp_path / "missing")) is None
     assert conftest._fork_server([train, "--user-dir", USER_DIR], None, None) is None  # (inherits os.environ)
     monkeypatch.setattr(conftest, "FORK", False)
@@ -165,3 +172,16 @@ def test_the_zygote_runs_no_torch_operation_and_no_thread(tool, user_dir):
             assert "aten.zeros.default" in calls and "aten.add.Tensor" in calls, out
         else:
             assert calls == "[]", out
+
+
+def test_an_address_space_limit_is_applied_to_a_forked_command(monkeypatch, tiny_data_bin, tmp_path):
+    """``prlimit --as=N`` before a script: forked with the limit. 300 MB, less than
+    the imports take (the zygote's address space is the real process's after them):
+    the command fails both ways; 1.5 GB: it trains both ways."""
+    for limit, fails in ((300 << 20, True), (1536 << 20, False)):
+        for fork in (True, False):
+            monkeypatch.setattr(conftest, "FORK", fork)
+            args = train_command("transformer", tiny_data_bin, str(tmp_path / f"{limit}{fork}"))
+            proc = conftest.run_command(["prlimit", f"--as={limit}", "--", tool_path("fairseq-train"), *args],
+                                        env=tool_env(), timeout=120)
+            assert (proc.returncode != 0) == fails, (limit, fork, proc.stderr[-2000:])

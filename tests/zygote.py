@@ -43,7 +43,7 @@ are run, stdio is flushed, and it ends with ``os._exit``.
 
 Protocol (``python zygote.py <control fd> <script path> <module:function> [<user dir>]``):
 the control descriptor is a ``SOCK_SEQPACKET`` socket; each message holds a JSON
-request (``argv``, ``cwd``, ``env``) and four descriptors (a socket to answer on,
+request (``argv``, ``cwd``, ``env``, ``address_space``: a limit or null) and four descriptors (a socket to answer on,
 stdin, stdout, stderr). On the answer socket the zygote writes ``pid <n>\\n`` once
 the child is forked (or ``error <why>\\n``), then ``status <waitpid status>\\n``
 when it ends. The zygote ends when the control socket is closed, killing the
@@ -99,6 +99,10 @@ def _child(script: str, program, request: dict, fds, printed) -> int:
     import types
 
     os.setsid()
+    if request.get("address_space") is not None:  # (prlimit --as=N)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (request["address_space"],) * 2)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for fd, target in zip(fds, (0, 1, 2)):
