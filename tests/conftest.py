@@ -12,7 +12,10 @@
 - ``one_thread``: one torch thread for the test (tiny matrices).
 
 Each fairseq process costs ~4-5 s of start-up (importing fairseq), so a test that
-goes through the CLI should start as few of them as it can.
+goes through the CLI should start as few of them as it can. :func:`run_command`
+forks the console scripts of fairseq and of this package from a process that has
+done those imports (``tests/zygote.py``, :func:`_fork_server`; docs/testing.md);
+``FAIRSEQ_LOCALNESS_TEST_FORK=0`` runs them as real subprocesses.
 
 Time limits: every test has one (``pytest.ini``: 300 s, fixtures included; a slow
 test raises its own with ``@pytest.mark.timeout(N)``). When a test runs past it,
@@ -154,6 +157,7 @@ def pytest_runtest_logstart(nodeid, location):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _close_fork_servers()
     _write_status("finished")
 
 
@@ -264,8 +268,18 @@ def run_command(cmd: Sequence, cwd: Optional[str] = None, input: Optional[str] =
     """``subprocess.run(cmd, capture_output=True, text=True)`` in a process group of
     its own: past ``timeout`` the whole group (torchrun's workers, a tool's children)
     is killed and the test fails naming the command; if the test itself runs out of
-    time, the group is killed before the run ends."""
+    time, the group is killed before the run ends.
+
+    A console script of fairseq or of this package is forked from a process that
+    has already imported what it imports (:func:`_fork_server`, ``tests/zygote.py``)
+    unless ``FAIRSEQ_LOCALNESS_TEST_FORK=0``; everything else is a subprocess."""
     cmd = [str(a) for a in cmd]
+    limit, argv = _address_space_limit(cmd)
+    server = _fork_server(argv, cwd, env)
+    if server is not None:
+        proc = server.run(cmd, argv, cwd, input, env, timeout, limit)
+        if proc is not None:
+            return proc
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, start_new_session=True,
                             stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -275,13 +289,266 @@ def run_command(cmd: Sequence, cwd: Optional[str] = None, input: Optional[str] =
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
         out, err = proc.communicate()
-        pytest.fail(f"command ran longer than {timeout:g} s and was killed with its processes:\n  {' '.join(cmd)}\n"
-                    f"--- stderr (end) ---\n{err[-3000:]}", pytrace=False)
+        _timed_out(cmd, timeout, err)
     finally:
         _CHILD_GROUPS.discard(proc.pid)
         if proc.poll() is None:
             _kill_group(proc.pid)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _timed_out(cmd, timeout, err):
+    pytest.fail(f"command ran longer than {timeout:g} s and was killed with its processes:\n  {' '.join(cmd)}\n"
+                f"--- stderr (end) ---\n{err[-3000:]}", pytrace=False)
+
+
+# --------------------------------------------------------------------------- fork server
+FORK_ENV = "FAIRSEQ_LOCALNESS_TEST_FORK"
+"""``0``: every command is a real subprocess (no fork server)."""
+
+FORK = os.environ.get(FORK_ENV, "1") != "0"
+"""Whether :func:`run_command` forks console scripts (:data:`FORK_ENV`, read once)."""
+
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+
+_RUNTIME_ENV = {"PYTEST_CURRENT_TEST", "FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS"}
+"""The variables a command's environment may change from the zygote's and still be
+forked: read only while the command runs (fairseq_localness.checkpoint.errors.TRUST_ENV
+is read at each load), never at start-up or import. Any other difference (PYTHON*,
+OMP_*, LOGLEVEL, read when the interpreter starts or a module is imported) runs a
+real subprocess."""
+
+
+def _address_space_limit(cmd: List[str]):
+    """``(N, the command)`` for ``prlimit --as=N -- <command>`` (the forked child
+    sets the same limit on itself, as prlimit does before it runs the command; the
+    zygote's address space, which the child starts with, is the real process's after
+    its imports, a few MB more: a limit leaves it no more room than a real process),
+    else ``(None, cmd)``."""
+    import re
+
+    if len(cmd) > 3 and cmd[0] == "prlimit" and re.fullmatch(r"--as=\d+", cmd[1]) and cmd[2] == "--":
+        return int(cmd[1][len("--as="):]), cmd[3:]
+    return None, cmd
+
+
+def _console_entries() -> dict:
+    """``{script name: "module:function"}`` for the console scripts of fairseq
+    (``fairseq_cli``) and of this package."""
+    global _ENTRIES
+    if _ENTRIES is None:
+        from importlib.metadata import entry_points
+
+        _ENTRIES = {ep.name: ep.value for ep in entry_points(group="console_scripts")
+                    if ep.value.split(".")[0] in ("fairseq_cli", "fairseq_localness")}
+    return _ENTRIES
+
+
+_ENTRIES = None
+_SERVERS = {}
+"""The running fork servers, by (script, user dir)."""
+_SERVERS_LOCK = threading.Lock()
+
+
+def _forking_env(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k not in _RUNTIME_ENV}
+
+
+def _fork_server(cmd: List[str], cwd: Optional[str], env: Optional[dict]) -> Optional["_ForkServer"]:
+    """The fork server for ``cmd``, started on first use, or None where ``cmd`` must
+    run as a real subprocess: the switch is off; it is not a console script of
+    fairseq or of this package installed next to this Python (bash scripts,
+    torchrun, ``python -c``; ``prlimit --as=N --`` before a script is forked with
+    the limit, :func:`_address_space_limit`); a script of fairseq whose command line names
+    no ``--user-dir`` or another one than this package (a real run would not import
+    this package, which the zygote has imported); an environment that differs from
+    the zygote's beyond :data:`_RUNTIME_ENV`; a ``cwd`` that is not a directory (the
+    subprocess raises as before)."""
+    if not FORK or env is None:
+        return None
+    script = cmd[0]
+    entry = _console_entries().get(os.path.basename(script))
+    if entry is None or os.path.dirname(script) != BIN_DIR or (cwd is not None and not os.path.isdir(cwd)):
+        return None
+    user_dir = ""
+    if entry.startswith("fairseq_cli."):
+        named = [i for i, a in enumerate(cmd) if a.startswith("--user")]
+        if len(named) != 1 or cmd[named[0]] != "--user-dir" or cmd[named[0] + 1:named[0] + 2] != [USER_DIR]:
+            return None
+        user_dir = USER_DIR
+    base = _forking_env(tool_env())
+    if _forking_env(env) != base:
+        return None
+    key = (script, user_dir)
+    with _SERVERS_LOCK:  # (tests may run commands from threads: one zygote each)
+        server = _SERVERS.get(key)
+        if server is None or server.env != base:
+            if server is not None:
+                server.close()
+            server = _SERVERS[key] = _ForkServer(script, entry, user_dir, base)
+    return server if server.usable else None
+
+
+class _ForkServer:
+    """The tests' side of a ``tests/zygote.py`` process (its docstring says how it
+    works and why)."""
+
+    def __init__(self, script: str, entry: str, user_dir: str, env: dict):
+        import socket
+
+        self.script, self.env, self.usable = script, env, False
+        self.lock = threading.Lock()
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, ZYGOTE, str(theirs.fileno()), script, entry, user_dir],
+                                     pass_fds=[theirs.fileno()], env=env, cwd=tempfile.gettempdir(),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
+                                     start_new_session=True)
+        theirs.close()
+        self.control.settimeout(300)
+        try:
+            answer = self.control.recv(4096).decode()
+        except OSError as e:
+            answer = f"error {e}"
+        self.control.settimeout(None)
+        if answer == "ready":
+            self.usable = True
+        else:
+            self._give_up(answer or "error it ended while importing")
+
+    def _give_up(self, why: str) -> None:
+        import warnings
+
+        self.log.seek(0)
+        warnings.warn(f"fork server of {self.script} unusable, its commands run as subprocesses: {why}\n"
+                      f"{self.log.read().decode(errors='replace')[-2000:]}")
+        self.close()
+
+    def close(self) -> None:
+        self.usable = False
+        self.control.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.proc.pid)
+            self.proc.wait()
+
+    def run(self, cmd: List[str], argv: List[str], cwd: Optional[str], input: Optional[str], env: dict,
+            timeout: float, limit: Optional[int] = None) -> Optional[subprocess.CompletedProcess]:
+        """Run ``argv`` (``cmd`` without its ``prlimit --as=<limit> --``) in a child
+        of the zygote, as :func:`run_command` runs ``cmd`` as a subprocess; None if
+        the zygote could not fork it (it then runs as one)."""
+        import json
+        import socket
+
+        mine, theirs = socket.socketpair()
+        stdin_r, stdin_w = os.pipe() if input is not None else (os.open(os.devnull, os.O_RDONLY), None)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        request = json.dumps({"argv": argv, "cwd": os.path.abspath(cwd or os.getcwd()), "env": env,
+                              "address_space": limit}).encode()
+        try:
+            with self.lock:
+                socket.send_fds(self.control, [request], [theirs.fileno(), stdin_r, out_w, err_w])
+        except OSError as e:
+            sent = f"error {e}"
+        else:
+            sent = ""
+        for fd in (stdin_r, out_w, err_w):
+            os.close(fd)
+        theirs.close()
+        answers = mine.makefile("r")
+        started = sent or answers.readline().strip()
+        if not started.startswith("pid "):
+            for fd in (stdin_w, out_r, err_r):
+                if fd is not None:
+                    os.close(fd)
+            answers.close()
+            mine.close()
+            self._give_up(started or "error it ended")
+            return None
+        pid = int(started.split()[1])
+        _CHILD_GROUPS.add(pid)
+        status = None
+        try:
+            out, err, finished = _communicate(stdin_w, out_r, err_r, input, timeout)
+            if not finished:
+                _kill_group(pid)
+                out, err, _ = _communicate(None, out_r, err_r, None, None, out, err)
+                _timed_out(cmd, timeout, err)
+            mine.settimeout(timeout)
+            line = answers.readline().strip()
+            if not line.startswith("status "):
+                raise RuntimeError(f"the fork server of {self.script} ended while running: {' '.join(cmd)}")
+            status = int(line.split()[1])
+        finally:
+            _CHILD_GROUPS.discard(pid)
+            if status is None:
+                _kill_group(pid)
+            answers.close()
+            mine.close()
+        return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status), out, err)
+
+
+def _communicate(stdin_w, out_r, err_r, input, timeout, out="", err=""):
+    """Popen.communicate on raw descriptors: writes ``input`` (text) to ``stdin_w``
+    and reads ``out_r``/``err_r`` to their end, decoded as Popen's ``text=True``
+    does; closes them all. Returns (stdout, stderr, finished before ``timeout``)."""
+    import locale
+    import selectors
+    import time
+
+    encoding = locale.getpreferredencoding(False)
+    data = {out_r: [], err_r: []}
+    pending = memoryview(input.encode(encoding)) if stdin_w is not None else None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    finished = True
+    with selectors.DefaultSelector() as selector:
+        for fd in (out_r, err_r):
+            selector.register(fd, selectors.EVENT_READ)
+        if stdin_w is not None:
+            if pending:
+                selector.register(stdin_w, selectors.EVENT_WRITE)
+            else:
+                os.close(stdin_w)
+        while selector.get_map():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                finished = False
+                break
+            for key, _ in selector.select(left):
+                fd = key.fd
+                if fd == stdin_w:
+                    try:
+                        pending = pending[os.write(fd, pending[:65536]):]
+                    except BrokenPipeError:
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(fd)
+                        os.close(fd)
+                    continue
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    data[fd].append(chunk)
+                else:
+                    selector.unregister(fd)
+        for key in list(selector.get_map().values()):
+            if key.fd == stdin_w:
+                os.close(stdin_w)
+    if finished:
+        os.close(out_r)
+        os.close(err_r)
+
+    def text(chunks):
+        return b"".join(chunks).decode(encoding).replace("\r\n", "\n").replace("\r", "\n")
+
+    return out + text(data[out_r]), err + text(data[err_r]), finished
+
+
+def _close_fork_servers():
+    for server in _SERVERS.values():
+        server.close()
+    _SERVERS.clear()
 
 
 def run_fairseq(

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 import forge
-from conftest import USER_DIR, get_tiny_data, parse_hypotheses, run_fairseq, tool_env, train_command
+from conftest import (USER_DIR, get_tiny_data, parse_hypotheses, run_command, run_fairseq, tool_env, tool_path,
+                      train_command)
 from test_checkpoint_limits import SMALL_MODEL, refused
 
 from fairseq_localness.checkpoint import MalformedCheckpointError, UntrustedCheckpointError, torch_load_checkpoint
@@ -50,10 +51,8 @@ def _generate(program, data, path, timeout=60, env=None):
     args = [data.data_bin, "--user-dir", USER_DIR, *LANGS, "--path", path, "--beam", "1", "--max-len-b", "3"]
     if program == "fairseq-generate":
         args += ["--gen-subset", "test"]
-    proc = subprocess.run([*MEMORY_CAP, shutil.which(program, path=tool_env()["PATH"]), *args],
-                          capture_output=True, text=True, env=tool_env(env), timeout=timeout,
-                          input="\n".join(data.lines("test", "src", segmented=True)) + "\n")
-    return proc
+    return run_command([*MEMORY_CAP, "--", tool_path(program), *args], env=tool_env(env), timeout=timeout,
+                       input="\n".join(data.lines("test", "src", segmented=True)) + "\n")
 
 
 def _one_line(proc, program, fragment):
