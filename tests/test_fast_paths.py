@@ -138,13 +138,13 @@ def test_fast_path_equals_eager_at_300(side, names, causal, monkeypatch):
 
 
 
-def _check_steps_equal_full(core):
-    """T self-attention steps through the cache == one pass over the T tokens."""
-    x = torch.randn(T, 2, C)
+def _check_steps_equal_full(core, length=T):
+    """``length`` self-attention steps through the cache == one pass over the tokens."""
+    x = torch.randn(length, 2, C)
     with torch.no_grad():
         full, _ = core(x, x, x, need_weights=False)
         state, steps = {}, []
-        for t in range(T):
+        for t in range(length):
             step, _ = core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
             steps.append(step)
     torch.testing.assert_close(torch.cat(steps, 0), full, atol=1e-5, rtol=1e-4)
@@ -324,13 +324,5 @@ def test_gated_decoder_steps_take_one_product_for_all_windows(monkeypatch):
 
     monkeypatch.setattr(choice, "last_keys_windows", spy_windows)
     monkeypatch.setattr(choice, "last_keys_attention", spy_one)
-    steps = 20
-    x = torch.randn(steps, 2, C)
-    with torch.no_grad():
-        full, _ = core(x, x, x, need_weights=False)
-        state, outs = {}, []
-        for t in range(steps):
-            out, _ = core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
-            outs.append(out)
-    assert calls == {"windows": steps, "one": 0}
-    torch.testing.assert_close(torch.cat(outs, 0), full, atol=1e-5, rtol=1e-4)
+    _check_steps_equal_full(core, length=20)
+    assert calls == {"windows": 20, "one": 0}
