@@ -59,7 +59,7 @@ setup(
         # word segmentation for scripts/prepare_data.sh: Japanese (MeCab with the
         # UniDic-lite dictionary) and Chinese (jieba)
         "segment": SEGMENT,
-        # pytest-xdist: `make test` runs one worker per core
+        # pytest-xdist: `make test` runs one worker more than the cores
         # websocket-client: the report's browser tests talk to headless chromium (tests/browser.py)
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "websocket-client"] + SEGMENT,
     },

@@ -80,7 +80,7 @@ def pytest_configure(config):
         # come last and run alone at the end
         config.option.loadscopereorder = False
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # `make test` runs one worker per core (pytest-xdist): one torch thread each,
+        # `make test` runs one worker more than the cores (pytest-xdist): one torch thread each,
         # as the commands the tests start have (tool_env), so workers do not fight.
         import torch
 
