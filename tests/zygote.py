@@ -38,16 +38,22 @@ process seeds them), and runs the console script itself as ``__main__`` (its
 ``from <module> import <function>`` finds the module imported). Its exit status is
 the real one: ``SystemExit``'s code (``None``: 0; a message: printed, 1), an
 uncaught exception through ``sys.excepthook`` (a traceback from the script's frame
-on, or this package's one-line checkpoint errors) and 1. The atexit handlers registered while it ran
+on, or this package's one-line checkpoint errors) and 1 (a ``KeyboardInterrupt``: the
+traceback, then the end by ``SIGINT``, as the interpreter ends). The atexit handlers registered while it ran
 are run, stdio is flushed, and it ends with ``os._exit``.
 
 Protocol (``python zygote.py <control fd> <script path> <module:function> [<user dir>]``):
 the control descriptor is a ``SOCK_SEQPACKET`` socket; each message holds a JSON
-request (``argv``, ``cwd``, ``env``, ``address_space``: a limit or null) and four descriptors (a socket to answer on,
+request (``argv``, ``cwd``, ``env``, ``address_space``: a limit or null, ``ignored_signals``:
+the signals the command starts with ignored) and four descriptors (a socket to answer on,
 stdin, stdout, stderr). On the answer socket the zygote writes ``pid <n>\\n`` once
 the child is forked (or ``error <why>\\n``), then ``status <waitpid status>\\n``
-when it ends. The zygote ends when the control socket is closed, killing the
-process groups of the commands still running.
+when it ends. The asker writes nothing on the answer socket: when it closes while
+the command runs (the asker ended: a test's process, or a fork client of
+``tests/fork_client.py`` killed by its shell or a timeout), the zygote kills the
+command's process group, as the command would have died with a real process's
+parent. The zygote ends when the control socket is closed, killing the process
+groups of the commands still running.
 """
 import os
 import sys
@@ -105,6 +111,8 @@ def _child(script: str, program, request: dict, fds, printed) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (request["address_space"],) * 2)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for signum in request.get("ignored_signals") or ():  # (as the interpreter keeps them at start-up)
+        signal.signal(signum, signal.SIG_IGN)
     for fd, target in zip(fds, (0, 1, 2)):
         os.dup2(fd, target)
         os.close(fd)
@@ -133,7 +141,8 @@ def _child(script: str, program, request: dict, fds, printed) -> int:
         kind, value, tb = sys.exc_info()
         tb = tb.tb_next  # (from the script's frame on, as the interpreter prints it)
         sys.excepthook(kind, value.with_traceback(tb), tb)
-        code = 1
+        # an uncaught KeyboardInterrupt ends the interpreter by SIGINT (status 130 in a shell)
+        code = -signal.SIGINT if issubclass(kind, KeyboardInterrupt) else 1
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -197,11 +206,29 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
                 pass
             answer.close()
 
+    def kill(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:  # (not yet the leader of its own group)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    hung_up = set()  # pids whose asker closed its socket: killed, not yet reaped
     while True:
-        ready, _, _ = select.select([control, wake_r], [], [])
+        watched = [answer for pid, answer in running.items() if pid not in hung_up]
+        ready, _, _ = select.select([control, wake_r] + watched, [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
             reap()
+        for pid, answer in list(running.items()):
+            # the asker never writes after its request: a readable answer socket is
+            # closed (a fork client killed, a test's process gone): so is the command
+            if answer in ready and pid not in hung_up:
+                hung_up.add(pid)
+                kill(pid)
+        hung_up &= set(running)
         if control not in ready:
             continue
         try:
@@ -240,17 +267,17 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
                 except BaseException:
                     pass
             finally:
-                os._exit(code)
+                if code < 0:  # ended by that signal
+                    signal.signal(-code, signal.SIG_DFL)
+                    os.kill(os.getpid(), -code)
+                os._exit(code & 0xFF)
         for fd in fds[1:]:
             os.close(fd)
         running[pid] = answer
         answer.sendall(f"pid {pid}\n".encode())
         reap()
     for pid in running:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill(pid)
 
 
 if __name__ == "__main__":
