@@ -321,10 +321,11 @@ FORK = os.environ.get(FORK_ENV, "1") != "0"
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 
-_RUNTIME_ENV = {"PYTEST_CURRENT_TEST", "FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS"}
+_RUNTIME_ENV = {"PYTEST_CURRENT_TEST", "FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS", "FAIRSEQ_LOCALNESS_TEST_FORK_LOG"}
 """The variables a command's environment may change from the zygote's and still be
 forked: read only while the command runs (fairseq_localness.checkpoint.errors.TRUST_ENV
-is read at each load), never at start-up or import. Any other difference (PYTHON*,
+is read at each load; the fork log is written by the tests' process alone), never at
+start-up or import. Any other difference (PYTHON*,
 OMP_*, LOGLEVEL, read when the interpreter starts or a module is imported) runs a
 real subprocess."""
 
@@ -384,7 +385,8 @@ interpreter) that a command started by the script may have changed and still be
 forked."""
 
 _STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "NCCL_",
-                     "LC_", "HYDRA_", "FAIRSEQ", "MALLOC_", "LD_")
+                     "LC_", "HYDRA_", "FAIRSEQ", "MALLOC_", "LD_", "SCIPY_", "SKLEARN_", "JOBLIB_", "NUMEXPR_",
+                     "NUMPY_", "MPL", "TQDM_")
 _STARTUP_NAMES = {"LOGLEVEL", "LANG", "LANGUAGE", "TMPDIR", "TEMP", "TMP", "HOME", "TZ", "TERM", "COLUMNS"}
 
 
@@ -395,8 +397,11 @@ def _script_env_forks(env: dict, base: dict) -> bool:
     none that an interpreter, torch, fairseq or this package may read at start-up or
     import (``PYTHON*``, ``OMP_*``, ``FAIRSEQ*``, ``LOGLEVEL``, locale, temporary
     directory, ...; :data:`_STARTUP_PREFIXES`, :data:`_STARTUP_NAMES`). The others
-    (the scripts' own settings, SLURM's job variables) are read while the command
-    runs, from the environment the fork takes."""
+    (the scripts' own settings) are read while the command runs, from the environment
+    the fork takes. The commands of a SLURM job run as real processes, tracked by
+    the job."""
+    if "SLURM_JOB_ID" in env and "SLURM_JOB_ID" not in base:
+        return False  # (a SLURM job's commands: real processes, in the job's process tracking)
     ignored = _RUNTIME_ENV | _SHELL_ENV
     for key, value in base.items():
         if key not in ignored and env.get(key) != value:
@@ -673,25 +678,25 @@ class _ScriptForks:
         import json
         import socket
 
-        fds = []
+        fds, forked, argv = [], False, ["?"]
         try:
             message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
             request = json.loads(message)
             argv, cwd, env = request["argv"], request["cwd"], request["env"]
             server = _fork_server(argv, cwd, env, scripted=True) if len(fds) == 3 else None
             forked = server is not None and server.hand_on(conn, request, fds)
-            _log_fork(forked, argv)
-            if not forked:
-                conn.send(b"exec\n")
         except Exception:
-            try:
-                conn.send(b"exec\n")
-            except OSError:
-                pass
+            forked = False
         finally:
+            if not forked:  # (once handed on, only the zygote answers)
+                try:
+                    conn.send(b"exec\n")
+                except OSError:
+                    pass
             for fd in fds:
                 os.close(fd)
             conn.close()
+        _log_fork(forked, argv)
 
     def close(self) -> None:
         self.listener.close()
@@ -709,8 +714,15 @@ def script_fork_dir() -> Optional[_ScriptForks]:
     if not FORK:
         return None
     with _SERVERS_LOCK:
-        if _SCRIPT_FORKS is None or _SCRIPT_FORKS_PID != os.getpid():
-            _SCRIPT_FORKS, _SCRIPT_FORKS_PID = _ScriptForks(), os.getpid()
+        if _SCRIPT_FORKS_PID != os.getpid():
+            _SCRIPT_FORKS_PID = os.getpid()
+            try:
+                _SCRIPT_FORKS = _ScriptForks()
+            except OSError as e:  # (a socket path too long, ...): every command runs for real
+                import warnings
+
+                warnings.warn(f"the shell scripts' console scripts run as real processes: {e}")
+                _SCRIPT_FORKS = None
     return _SCRIPT_FORKS
 
 

@@ -11,16 +11,16 @@ scripts' own ``find_python`` (``scripts/lib.sh``) then takes its directory's
 :func:`main` asks the pytest worker that ran the test (the socket named by
 :data:`SOCKET_ENV`) to start the command; the worker answers either ``exec`` (the
 command must run as a real process: the stand-in replaces itself with the real
-script, with its path as ``argv[0]``, as a search of ``PATH`` without the stand-ins
-would run it) or hands the request on to the fork server of that script
+script next to the tests' Python, with its path as ``argv[0]``) or hands the request on to the fork server of that script
 (``tests/zygote.py``), which forks the command with the stand-in's directory,
 environment, arguments and stdin/stdout/stderr and answers ``pid <n>`` and then
 ``status <waitpid status>`` on the same socket.
 
 While the command runs, the stand-in is the process its shell waits for:
 ``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGQUIT``, ``SIGUSR1`` and ``SIGUSR2`` sent to it
-are sent on to the command's process group (those it was started with ignored, the
-command ignores too, as a real process would); if the stand-in itself is killed, the
+are sent on to the command (those that come while it asks, once the command is
+forked; those it was started with ignored, the command ignores too, as a real process
+would); if the stand-in itself is killed, the
 fork server sees its socket close and kills the command's process group. It ends
 with the command's exit status, or by the signal that ended the command.
 """
@@ -58,42 +58,57 @@ def _lines(conn):
 
 def _run_forked(path: str, real: str):
     """The command's waitpid status, or None where it must run as a real process."""
+    # signals that come before the command's pid is known are kept and passed on then
+    pending, target = [], []
+
+    def forward(signum, _frame):
+        if not target:
+            pending.append(signum)
+            return
+        try:
+            os.kill(target[0], signum)  # (to the command, as a real `kill <pid>`)
+        except OSError:
+            pass
+
+    ignored = [s for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
+    for signum in FORWARDED:
+        if signum not in ignored:
+            signal.signal(signum, forward)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn.connect(path)
         # signals this process was started with ignored (a non-interactive shell's
         # background job ignores SIGINT and SIGQUIT): the command ignores them too
-        ignored = [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
         request = {"argv": [real] + sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
-                   "address_space": _address_space(), "ignored_signals": ignored}
+                   "address_space": _address_space(), "ignored_signals": [int(s) for s in ignored]}
         socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
     except OSError:
         conn.close()
-        return None
+        return _real(pending)
     answers = _lines(conn)
     started = next(answers, "")
     if not started.startswith("pid "):  # "exec", or the fork server could not fork
         conn.close()
-        return None
-    pid = int(started.split()[1])
-
-    def forward(signum, _frame):
-        try:
-            os.killpg(pid, signum)
-        except OSError:  # (not yet the leader of its own group)
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                pass
-
-    for signum in FORWARDED:
-        if signal.getsignal(signum) != signal.SIG_IGN:
-            signal.signal(signum, forward)
+        return _real(pending)
+    target.append(int(started.split()[1]))
+    for signum in pending:
+        forward(signum, None)
     for line in answers:
         if line.startswith("status "):
             return int(line.split()[1])
     sys.stderr.write(f"{os.path.basename(real)}: the tests' fork server ended while it ran\n")
     return 1 << 8
+
+
+def _real(pending):
+    """None (run the real script), after the signals kept while asking: the first of
+    them ends this process, as it would have ended the command."""
+    for signum in FORWARDED:
+        if signal.getsignal(signum) not in (signal.SIG_IGN, signal.SIG_DFL):
+            signal.signal(signum, signal.SIG_DFL)
+    if pending:
+        os.kill(os.getpid(), pending[0])
+    return None
 
 
 def main(real: str) -> None:
@@ -103,6 +118,9 @@ def main(real: str) -> None:
         os.execv(real, [real] + sys.argv[1:])
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
-        signal.signal(signum, signal.SIG_DFL)
+        try:
+            signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):  # (SIGKILL, SIGSTOP: never caught anyway)
+            pass
         os.kill(os.getpid(), signum)
-    os._exit(os.waitstatus_to_exitcode(status))
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)

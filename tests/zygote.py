@@ -97,7 +97,8 @@ def _exit_code(code) -> int:
     return 1
 
 
-def _child(script: str, program, request: dict, fds, printed) -> int:
+def _child(script: str, program, request: dict, fds, printed):
+    """Run the command; returns its exit code and the signal it ends by (or None)."""
     import atexit
     import builtins
     import random
@@ -132,6 +133,7 @@ def _child(script: str, program, request: dict, fds, printed) -> int:
     main.__file__ = script
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
+    ended_by = None
     try:
         exec(program, main.__dict__)
         code = 0
@@ -141,15 +143,16 @@ def _child(script: str, program, request: dict, fds, printed) -> int:
         kind, value, tb = sys.exc_info()
         tb = tb.tb_next  # (from the script's frame on, as the interpreter prints it)
         sys.excepthook(kind, value.with_traceback(tb), tb)
-        # an uncaught KeyboardInterrupt ends the interpreter by SIGINT (status 130 in a shell)
-        code = -signal.SIGINT if issubclass(kind, KeyboardInterrupt) else 1
+        code = 1
+        if issubclass(kind, KeyboardInterrupt):  # the interpreter then ends by SIGINT (130 in a shell)
+            ended_by = signal.SIGINT
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             code = code or 120  # (as the interpreter does when the flush at exit fails)
-    return code
+    return code, ended_by
 
 
 def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
@@ -240,7 +243,10 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
         answer = socket.socket(fileno=fds[0])
         request = json.loads(message)
         if _threads() != 1:
-            answer.sendall(f"error the zygote runs {_threads()} threads: it does not fork\n".encode())
+            try:
+                answer.sendall(f"error the zygote runs {_threads()} threads: it does not fork\n".encode())
+            except OSError:
+                pass
             answer.close()
             for fd in fds[1:]:
                 os.close(fd)
@@ -249,7 +255,7 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            code = 1
+            code, ended_by = 1, None
             try:
                 control.close()
                 answer.close()
@@ -257,7 +263,7 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
                     other.close()
                 os.close(wake_r)
                 os.close(wake_w)
-                code = _child(script, script_code, request, fds[1:], printed)
+                code, ended_by = _child(script, script_code, request, fds[1:], printed)
             except BaseException:
                 import traceback
 
@@ -267,14 +273,17 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
                 except BaseException:
                     pass
             finally:
-                if code < 0:  # ended by that signal
-                    signal.signal(-code, signal.SIG_DFL)
-                    os.kill(os.getpid(), -code)
-                os._exit(code & 0xFF)
+                if ended_by is not None:
+                    signal.signal(ended_by, signal.SIG_DFL)
+                    os.kill(os.getpid(), ended_by)
+                os._exit(code)
         for fd in fds[1:]:
             os.close(fd)
         running[pid] = answer
-        answer.sendall(f"pid {pid}\n".encode())
+        try:
+            answer.sendall(f"pid {pid}\n".encode())
+        except OSError:  # the asker is gone: its closed socket has the command killed below
+            pass
         reap()
     for pid in running:
         kill(pid)
