@@ -656,8 +656,12 @@ class _ScriptForks:
         self._write("python", f"#!/bin/bash\nexec {shlex.quote(sys.executable)} \"$@\"\n")
         self.socket_path = os.path.join(self.directory, "fork.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.listener.bind(self.socket_path)
-        self.listener.listen(64)
+        try:
+            self.listener.bind(self.socket_path)
+            self.listener.listen(64)
+        except OSError:
+            self.close()
+            raise
         threading.Thread(target=self._accept, name="script forks", daemon=True).start()
 
     def _write(self, name: str, text: str) -> None:

@@ -56,7 +56,11 @@ parent. The zygote ends when the control socket is closed, killing the process
 groups of the commands still running.
 """
 import os
+import signal
 import sys
+
+PASSED_ON = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2}
+"""The signals a fork client (``tests/fork_client.py``) passes on to its command."""
 
 
 def _preload(script: str, entry: str, user_dir: str):
@@ -102,7 +106,6 @@ def _child(script: str, program, request: dict, fds, printed):
     import atexit
     import builtins
     import random
-    import signal
     import types
 
     os.setsid()
@@ -135,6 +138,7 @@ def _child(script: str, program, request: dict, fds, printed):
     sys.modules["__main__"] = main
     ended_by = None
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
         exec(program, main.__dict__)
         code = 0
     except SystemExit as e:
@@ -158,7 +162,6 @@ def _child(script: str, program, request: dict, fds, printed):
 def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
     import json
     import select
-    import signal
     import socket
     import tempfile
 
@@ -253,7 +256,12 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
             continue
         sys.stdout.flush()
         sys.stderr.flush()
+        # the signals a fork client passes on may come at once: held until the child
+        # runs the script (a SIGINT then raises KeyboardInterrupt where the script runs)
+        signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)
         pid = os.fork()
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
         if pid == 0:
             code, ended_by = 1, None
             try:
@@ -276,7 +284,7 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
                 if ended_by is not None:
                     signal.signal(ended_by, signal.SIG_DFL)
                     os.kill(os.getpid(), ended_by)
-                os._exit(code)
+                os._exit(code & 0xFF)
         for fd in fds[1:]:
             os.close(fd)
         running[pid] = answer
