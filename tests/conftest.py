@@ -14,8 +14,10 @@
 Each fairseq process costs ~4-5 s of start-up (importing fairseq), so a test that
 goes through the CLI should start as few of them as it can. :func:`run_command`
 forks the console scripts of fairseq and of this package from a process that has
-done those imports (``tests/zygote.py``, :func:`_fork_server`; docs/testing.md);
-``FAIRSEQ_LOCALNESS_TEST_FORK=0`` runs them as real subprocesses.
+done those imports (``tests/zygote.py``, :func:`_fork_server`; docs/testing.md), and
+so do the shell scripts that tests run, through the stand-ins that :func:`tool_env`
+puts first on ``PATH`` (``tests/fork_client.py``, :class:`_ScriptForks`);
+``FAIRSEQ_LOCALNESS_TEST_FORK=0`` runs them all as real subprocesses.
 
 Time limits: every test has one (``pytest.ini``: 300 s, fixtures included; a slow
 test raises its own with ``@pytest.mark.timeout(N)``). When a test runs past it,
@@ -219,10 +221,16 @@ def tool_path(tool: str) -> str:
 
 
 def tool_env(extra: Optional[dict] = None) -> dict:
-    """Environment for subprocesses: this Python's bin directory first on PATH, one
-    thread per process (tiny models; keeps parallel test runs from fighting)."""
+    """Environment for subprocesses: this Python's bin directory first on PATH (and
+    before it the stand-ins that fork the console scripts a shell script starts,
+    :class:`_ScriptForks`), one thread per process (tiny models; keeps parallel test
+    runs from fighting)."""
     env = dict(os.environ)
     env["PATH"] = BIN_DIR + os.pathsep + env.get("PATH", "")
+    forks = script_fork_dir()
+    if forks is not None:  # the scripts' console scripts, forked (tests/fork_client.py)
+        env["PATH"] = forks.directory + os.pathsep + env["PATH"]
+        env[forks.SOCKET_ENV] = forks.socket_path
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
@@ -279,7 +287,9 @@ def run_command(cmd: Sequence, cwd: Optional[str] = None, input: Optional[str] =
     if server is not None:
         proc = server.run(cmd, argv, cwd, input, env, timeout, limit)
         if proc is not None:
+            _log_fork(True, argv)
             return proc
+    _log_fork(False, cmd)
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, start_new_session=True,
                             stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -311,10 +321,11 @@ FORK = os.environ.get(FORK_ENV, "1") != "0"
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 
-_RUNTIME_ENV = {"PYTEST_CURRENT_TEST", "FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS"}
+_RUNTIME_ENV = {"PYTEST_CURRENT_TEST", "FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS", "FAIRSEQ_LOCALNESS_TEST_FORK_LOG"}
 """The variables a command's environment may change from the zygote's and still be
 forked: read only while the command runs (fairseq_localness.checkpoint.errors.TRUST_ENV
-is read at each load), never at start-up or import. Any other difference (PYTHON*,
+is read at each load; the fork log is written by the tests' process alone), never at
+start-up or import. Any other difference (PYTHON*,
 OMP_*, LOGLEVEL, read when the interpreter starts or a module is imported) runs a
 real subprocess."""
 
@@ -350,19 +361,68 @@ _SERVERS = {}
 _SERVERS_LOCK = threading.Lock()
 
 
+FORK_LOG_ENV = "FAIRSEQ_LOCALNESS_TEST_FORK_LOG"
+"""A file: each command a test or its scripts start is appended to it, as ``forked``
+or ``process`` (a real one), with the test's id."""
+
+
+def _log_fork(forked: bool, cmd: Sequence) -> None:
+    path = os.environ.get(FORK_LOG_ENV)
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0]
+        with open(path, "a") as f:
+            f.write(f"{'forked' if forked else 'process'}\t{test}\t{shlex.join(map(str, cmd))[:300]}\n")
+
+
 def _forking_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if k not in _RUNTIME_ENV}
 
 
-def _fork_server(cmd: List[str], cwd: Optional[str], env: Optional[dict]) -> Optional["_ForkServer"]:
+_SHELL_ENV = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTHON"}
+"""Variables a shell script changes on its way (``PATH``: ``scripts/lib.sh`` puts its
+Python's directory first; ``PYTHON``: the interpreter the scripts run, read by no
+interpreter) that a command started by the script may have changed and still be
+forked."""
+
+_STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "NCCL_",
+                     "LC_", "HYDRA_", "FAIRSEQ", "MALLOC_", "LD_", "SCIPY_", "SKLEARN_", "JOBLIB_", "NUMEXPR_",
+                     "NUMPY_", "MPL", "TQDM_")
+_STARTUP_NAMES = {"LOGLEVEL", "LANG", "LANGUAGE", "TMPDIR", "TEMP", "TMP", "HOME", "TZ", "TERM", "COLUMNS"}
+
+
+def _script_env_forks(env: dict, base: dict) -> bool:
+    """Whether a command that a shell script started with ``env`` may be forked from a
+    zygote started with ``base``: every variable of ``base`` unchanged (beyond
+    :data:`_RUNTIME_ENV` and :data:`_SHELL_ENV`), and the variables the script added
+    none that an interpreter, torch, fairseq or this package may read at start-up or
+    import (``PYTHON*``, ``OMP_*``, ``FAIRSEQ*``, ``LOGLEVEL``, locale, temporary
+    directory, ...; :data:`_STARTUP_PREFIXES`, :data:`_STARTUP_NAMES`). The others
+    (the scripts' own settings) are read while the command runs, from the environment
+    the fork takes. The commands of a SLURM job run as real processes, tracked by
+    the job."""
+    if "SLURM_JOB_ID" in env and "SLURM_JOB_ID" not in base:
+        return False  # (a SLURM job's commands: real processes, in the job's process tracking)
+    ignored = _RUNTIME_ENV | _SHELL_ENV
+    for key, value in base.items():
+        if key not in ignored and env.get(key) != value:
+            return False
+    return not any(key not in base and key not in ignored
+                   and (key.startswith(_STARTUP_PREFIXES) or key in _STARTUP_NAMES) for key in env)
+
+
+def _fork_server(cmd: List[str], cwd: Optional[str], env: Optional[dict],
+                 scripted: bool = False) -> Optional["_ForkServer"]:
     """The fork server for ``cmd``, started on first use, or None where ``cmd`` must
     run as a real subprocess: the switch is off; it is not a console script of
     fairseq or of this package installed next to this Python (bash scripts,
     torchrun, ``python -c``; ``prlimit --as=N --`` before a script is forked with
     the limit, :func:`_address_space_limit`); a script of fairseq whose command line names
-    no ``--user-dir`` or another one than this package (a real run would not import
-    this package, which the zygote has imported); an environment that differs from
-    the zygote's beyond :data:`_RUNTIME_ENV`; a ``cwd`` that is not a directory (the
+    a ``--user-dir`` other than this package's, or names it twice or as
+    ``--user-dir=...`` (the zygote of a fairseq script imports this package, through
+    fairseq, only for this package's ``--user-dir``; without one, fairseq alone, as
+    the real run); an environment that differs from
+    the zygote's beyond :data:`_RUNTIME_ENV` (``scripted``, a command a shell script
+    started: :func:`_script_env_forks`); a ``cwd`` that is not a directory (the
     subprocess raises as before)."""
     if not FORK or env is None:
         return None
@@ -371,13 +431,13 @@ def _fork_server(cmd: List[str], cwd: Optional[str], env: Optional[dict]) -> Opt
     if entry is None or os.path.dirname(script) != BIN_DIR or (cwd is not None and not os.path.isdir(cwd)):
         return None
     user_dir = ""
-    if entry.startswith("fairseq_cli."):
-        named = [i for i, a in enumerate(cmd) if a.startswith("--user")]
+    named = [i for i, a in enumerate(cmd) if a.startswith("--user")]
+    if entry.startswith("fairseq_cli.") and named:
         if len(named) != 1 or cmd[named[0]] != "--user-dir" or cmd[named[0] + 1:named[0] + 2] != [USER_DIR]:
             return None
         user_dir = USER_DIR
     base = _forking_env(tool_env())
-    if _forking_env(env) != base:
+    if not (_script_env_forks(env, base) if scripted else _forking_env(env) == base):
         return None
     key = (script, user_dir)
     with _SERVERS_LOCK:  # (tests may run commands from threads: one zygote each)
@@ -432,6 +492,22 @@ class _ForkServer:
         except subprocess.TimeoutExpired:
             _kill_group(self.proc.pid)
             self.proc.wait()
+
+    def hand_on(self, conn, request: dict, fds: List[int]) -> bool:
+        """Send a fork client's request (``tests/fork_client.py``) to the zygote, with
+        the client's socket to answer on and its stdio ``fds``: the zygote answers the
+        client itself. False if it could not be sent."""
+        import json
+        import socket
+
+        if not self.usable:
+            return False
+        try:
+            with self.lock:
+                socket.send_fds(self.control, [json.dumps(request).encode()], [conn.fileno()] + list(fds))
+        except OSError:
+            return False
+        return True
 
     def run(self, cmd: List[str], argv: List[str], cwd: Optional[str], input: Optional[str], env: dict,
             timeout: float, limit: Optional[int] = None) -> Optional[subprocess.CompletedProcess]:
@@ -546,9 +622,112 @@ def _communicate(stdin_w, out_r, err_r, input, timeout, out="", err=""):
 
 
 def _close_fork_servers():
+    global _SCRIPT_FORKS
+    if _SCRIPT_FORKS:
+        _SCRIPT_FORKS.close()
+    _SCRIPT_FORKS = None
     for server in _SERVERS.values():
         server.close()
     _SERVERS.clear()
+
+
+class _ScriptForks:
+    """The console scripts that the tests' shell scripts start, forked: a directory of
+    stand-ins (``tests/fork_client.py``), one per console script of fairseq and of this
+    package, and a ``python`` that runs this Python, put first on ``PATH`` by
+    :func:`tool_env`; and the socket they ask on, answered by a thread of this process
+    (the test's own: a command started by the test's scripts asks the process that
+    runs the test). Each request goes to :func:`_fork_server` (``scripted``) and on
+    to the zygote with the stand-in's socket and stdio, or is answered ``exec``: the
+    stand-in then runs the real script."""
+
+    from fork_client import SOCKET_ENV
+
+    def __init__(self):
+        import socket
+
+        self.directory = tempfile.mkdtemp(prefix="fairseq-localness-forks-")
+        tests = os.path.dirname(os.path.abspath(__file__))
+        for name in _console_entries():
+            real = os.path.join(BIN_DIR, name)
+            if os.path.exists(real):
+                self._write(name, f"#!{sys.executable} -SEs\nimport sys\nsys.path.insert(0, {tests!r})\n"
+                                  f"from fork_client import main\nmain({real!r})\n")
+        self._write("python", f"#!/bin/bash\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+        self.socket_path = os.path.join(self.directory, "fork.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.listener.bind(self.socket_path)
+            self.listener.listen(64)
+        except OSError:
+            self.close()
+            raise
+        threading.Thread(target=self._accept, name="script forks", daemon=True).start()
+
+    def _write(self, name: str, text: str) -> None:
+        path = os.path.join(self.directory, name)
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o755)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # closed at the end of the session
+                return
+            threading.Thread(target=self._answer, args=(conn,), name="script fork", daemon=True).start()
+
+    def _answer(self, conn) -> None:
+        import json
+        import socket
+
+        fds, forked, argv = [], False, ["?"]
+        try:
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            request = json.loads(message)
+            argv, cwd, env = request["argv"], request["cwd"], request["env"]
+            server = _fork_server(argv, cwd, env, scripted=True) if len(fds) == 3 else None
+            forked = server is not None and server.hand_on(conn, request, fds)
+        except Exception:
+            forked = False
+        finally:
+            if not forked:  # (once handed on, only the zygote answers)
+                try:
+                    conn.send(b"exec\n")
+                except OSError:
+                    pass
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+        _log_fork(forked, argv)
+
+    def close(self) -> None:
+        self.listener.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_SCRIPT_FORKS = None
+_SCRIPT_FORKS_PID = None
+
+
+def script_fork_dir() -> Optional[_ScriptForks]:
+    """The stand-ins' directory and socket of this process (:class:`_ScriptForks`),
+    made on first use; None without forking (``FAIRSEQ_LOCALNESS_TEST_FORK=0``)."""
+    global _SCRIPT_FORKS, _SCRIPT_FORKS_PID
+    if not FORK:
+        return None
+    with _SERVERS_LOCK:
+        if _SCRIPT_FORKS_PID != os.getpid():
+            _SCRIPT_FORKS_PID = os.getpid()
+            try:
+                _SCRIPT_FORKS = _ScriptForks()
+            except OSError as e:  # (a socket path too long, ...): every command runs for real
+                import warnings
+
+                warnings.warn(f"the shell scripts' console scripts run as real processes: {e}")
+                _SCRIPT_FORKS = None
+    return _SCRIPT_FORKS
 
 
 def run_fairseq(

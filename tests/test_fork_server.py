@@ -40,8 +40,11 @@ def test_which_commands_are_forked(monkeypatch, tmp_path):
 
     assert server([train, "data", "--user-dir", USER_DIR]) is not None
     assert server([tool_path("fairseq-localness-average"), "--inputs", "x"]) is not None
-    # a real run would not import this package, which the zygote has imported
-    assert server([train, "data"]) is None
+    # without --user-dir a zygote of fairseq alone (a real run would not import this
+    # package); another one, or this one named otherwise, runs for real
+    alone = server([train, "data"])
+    assert alone is not None and alone is not server([train, "data", "--user-dir", USER_DIR])
+    assert conftest._SERVERS[(train, "")] is alone
     assert server([train, "data", "--user-dir", str(tmp_path)]) is None
     assert server([train, "data", f"--user-dir={USER_DIR}"]) is None
     assert server([train, "data", "--user-dir", USER_DIR, "--user-dir", USER_DIR]) is None
@@ -188,3 +191,58 @@ def test_an_address_space_limit_is_applied_to_a_forked_command(monkeypatch, tiny
             proc = conftest.run_command(["prlimit", f"--as={limit}", "--", tool_path("fairseq-train"), *args],
                                         env=tool_env(), timeout=120)
             assert (proc.returncode != 0) == fails, (limit, fork, proc.stderr[-2000:])
+
+
+SCRIPT = r'''
+fairseq-localness-average --inputs missing --output out.pt; echo "average: status $?"
+echo "the cat sat on the mat" | fairseq-score --ref ref.txt | tail -1; echo "score: status ${PIPESTATUS[1]}"
+rm -f in; mkfifo in  # (open for writing below: the command waits on its stdin until killed)
+for signal in TERM KILL; do
+    fairseq-score --ref ref.txt < in > /dev/null & pid=$!  # (a real one may still be importing)
+    exec 3> in
+    sleep 3; kill -$signal $pid; wait $pid; echo "$signal: status $?"
+    exec 3>&-
+done
+set -m  # (a background job that does not ignore SIGINT)
+fairseq-score --ref ref.txt < in > /dev/null 2> int.err & pid=$!
+exec 3> in
+sleep 3; kill -INT $pid; wait $pid; echo "INT: status $?"
+exec 3>&-
+'''
+
+
+def test_the_console_scripts_a_shell_script_starts_are_forked_and_end_as_real_processes(monkeypatch, tmp_path):
+    """A shell script's ``fairseq-*`` commands go through the stand-ins of
+    ``tests/fork_client.py``: the same output and statuses as real processes; a
+    ``SIGTERM`` or ``SIGINT`` to the stand-in reaches the command (``SIGINT``: the
+    command's own ``KeyboardInterrupt``, status 130), and a stand-in killed outright
+    takes its command with it."""
+    (tmp_path / "ref.txt").write_text("the cat sat on the mat\n")
+    log = tmp_path / "commands.log"
+    monkeypatch.setenv(conftest.FORK_LOG_ENV, str(log))
+    outputs = {}
+    for fork in (True, False):
+        monkeypatch.setattr(conftest, "FORK", fork)
+        p = conftest.run_command(["bash", "-c", SCRIPT], cwd=str(tmp_path), env=tool_env(), timeout=120)
+        outputs[fork] = (p.returncode, _same(p.stdout), re.sub(r":\s+\d+ Killed", ": <pid> Killed", _same(p.stderr)))
+        interrupted = (tmp_path / "int.err").read_text()
+        assert interrupted.rstrip().endswith("KeyboardInterrupt"), interrupted  # (the command's own)
+        assert "fork_client" not in interrupted
+        if fork:
+            forked = [line.split("\t")[2] for line in log.read_text().splitlines() if line.startswith("forked")]
+            assert [os.path.basename(c.split()[0]) for c in forked] == \
+                ["fairseq-localness-average"] + ["fairseq-score"] * 4, log.read_text()
+            zygote = conftest._SERVERS[(tool_path("fairseq-score"), "")].proc.pid
+            deadline = time.monotonic() + 10
+            while _children(zygote) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _children(zygote)  # the killed stand-in's command is gone too
+    assert outputs[True] == outputs[False]
+    code, out, _ = outputs[True]
+    assert code == 0 and "average: status 2" in out and "BLEU4 = 100.00" in out and "score: status 0" in out
+    assert "TERM: status 143" in out and "KILL: status 137" in out and "INT: status 130" in out
+
+
+def _children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return f.read().split()

@@ -33,7 +33,7 @@ import time
 
 import pytest
 
-from conftest import REPO, TINY_MODEL_ARGS, run_command, tool_env
+from conftest import BIN_DIR, REPO, TINY_MODEL_ARGS, run_command, tool_env
 from test_rehearse import table_rows
 
 CLUSTER = os.path.join(REPO, "scripts", "slurm", "local_cluster.sh")
@@ -332,7 +332,8 @@ def test_no_slurm_commands_on_path(tmp_path):
         if not re.fullmatch(r"s(batch|queue|control|cancel|info|run|alloc|acct|attach|stat|share|prio|report)", name):
             os.symlink(os.path.join("/usr/bin", name), bindir / name)
     env = tool_env()
-    env["PATH"] = env["PATH"].split(os.pathsep)[0] + os.pathsep + str(bindir)
+    dirs = env["PATH"].split(os.pathsep)  # the Python's own (and the tests' stand-ins before it)
+    env["PATH"] = os.pathsep.join(dirs[:dirs.index(BIN_DIR) + 1] + [str(bindir)])
     p = run_command(["bash", os.path.join(REPRO, "dc_table1.sh"), "--rehearse", "--slurm", "--work-dir",
                      str(tmp_path / "w"), "--only", "transformer"], env=env, timeout=120)
     assert p.returncode == 2 and p.stderr.splitlines()[-1].startswith(

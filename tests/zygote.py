@@ -38,19 +38,29 @@ process seeds them), and runs the console script itself as ``__main__`` (its
 ``from <module> import <function>`` finds the module imported). Its exit status is
 the real one: ``SystemExit``'s code (``None``: 0; a message: printed, 1), an
 uncaught exception through ``sys.excepthook`` (a traceback from the script's frame
-on, or this package's one-line checkpoint errors) and 1. The atexit handlers registered while it ran
+on, or this package's one-line checkpoint errors) and 1 (a ``KeyboardInterrupt``: the
+traceback, then the end by ``SIGINT``, as the interpreter ends). The atexit handlers registered while it ran
 are run, stdio is flushed, and it ends with ``os._exit``.
 
 Protocol (``python zygote.py <control fd> <script path> <module:function> [<user dir>]``):
 the control descriptor is a ``SOCK_SEQPACKET`` socket; each message holds a JSON
-request (``argv``, ``cwd``, ``env``, ``address_space``: a limit or null) and four descriptors (a socket to answer on,
+request (``argv``, ``cwd``, ``env``, ``address_space``: a limit or null, ``ignored_signals``:
+the signals the command starts with ignored) and four descriptors (a socket to answer on,
 stdin, stdout, stderr). On the answer socket the zygote writes ``pid <n>\\n`` once
 the child is forked (or ``error <why>\\n``), then ``status <waitpid status>\\n``
-when it ends. The zygote ends when the control socket is closed, killing the
-process groups of the commands still running.
+when it ends. The asker writes nothing on the answer socket: when it closes while
+the command runs (the asker ended: a test's process, or a fork client of
+``tests/fork_client.py`` killed by its shell or a timeout), the zygote kills the
+command's process group, as the command would have died with a real process's
+parent. The zygote ends when the control socket is closed, killing the process
+groups of the commands still running.
 """
 import os
+import signal
 import sys
+
+PASSED_ON = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2}
+"""The signals a fork client (``tests/fork_client.py``) passes on to its command."""
 
 
 def _preload(script: str, entry: str, user_dir: str):
@@ -91,11 +101,11 @@ def _exit_code(code) -> int:
     return 1
 
 
-def _child(script: str, program, request: dict, fds, printed) -> int:
+def _child(script: str, program, request: dict, fds, printed):
+    """Run the command; returns its exit code and the signal it ends by (or None)."""
     import atexit
     import builtins
     import random
-    import signal
     import types
 
     os.setsid()
@@ -105,6 +115,8 @@ def _child(script: str, program, request: dict, fds, printed) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (request["address_space"],) * 2)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for signum in request.get("ignored_signals") or ():  # (as the interpreter keeps them at start-up)
+        signal.signal(signum, signal.SIG_IGN)
     for fd, target in zip(fds, (0, 1, 2)):
         os.dup2(fd, target)
         os.close(fd)
@@ -124,7 +136,9 @@ def _child(script: str, program, request: dict, fds, printed) -> int:
     main.__file__ = script
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
+    ended_by = None
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
         exec(program, main.__dict__)
         code = 0
     except SystemExit as e:
@@ -134,19 +148,20 @@ def _child(script: str, program, request: dict, fds, printed) -> int:
         tb = tb.tb_next  # (from the script's frame on, as the interpreter prints it)
         sys.excepthook(kind, value.with_traceback(tb), tb)
         code = 1
+        if issubclass(kind, KeyboardInterrupt):  # the interpreter then ends by SIGINT (130 in a shell)
+            ended_by = signal.SIGINT
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             code = code or 120  # (as the interpreter does when the flush at exit fails)
-    return code
+    return code, ended_by
 
 
 def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
     import json
     import select
-    import signal
     import socket
     import tempfile
 
@@ -197,11 +212,29 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
                 pass
             answer.close()
 
+    def kill(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:  # (not yet the leader of its own group)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    hung_up = set()  # pids whose asker closed its socket: killed, not yet reaped
     while True:
-        ready, _, _ = select.select([control, wake_r], [], [])
+        watched = [answer for pid, answer in running.items() if pid not in hung_up]
+        ready, _, _ = select.select([control, wake_r] + watched, [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
             reap()
+        for pid, answer in list(running.items()):
+            # the asker never writes after its request: a readable answer socket is
+            # closed (a fork client killed, a test's process gone): so is the command
+            if answer in ready and pid not in hung_up:
+                hung_up.add(pid)
+                kill(pid)
+        hung_up &= set(running)
         if control not in ready:
             continue
         try:
@@ -213,16 +246,24 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
         answer = socket.socket(fileno=fds[0])
         request = json.loads(message)
         if _threads() != 1:
-            answer.sendall(f"error the zygote runs {_threads()} threads: it does not fork\n".encode())
+            try:
+                answer.sendall(f"error the zygote runs {_threads()} threads: it does not fork\n".encode())
+            except OSError:
+                pass
             answer.close()
             for fd in fds[1:]:
                 os.close(fd)
             continue
         sys.stdout.flush()
         sys.stderr.flush()
+        # the signals a fork client passes on may come at once: held until the child
+        # runs the script (a SIGINT then raises KeyboardInterrupt where the script runs)
+        signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)
         pid = os.fork()
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
         if pid == 0:
-            code = 1
+            code, ended_by = 1, None
             try:
                 control.close()
                 answer.close()
@@ -230,7 +271,7 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
                     other.close()
                 os.close(wake_r)
                 os.close(wake_w)
-                code = _child(script, script_code, request, fds[1:], printed)
+                code, ended_by = _child(script, script_code, request, fds[1:], printed)
             except BaseException:
                 import traceback
 
@@ -240,17 +281,20 @@ def serve(control_fd: int, script: str, entry: str, user_dir: str) -> None:
                 except BaseException:
                     pass
             finally:
-                os._exit(code)
+                if ended_by is not None:
+                    signal.signal(ended_by, signal.SIG_DFL)
+                    os.kill(os.getpid(), ended_by)
+                os._exit(code & 0xFF)
         for fd in fds[1:]:
             os.close(fd)
         running[pid] = answer
-        answer.sendall(f"pid {pid}\n".encode())
+        try:
+            answer.sendall(f"pid {pid}\n".encode())
+        except OSError:  # the asker is gone: its closed socket has the command killed below
+            pass
         reap()
     for pid in running:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill(pid)
 
 
 if __name__ == "__main__":

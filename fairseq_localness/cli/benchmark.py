@@ -51,7 +51,7 @@ from different runs or machines are not comparable; the ratios are the result.
 of about the same number of tokens at every length, and adds the curves of ratio /
 bound and activations against the length (:mod:`fairseq_localness.cli.bench_sweep`).
 
-``--quick`` (CI) uses a small batch and few rounds and finishes in under 3 minutes on
+``--quick`` uses a small batch and few rounds and finishes in under 3 minutes on
 2 CPU cores; the default is meant for a GPU or a patient CPU.
 
 This module is the command line; the rest is split by concern: the systems
@@ -79,7 +79,7 @@ from fairseq_localness.cli.bench_systems import SYSTEMS, select
 
 def get_parser():
     p = argparse.ArgumentParser(prog="fairseq-localness-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small batch, few rounds (CI)")
+    p.add_argument("--quick", action="store_true", help="small batch, few rounds (about 2 minutes)")
     p.add_argument("--size", default="iwslt_de_en", help="size preset suffix (default: iwslt_de_en)")
     p.add_argument("--systems", nargs="*", help="restrict to these system or model names")
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES),
