@@ -497,39 +497,34 @@ class _ForkServer:
         """Send a fork client's request (``tests/fork_client.py``) to the zygote, with
         the client's socket to answer on and its stdio ``fds``: the zygote answers the
         client itself. False if it could not be sent."""
+        return self.usable and not self._send(request, [conn.fileno()] + list(fds))
+
+    def _send(self, request: dict, fds: List[int]) -> str:
+        """Send ``request`` with ``fds`` (the socket to answer on, stdin, stdout, stderr)
+        to the zygote: "" once sent, else ``error <why>``."""
         import json
         import socket
 
-        if not self.usable:
-            return False
         try:
             with self.lock:
-                socket.send_fds(self.control, [json.dumps(request).encode()], [conn.fileno()] + list(fds))
-        except OSError:
-            return False
-        return True
+                socket.send_fds(self.control, [json.dumps(request).encode()], fds)
+        except OSError as e:
+            return f"error {e}"
+        return ""
 
     def run(self, cmd: List[str], argv: List[str], cwd: Optional[str], input: Optional[str], env: dict,
             timeout: float, limit: Optional[int] = None) -> Optional[subprocess.CompletedProcess]:
         """Run ``argv`` (``cmd`` without its ``prlimit --as=<limit> --``) in a child
         of the zygote, as :func:`run_command` runs ``cmd`` as a subprocess; None if
         the zygote could not fork it (it then runs as one)."""
-        import json
         import socket
 
         mine, theirs = socket.socketpair()
         stdin_r, stdin_w = os.pipe() if input is not None else (os.open(os.devnull, os.O_RDONLY), None)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        request = json.dumps({"argv": argv, "cwd": os.path.abspath(cwd or os.getcwd()), "env": env,
-                              "address_space": limit}).encode()
-        try:
-            with self.lock:
-                socket.send_fds(self.control, [request], [theirs.fileno(), stdin_r, out_w, err_w])
-        except OSError as e:
-            sent = f"error {e}"
-        else:
-            sent = ""
+        request = {"argv": argv, "cwd": os.path.abspath(cwd or os.getcwd()), "env": env, "address_space": limit}
+        sent = self._send(request, [theirs.fileno(), stdin_r, out_w, err_w])
         for fd in (stdin_r, out_w, err_w):
             os.close(fd)
         theirs.close()

@@ -30,8 +30,9 @@ import signal
 import socket
 import sys
 
+from zygote import PASSED_ON as FORWARDED
+
 SOCKET_ENV = "FAIRSEQ_LOCALNESS_TEST_FORK_SOCKET"
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _address_space():
@@ -102,7 +103,8 @@ def _run_forked(path: str, real: str):
 
 def _real(pending):
     """None (run the real script), after the signals kept while asking: the first of
-    them ends this process, as it would have ended the command."""
+    them ends this process, as it would have ended the command (the handlers are
+    reset first, so that one coming now ends it too)."""
     for signum in FORWARDED:
         if signal.getsignal(signum) not in (signal.SIG_IGN, signal.SIG_DFL):
             signal.signal(signum, signal.SIG_DFL)

@@ -59,7 +59,7 @@ import os
 import signal
 import sys
 
-PASSED_ON = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2}
+PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 """The signals a fork client (``tests/fork_client.py``) passes on to its command."""
 
 
