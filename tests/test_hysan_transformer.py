@@ -219,13 +219,15 @@ def test_fusion_shapes_and_parameters():
         build_fusion("gated", 30, ["a"], reduction=16)
 
 
+@pytest.mark.parametrize("logging", [True, False], ids=["logged", "not_logged"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("gate_bias", [False, True], ids=["no_bias", "bias"])
-def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias, dtype):
+def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias, dtype, logging):
     """The gated sum's own backward pass (it keeps the branch outputs and the gate's
     bottleneck, and recomputes the rest): its output, its gradients (branch outputs,
     gate weights and biases) and its logged gate means equal autograd's on
-    ``sum_b x_b * SG(x_b)`` computed directly (eq. 13-14)."""
+    ``sum_b x_b * SG(x_b)`` computed directly (eq. 13-14), with the gates logged and
+    without (where the gates are not returned at all)."""
     from fairseq_localness.modules.context import AttentionContext
 
     torch.manual_seed(3)
@@ -233,7 +235,7 @@ def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias
     if gate_bias:
         for lin in (fusion.gate.f1, fusion.gate.f2):
             torch.nn.init.normal_(lin.bias)
-    fusion.metric_prefix = "enc1"
+    fusion.metric_prefix = "enc1" if logging else None
     kpm = _left_padding([4, 2], 4)
     ctx = AttentionContext(query_input=None, q=torch.zeros(2, H, 4, C // H), k=torch.zeros(2, H, 4, C // H),
                            key_padding_mask=kpm, q_pos=None, k_pos=None, lengths=None, causal=False,
@@ -263,9 +265,32 @@ def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias
         assert a.dtype == b.dtype == dtype
         scale = max(1.0, b.float().abs().max().item())
         torch.testing.assert_close(a.float() / scale, b.float() / scale, **tol)
+    if not logging:
+        assert logged == {}
+        return
     assert set(logged) == set(means)
     for name, value in means.items():
         torch.testing.assert_close(logged[name].float(), value.detach().float(), **tol)
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["per_branch", "stacked"])
+def test_the_flop_counter_sees_every_product_of_the_gate(stacked):
+    """The benchmark's arithmetic bound counts the gate's products
+    (``torch.utils.flop_counter``): per branch and token, ``2 C C/r`` multiply-adds
+    forward (f1, f2) and ``5 C C/r`` backward (f2 recomputed, the two products back
+    through f2 and f1, the two weight gradients), none missed by an in-place
+    accumulation the counter does not see."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fairseq_localness.modules.fusion import BranchOutputs
+
+    count, tokens, reduction = 3, 4 * 2, 4
+    fusion = build_fusion("gated", C, ["a", "b", "c"], reduction=reduction).train()
+    out = torch.randn(2, H, count, 4, C // H, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        fused = fusion(BranchOutputs(out) if stacked else list(out.unbind(2)), None)
+        fused.sum().backward()
+    assert counter.get_total_flops() == 2 * 7 * count * tokens * C * (C // reduction)
 
 
 # ---------------------------------------------------------------- no NaN
