@@ -248,6 +248,65 @@ def test_tiny_run_in_bf16_on_the_cpu(tmp_path, capsys):
     assert f"| {dc['decode_bound']:.3f} |" in row
 
 
+def test_rounds_alternate_the_transformer_first_and_last():
+    """Each round times the transformer first (even rounds) or last (odd rounds), the
+    systems of the group in their order, and returns every time by name."""
+    calls = []
+    members = {"a": ("model a", "opt a"), "b": ("model b", "opt b")}
+    times = {"base model": 2.0, "model a": 4.0, "model b": 8.0}
+
+    def fake_timed(fn, device, clock="wall"):
+        return fn()
+
+    def run_pass(model, opt):
+        calls.append(model)
+        return times[model]
+
+    original = bench_run._timed
+    bench_run._timed = fake_timed
+    try:
+        first = bench_run._time_round(run_pass, "base model", "base opt", members, False, "cpu", "wall")
+        order_first, calls[:] = list(calls), []
+        last = bench_run._time_round(run_pass, "base model", "base opt", members, True, "cpu", "wall")
+    finally:
+        bench_run._timed = original
+    assert order_first == ["base model", "model a", "model b"]
+    assert calls == ["model a", "model b", "base model"]
+    assert first == last == {BASELINE: 2.0, "a": 4.0, "b": 8.0}
+
+
+def test_the_spread_of_the_rounds_is_reported_under_the_table(tmp_path, capsys):
+    """With several rounds ``bench.md`` gives, under the table, each system's paired
+    ratios over the rounds divided by its bound: the median (the table's ratio /
+    bound) and the quartiles, from the rounds that ``bench.json`` lists."""
+    import statistics
+
+    out = tmp_path / "bench"
+    bench.main([*TINY_RUN[:-5], "--repeats", "4", "--threads", "1", "--cpu", "--systems", "hybrid (gate, enc 1-2)",
+                "--output-dir", str(out)])
+    payload = json.loads((out / "bench.json").read_text())
+    system = payload["results"][1]
+    assert len(system["train_ratios"]) == len(system["decode_ratios"]) == 4
+    md = (out / "bench.md").read_text()
+    table_row = next(line for line in md.splitlines() if line.startswith("| hybrid"))
+    spread_row = [line for line in md.splitlines() if line.startswith("| hybrid")][1]
+    cells = [c.strip() for c in spread_row.strip("|").split("|")]
+    assert cells[:2] == ["hybrid (gate, enc 1-2)", "4"]
+    for cell, ratios, bound, column in ((cells[2], system["train_ratios"], system["arithmetic_bound"], 5),
+                                        (cells[3], system["decode_ratios"], system["decode_bound"], 9)):
+        scaled = [r / bound for r in ratios]
+        q1, median, q3 = statistics.quantiles(scaled, n=4, method="inclusive")
+        assert cell == f"{median:.3f} ({q1:.3f}-{q3:.3f})"
+        assert min(scaled) <= q1 <= median <= q3 <= max(scaled)
+        assert table_row.split("|")[column + 1].strip() == f"{median:.3f}"  # the table's ratio / bound
+
+
+def test_one_round_has_no_spread(tmp_path, capsys):
+    out = tmp_path / "bench"
+    bench.main([*TINY_RUN, "--systems", "hybrid (gate, enc 1-2)", "--output-dir", str(out)])
+    assert "Spread over the rounds" not in (out / "bench.md").read_text()
+
+
 def test_tiny_length_sweep(tmp_path, capsys):
     """``--lengths``: one run per length at about equal tokens, per-length entries and a
     summary in bench.json, the summary table in bench.md and the PNG of the curves."""

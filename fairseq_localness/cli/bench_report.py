@@ -2,6 +2,7 @@
 records that go to ``bench.json``."""
 import os
 import platform
+import statistics
 from dataclasses import asdict
 from typing import List, Optional
 
@@ -50,7 +51,38 @@ def table(results: List[Result], machine: str) -> str:
             f"{ratio(r.activation_bytes, base.activation_bytes if base else 0)} | {r.largest_tensor_ratio:.2f} | "
             f"{ratio(r.largest_tensor_numel, base.largest_tensor_numel if base else 0)} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + spread(results, base)) + "\n"
+
+
+def quartiles(values: List[float]) -> Optional[tuple]:
+    """``(first quartile, median, third quartile)`` of ``values`` (statistics'
+    inclusive method: the values themselves for one or two), or None for none."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return (values[0],) * 3
+    return tuple(statistics.quantiles(values, n=4, method="inclusive"))
+
+
+def spread(results: List[Result], base: Optional[Result]) -> List[str]:
+    """The lines under the table: how far each system's paired ratios (``transformer
+    time / system time`` of one round, divided by the bound) spread over the rounds,
+    as quartiles, so that a reader can tell a gap between two ratios from the
+    machine's noise; none for a run of one round."""
+    rows = [r for r in results if r.name != BASELINE and not r.error]
+    if base is None or not rows or max(len(r.train_ratios) for r in rows) < 2:
+        return []
+
+    def cell(values, bound):
+        q = quartiles([v / bound for v in values]) if bound else None
+        return f"{q[1]:.3f} ({q[0]:.3f}-{q[2]:.3f})" if q else "n/a"
+
+    lines = ["", "Spread over the rounds: ratio / bound of each round, median (first-third quartile).", "",
+             "| system | rounds | train ratio / bound | dec. ratio / bound |", "|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.name} | {len(r.train_ratios)} | {cell(r.train_ratios, arithmetic_bound(r, base))} | "
+                     f"{cell(r.decode_ratios, decode_bound(r, base))} |")
+    return lines
 
 
 def machine_description(device: str, dtype: str = "fp32") -> str:

@@ -112,6 +112,17 @@ def select_device(args) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
 
 
+def _time_round(run_pass, base_model, base_opt, members, base_last: bool, device, clock) -> Dict[str, float]:
+    """One timed pass (:func:`~.bench_measure._timed`) of ``run_pass(model, opt)`` for
+    the transformer and for each system of a group (``members``: name -> (model,
+    opt)), the transformer first or, with ``base_last``, last; returns the times by
+    name, the transformer's under :data:`BASELINE`."""
+    order = [(name, model, opt) for name, (model, opt) in members.items()]
+    base = (BASELINE, base_model, base_opt)
+    order = order + [base] if base_last else [base] + order
+    return {name: _timed(lambda: run_pass(model, opt), device, clock) for name, model, opt in order}
+
+
 def run(args) -> List[Result]:
     device = select_device(args)
     if device.type == "cpu" and args.threads:
@@ -143,20 +154,23 @@ def run(args) -> List[Result]:
             if prepared is not None:
                 members[name] = prepared
         for round_ in range(args.repeats):
-            # training: the transformer, then each system of the group
-            t_base = _timed(lambda: _train_step(base_model, base_opt, batch), device, args.clock)
-            base.train_times.append(t_base)
-            for name, (model, opt) in members.items():
-                t = _timed(lambda: _train_step(model, opt, batch), device, args.clock)
-                results[name].train_times.append(t)
-                results[name].train_ratios.append(t_base / t)
-            # decoding, in the same order
-            d_base = _timed(lambda: _decode(base_model, task, decode_src, args.decode_len), device, args.clock)
-            base.decode_times.append(d_base)
-            for name, (model, _) in members.items():
-                d = _timed(lambda: _decode(model, task, decode_src, args.decode_len), device, args.clock)
-                results[name].decode_times.append(d)
-                results[name].decode_ratios.append(d_base / d)
+            # the transformer first in even rounds and last in odd ones, so that what
+            # comes before or after a pass (the caches, the allocator, the machine's
+            # other jobs) falls on both sides of the ratios alike
+            base_last = round_ % 2 == 1
+            # training: one step each; then decoding: one beam search each, same order
+            train = _time_round(lambda model, opt: _train_step(model, opt, batch), base_model, base_opt,
+                                members, base_last, device, args.clock)
+            decode = _time_round(lambda model, opt: _decode(model, task, decode_src, args.decode_len),
+                                 base_model, base_opt, members, base_last, device, args.clock)
+            base.train_times.append(train[BASELINE])
+            base.decode_times.append(decode[BASELINE])
+            for name in members:
+                result = results[name]
+                result.train_times.append(train[name])
+                result.train_ratios.append(train[BASELINE] / train[name])
+                result.decode_times.append(decode[name])
+                result.decode_ratios.append(decode[BASELINE] / decode[name])
             print(f"group {number}/{len(groups)}: round {round_ + 1}/{args.repeats} done", file=sys.stderr)
         # the group's systems, and the transformer with the first group
         measured = list(members.items()) + ([(BASELINE, (base_model, base_opt))] if number == 1 else [])

@@ -41,10 +41,12 @@ every model in ``--dtype`` (fp32, fp16 or bf16):
 Timings are interleaved so that drift of the machine hits every system alike: the
 systems are split into groups (``--group-size``, which bounds how many models with
 their optimizer states are held in memory at once), each group also holds the
-transformer, and in every round (``--repeats``) the transformer and then each system
-of the group are timed one after the other. A system's ratio is the median over
-rounds of ``transformer time / system time`` within the round (paired, so a slow
-round cancels), and its tok/s or sent/s the median over rounds. Absolute numbers
+transformer, and in every round (``--repeats``) the transformer and each system of the
+group are timed one after the other, the transformer first in even rounds and last in
+odd ones. A system's ratio is the median over rounds of ``transformer time / system
+time`` within the round (paired, so a slow round cancels), and its tok/s or sent/s
+the median over rounds; with several rounds ``bench.md`` also gives the quartiles of
+each system's per-round ``ratio / bound``, how far the rounds spread. Absolute numbers
 from different runs or machines are not comparable; the ratios are the result.
 
 ``--lengths 32,256,1024`` runs the benchmark once per sentence length, with a batch
