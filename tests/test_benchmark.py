@@ -275,6 +275,22 @@ def test_rounds_alternate_the_transformer_first_and_last():
     assert first == last == {BASELINE: 2.0, "a": 4.0, "b": 8.0}
 
 
+def test_a_run_alternates_the_order_round_by_round(tmp_path, monkeypatch, capsys):
+    """The run itself asks each round for the transformer first, then last, then first
+    again, for training and decoding alike."""
+    seen = []
+    original = bench_run._time_round
+
+    def recording(run_pass, base_model, base_opt, members, base_last, device, clock):
+        seen.append(base_last)
+        return original(run_pass, base_model, base_opt, members, base_last, device, clock)
+
+    monkeypatch.setattr(bench_run, "_time_round", recording)
+    bench.main([*TINY_RUN[:-5], "--repeats", "3", "--threads", "1", "--cpu", "--systems", "hybrid (gate, enc 1-2)",
+                "--output-dir", str(tmp_path / "bench")])
+    assert seen == [False, False, True, True, False, False]  # (train, decode) per round
+
+
 def test_the_spread_of_the_rounds_is_reported_under_the_table(tmp_path, capsys):
     """With several rounds ``bench.md`` gives, under the table, each system's paired
     ratios over the rounds divided by its bound: the median (the table's ratio /

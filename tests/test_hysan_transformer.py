@@ -267,10 +267,78 @@ def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias
         torch.testing.assert_close(a.float() / scale, b.float() / scale, **tol)
     if not logging:
         assert logged == {}
+        from fairseq_localness.modules.hysan import _GatedSum
+
+        gate = fusion.gate
+        returned = _GatedSum.apply(False, gate.f1.weight, gate.f1.bias, gate.f2.weight, gate.f2.bias, *outs)
+        assert len(returned) == 1  # the sum alone: no gates made or kept
         return
     assert set(logged) == set(means)
     for name, value in means.items():
         torch.testing.assert_close(logged[name].float(), value.detach().float(), **tol)
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (2, 1), (1, 1), (2, 3)], ids=lambda s: f"H={s[0]},Tq={s[1]}")
+@pytest.mark.parametrize("stacked", [False, True], ids=["per_branch", "stacked"])
+def test_gated_sum_gradients_pass_gradcheck(stacked, shape):
+    """The gated sum's own backward pass against finite differences in float64, with
+    gate biases, for one head and for one query row too (where merging the heads
+    gives a view of the branch output rather than a copy): the branch outputs and the
+    gate's four parameters."""
+    from fairseq_localness.modules.fusion import BranchOutputs
+    from fairseq_localness.modules.hysan import _GatedSum, _StackedGatedSum
+
+    heads, tgt_len = shape
+    torch.manual_seed(0)
+    dim, reduction = 8, 4
+    params = [torch.randn(dim // reduction, dim), torch.randn(dim // reduction), torch.randn(dim, dim // reduction),
+              torch.randn(dim)]
+    params = [p.double().requires_grad_(True) for p in params]
+    out = torch.randn(2, heads, 3, tgt_len, dim // heads, dtype=torch.float64, requires_grad=True)
+
+    def gated(out, w1, b1, w2, b2):
+        if stacked:
+            return _StackedGatedSum.apply(out, w1, b1, w2, b2)[0]
+        return _GatedSum.apply(False, w1, b1, w2, b2, *out.unbind(2))[0]
+
+    assert torch.autograd.gradcheck(gated, (out, *params))
+    fused = gated(out, *params)
+    x = BranchOutputs(out).stacked.permute(3, 2, 0, 1, 4).reshape(tgt_len, 3, 2, dim)
+    g = torch.sigmoid(torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, *params[:2])),
+                                                 *params[2:]))
+    torch.testing.assert_close(fused, (x * g).sum(1))
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["per_branch", "stacked"])
+def test_gated_sum_under_autocast_equals_autograd_and_keeps_the_parameter_dtype(stacked):
+    """Mixed precision as fairseq's --bf16 on a CPU and --amp run it: float32 weights
+    and branch outputs, the products in bfloat16 under autocast. The gated sum and the
+    gradients of the outputs and of the gate's weights equal autograd's on the plain
+    expression under the same autocast, and the weights' gradients stay float32."""
+    from fairseq_localness.modules.fusion import BranchOutputs
+
+    torch.manual_seed(1)
+    fusion = build_fusion("gated", C, ["a", "b", "c"], reduction=4, gate_bias=True).train()
+    base = torch.randn(2, H, 3, 5, C // H)
+    weight = torch.randn(5, 2, C)
+
+    def run(plain):
+        out = base.clone().requires_grad_(True)
+        fusion.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if plain:
+                x = out.permute(3, 2, 0, 1, 4).reshape(5, 3, 2, C)
+                fused = (x * fusion.gate(x)).sum(1)
+            else:
+                fused = fusion(BranchOutputs(out) if stacked else list(out.unbind(2)), None)
+        (fused.float() * weight).sum().backward()
+        return [fused.float(), out.grad] + [p.grad for p in fusion.parameters()]
+
+    got, want = run(False), run(True)
+    assert all(p.grad.dtype == torch.float32 for p in fusion.parameters())
+    for a, b in zip(got, want):
+        scale = max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a / scale, b / scale, atol=3e-2, rtol=3e-2)
 
 
 @pytest.mark.parametrize("stacked", [False, True], ids=["per_branch", "stacked"])

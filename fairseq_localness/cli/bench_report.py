@@ -56,7 +56,8 @@ def table(results: List[Result], machine: str) -> str:
 
 def quartiles(values: List[float]) -> Optional[tuple]:
     """``(first quartile, median, third quartile)`` of ``values`` (statistics'
-    inclusive method: the values themselves for one or two), or None for none."""
+    inclusive method, interpolating between the values; one value is all three), or
+    None for none."""
     if not values:
         return None
     if len(values) == 1:
@@ -73,15 +74,17 @@ def spread(results: List[Result], base: Optional[Result]) -> List[str]:
     if base is None or not rows or max(len(r.train_ratios) for r in rows) < 2:
         return []
 
-    def cell(values, bound):
-        q = quartiles([v / bound for v in values]) if bound else None
-        return f"{q[1]:.3f} ({q[0]:.3f}-{q[2]:.3f})" if q else "n/a"
+    def cell(values, median, bound):
+        q = quartiles([v / bound for v in values]) if bound and median is not None else None
+        # the median as the table computes it (the same value, to the last digit)
+        return f"{median / bound:.3f} ({q[0]:.3f}-{q[2]:.3f})" if q else "n/a"
 
     lines = ["", "Spread over the rounds: ratio / bound of each round, median (first-third quartile).", "",
              "| system | rounds | train ratio / bound | dec. ratio / bound |", "|---|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r.name} | {len(r.train_ratios)} | {cell(r.train_ratios, arithmetic_bound(r, base))} | "
-                     f"{cell(r.decode_ratios, decode_bound(r, base))} |")
+        train = cell(r.train_ratios, r.train_ratio, arithmetic_bound(r, base))
+        decode = cell(r.decode_ratios, r.decode_ratio, decode_bound(r, base))
+        lines.append(f"| {r.name} | {len(r.train_ratios)} | {train} | {decode} |")
     return lines
 
 

@@ -154,10 +154,11 @@ def run(args) -> List[Result]:
             if prepared is not None:
                 members[name] = prepared
         for round_ in range(args.repeats):
-            # the transformer first in even rounds and last in odd ones, so that what
-            # comes before or after a pass (the caches, the allocator, the machine's
-            # other jobs) falls on both sides of the ratios alike
-            base_last = round_ % 2 == 1
+            # the transformer first in rounds 1, 3, 5, ... and last in rounds 2, 4, ...
+            # (an even --repeats balances them), so that what comes before or after a
+            # pass (the caches, the allocator, the machine's other jobs) falls on both
+            # sides of the ratios alike
+            base_last = round_ % 2 == 1  # round_ counts from 0
             # training: one step each; then decoding: one beam search each, same order
             train = _time_round(lambda model, opt: _train_step(model, opt, batch), base_model, base_opt,
                                 members, base_last, device, args.clock)

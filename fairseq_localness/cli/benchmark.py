@@ -42,8 +42,8 @@ Timings are interleaved so that drift of the machine hits every system alike: th
 systems are split into groups (``--group-size``, which bounds how many models with
 their optimizer states are held in memory at once), each group also holds the
 transformer, and in every round (``--repeats``) the transformer and each system of the
-group are timed one after the other, the transformer first in even rounds and last in
-odd ones. A system's ratio is the median over rounds of ``transformer time / system
+group are timed one after the other, the transformer first in rounds 1, 3, 5, ... and
+last in rounds 2, 4, .... A system's ratio is the median over rounds of ``transformer time / system
 time`` within the round (paired, so a slow round cancels), and its tok/s or sent/s
 the median over rounds; with several rounds ``bench.md`` also gives the quartiles of
 each system's per-round ``ratio / bound``, how far the rounds spread. Absolute numbers

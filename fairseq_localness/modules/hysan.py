@@ -73,6 +73,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from fairseq_localness.modules.branches import (
     WindowBranch,
@@ -234,23 +235,22 @@ def _flat(t: Tensor) -> Tensor:
     return t.reshape(-1, t.size(-1))
 
 
-def _weight_grads(grad_z: Tensor, h: Tensor, grad_h: Tensor, x: Tensor, sums: list, biases: Tuple[bool, bool]):
+def _weight_grads(grad_z: Tensor, h: Tensor, grad_h: Tensor, x: Tensor, sums: list, params: Tuple,
+                  biases: Tuple[bool, bool]):
     """Add one input's share to the gate's gradients ``sums`` = ``[w1, b1, w2, b2]``
-    (None until the first share; a bias's only where ``biases`` says it has one)."""
-    shares = [(0, _flat(grad_h), _flat(x)), (2, _flat(grad_z), _flat(h))]
-    for index, grad, inputs in shares:
-        # out of place: the benchmark's FLOP counter counts mm and addmm, not addmm_
-        if sums[index] is None:
-            sums[index] = grad.t().mm(inputs)
-        else:
-            sums[index] = torch.addmm(sums[index], grad.t(), inputs)
+    (None until the first share; a bias's only where ``biases`` says it has one), each
+    share in its parameter's dtype (``params`` = ``(w1, w2)``), so that the sum over
+    branches runs in float32 under autocast as autograd's would. The products are
+    ``mm`` calls, which the benchmark's FLOP counter counts (it does not count
+    ``addmm_``)."""
+    shares = [(0, _flat(grad_h), _flat(x), params[0]), (2, _flat(grad_z), _flat(h), params[1])]
+    for index, grad, inputs, param in shares:
+        terms = [(index, grad.t().mm(inputs))]
         if biases[index // 2]:
-            total = grad.sum(0)
-            sums[index + 1] = total if sums[index + 1] is None else sums[index + 1].add_(total)
-
-
-def _cast_grads(sums: list, w1: Tensor, w2: Tensor):
-    return tuple(None if t is None else t.to(w.dtype) for t, w in zip(sums, (w1, w1, w2, w2)))
+            terms.append((index + 1, grad.sum(0)))
+        for slot, share in terms:
+            share = share.to(param.dtype)
+            sums[slot] = share if sums[slot] is None else sums[slot].add_(share)
 
 
 class _GatedSum(torch.autograd.Function):
@@ -260,11 +260,11 @@ class _GatedSum(torch.autograd.Function):
     each branch's gate ``SG(x_b)`` (``Tq x B x C``, not differentiable: for logging
     and recording).
 
-    What the backward pass keeps: the outputs ``out_b`` (which the attention's own
-    backward pass keeps anyway) and the bottlenecks ``h_b`` (C/r values per token and
+    What the backward pass keeps: the outputs ``out_b`` (which the attention's fused
+    kernels keep for their own backward pass anyway) and the bottlenecks ``h_b`` (C/r values per token and
     branch); ``x_b`` is re-read from ``out_b`` and ``SG(x_b)`` recomputed from ``h_b``
     (:func:`_gate_backward`). Autograd on the plain expression would keep ``x_b``,
-    ``f1(x_b)``, ``h_b`` and ``SG(x_b)`` (2 C + 2 C/r per branch). Under autocast the
+    ``h_b`` and ``SG(x_b)`` (2 C + C/r per branch). Under autocast the
     saved tensors are in the autocast dtype and the backward pass computes in it;
     gradients come back in each input's dtype.
 
@@ -296,6 +296,7 @@ class _GatedSum(torch.autograd.Function):
         return (fused, *gates)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_fused, *_grad_gates):
         if grad_fused is None:
             return (None,) * (5 + ctx.count)
@@ -305,12 +306,14 @@ class _GatedSum(torch.autograd.Function):
         w1c, w2c, b2c = w1.to(dtype), w2.to(dtype), None if b2 is None else b2.to(dtype)
         grad_y = grad_fused.to(dtype)
         sums, grads = [None] * 4, []
+        weights_trained = any(ctx.needs_input_grad[1:5])
         for out, h in zip(outs, bottlenecks):
             x = merge_heads(out).to(dtype)
             grad_x, grad_z, grad_h = _gate_backward(grad_y, x, h, w1c, w2c, b2c)
-            _weight_grads(grad_z, h, grad_h, x, sums, ctx.biases)
+            if weights_trained:
+                _weight_grads(grad_z, h, grad_h, x, sums, (w1, w2), ctx.biases)
             grads.append(split_heads(grad_x, out.size(1)).to(out.dtype))
-        return (None, *_cast_grads(sums, w1, w2), *grads)
+        return (None, *sums, *grads)
 
 
 class _StackedGatedSum(torch.autograd.Function):
@@ -335,6 +338,7 @@ class _StackedGatedSum(torch.autograd.Function):
         return fused, g
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_fused, _grad_gates):
         if grad_fused is None:
             return (None,) * 5
@@ -347,9 +351,10 @@ class _StackedGatedSum(torch.autograd.Function):
         grad_y = grad_fused.to(dtype).unsqueeze(1).expand(tgt_len, count, rows // count, dim).reshape(x.shape)
         grad_x, grad_z, grad_h = _gate_backward(grad_y, x, h, w1c, w2c, b2c)
         sums = [None] * 4
-        _weight_grads(grad_z, h, grad_h, x, sums, ctx.biases)
+        if any(ctx.needs_input_grad[1:5]):
+            _weight_grads(grad_z, h, grad_h, x, sums, (w1, w2), ctx.biases)
         grad_out = split_branches(grad_x, out.size(1), count).to(out.dtype)
-        return (grad_out, *_cast_grads(sums, w1, w2))
+        return (grad_out, *sums)
 
 
 def build_fusion(kind: str, embed_dim: int, names: Sequence[str], reduction: int = 16, gate_bias: bool = False):
