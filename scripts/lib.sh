@@ -172,7 +172,7 @@ train_check() {
 # package's); else the script stops naming the expected ones.
 check_arch() {
     local msg
-    msg="$(train_check arch "$1" 2>/dev/null)" || die "--arch: '$1' is not a registered architecture. Expected one of the \
+    msg="$(train_check arch -- "$1" 2>/dev/null)" || die "--arch: '$1' is not a registered architecture. Expected one of the \
 ${msg:-registered architectures (importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why)}"
 }
 
@@ -188,7 +188,7 @@ check_train_args() {
         longest=(--print-longest-pair)
         shift
     fi
-    train_check args --prog "$PROG" "${longest[@]}" -- "$@" \
+    train_check args --prog="$PROG" "${longest[@]}" -- "$@" \
         2> >(grep -v "^INFO:\|Please install tensorboardX" >&2) || exit 2
 }
 

@@ -79,7 +79,8 @@ def stub_env(tmp_path_factory):
     with open(python, "w") as f:
         f.write('#!/bin/bash\n'
                 '[[ "$*" == *"fairseq_localness.cli.train_check args"* ]] && '
-                '{ [[ "$*" == *" --print-longest-pair "* ]] && echo "${STUB_LONGEST:-100}"; exit 0; }\n'
+                '{ [[ "$*" == *"train_check args --prog="*" --print-longest-pair -- "* ]] && '
+                'echo "${STUB_LONGEST:-100}"; exit 0; }\n'
                 '[[ "$*" == *"fairseq_localness.cli.train_check arch"* ]] && exit 0\n'
                 f'exec {shlex.quote(sys.executable)} "$@"\n')
     os.chmod(python, 0o755)
