@@ -73,6 +73,7 @@ setup(
             "fairseq-localness-prepare=fairseq_localness.data.prepare:cli_main",
             "fairseq-localness-results=fairseq_localness.cli.results:cli_main",
             "fairseq-localness-report=fairseq_localness.cli.report:cli_main",
+            "fairseq-localness-train-check=fairseq_localness.cli.train_check:cli_main",
         ]
     },
 )

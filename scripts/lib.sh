@@ -157,132 +157,39 @@ if spec is None:
 print(list(spec.submodule_search_locations)[0])'
 }
 
-# Python: arch_problem(ARCH) -> None if ARCH is registered with fairseq once
-# fairseq_localness is imported (fairseq's own architectures and ours), else the list
-# of the expected ones. Imports fairseq (a few seconds).
-_ARCH_PY='
-def arch_problem(arch):
-    import fairseq_localness  # noqa: F401  (registers our models)
-    from fairseq.models import ARCH_MODEL_REGISTRY, FairseqEncoderDecoderModel as ED
-    if arch in ARCH_MODEL_REGISTRY:
-        return None
-    names = sorted(ARCH_MODEL_REGISTRY)
-    ours = [a for a in names if ARCH_MODEL_REGISTRY[a].__module__.startswith("fairseq_localness")]
-    tr = [a for a in names if a.startswith("transformer") and issubclass(ARCH_MODEL_REGISTRY[a], ED)]
-    return ("fairseq_localness architectures: %s; fairseq encoder-decoder transformer architectures: %s "
-            "(%d registered in all)" % (", ".join(ours) or "(none)", ", ".join(tr), len(names)))
-'
+# train_check ARG...: fairseq-localness-train-check (fairseq_localness/cli/train_check.py,
+# the checks before fairseq-train starts), installed next to the Python, or run as a
+# module where an older install does not have the script yet. Imports fairseq.
+train_check() {
+    if [[ -x "$BIN_DIR/fairseq-localness-train-check" ]]; then
+        "$BIN_DIR/fairseq-localness-train-check" "$@"
+    else
+        "$PY" -m fairseq_localness.cli.train_check "$@"
+    fi
+}
 
-# check_arch ARCH: ARCH must be a registered architecture (see arch_problem).
+# check_arch ARCH: ARCH must be a registered architecture (fairseq's and this
+# package's); else the script stops naming the expected ones.
 check_arch() {
     local msg
-    msg="$("$PY" -c "$_ARCH_PY"'
-import sys
-problem = arch_problem(sys.argv[1])
-if problem:
-    print(problem)
-    sys.exit(1)
-' "$1" 2>/dev/null)" || die "--arch: '$1' is not a registered architecture. Expected one of the \
+    msg="$(train_check arch -- "$1" 2>/dev/null)" || die "--arch: '$1' is not a registered architecture. Expected one of the \
 ${msg:-registered architectures (importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why)}"
 }
 
-# check_train_args ARG...: the fairseq-train arguments ARG... (with --user-dir and
-# --arch) are parsed as fairseq-train parses them, so an unknown option, a bad value
-# or a model option the architecture refuses (this package's models check theirs
-# when the command line is parsed) stops the script with exit status 2 and one line
-# naming the option, before fairseq-train creates --save-dir. Attention heads that do
-# not divide the embedding size are checked for any architecture. The --arch is
-# checked first, as check_arch does. Imports fairseq.
-# check_train_args --print-longest-pair ARG...: the same, and prints (stdout) the
-# longest training pair fairseq batches, in tokens: max(source, target) over the pairs
-# of every train split (train, train1, ...) of every data directory, read with
-# fairseq's own index reader (fairseq.data.data_utils.load_indexed_dataset), pairs
-# longer than the model's --max-source/target-positions left out (fairseq drops them
-# before batching); 0 where the data cannot be read that way (raw text).
+# check_train_args [--print-longest-pair] ARG...: the fairseq-train arguments ARG...
+# (with --user-dir and --arch) parsed as fairseq-train parses them: a bad one stops the
+# script with exit status 2 and one line naming the option, before fairseq-train
+# creates --save-dir; with --print-longest-pair it prints (stdout) the longest training
+# pair fairseq batches, in tokens (0 where the data cannot be read that way). See
+# fairseq-localness-train-check args --help.
 check_train_args() {
-    local longest=0
+    local longest=()
     if [[ "${1:-}" == --print-longest-pair ]]; then
-        longest=1
+        longest=(--print-longest-pair)
         shift
     fi
-    "$PY" -c "$_ARCH_PY"'
-import sys
-prog = sys.argv[1]
-print_longest = sys.argv[2] == "1"
-sys.argv[0] = prog  # model option errors are printed as "<prog>: error: ..."
-argv = sys.argv[3:]
-arch = argv[argv.index("--arch") + 1] if "--arch" in argv[:-1] else None
-problem = arch_problem(arch) if arch else None
-if problem:
-    sys.stderr.write("%s: error: --arch: %r is not a registered architecture. Expected one of the %s\n"
-                     % (prog, arch, problem))
-    sys.exit(2)
-from fairseq import options
-
-parser = options.get_training_parser()
-
-
-def error(message):
-    sys.stderr.write("%s: error: %s (in the fairseq-train arguments)\n" % (prog, message))
-    sys.exit(2)
-
-
-parser.error = error
-args = options.parse_args_and_arch(parser, argv)
-for side in ("encoder", "decoder"):
-    dim, heads = getattr(args, side + "_embed_dim", None), getattr(args, side + "_attention_heads", None)
-    if isinstance(dim, int) and isinstance(heads, int) and (heads < 1 or dim % heads):
-        allowed = ", ".join(str(h) for h in range(1, min(dim, 64) + 1) if dim % h == 0)
-        error("--%s-attention-heads %d: must divide --%s-embed-dim %d (allowed: %s%s)"
-              % (side, heads, side, dim, allowed, ", ..." if dim > 64 else ""))
-
-
-def longest_pair(args):
-    import itertools
-    import os
-
-    import numpy as np
-    from fairseq import utils
-    from fairseq.data import data_utils, indexed_dataset
-
-    from fairseq.models.transformer import DEFAULT_MAX_SOURCE_POSITIONS, DEFAULT_MAX_TARGET_POSITIONS
-
-    src, tgt = args.source_lang, args.target_lang
-    # the positions fairseq batches within (task and model read the same two options)
-    max_positions = (getattr(args, "max_source_positions", None) or DEFAULT_MAX_SOURCE_POSITIONS,
-                     getattr(args, "max_target_positions", None) or DEFAULT_MAX_TARGET_POSITIONS)
-    longest = 0
-    for data in utils.split_paths(args.data):
-        for k in itertools.count():
-            prefix = os.path.join(data, "train%s.%s-%s." % (k or "", src, tgt))
-            impl = args.dataset_impl or indexed_dataset.infer_dataset_impl(prefix + src)
-            if impl not in ("mmap", "lazy", "cached") or not all(
-                    indexed_dataset.dataset_exists(prefix + lang, impl) for lang in (src, tgt)):
-                if k == 0 and impl == "raw":
-                    return 0  # raw text: fairseq reads it whole; not looked at here
-                break
-            sizes = []
-            for lang in (src, tgt):
-                dataset = data_utils.load_indexed_dataset(prefix + lang, None, impl)
-                # a copy while the dataset lives: an mmap dataset closes its map when freed
-                sizes.append(np.array(dataset.sizes, dtype=np.int64))
-                del dataset
-            s, t = sizes
-            kept = (s <= max_positions[0]) & (t <= max_positions[1])
-            if kept.any():
-                longest = max(longest, int(np.maximum(s, t)[kept].max()))
-    return longest
-
-
-if print_longest:
-    try:
-        longest = longest_pair(args)
-    except Exception as e:  # fairseq-train will say what is wrong with the data
-        sys.stderr.write("%s: warning: could not read the sizes of the training pairs (%s: %s)\n"
-                         % (prog, type(e).__name__, e))
-        longest = 0
-    print(longest)
-' "$PROG" "$longest" "$@" 2> >(grep -v "^INFO:\|Please install tensorboardX" >&2) || exit 2
+    train_check args --prog="$PROG" "${longest[@]}" -- "$@" \
+        2> >(grep -v "^INFO:\|Please install tensorboardX" >&2) || exit 2
 }
 
 # require_pair DATA_BIN SRC TGT SUBSET...: a fairseq-preprocess output directory

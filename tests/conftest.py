@@ -241,11 +241,14 @@ def tool_env(extra: Optional[dict] = None) -> dict:
 
 def fairseq_import_stub(directory) -> str:
     """Write ``directory/python``, a stand-in for the scripts' ``$PYTHON``: the
-    architecture check they run first (an import of fairseq, seconds per call) passes
-    at once, everything else runs this Python. Returns its path."""
+    checks they run first (the architectures, the fairseq-train arguments: an import
+    of fairseq, seconds per call; ``fairseq-localness-train-check``, which the scripts
+    run as a module where ``$PYTHON``'s directory does not have it) pass at once,
+    everything else runs this Python. Returns its path."""
     python = os.path.join(str(directory), "python")
     with open(python, "w") as f:
         f.write('#!/bin/bash\n[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
+                '[[ "$*" == *"fairseq_localness.cli.train_check "* ]] && exit 0\n'
                 f'exec {shlex.quote(sys.executable)} "$@"\n')
     os.chmod(python, 0o755)
     return python

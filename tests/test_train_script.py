@@ -70,14 +70,18 @@ def fake_data_bin(path, longest, src="en", tgt="de", train=None):
 @pytest.fixture(scope="module")
 def stub_env(tmp_path_factory):
     """PYTHON: this Python, except that the check of the fairseq-train arguments
-    (which imports fairseq) passes at once and reports STUB_LONGEST (default 100) as
-    the longest training pair; the other checks pass at once too."""
+    (which imports fairseq; the scripts run fairseq-localness-train-check as a module
+    where PYTHON's directory does not have it) passes at once and reports STUB_LONGEST
+    (default 100) as the longest training pair; the architecture check passes at once
+    too."""
     directory = tmp_path_factory.mktemp("stub")
     python = os.path.join(str(directory), "python")
     with open(python, "w") as f:
         f.write('#!/bin/bash\n'
-                '[[ "$*" == *"def longest_pair"* ]] && { [[ "$4" == 1 ]] && echo "${STUB_LONGEST:-100}"; exit 0; }\n'
-                '[[ "$*" == *"import fairseq_localness"* ]] && exit 0\n'
+                '[[ "$*" == *"fairseq_localness.cli.train_check args"* ]] && '
+                '{ [[ "$*" == *"train_check args --prog="*" --print-longest-pair -- "* ]] && '
+                'echo "${STUB_LONGEST:-100}"; exit 0; }\n'
+                '[[ "$*" == *"fairseq_localness.cli.train_check arch"* ]] && exit 0\n'
                 f'exec {shlex.quote(sys.executable)} "$@"\n')
     os.chmod(python, 0o755)
     return {"PYTHON": python}
@@ -163,12 +167,15 @@ def test_no_possible_split_is_refused_naming_the_numbers(tmp_path, stub_env, cas
 
 
 # --------------------------------------------------------------------------- the longest pair
-def test_the_longest_pair_is_read_with_fairseqs_own_reader_the_first_pair_included(tmp_path):
+@pytest.mark.parametrize("check", ["console_script", "module"])
+def test_the_longest_pair_is_read_with_fairseqs_own_reader_the_first_pair_included(tmp_path, check):
     """The longest training pair is the first one; a longer pair beyond the model's
     --max-source-positions is not counted (fairseq drops it before batching). Real dry
     runs: the sizes are read by fairseq's index reader, so each is where fairseq puts it
     (a reader with a header of its own, 8 bytes too long, read every size two entries
-    late and never saw the first two pairs)."""
+    late and never saw the first two pairs). The check runs as the console script
+    fairseq-localness-train-check, or, where the Python's directory has none (an
+    install older than the script), as its module."""
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
     data_bin = fake_data_bin(tmp_path / "bin", 0, train=([150, 10, 30, 20, 40, 300], [140, 12, 31, 25, 41, 290]))
@@ -176,11 +183,18 @@ def test_the_longest_pair_is_read_with_fairseqs_own_reader_the_first_pair_includ
     dataset = MMapIndexedDataset(os.path.join(data_bin, "train.en-de.en"))  # held: its sizes live in its map
     assert dataset.sizes.tolist() == [150, 10, 30, 20, 40, 300]
     del dataset
-    p = dry_run(data_bin, tmp_path / "ckpt", 1, 4096, 4096, None, "--max-source-positions", "200")
+    env = None
+    if check == "module":
+        python = tmp_path / "python" / "python"
+        python.parent.mkdir()
+        python.write_text(f'#!/bin/bash\nexec {shlex.quote(sys.executable)} "$@"\n')
+        python.chmod(0o755)
+        env = {"PYTHON": str(python)}
+    p = dry_run(data_bin, tmp_path / "ckpt", 1, 4096, 4096, env, "--max-source-positions", "200")
     assert p.returncode == 0, p.stderr
     assert "longest training pair: 150 tokens" in p.stderr, p.stderr
     # and it decides: 2048 tokens over 16 processes leave 128 per process, below the first pair
-    p = dry_run(data_bin, tmp_path / "ckpt", 16, 2048, 2048, None, "--max-source-positions", "200")
+    p = dry_run(data_bin, tmp_path / "ckpt", 16, 2048, 2048, env, "--max-source-positions", "200")
     assert p.returncode == 2, p.stderr
     assert "the longest training pair has 150 tokens" in p.stderr and "expected at most 13 processes" in p.stderr
     assert not (tmp_path / "ckpt").exists()

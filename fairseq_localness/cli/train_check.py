@@ -1,0 +1,153 @@
+"""fairseq-localness-train-check: the checks ``scripts/train.sh`` and
+``scripts/demo.sh`` make before they start fairseq-train (``scripts/lib.sh``:
+``check_arch``, ``check_train_args``).
+
+    fairseq-localness-train-check arch ARCH
+    fairseq-localness-train-check args --prog PROG [--print-longest-pair] -- ARG...
+
+``arch``: exit status 0 where ARCH is a registered architecture (fairseq's own and this
+package's), else status 1 and, on stdout, the architectures expected instead.
+
+``args``: the fairseq-train arguments ARG... (with ``--user-dir`` and ``--arch``) are
+parsed as fairseq-train parses them, so an unknown option, a bad value or a model
+option the architecture refuses (this package's models check theirs when the command
+line is parsed) stops with exit status 2 and one line ``PROG: error: ...`` naming the
+option, before fairseq-train creates ``--save-dir``. Attention heads that do not divide
+the embedding size are checked for any architecture; the ``--arch`` first, as
+``arch`` does. With ``--print-longest-pair`` it then prints the longest training pair
+fairseq batches, in tokens: ``max(source, target)`` over the pairs of every train
+split (``train``, ``train1``, ...) of every data directory, read with fairseq's own
+index reader, pairs longer than the model's ``--max-source/target-positions`` left
+out (fairseq drops them before batching); 0 where the data cannot be read that way
+(raw text).
+
+A console script (rather than ``python -c``) so that the checks are one readable
+module, and so that the test suite's fork server starts it from a process that has
+fairseq imported already (docs/testing.md).
+"""
+import argparse
+import itertools
+import os
+import sys
+from typing import List, Optional
+
+PROG = "fairseq-localness-train-check"
+
+
+def arch_problem(arch: str) -> Optional[str]:
+    """None if ``arch`` is registered with fairseq (once this package is imported:
+    fairseq's architectures and ours), else the list of the expected ones."""
+    import fairseq_localness  # noqa: F401  (registers our models)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq.models import FairseqEncoderDecoderModel as EncoderDecoder
+
+    if arch in ARCH_MODEL_REGISTRY:
+        return None
+    names = sorted(ARCH_MODEL_REGISTRY)
+    ours = [a for a in names if ARCH_MODEL_REGISTRY[a].__module__.startswith("fairseq_localness")]
+    transformers = [a for a in names
+                    if a.startswith("transformer") and issubclass(ARCH_MODEL_REGISTRY[a], EncoderDecoder)]
+    return ("fairseq_localness architectures: %s; fairseq encoder-decoder transformer architectures: %s "
+            "(%d registered in all)" % (", ".join(ours) or "(none)", ", ".join(transformers), len(names)))
+
+
+def _arch_in(argv: List[str]) -> Optional[str]:
+    return argv[argv.index("--arch") + 1] if "--arch" in argv[:-1] else None
+
+
+def check_args(prog: str, argv: List[str]):
+    """``argv`` parsed by fairseq-train's parser (exit status 2 and one line naming the
+    option where it is refused); returns the parsed arguments."""
+    sys.argv[0] = prog  # the parsers fairseq builds take their name from it
+    arch = _arch_in(argv)
+    problem = arch_problem(arch) if arch else None
+    if problem:
+        sys.stderr.write("%s: error: --arch: %r is not a registered architecture. Expected one of the %s\n"
+                         % (prog, arch, problem))
+        sys.exit(2)
+    from fairseq import options
+
+    def error(message):
+        sys.stderr.write("%s: error: %s (in the fairseq-train arguments)\n" % (prog, message))
+        sys.exit(2)
+
+    parser = options.get_training_parser()
+    parser.error = error
+    args = options.parse_args_and_arch(parser, argv)
+    for side in ("encoder", "decoder"):
+        dim, heads = getattr(args, side + "_embed_dim", None), getattr(args, side + "_attention_heads", None)
+        if isinstance(dim, int) and isinstance(heads, int) and (heads < 1 or dim % heads):
+            allowed = ", ".join(str(h) for h in range(1, min(dim, 64) + 1) if dim % h == 0)
+            error("--%s-attention-heads %d: must divide --%s-embed-dim %d (allowed: %s%s)"
+                  % (side, heads, side, dim, allowed, ", ..." if dim > 64 else ""))
+    return args
+
+
+def longest_pair(args) -> int:
+    """The longest training pair fairseq batches, in tokens (see the module docstring)."""
+    import numpy as np
+    from fairseq import utils
+    from fairseq.data import data_utils, indexed_dataset
+    from fairseq.models.transformer import DEFAULT_MAX_SOURCE_POSITIONS, DEFAULT_MAX_TARGET_POSITIONS
+
+    src, tgt = args.source_lang, args.target_lang
+    # the positions fairseq batches within (task and model read the same two options)
+    max_positions = (getattr(args, "max_source_positions", None) or DEFAULT_MAX_SOURCE_POSITIONS,
+                     getattr(args, "max_target_positions", None) or DEFAULT_MAX_TARGET_POSITIONS)
+    longest = 0
+    for data in utils.split_paths(args.data):
+        for k in itertools.count():
+            prefix = os.path.join(data, "train%s.%s-%s." % (k or "", src, tgt))
+            impl = args.dataset_impl or indexed_dataset.infer_dataset_impl(prefix + src)
+            if impl not in ("mmap", "lazy", "cached") or not all(
+                    indexed_dataset.dataset_exists(prefix + lang, impl) for lang in (src, tgt)):
+                if k == 0 and impl == "raw":
+                    return 0  # raw text: fairseq reads it whole; not looked at here
+                break
+            sizes = []
+            for lang in (src, tgt):
+                dataset = data_utils.load_indexed_dataset(prefix + lang, None, impl)
+                # a copy while the dataset lives: an mmap dataset closes its map when freed
+                sizes.append(np.array(dataset.sizes, dtype=np.int64))
+                del dataset
+            s, t = sizes
+            kept = (s <= max_positions[0]) & (t <= max_positions[1])
+            if kept.any():
+                longest = max(longest, int(np.maximum(s, t)[kept].max()))
+    return longest
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("arch", help="is ARCH a registered architecture?")
+    a.add_argument("arch", metavar="ARCH")
+    t = sub.add_parser("args", help="parse fairseq-train arguments as fairseq-train does")
+    t.add_argument("--prog", default=PROG, help="the script named in error messages")
+    t.add_argument("--print-longest-pair", action="store_true", help="print the longest training pair, in tokens")
+    t.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- ARG...", help="the fairseq-train arguments")
+    return p
+
+
+def cli_main(argv=None):
+    args = get_parser().parse_args(argv)
+    if args.command == "arch":
+        problem = arch_problem(args.arch)
+        if problem:
+            print(problem)
+            sys.exit(1)
+        return
+    train_argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    parsed = check_args(args.prog, train_argv)
+    if args.print_longest_pair:
+        try:
+            longest = longest_pair(parsed)
+        except Exception as e:  # fairseq-train will say what is wrong with the data
+            sys.stderr.write("%s: warning: could not read the sizes of the training pairs (%s: %s)\n"
+                             % (args.prog, type(e).__name__, e))
+            longest = 0
+        print(longest)
+
+
+if __name__ == "__main__":
+    cli_main()
