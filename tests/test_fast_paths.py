@@ -302,6 +302,22 @@ def test_one_row_windows_equal_one_step_per_window():
     assert bool((out[2, :, 1:3] == 0).all())
 
 
+def test_one_row_windows_hold_as_the_cached_rows_grow():
+    """The windows' rows of -inf come from a table cached per windows and device and
+    grown by doubling: steps over 9, 150 (past the first table) and again 9 keys,
+    with the same windows, each equal one step per window."""
+    from fairseq_localness.modules.kernels.step import last_keys_attention, last_keys_windows
+
+    g = torch.Generator().manual_seed(4)
+    lefts = [2, None, 0]
+    for src_len in (9, 150, 9):
+        q, k, v = (torch.randn(2, 2, n, 4, dtype=torch.float64, generator=g) for n in (1, src_len, src_len))
+        out = last_keys_windows(q, k, v, 0.5, None, lefts)
+        for row, left in enumerate(lefts):
+            want = last_keys_attention(q, k, v, 0.5, None, left)
+            torch.testing.assert_close(out[:, :, row], want, atol=1e-12, rtol=0)
+
+
 def test_gated_decoder_steps_take_one_product_for_all_windows(monkeypatch):
     """A HySAN decoder core with the squeeze gate (Song et al. 2019, eq. 13-14) over
     forward, local1 and local2: every incremental step computes its three windows in one

@@ -190,9 +190,13 @@ class GatedSumFusion(Fusion):
         if stacked is not None:
             # one fused call computed the branches: one gate over the L*B rows of all
             # (on CUDA: a few kernels instead of L times as many)
-            fused, gates = _StackedGatedSum.apply(stacked, f1.weight, f1.bias, f2.weight, f2.bias)
-            if want_gates:  # Tq x L*B x C -> one Tq x B x C per branch
-                gates = gates.view(gates.size(0), len(self.names), -1, gates.size(-1)).unbind(1)
+            params = (f1.weight, f1.bias, f2.weight, f2.bias)
+            if torch.is_grad_enabled():
+                fused, gates = _StackedGatedSum.apply(stacked, *params)
+            else:  # beam search: the same forward without the autograd function's bookkeeping
+                fused, _, gates = _stacked_gated_sum(stacked, *params)
+            if want_gates:  # (Tq*L*B) x C -> one Tq x B x C per branch
+                gates = gates.view(stacked.size(3), len(self.names), -1, gates.size(-1)).unbind(1)
         else:
             fused, *gates = _GatedSum.apply(want_gates, f1.weight, f1.bias, f2.weight, f2.bias, *outputs)
         if want_gates:
@@ -321,16 +325,12 @@ class _StackedGatedSum(torch.autograd.Function):
     Dh``, :class:`~.fusion.BranchOutputs`): ``x = merge_branches(out)`` (``Tq x L*B x
     C``), each product and element-wise step once over the ``L*B`` rows of all
     branches, and the sum over branches one reduction. Returns the sum (``Tq x B x
-    C``) and the gates (``Tq x L*B x C``, not differentiable). Keeps ``out`` and
+    C``) and the gates (``(Tq*L*B) x C``, not differentiable). Keeps ``out`` and
     the bottleneck ``h`` for the backward pass, as :class:`_GatedSum` does."""
 
     @staticmethod
     def forward(ctx, out, w1, b1, w2, b2):
-        x = merge_branches(out)
-        h, g = _gate_of(x, w1, b1, w2, b2)
-        tgt_len, rows, dim = x.shape
-        count = out.size(2)
-        fused = (x * g).view(tgt_len, count, rows // count, dim).sum(1)
+        fused, h, g = _stacked_gated_sum(out, w1, b1, w2, b2)
         ctx.save_for_backward(out, h, w1, w2, b2)
         ctx.biases = (b1 is not None, b2 is not None)
         ctx.mark_non_differentiable(g)
@@ -348,13 +348,26 @@ class _StackedGatedSum(torch.autograd.Function):
         x = merge_branches(out).to(dtype)
         tgt_len, rows, dim = x.shape
         count = out.size(2)
-        grad_y = grad_fused.to(dtype).unsqueeze(1).expand(tgt_len, count, rows // count, dim).reshape(x.shape)
+        grad_y = grad_fused.to(dtype).unsqueeze(1).expand(tgt_len, count, rows // count, dim)
+        x, grad_y = x.reshape(-1, dim), grad_y.reshape(-1, dim)  # the rows of h
         grad_x, grad_z, grad_h = _gate_backward(grad_y, x, h, w1c, w2c, b2c)
         sums = [None] * 4
         if any(ctx.needs_input_grad[1:5]):
             _weight_grads(grad_z, h, grad_h, x, sums, (w1, w2), ctx.biases)
-        grad_out = split_branches(grad_x, out.size(1), count).to(out.dtype)
+        grad_out = split_branches(grad_x.view(tgt_len, rows, dim), out.size(1), count).to(out.dtype)
         return (grad_out, *sums)
+
+
+def _stacked_gated_sum(out: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor]):
+    """The forward pass of :class:`_StackedGatedSum`: the sum (``Tq x B x C``), the
+    bottleneck ``h`` (``(Tq*L*B) x C/r``) and the gates (``(Tq*L*B) x C``), the
+    products on two-dimensional rows (one operator call each)."""
+    x = merge_branches(out)
+    tgt_len, rows, dim = x.shape
+    x = x.reshape(-1, dim)
+    h, g = _gate_of(x, w1, b1, w2, b2)
+    count = out.size(2)
+    return (x * g).view(tgt_len, count, rows // count, dim).sum(1), h, g
 
 
 def build_fusion(kind: str, embed_dim: int, names: Sequence[str], reduction: int = 16, gate_bias: bool = False):
