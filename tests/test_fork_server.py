@@ -201,12 +201,28 @@ for signal in TERM KILL; do
     fairseq-score --ref ref.txt < in > /dev/null & pid=$!  # (a real one may still be importing)
     exec 3> in
     sleep 3; kill -$signal $pid; wait $pid; echo "$signal: status $?"
-    exec 3>&-
+    # the input stays open (fd 4) to the end: a command whose stand-in was killed
+    # outright is ended by the zygote's kill, which may come a moment after the shell
+    # moves on, not by the end of its input
+    exec 4>&3 3>&-
 done
+reading() {  # a process is waiting on the fifo $1 as its input: a command past its imports
+    local p wchan
+    for p in /proc/[0-9]*; do
+        [[ "$p/fd/0" -ef "$1" ]] || continue
+        wchan=; read -r wchan < "$p/wchan" 2>/dev/null  # (no newline at its end)
+        case "$wchan" in *pipe_read*|pipe_wait) return 0 ;; esac
+    done
+    return 1
+}
+rm -f in2; mkfifo in2
 set -m  # (a background job that does not ignore SIGINT)
-fairseq-score --ref ref.txt < in > /dev/null 2> int.err & pid=$!
-exec 3> in
-sleep 3; kill -INT $pid; wait $pid; echo "INT: status $?"
+fairseq-score --ref ref.txt < in2 > /dev/null 2> int.err & pid=$!
+exec 3> in2
+# SIGINT once the command reads its input: during a real one's imports a
+# KeyboardInterrupt may end it otherwise (or be caught by an import)
+for _ in $(seq 300); do reading in2 && break; sleep 0.2; done
+kill -INT $pid; wait $pid; echo "INT: status $?"
 exec 3>&-
 '''
 
