@@ -239,7 +239,10 @@ def test_the_console_scripts_a_shell_script_starts_are_forked_and_end_as_real_pr
     outputs = {}
     for fork in (True, False):
         monkeypatch.setattr(conftest, "FORK", fork)
-        p = conftest.run_command(["bash", "-c", SCRIPT], cwd=str(tmp_path), env=tool_env(), timeout=120)
+        # (the shell starts with SIGINT at its default: one that a pytest worker or its
+        # caller ignores would be ignored by the shell's jobs too, even under set -m)
+        p = conftest.run_command(["env", "--default-signal=INT", "bash", "-c", SCRIPT], cwd=str(tmp_path),
+                                 env=tool_env(), timeout=120)
         outputs[fork] = (p.returncode, _same(p.stdout), re.sub(r":\s+\d+ Killed", ": <pid> Killed", _same(p.stderr)))
         interrupted = (tmp_path / "int.err").read_text()
         assert interrupted.rstrip().endswith("KeyboardInterrupt"), interrupted  # (the command's own)

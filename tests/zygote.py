@@ -115,8 +115,15 @@ def _child(script: str, program, request: dict, fds, printed):
         resource.setrlimit(resource.RLIMIT_AS, (request["address_space"],) * 2)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for signum in request.get("ignored_signals") or ():  # (as the interpreter keeps them at start-up)
-        signal.signal(signum, signal.SIG_IGN)
+    # the passed-on signals as a fresh interpreter has them: ignored where the command's
+    # caller ignores them, else the default (SIGINT: KeyboardInterrupt), whatever the
+    # zygote inherited from the process that started it
+    ignored = set(request.get("ignored_signals") or ())
+    for signum in PASSED_ON:
+        if signum in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+        else:
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     for fd, target in zip(fds, (0, 1, 2)):
         os.dup2(fd, target)
         os.close(fd)
