@@ -54,17 +54,6 @@ def table(results: List[Result], machine: str) -> str:
     return "\n".join(lines + spread(results, base)) + "\n"
 
 
-def quartiles(values: List[float]) -> Optional[tuple]:
-    """``(first quartile, median, third quartile)`` of ``values`` (statistics'
-    inclusive method, interpolating between the values; one value is all three), or
-    None for none."""
-    if not values:
-        return None
-    if len(values) == 1:
-        return (values[0],) * 3
-    return tuple(statistics.quantiles(values, n=4, method="inclusive"))
-
-
 def spread(results: List[Result], base: Optional[Result]) -> List[str]:
     """The lines under the table: how far each system's paired ratios (``transformer
     time / system time`` of one round, divided by the bound) spread over the rounds,
@@ -75,9 +64,12 @@ def spread(results: List[Result], base: Optional[Result]) -> List[str]:
         return []
 
     def cell(values, median, bound):
-        q = quartiles([v / bound for v in values]) if bound and median is not None else None
-        # the median as the table computes it (the same value, to the last digit)
-        return f"{median / bound:.3f} ({q[0]:.3f}-{q[2]:.3f})" if q else "n/a"
+        if not bound or median is None or len(values) < 2:
+            return "n/a"
+        # statistics' inclusive quartiles; the median as the table computes it (the
+        # same value, to the last digit)
+        first, _, third = statistics.quantiles([v / bound for v in values], n=4, method="inclusive")
+        return f"{median / bound:.3f} ({first:.3f}-{third:.3f})"
 
     lines = ["", "Spread over the rounds: ratio / bound of each round, median (first-third quartile).", "",
              "| system | rounds | train ratio / bound | dec. ratio / bound |", "|---|---:|---:|---:|"]

@@ -265,11 +265,11 @@ class _GatedSum(torch.autograd.Function):
     and recording).
 
     What the backward pass keeps: the outputs ``out_b`` (which the attention's fused
-    kernels keep for their own backward pass anyway) and the bottlenecks ``h_b`` (C/r values per token and
-    branch); ``x_b`` is re-read from ``out_b`` and ``SG(x_b)`` recomputed from ``h_b``
-    (:func:`_gate_backward`). Autograd on the plain expression would keep ``x_b``,
-    ``h_b`` and ``SG(x_b)`` (2 C + C/r per branch). Under autocast the
-    saved tensors are in the autocast dtype and the backward pass computes in it;
+    kernels keep for their own backward pass anyway) and the bottlenecks ``h_b`` (C/r
+    values per token and branch); ``x_b`` is re-read from ``out_b`` and ``SG(x_b)``
+    recomputed from ``h_b`` (:func:`_gate_backward`). Autograd on the plain expression
+    would keep ``x_b``, ``h_b`` and ``SG(x_b)`` (2 C + C/r per branch). Under autocast
+    the saved tensors are in the autocast dtype and the backward pass computes in it;
     gradients come back in each input's dtype.
 
     The temporaries are one branch's at a time, written in place where the result is

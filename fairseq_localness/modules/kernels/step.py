@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from fairseq_localness.modules.context import one_row_softmax
+from fairseq_localness.modules.scores import Window
 
 
 def heads_bmm(a: Tensor, b: Tensor) -> Tensor:
@@ -55,7 +56,8 @@ _WINDOW_ROWS_MIN = 64
 
 def _window_rows(lefts: Sequence[Optional[int]], src_len: int, device) -> Tensor:
     """``L x Tk``: row b is 0 over the last ``lefts[b] + 1`` keys (all for None) and
-    -inf before them; a view of a table cached per ``(lefts, device)`` and grown by
+    -inf before them (:class:`~fairseq_localness.modules.scores.Window` ``(lefts[b],
+    None)`` seen from the last key); a view of a table cached per ``(lefts, device)`` and grown by
     doubling, so a step adds it to its energies (one broadcast addition) instead of
     copying them per window and filling each window's blocked keys."""
     key = (tuple(lefts), torch.device(device))
@@ -65,11 +67,12 @@ def _window_rows(lefts: Sequence[Optional[int]], src_len: int, device) -> Tensor
         # built outside inference mode, so that a table made during generation can be
         # used by a later pass with gradients
         with torch.inference_mode(False), torch.no_grad():
-            from_end = torch.arange(size - 1, -1, -1, device=device)  # column m is m keys before the last
+            distance = torch.arange(1 - size, 1, device=device)  # j - i of column m to the last key i
             table = torch.zeros(len(lefts), size, device=device)
             for row, left in enumerate(lefts):
-                if left is not None:
-                    table[row].masked_fill_(from_end > left, float("-inf"))
+                blocked = Window(left, None).blocked(distance)
+                if blocked is not None:
+                    table[row].masked_fill_(blocked, float("-inf"))
         _WINDOW_ROWS[key] = table
     return table[:, table.size(1) - src_len :]
 
