@@ -244,7 +244,9 @@ def _value_term_needs_eager(core) -> bool:
 
 class attention_paths:
     """Context manager that records which path every attention core's branches took:
-    ``paths["sdpa"]`` / ``paths["eager"]`` list, per branch evaluated, whether that
+    ``paths["windows"]`` lists the calls whose branches took one product for all
+    (:func:`~fairseq_localness.modules.kernels.choice.fused_windows`), ``paths["sdpa"]``
+    / ``paths["eager"]`` list, per branch evaluated otherwise, whether that
     evaluation needs the eager path by design: the core has Shaw et al.'s value term
     (which only the eager path computes), or it is a one-branch core asked for its
     weights (fairseq's decoder asks its last layer's encoder-decoder attention for
@@ -253,14 +255,17 @@ class attention_paths:
     def __enter__(self):
         from fairseq_localness.modules.attention import AttentionCore
 
-        self.paths = {"sdpa": [], "eager": []}
-        self._saved = (AttentionCore._sdpa, AttentionCore._eager_branch, AttentionCore._use_sdpa)
-        sdpa, eager, use_sdpa = self._saved
+        from fairseq_localness.modules import attention
+
+        self.paths = {"sdpa": [], "eager": [], "windows": []}
+        self._saved = (AttentionCore._sdpa, AttentionCore._eager_branch, AttentionCore._use_sdpa,
+                       attention.fused_windows)
+        sdpa, eager, use_sdpa, fused_windows = self._saved
         weights_asked = set()  # ids of the one-branch cores whose current call wants weights
 
-        def spy_use_sdpa(core, query, need_weights, src_len):
+        def spy_use_sdpa(core, query, need_weights, ctx):
             (weights_asked.add if need_weights and len(core.branches) == 1 else weights_asked.discard)(id(core))
-            return use_sdpa(core, query, need_weights, src_len)
+            return use_sdpa(core, query, need_weights, ctx)
 
         def needs_eager(core) -> bool:
             return _value_term_needs_eager(core) or id(core) in weights_asked
@@ -273,14 +278,23 @@ class attention_paths:
             self.paths["eager"].append(needs_eager(core))
             return eager(core, *args, **kwargs)
 
+        def spy_windows(*args, **kwargs):
+            stacked = fused_windows(*args, **kwargs)
+            if stacked is not None:
+                self.paths["windows"].append(stacked.size(2))
+            return stacked
+
         AttentionCore._sdpa, AttentionCore._eager_branch = spy_sdpa, spy_eager
         AttentionCore._use_sdpa = spy_use_sdpa
+        attention.fused_windows = spy_windows
         return self.paths
 
     def __exit__(self, *exc):
+        from fairseq_localness.modules import attention
         from fairseq_localness.modules.attention import AttentionCore
 
-        AttentionCore._sdpa, AttentionCore._eager_branch, AttentionCore._use_sdpa = self._saved
+        (AttentionCore._sdpa, AttentionCore._eager_branch, AttentionCore._use_sdpa,
+         attention.fused_windows) = self._saved
         return False
 
 

@@ -173,10 +173,11 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_w
     """``"auto"``: the fast path for one branch, for several branches over more than
     EAGER_MAX_KEYS keys trained without attention dropout or run without gradients,
     and in half precision; the eager path for several float32 branches on a CPU
-    trained with attention dropout or over at most EAGER_MAX_KEYS keys, or run without
-    gradients over at most EAGER_MAX_KEYS keys; ``"sdpa"`` forces the fast
-    path there; an unknown setting is an error naming the allowed ones, from the core
-    and from ``set_attention_impl``."""
+    trained with attention dropout or over at most EAGER_MAX_KEYS keys; run without
+    gradients over at most EAGER_MAX_KEYS keys, windows alone take one product for
+    all (other branches, or attention dropout, the eager path); ``"sdpa"`` forces the
+    fast path there; an unknown setting is an error naming the allowed ones, from the
+    core and from ``set_attention_impl``."""
     from model_utils import attention_paths
 
     from fairseq_localness.modules.attention import set_attention_impl
@@ -194,8 +195,10 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_w
     assert paths(single) == {"sdpa"}
     assert paths(no_dropout, length=EAGER_MAX_KEYS + 1) == {"sdpa"}
     assert paths(no_dropout, length=EAGER_MAX_KEYS) == {"eager"}
-    assert paths(no_dropout, grad=False) == {"eager"}
+    assert paths(no_dropout, grad=False) == {"windows"}
     assert paths(no_dropout, grad=False, length=EAGER_MAX_KEYS + 1) == {"sdpa"}
+    gaussian = AttentionCore(C, H, self_attention=True, branches=[global_branch(), GaussianLocalness(C, H, window="query")])
+    assert paths(gaussian, grad=False) == {"eager"}  # a branch that is not a window alone
     assert paths(several) == {"eager"}
     assert paths(several, length=EAGER_MAX_KEYS + 1) == {"eager"}
     assert paths(several, torch.bfloat16) == {"sdpa"}
@@ -215,6 +218,57 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_w
         paths(several)
     with pytest.raises(ValueError, match="attention_impl 'fast': allowed: auto, sdpa, eager"):
         set_attention_impl(several, "fast")
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", ["hybrid_gate", "hysan_gated", "sum_of_three"])
+def test_windows_without_gradients_take_one_product_equal_to_the_eager_path(kind, causal):
+    """A full pass without gradients (beam search's encoder pass, validation) over few
+    keys on a CPU, every branch a window: ``"auto"`` computes the windows in one
+    product (:func:`~.kernels.windows.windows_attention`) and gives the eager path's
+    output, on padded batches with empty rows (the all-padding sentence gives the
+    output projection's bias alone)."""
+    from model_utils import attention_paths
+
+    torch.manual_seed(1)
+    branches, fusion, _ = BRANCH_SETS[kind]()
+    core = AttentionCore(C, H, self_attention=True, causal=causal, branches=branches, fusion=fusion).eval()
+    x = torch.randn(T, B, C, generator=torch.Generator().manual_seed(2))
+    kpm = _padding(causal, "cpu")
+    out = {}
+    for impl in ("eager", "auto"):
+        core.attention_impl = impl
+        with attention_paths() as paths, torch.no_grad():
+            out[impl], _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+        taken = {path for path, calls in paths.items() if calls}
+        assert taken == ({"eager"} if impl == "eager" else {"windows"}), (impl, taken)
+    assert bool(torch.isfinite(out["auto"]).all())
+    torch.testing.assert_close(out["auto"], out["eager"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["auto"][:, 2], core.out_proj.bias.expand(T, C))
+
+
+def test_windows_of_fewer_queries_than_keys_equal_one_masked_softmax_per_window():
+    """:func:`~.kernels.windows.windows_attention` with the queries at the last keys
+    (Tq < Tk, bottom-right aligned), windows bounded on either side or not at all and
+    left padding (a row without keys gives 0) == a softmax per window over its
+    mask, in float64."""
+    from fairseq_localness.modules.kernels.windows import windows_attention
+    from fairseq_localness.modules.scores import Window
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(3, 2, n, 4, dtype=torch.float64, generator=g) for n in (5, 9, 9))
+    kpm = _left_padding([9, 6, 2], 9)
+    windows = [Window(None, None), Window(1, 1), Window(None, 0), Window(0, None), Window(2, 0)]
+    out = windows_attention(q, k, v, 0.5, kpm, windows)
+    assert out.shape == (3, 2, len(windows), 5, 4)
+    distance = torch.arange(9)[None, :] - torch.arange(4, 9)[:, None]  # j - i, query i at key 4 + i
+    for b, window in enumerate(windows):
+        blocked = kpm[:, None, None, :] | (window.blocked(distance) if window.bounded else False)
+        scores = (q @ k.transpose(-1, -2) * 0.5).masked_fill(blocked, float("-inf"))
+        want = (torch.softmax(scores, -1).nan_to_num(0.0)) @ v
+        torch.testing.assert_close(out[:, :, b], want, atol=1e-12, rtol=0)
+    assert bool((out[2, :, 4, :3] == 0).all())  # window (2, 0): the first three queries of sentence 2 see padding alone
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])

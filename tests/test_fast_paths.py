@@ -284,10 +284,12 @@ def test_shaw_step_equals_the_last_row_of_the_dense_equation():
 
 
 def test_one_row_windows_equal_one_step_per_window():
-    """Several windows of one query row in one product (:func:`~.step.last_keys_windows`)
+    """Several windows of one query row in one product (:func:`~.windows.windows_attention`)
     == one :func:`~.step.last_keys_attention` per window, with padding (a window over
     padding alone gives 0) and windows wider than the keys."""
-    from fairseq_localness.modules.kernels.step import last_keys_attention, last_keys_windows
+    from fairseq_localness.modules.kernels.step import last_keys_attention
+    from fairseq_localness.modules.kernels.windows import windows_attention
+    from fairseq_localness.modules.scores import Window
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(3, 2, n, 4, dtype=torch.float64, generator=g) for n in (1, 9, 9))
@@ -295,7 +297,7 @@ def test_one_row_windows_equal_one_step_per_window():
     kpm[2] = False
     kpm[2, 7:] = True  # the last two keys padding: the window of 1 and 2 keys sees none
     lefts = [None, 0, 1, 3, 20]
-    out = last_keys_windows(q, k, v, 0.5, kpm, lefts)
+    out = windows_attention(q, k, v, 0.5, kpm, [Window(left, 0) for left in lefts])
     assert out.shape == (3, 2, len(lefts), 1, 4)
     for row, left in enumerate(lefts):
         torch.testing.assert_close(out[:, :, row], last_keys_attention(q, k, v, 0.5, kpm, left), atol=1e-12, rtol=0)
@@ -306,13 +308,15 @@ def test_one_row_windows_hold_as_the_cached_rows_grow():
     """The windows' rows of -inf come from a table cached per windows and device and
     grown by doubling: steps over 9, 150 (past the first table) and again 9 keys,
     with the same windows, each equal one step per window."""
-    from fairseq_localness.modules.kernels.step import last_keys_attention, last_keys_windows
+    from fairseq_localness.modules.kernels.step import last_keys_attention
+    from fairseq_localness.modules.kernels.windows import windows_attention
+    from fairseq_localness.modules.scores import Window
 
     g = torch.Generator().manual_seed(4)
     lefts = [2, None, 0]
     for src_len in (9, 150, 9):
         q, k, v = (torch.randn(2, 2, n, 4, dtype=torch.float64, generator=g) for n in (1, src_len, src_len))
-        out = last_keys_windows(q, k, v, 0.5, None, lefts)
+        out = windows_attention(q, k, v, 0.5, None, [Window(left, 0) for left in lefts])
         for row, left in enumerate(lefts):
             want = last_keys_attention(q, k, v, 0.5, None, left)
             torch.testing.assert_close(out[:, :, row], want, atol=1e-12, rtol=0)
@@ -321,14 +325,14 @@ def test_one_row_windows_hold_as_the_cached_rows_grow():
 def test_gated_decoder_steps_take_one_product_for_all_windows(monkeypatch):
     """A HySAN decoder core with the squeeze gate (Song et al. 2019, eq. 13-14) over
     forward, local1 and local2: every incremental step computes its three windows in one
-    call of :func:`~.step.last_keys_windows` (none per branch), and the steps == the full
-    pass."""
+    call of :func:`~.windows.windows_attention` (none per branch), and so does the full
+    pass (no gradients, 20 keys on a CPU); the steps == the full pass."""
     names = ["forward", "local1", "local2"]
     torch.manual_seed(0)
     core = AttentionCore(C, H, self_attention=True, causal=True, branches=[make_branch(n, "decoder") for n in names],
                          fusion=build_fusion("gated", C, names, reduction=2)).eval()
     calls = {"windows": 0, "one": 0}
-    windows, one = choice.last_keys_windows, choice.last_keys_attention
+    windows, one = choice.windows_attention, choice.last_keys_attention
 
     def spy_windows(*a, **kw):
         calls["windows"] += 1
@@ -338,7 +342,7 @@ def test_gated_decoder_steps_take_one_product_for_all_windows(monkeypatch):
         calls["one"] += 1
         return one(*a, **kw)
 
-    monkeypatch.setattr(choice, "last_keys_windows", spy_windows)
+    monkeypatch.setattr(choice, "windows_attention", spy_windows)
     monkeypatch.setattr(choice, "last_keys_attention", spy_one)
     _check_steps_equal_full(core, length=20)
-    assert calls == {"windows": 20, "one": 0}
+    assert calls == {"windows": 20 + 1, "one": 0}

@@ -258,7 +258,7 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         base_blocked, soft_bias = self._base_mask(ctx, attn_mask)
 
         weights = None
-        if self._use_sdpa(query, need_weights, ctx.src_len):
+        if self._use_sdpa(query, need_weights, ctx):
             if self.relative_positions is not None and self._dropout_active():
                 # Shaw et al.'s key term only (no values): a float mask for SDPA
                 key_term = self.relative_positions.key_scores(q * self.scaling, ctx)
@@ -296,15 +296,17 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
                 weights = weights.mean(dim=0)
         return x, weights
 
-    def _use_sdpa(self, query: Tensor, need_weights: bool, src_len: int) -> bool:
+    def _use_sdpa(self, query: Tensor, need_weights: bool, ctx: AttentionContext) -> bool:
         """Whether this call takes the fast path (:func:`~.kernels.choice.use_fast_path`:
         ``attention_impl``, the weights and distributions asked for, dtype, device,
-        training and length)."""
+        training, length, and whether every branch is a window alone)."""
         rel = self.relative_positions
         value_term = rel is not None and rel.value_embeddings is not None
-        return use_fast_path(self.attention_impl, query, src_len, branches=len(self.branches),
+        windows = ctx.self_attention and all(branch.window_alone for branch in self.branches)
+        return use_fast_path(self.attention_impl, query, ctx.src_len, branches=len(self.branches),
                              need_weights=need_weights, recording=self.recording, value_term=value_term,
-                             dropout=self._dropout_active(), trainable=self.q_proj.weight.requires_grad)
+                             dropout=self._dropout_active(), trainable=self.q_proj.weight.requires_grad,
+                             windows=windows)
 
     def _sdpa(self, ctx, v, branch, base_blocked, soft_bias) -> Tensor:
         """One branch on the fast path, ``B x H x Tq x Dh`` in the input dtype, by the

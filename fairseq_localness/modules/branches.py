@@ -46,6 +46,8 @@ class WindowBranch(AttentionBranch):
          [1, 1, 0, 0]]
     """
 
+    window_alone = True
+
     def __init__(self, left: Optional[int], right: Optional[int], name: str):
         super().__init__()
         for side, value in (("left", left), ("right", right)):

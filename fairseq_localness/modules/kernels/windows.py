@@ -1,0 +1,104 @@
+"""Several windows of one call as one product: HySAN's branches (Song et al. 2019,
+eq. 9-11) and the hybrid's global and local branches (Xu et al. 2019, eq. 1-3), where
+every branch is a hard window over the same energies.
+
+Shape notation as in :mod:`~fairseq_localness.modules.attention`, L = windows. The
+energies ``q k^T`` (eq. 6) are computed once; each window gets its own copy of them
+with the keys outside it at ``-inf`` (a cached ``L x Tq x Tk`` table of 0 and
+``-inf`` added to the energies, which also scales them); one float32 softmax and one
+product serve all windows, and the outputs come stacked (``B x H x L x Tq x Dh``) for a
+fusion that takes them whole (:class:`~fairseq_localness.modules.fusion.BranchOutputs`).
+:mod:`.choice` says where this pays: an incremental step (one query row), and on a CPU
+a full pass without gradients over few keys (beam search's encoder pass, validation),
+where a kernel call per branch costs more than its arithmetic.
+"""
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from fairseq_localness.modules.context import distance_table, softmax_last
+from fairseq_localness.modules.kernels.step import heads_bmm
+from fairseq_localness.modules.scores import Window
+
+_Bounds = Tuple[Tuple[Optional[int], Optional[int]], ...]
+
+# (windows' bounds, device) -> L x N: 0 where window b keeps the key, -inf where it
+# blocks it, for a query at the last key (key j of Tk is column N - Tk + j): see
+# _last_row_bias
+_LAST_ROWS: Dict[Tuple[_Bounds, torch.device], Tensor] = {}
+_LAST_ROWS_MIN = 64
+
+
+def _bounds(windows: Sequence[Window]) -> _Bounds:
+    return tuple((window.left, window.right) for window in windows)
+
+
+def _bias(window: Window, distance: Tensor) -> Tensor:
+    """0 where ``window`` keeps a key at ``distance`` (``j - i``), ``-inf`` where it
+    blocks it (float32, the shape of ``distance``)."""
+    bias = torch.zeros(distance.shape, device=distance.device)
+    blocked = window.blocked(distance)
+    return bias if blocked is None else bias.masked_fill_(blocked, float("-inf"))
+
+
+def _last_row_bias(windows: Sequence[Window], src_len: int, device) -> Tensor:
+    """``L x 1 x Tk``: each window's row for the query at the last key; a view of a
+    table cached per windows and device and grown by doubling (one row per window,
+    whatever the length: what an incremental step needs)."""
+    key = (_bounds(windows), torch.device(device))
+    table = _LAST_ROWS.get(key)
+    if table is None or table.size(1) < src_len:
+        size = max(src_len, _LAST_ROWS_MIN, 2 * table.size(1) if table is not None else 0)
+        # built outside inference mode, so that a table made during generation can be
+        # used by a later pass with gradients
+        with torch.inference_mode(False), torch.no_grad():
+            distance = torch.arange(1 - size, 1, device=device)  # j - i of column m to the last key i
+            table = torch.stack([_bias(window, distance) for window in windows])
+        _LAST_ROWS[key] = table
+    return table[:, None, table.size(1) - src_len :]
+
+
+def window_bias(windows: Sequence[Window], tgt_len: int, src_len: int, device) -> Tensor:
+    """``L x Tq x Tk``: 0 where window b keeps key j for query i, ``-inf`` where it
+    blocks it, queries bottom-right aligned (query i at key ``Tk - Tq + i``, index
+    distances as :func:`~fairseq_localness.modules.context.distance_table` explains).
+    One query row is a view of a cached table; several are stacked from each window's
+    cached ``Tq x Tk`` table."""
+    if tgt_len == 1:
+        return _last_row_bias(windows, src_len, device)
+    planes = [
+        distance_table(("window-bias", window.left, window.right), lambda d, w=window: _bias(w, d),
+                       tgt_len, src_len, device)
+        for window in windows
+    ]
+    return torch.stack(planes)
+
+
+def windows_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, key_padding_mask: Optional[Tensor], windows: Sequence[Window]
+) -> Tensor:
+    """The attention of ``q`` (``B x H x Tq x Dh``, unscaled) over ``k``, ``v`` (``B x H x
+    Tk x Dh``) for each window (``-left <= j - i <= right``), without the padding keys
+    (``key_padding_mask`` ``B x Tk``, True at padding, or None): the energies once,
+    one float32 softmax over the ``B x H x L x Tq x Tk`` rows and one product. Returns
+    ``B x H x L x Tq x Dh`` in ``v``'s dtype; a row that its window and the padding
+    leave without keys gives 0 (no NaN in the forward pass)."""
+    bsz, heads, tgt_len, _ = q.shape
+    src_len = k.size(2)
+    energies = heads_bmm(q, k.transpose(-1, -2)).unsqueeze(2)  # B x H x 1 x Tq x Tk, unscaled
+    # the windows and the scaling in one operation: bias + scale * energies (at least float32)
+    rows = torch.add(window_bias(windows, tgt_len, src_len, q.device), energies, alpha=scale)
+    if key_padding_mask is not None:
+        rows.masked_fill_(key_padding_mask[:, None, None, None, :], float("-inf"))
+    probs = softmax_last(rows)
+    if key_padding_mask is not None or not all(_keeps_own_key(window) for window in windows):
+        probs = probs.nan_to_num(0.0)
+    out = heads_bmm(probs.view(bsz, heads, -1, src_len).to(v.dtype), v)
+    return out.view(bsz, heads, len(windows), tgt_len, v.size(3))
+
+
+def _keeps_own_key(window: Window) -> bool:
+    """Whether the window keeps the key at distance 0 (so no row of it is empty
+    without padding)."""
+    return (window.left is None or window.left >= 0) and (window.right is None or window.right >= 0)
