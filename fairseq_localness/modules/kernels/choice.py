@@ -51,9 +51,17 @@ The call (:func:`use_fast_path`): the first row that matches decides.
 | with attention dropout               |         |         |                 | [1]_    |
 +--------------------------------------+---------+---------+-----------------+---------+
 | ``"auto"``: several branches trained | CPU     | float32 | Tk <= 64        | eager   |
-| or, without gradients, several query |         |         |                 | [2]_    |
-| rows (validation, beam search's      |         |         |                 |         |
-| encoder pass)                        |         |         |                 |         |
+|                                      |         |         |                 | [2]_    |
++--------------------------------------+---------+---------+-----------------+---------+
+| ``"auto"``: without gradients,       | CPU     | float32 | Tk <= 64        | one     |
+| several query rows (validation, beam |         |         |                 | product |
+| search's encoder pass), several      |         |         |                 | [7]_    |
+| branches that are windows alone, no  |         |         |                 |         |
+| attention dropout                    |         |         |                 |         |
++--------------------------------------+---------+---------+-----------------+---------+
+| ``"auto"``: without gradients,       | CPU     | float32 | Tk <= 64        | eager   |
+| several query rows, several branches |         |         |                 | [2]_    |
+| otherwise                            |         |         |                 |         |
 +--------------------------------------+---------+---------+-----------------+---------+
 | anything else: one branch, no        | any     | float32 | any             | fast    |
 | gradients, frozen parameters,        |         | float16 |                 |         |
@@ -72,8 +80,10 @@ is one forward and one backward kernel per sublayer instead of one per branch, a
 the gate's few kernels once instead of L times; not yet measured on a GPU.
 At one query row (an incremental step; no attention dropout, no ``attn_mask`` of the
 call's own, no Shaw et al. terms), several branches that are hard windows alone take
-one product (:func:`~.step.last_keys_windows`: the row's energies once, a row per
-window; on a CPU up to :data:`EAGER_MAX_KEYS` keys), stacked for the fusion likewise. One HySAN decoder self-attention
+one product (:func:`~.windows.windows_attention`: the row's energies once, a row per
+window; on a CPU up to :data:`EAGER_MAX_KEYS` keys), stacked for the fusion likewise;
+so do several query rows on a CPU without gradients over up to
+:data:`EAGER_MAX_KEYS` keys (the table's "one product"). One HySAN decoder self-attention
 step (forward, local1) went from 91 operator calls to 71 (the transformer's: 35), a
 beam search of the benchmark's default shape from 18,747 to 16,593 (the
 transformer's: 11,260; counted by dispatch, ``iwslt_de_en``, 8 sentences, beam 4,
@@ -173,6 +183,8 @@ XX
    SDPA with a dense mask would be faster on a GPU has not yet been measured on a
    GPU. Calls with attention dropout (flex draws none) and one-row steps keep the
    rows below; an ``attn_mask`` of the caller's own keeps the dense kernels.
+.. [7] :func:`_few_keys_windows`: one HySAN e1 encoder pass without gradients took
+   0.959 of the eager path's time.
 """
 from typing import Optional
 
