@@ -299,3 +299,35 @@ def test_a_plan_that_does_not_match_the_layer_count_is_an_error():
         specs = [LayerSpec("encoder", i) for i in range(count)]  # the encoder has 3 layers
         with pytest.raises(RuntimeError, match=message):
             LocalityTransformerEncoder(cfg, task.source_dictionary, model.encoder.embed_tokens, specs)
+
+
+# ------------------------------------------------------------------ beam search's reorder
+@pytest.mark.parametrize("arch", ["localness_transformer", "hybrid_transformer", "hysan_transformer", "dc_transformer"])
+def test_the_decoders_reorder_the_modules_fairseqs_walk_finds(arch):
+    """Beam search's reorder (``reorder_incremental_state_scripting``) calls the modules
+    that fairseq's walk over ``modules()`` with ``hasattr`` finds, in its order, each
+    once: also a module shared by two layers, and one whose instance alone has the
+    method; and it reorders what they keep."""
+    from fairseq_localness.models._locality.layers import stateful_modules
+
+    extra = ["--hybrid-decoder-layers", "1-2"] if arch == "hybrid_transformer" else []
+    model, task = build_model(arch, extra)
+    decoder = model.decoder
+    shared = AttentionCore(C, H, self_attention=True)
+    decoder.layers[0].add_module("extra", shared)
+    decoder.layers[1].add_module("extra", shared)  # visited once
+    own = torch.nn.Linear(2, 2)
+    calls = []
+    own.reorder_incremental_state = lambda state, order: calls.append(order)
+    decoder.layers[1].add_module("own", own)
+    fairseq_walk = [m for m in decoder.modules() if hasattr(m, "reorder_incremental_state")]
+    found = stateful_modules(decoder)
+    assert [id(m) for m in found] == [id(m) for m in fairseq_walk]
+    assert sum(m is shared for m in found) == 1 and any(m is own for m in found)
+    state = {}
+    key = torch.randn(3, H, 2, C // H)
+    shared._set_input_buffer(state, {"prev_key": key})
+    order = torch.tensor([2, 0, 1])
+    decoder.reorder_incremental_state_scripting(state, order)
+    assert len(calls) == 1 and calls[0] is order
+    torch.testing.assert_close(shared._get_input_buffer(state)["prev_key"], key[order])
