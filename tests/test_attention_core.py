@@ -446,3 +446,39 @@ def test_invalid_construction_errors():
         RelativePositions(4, 0)
     with pytest.raises(ValueError, match=">= 0"):
         WindowBranch(-1, 0, "bad")
+
+
+@pytest.mark.parametrize("keys", [1, 2, 7, 8, 9, 15, 16, 17, 33])
+def test_softmax_last_equals_torchs_softmax(keys):
+    """``context.softmax_last`` (four whole-tensor operations for rows shorter than one
+    vector on a CPU without gradients) == ``torch.softmax`` over the last dimension, with
+    blocked keys, a row of ``-inf`` alone (NaN both ways) and float64; with gradients it
+    is torch's (its backward pass)."""
+    from fairseq_localness.modules import context
+
+    g = torch.Generator().manual_seed(keys)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(3, 4, 2, keys, generator=g).to(dtype)
+        x[0, 0, 0, : keys // 2] = float("-inf")
+        x[1, 2, 1] = float("-inf")
+        got, want = context.softmax_last(x), torch.softmax(x, -1)
+        torch.testing.assert_close(got, want, atol=1e-6 if dtype == torch.float32 else 1e-12, rtol=0,
+                                   equal_nan=True)
+        assert bool(got[1, 2, 1].isnan().all())
+    leaf = torch.randn(2, keys, requires_grad=True)
+    assert type(context.softmax_last(leaf).grad_fn).__name__ == "SoftmaxBackward0"
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as ops:
+        context.softmax_last(torch.randn(2, keys))
+    four = 1 < keys < context._CPU_SOFTMAX_VECTOR
+    assert ("exp_.default" in ops.names) == four and ("_softmax.default" in ops.names) != four

@@ -340,7 +340,12 @@ def at_least_float32(x: Tensor) -> Tensor:
 # 54 us at 12 keys and 67 us at 15, against 6.5 us at 16; four whole-tensor operations
 # took 17.5 and 19.9 us (with AVX2, forced by ATEN_CPU_CAPABILITY=avx2: 35.5 against 13.9
 # us at 7 keys, 4.5 against 14.3 at 8). A beam search's first steps have that few keys.
-_CPU_SOFTMAX_VECTOR = 16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8
+def _cpu_vector_width() -> int:
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "DEFAULT")()
+    return 16 if capability == "AVX512" else 8
+
+
+_CPU_SOFTMAX_VECTOR = _cpu_vector_width()
 
 
 def softmax_last(scores: Tensor) -> Tensor:
