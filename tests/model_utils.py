@@ -321,8 +321,9 @@ def check_fast_path_equals_eager(model, task, dtype=torch.float32):
     of every attention core took the fast path (SDPA), single- or multi-branch, in
     every dtype, except in cores with Shaw et al.'s value term (eager by design), and
     with ``"eager"`` none did. (``"auto"``, the default, differs from ``"sdpa"`` only
-    in keeping several branches on the eager path when they are trained on a CPU with
-    attention dropout or over few keys.)"""
+    on a CPU in float32: it keeps several branches on the eager path when they are
+    trained with attention dropout or over few keys, and without gradients over few
+    keys computes windows alone in one product.)"""
     from fairseq_localness.modules.attention import AttentionCore
 
     tol = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=5e-2, rtol=5e-2),

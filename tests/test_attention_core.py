@@ -183,10 +183,10 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_w
     from fairseq_localness.modules.attention import set_attention_impl
     from fairseq_localness.modules.kernels.choice import EAGER_MAX_KEYS
 
-    def paths(core, dtype=torch.float32, grad=True, length=T):
+    def paths(core, dtype=torch.float32, grad=True, length=T, attn_mask=None):
         x = torch.randn(length, B, C, dtype=dtype)
         with attention_paths() as taken, torch.set_grad_enabled(grad):
-            core.to(dtype)(x, x, x, need_weights=False)
+            core.to(dtype)(x, x, x, need_weights=False, attn_mask=attn_mask)
         return {path for path, calls in taken.items() if calls}
 
     single = AttentionCore(C, H, self_attention=True, branches=[local_branch(1)], dropout=0.1)
@@ -199,6 +199,13 @@ def test_auto_takes_the_fast_path_except_for_several_branches_trained_on_a_cpu_w
     assert paths(no_dropout, grad=False, length=EAGER_MAX_KEYS + 1) == {"sdpa"}
     gaussian = AttentionCore(C, H, self_attention=True, branches=[global_branch(), GaussianLocalness(C, H, window="query")])
     assert paths(gaussian, grad=False) == {"eager"}  # a branch that is not a window alone
+    # windows with something of the call's own (an attn_mask, Shaw et al.'s terms): eager
+    assert paths(no_dropout, grad=False, attn_mask=torch.zeros(T, T, dtype=torch.bool)) == {"eager"}
+    shaw = AttentionCore(C, H, self_attention=True, branches=[global_branch(), local_branch(1)],
+                         relative_positions=RelativePositions(C // H, 2))
+    assert paths(shaw, grad=False) == {"eager"}
+    assert paths(no_dropout, torch.bfloat16, grad=False) == {"sdpa"}  # half precision: per branch
+    no_dropout.float()
     assert paths(several) == {"eager"}
     assert paths(several, length=EAGER_MAX_KEYS + 1) == {"eager"}
     assert paths(several, torch.bfloat16) == {"sdpa"}

@@ -302,7 +302,9 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         training, length, and whether every branch is a window alone)."""
         rel = self.relative_positions
         value_term = rel is not None and rel.value_embeddings is not None
-        windows = ctx.self_attention and all(branch.window_alone for branch in self.branches)
+        # windows alone, and nothing of the call's own (Shaw et al.'s terms, an attn_mask)
+        windows = (ctx.self_attention and rel is None and not ctx.cache.get("extra_mask")
+                   and all(branch.window_alone for branch in self.branches))
         return use_fast_path(self.attention_impl, query, ctx.src_len, branches=len(self.branches),
                              need_weights=need_weights, recording=self.recording, value_term=value_term,
                              dropout=self._dropout_active(), trainable=self.q_proj.weight.requires_grad,

@@ -160,8 +160,8 @@ class LocalityTransformerDecoder(TransformerDecoderBase):
         fairseq finds them at every step by walking ``modules()`` with ``hasattr``,
         which goes through ``nn.Module.__getattr__`` and an exception for each module
         without one; :func:`stateful_modules` looks at the classes. The same modules
-        in the same order; about 280 us a step for the 168 modules of a HySAN
-        decoder, against about 100 (``iwslt_de_en``, one thread)."""
+        in the same order. For the 168 modules of a HySAN decoder (``iwslt_de_en``,
+        one thread) fairseq's walk takes about 280 us a step, this one about 100."""
         for module in stateful_modules(self):
             result = module.reorder_incremental_state(incremental_state, new_order)
             if result is not None:

@@ -88,7 +88,7 @@ step (forward, local1) went from 91 operator calls to 71 (the transformer's: 35)
 beam search of the benchmark's default shape from 18,747 to 16,593 (the
 transformer's: 11,260; counted by dispatch, ``iwslt_de_en``, 8 sentences, beam 4,
 16 steps); with the heads' products as one ``bmm`` each and the windows' blocked keys
-as a cached row added to the energies (:mod:`.step`), and the squeeze gate without
+as a cached row added to the energies (:mod:`.windows`), and the squeeze gate without
 its autograd function under ``no_grad``, to 60 per step and 15,574 per search.
 
 Otherwise each branch on the fast path (:func:`branch_attention`): the first row that
@@ -303,14 +303,16 @@ def fused_windows(
     relative_positions: Optional[nn.Module],
     impl: str = "auto",
 ) -> Optional[Tensor]:
-    """Several branches on the fast path in one fused call, ``B x H x L x Tq x Dh``
-    (:func:`~.flex.flex_windows`), where every branch is a window alone (a
+    """Several branches on the fast path in one call, ``B x H x L x Tq x Dh``, where
+    every branch is a window alone (a
     :class:`~fairseq_localness.modules.scores.Window` and nothing else: HySAN's
-    branches, the hybrid's) and a fused kernel computes the call's branches (the
-    conditions of :func:`_fused_terms`; no Shaw et al. terms, no ``attn_mask`` bias),
-    with at least one window bounded (several global branches stay on SDPA) unless
-    ``impl`` is ``"flex"``; else None (each branch then takes
-    :func:`branch_attention`)."""
+    branches, the hybrid's) and the call has no Shaw et al. terms and no ``attn_mask``
+    bias: one query row by :func:`_one_row_windows`; several where a fused kernel
+    computes the call's branches (the conditions of :func:`_fused_terms`) by
+    :func:`~.flex.flex_windows`, with at least one window bounded (several global
+    branches stay on SDPA) unless ``impl`` is ``"flex"``; several on a CPU without
+    gradients over few keys by :func:`_few_keys_windows`; else None (each branch then
+    takes :func:`branch_attention`)."""
     if len(branches) < 2 or relative_positions is not None or soft_bias is not None:
         return None
     if ctx.tgt_len == 1:
@@ -362,8 +364,8 @@ def _one_row_windows(ctx, v, branches, scale, dropout) -> Optional[Tensor]:
 
 
 def _few_keys_windows(ctx, v, branches, scale, dropout, impl) -> Optional[Tensor]:
-    """Several query rows over at most :data:`EAGER_MAX_KEYS` keys on a CPU without
-    gradients (beam search's encoder pass, validation), ``"auto"``, of branches that
+    """Several float32 query rows over at most :data:`EAGER_MAX_KEYS` keys on a CPU
+    without gradients (beam search's encoder pass, validation), ``"auto"``, of branches that
     are hard windows alone, without attention dropout or an ``attn_mask`` of the
     call's own: one product for all (:func:`~.windows.windows_attention`, ``B x H x L x
     Tq x Dh``), where the eager path computes a softmax, a product and the masks'
@@ -373,7 +375,9 @@ def _few_keys_windows(ctx, v, branches, scale, dropout, impl) -> Optional[Tensor
     transformer's encoder took 0.832 of it, 0.797 of the eager path's."""
     if impl != "auto" or dropout is not None or ctx.cache.get("extra_mask"):
         return None
-    if ctx.q.device.type != "cpu" or ctx.src_len > EAGER_MAX_KEYS or torch.is_grad_enabled():
+    if ctx.q.device.type != "cpu" or ctx.q.dtype != torch.float32 or ctx.src_len > EAGER_MAX_KEYS:
+        return None
+    if torch.is_grad_enabled():
         return None
     windows = _hard_windows(ctx, branches)
     if windows is None:

@@ -4,8 +4,9 @@ every branch is a hard window over the same energies.
 
 Shape notation as in :mod:`~fairseq_localness.modules.attention`, L = windows. The
 energies ``q k^T`` (eq. 6) are computed once; each window gets its own copy of them
-with the keys outside it at ``-inf`` (a cached ``L x Tq x Tk`` table of 0 and
-``-inf`` added to the energies, which also scales them); one float32 softmax and one
+with the keys outside it at ``-inf`` (an ``L x Tq x Tk`` bias of 0 and ``-inf``, from
+tables cached per window, added to the energies in the operation that also scales
+them); one float32 softmax and one
 product serve all windows, and the outputs come stacked (``B x H x L x Tq x Dh``) for a
 fusion that takes them whole (:class:`~fairseq_localness.modules.fusion.BranchOutputs`).
 :mod:`.choice` says where this pays: an incremental step (one query row), and on a CPU
@@ -83,7 +84,9 @@ def windows_attention(
     (``key_padding_mask`` ``B x Tk``, True at padding, or None): the energies once,
     one float32 softmax over the ``B x H x L x Tq x Tk`` rows and one product. Returns
     ``B x H x L x Tq x Dh`` in ``v``'s dtype; a row that its window and the padding
-    leave without keys gives 0 (no NaN in the forward pass)."""
+    leave without keys gives 0 in the forward pass (its gradients would be NaN: the
+    callers take it without gradients, or for one query row, which always has its own
+    key unless it is padding)."""
     bsz, heads, tgt_len, _ = q.shape
     src_len = k.size(2)
     energies = heads_bmm(q, k.transpose(-1, -2)).unsqueeze(2)  # B x H x 1 x Tq x Tk, unscaled
