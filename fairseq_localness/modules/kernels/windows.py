@@ -6,9 +6,9 @@ Shape notation as in :mod:`~fairseq_localness.modules.attention`, L = windows. T
 energies ``q k^T`` (eq. 6) are computed once; each window gets its own copy of them
 with the keys outside it at ``-inf`` (an ``L x Tq x Tk`` bias of 0 and ``-inf``, from
 tables cached per window, added to the energies in the operation that also scales
-them); one float32 softmax and one
-product serve all windows, and the outputs come stacked (``B x H x L x Tq x Dh``) for a
-fusion that takes them whole (:class:`~fairseq_localness.modules.fusion.BranchOutputs`).
+them); one float32 softmax and one product serve all windows, and the outputs come
+stacked (``B x H x L x Tq x Dh``) for a fusion that takes them whole
+(:class:`~fairseq_localness.modules.fusion.BranchOutputs`).
 :mod:`.choice` says where this pays: an incremental step (one query row), and on a CPU
 a full pass without gradients over few keys (beam search's encoder pass, validation),
 where a kernel call per branch costs more than its arithmetic.
