@@ -12,9 +12,9 @@ scripts' own ``find_python`` (``scripts/lib.sh``) then takes its directory's
 :data:`SOCKET_ENV`) to start the command; the worker answers either ``exec`` (the
 command must run as a real process: the stand-in replaces itself with the real
 script next to the tests' Python, with its path as ``argv[0]``) or hands the request
-on to the fork server of that script (``tests/zygote.py``), which forks the command with the stand-in's directory,
-environment, arguments and stdin/stdout/stderr and answers ``pid <n>`` and then
-``status <waitpid status>`` on the same socket.
+on to the fork server of that script (``tests/zygote.py``), which forks the command
+with the stand-in's directory, environment, arguments and stdin/stdout/stderr and
+answers ``pid <n>`` and then ``status <waitpid status>`` on the same socket.
 
 While the command runs, the stand-in is the process its shell waits for:
 ``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGQUIT``, ``SIGUSR1`` and ``SIGUSR2`` sent to it

@@ -332,16 +332,17 @@ def fused_windows(
     return flex.flex_windows(ctx, v, scale, windows)
 
 
-def _hard_windows(ctx: AttentionContext, branches):
-    """Each branch's window where every branch is a hard window alone (the core's
-    causal bound applied, :func:`_effective_window`); else None."""
+def _windows_product(ctx: AttentionContext, v: Tensor, branches, scale: float) -> Optional[Tensor]:
+    """:func:`~.windows.windows_attention` over each branch's window (the core's causal
+    bound applied, :func:`_effective_window`) where every branch is a hard window
+    alone; else None."""
     windows = []
     for branch in branches:
         window = _effective_window(ctx, branch.describe(ctx))
         if window is None:
             return None
         windows.append(window)
-    return windows
+    return windows_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, windows)
 
 
 def _one_row_windows(ctx, v, branches, scale, dropout) -> Optional[Tensor]:
@@ -357,10 +358,7 @@ def _one_row_windows(ctx, v, branches, scale, dropout) -> Optional[Tensor]:
         return None
     if ctx.q.device.type == "cpu" and ctx.src_len > EAGER_MAX_KEYS:
         return None
-    windows = _hard_windows(ctx, branches)
-    if windows is None:
-        return None
-    return windows_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, windows)
+    return _windows_product(ctx, v, branches, scale)
 
 
 def _few_keys_windows(ctx, v, branches, scale, dropout, impl) -> Optional[Tensor]:
@@ -379,10 +377,7 @@ def _few_keys_windows(ctx, v, branches, scale, dropout, impl) -> Optional[Tensor
         return None
     if torch.is_grad_enabled():
         return None
-    windows = _hard_windows(ctx, branches)
-    if windows is None:
-        return None
-    return windows_attention(ctx.q, ctx.k, v, scale, ctx.key_padding_mask, windows)
+    return _windows_product(ctx, v, branches, scale)
 
 
 def branch_attention(
