@@ -172,7 +172,9 @@ train_check() {
 # package's); else the script stops naming the expected ones.
 check_arch() {
     local msg
-    msg="$(train_check arch -- "$1" 2>/dev/null)" || die "--arch: '$1' is not a registered architecture. Expected one of the \
+    msg="$(train_check arch -- "$1" 2>/dev/null)" && return 0
+    msg="${msg#*$'\n'}"  # (its first line names ARCH, the second the expected ones)
+    die "--arch: '$1' is not a registered architecture. Expected one of the \
 ${msg:-registered architectures (importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why)}"
 }
 

@@ -183,3 +183,31 @@ def test_bad_configurations_fail_cleanly(tmp_path, change, message):
     assert p.returncode == 2, p.stderr
     assert message in p.stderr and "dc_wmt14_base.sh" in p.stderr
     assert commands(p.stdout) == []
+
+
+def test_architectures_that_are_not_registered_stop_a_real_run_naming_them(tmp_path):
+    """Before a real run (not --dry-run) the rows' architectures are checked at once
+    (``fairseq-localness-train-check arch``): the unregistered ones are named, sorted and
+    once each, and nothing is run or written."""
+    rows = [GOOD, "b|dc_wmt14_base|--arch transformer_nope|28.0|||", "c|dc_wmt14_base|--arch dc_nope|28.0|||",
+            "d|dc_wmt14_base|--arch transformer_nope|28.0|||"]
+    p = _run_table(_table_script(tmp_path, rows), "--work-dir", tmp_path / "w")
+    assert p.returncode == 2, p.stderr
+    assert "architecture(s) not registered with fairseq: dc_nope transformer_nope (see the ARCH" in p.stderr
+    assert commands(p.stdout) == [] and not (tmp_path / "w").exists()
+
+
+def test_the_architecture_check_takes_several_and_names_the_unregistered_ones(capsys):
+    """``fairseq-localness-train-check arch ARCH...``: status 0 where every one is
+    registered; else status 1, the unregistered ones (sorted, once each) on the first
+    line and the expected architectures on the second."""
+    from fairseq_localness.cli.train_check import cli_main
+
+    cli_main(["arch", "--", "transformer", "hysan_transformer"])
+    assert capsys.readouterr().out == ""
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["arch", "--", "zz_nope", "transformer", "aa_nope", "zz_nope"])
+    assert stop.value.code == 1
+    first, second = capsys.readouterr().out.splitlines()
+    assert first == "aa_nope zz_nope"
+    assert second.startswith("fairseq_localness architectures: ") and "hysan_transformer" in second

@@ -1,12 +1,14 @@
 """fairseq-localness-train-check: the checks ``scripts/train.sh`` and
 ``scripts/demo.sh`` make before they start fairseq-train (``scripts/lib.sh``:
-``check_arch``, ``check_train_args``).
+``check_arch``, ``check_train_args``), and that ``scripts/reproduce`` makes of its
+configurations' architectures before a run.
 
-    fairseq-localness-train-check arch ARCH
+    fairseq-localness-train-check arch ARCH...
     fairseq-localness-train-check args --prog PROG [--print-longest-pair] -- ARG...
 
-``arch``: exit status 0 where ARCH is a registered architecture (fairseq's own and this
-package's), else status 1 and, on stdout, the architectures expected instead.
+``arch``: exit status 0 where every ARCH is a registered architecture (fairseq's own
+and this package's), else status 1 and two lines on stdout: the unregistered ones
+(sorted, space-separated), then the architectures expected instead.
 
 ``args``: the fairseq-train arguments ARG... (with ``--user-dir`` and ``--arch``) are
 parsed as fairseq-train parses them, so an unknown option, a bad value or a model
@@ -120,8 +122,8 @@ def longest_pair(args) -> int:
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    a = sub.add_parser("arch", help="is ARCH a registered architecture?")
-    a.add_argument("arch", metavar="ARCH")
+    a = sub.add_parser("arch", help="is every ARCH a registered architecture?")
+    a.add_argument("archs", nargs="+", metavar="ARCH")
     t = sub.add_parser("args", help="parse fairseq-train arguments as fairseq-train does")
     t.add_argument("--prog", default=PROG, help="the script named in error messages")
     t.add_argument("--print-longest-pair", action="store_true", help="print the longest training pair, in tokens")
@@ -132,9 +134,10 @@ def get_parser() -> argparse.ArgumentParser:
 def cli_main(argv=None):
     args = get_parser().parse_args(argv)
     if args.command == "arch":
-        problem = arch_problem(args.arch)
-        if problem:
-            print(problem)
+        unknown = sorted({arch for arch in args.archs if arch_problem(arch)})
+        if unknown:
+            print(" ".join(unknown))
+            print(arch_problem(unknown[0]))
             sys.exit(1)
         return
     train_argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv

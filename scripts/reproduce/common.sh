@@ -137,14 +137,11 @@ preflight() {
     done
     local archs=() unknown
     for i in "${SELECTED[@]}"; do archs+=("${R_ARCH[$i]}"); done
-    unknown="$("$PY" -c '
-import sys
-import fairseq_localness  # noqa: F401  (registers our models)
-from fairseq.models import ARCH_MODEL_REGISTRY
-print(" ".join(sorted({a for a in sys.argv[1:] if a not in ARCH_MODEL_REGISTRY})))
-' "${archs[@]}" 2>/dev/null)" || die "importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why"
-    [[ -z "$unknown" ]] || die "architecture(s) not registered with fairseq: $unknown \
+    if ! unknown="$(train_check arch -- "${archs[@]}" 2>/dev/null)"; then
+        [[ -n "$unknown" ]] || die "importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why"
+        die "architecture(s) not registered with fairseq: ${unknown%%$'\n'*} \
 (see the ARCH of the configurations and the rows' --arch)"
+    fi
     local checked=" " msg
     for i in "${SELECTED[@]}"; do
         [[ -f "${R_DATA[$i]}/PREPARED" || "$checked" == *" ${R_DATA[$i]} "* ]] && continue
