@@ -369,6 +369,43 @@ def test_rows_left_empty_by_masks_give_zeros_not_nan(dtype):
     assert all(torch.isfinite(p.grad.float()).all() for p in core.parameters() if p.grad is not None)
 
 
+@pytest.mark.parametrize("tlen", [5, 12], ids=["keys_at_most_Dh", "keys_above_Dh"])
+def test_eager_rows_without_keys_equal_a_masked_softmax_with_those_rows_zero(tlen):
+    """The eager path zeroes the rows without keys in the smaller of the distribution
+    (Tk wide) and the output (Dh wide): either way the output, the weights and the
+    gradients equal a plain masked softmax whose empty rows are zero (float64; left
+    padding empties the first rows of one sentence and every row of another)."""
+    from fairseq_localness.modules.fusion import merge_heads, split_heads
+
+    torch.manual_seed(0)
+    dim, heads = 16, 2  # Dh = 8
+    core = AttentionCore(dim, heads, self_attention=True, branches=[forward_branch()]).double()
+    core.attention_impl = "eager"
+    kpm = torch.zeros(3, tlen, dtype=torch.bool)
+    kpm[1, :2] = True  # sentence 1's first two rows see padding only
+    kpm[2] = True  # sentence 2 is all padding
+    x = torch.randn(tlen, 3, dim, dtype=torch.float64, requires_grad=True)
+
+    def reference(x):
+        q, k, v = (split_heads(proj(x), heads) for proj in (core.q_proj, core.k_proj, core.v_proj))
+        blocked = forward_branch().materialize(tlen)[None, None] | kpm[:, None, None, :]
+        empty = blocked.all(-1, keepdim=True)
+        scores = (q * core.scaling) @ k.transpose(-1, -2)
+        probs = torch.softmax(scores.masked_fill(blocked & ~empty, float("-inf")), -1).masked_fill(empty, 0.0)
+        return core.out_proj(merge_heads(probs @ v)), probs.mean(1)
+
+    out, weights = core(x, x, x, key_padding_mask=kpm, need_weights=True)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, *core.parameters()], grad)
+    ref_out, ref_weights = reference(x)
+    want = torch.autograd.grad(ref_out, [x, *core.parameters()], grad)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(weights, ref_weights)
+    assert (weights[2] == 0).all() and (weights[1, :2] == 0).all()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
 def test_sdpa_rows_left_empty_give_zeros_not_nan():
     core = AttentionCore(C, H, self_attention=True).eval()
     x = torch.randn(T, B, C)

@@ -270,7 +270,7 @@ def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias
         from fairseq_localness.modules.hysan import _GatedSum
 
         gate = fusion.gate
-        returned = _GatedSum.apply(False, gate.f1.weight, gate.f1.bias, gate.f2.weight, gate.f2.bias, *outs)
+        returned = _GatedSum.apply(False, False, gate.f1.weight, gate.f1.bias, gate.f2.weight, gate.f2.bias, *outs)
         assert len(returned) == 1  # the sum alone: no gates made or kept
         return
     assert set(logged) == set(means)
@@ -278,13 +278,28 @@ def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias
         torch.testing.assert_close(logged[name].float(), value.detach().float(), **tol)
 
 
+FORMS = ["per_branch", "per_branch_merged_kept", "stacked"]
+
+
+def _branch_outputs(out, form):
+    """``B x H x L x Tq x Dh`` as a fusion gets it on each path: a plain list (a fused
+    kernel per branch), :class:`EagerOutputs` (the eager path: the gate keeps the
+    merged heads) or :class:`BranchOutputs` (one fused call)."""
+    from fairseq_localness.modules.fusion import BranchOutputs, EagerOutputs
+
+    if form == "stacked":
+        return BranchOutputs(out)
+    return (EagerOutputs if form == "per_branch_merged_kept" else list)(out.unbind(2))
+
+
 @pytest.mark.parametrize("shape", [(1, 3), (2, 1), (1, 1), (2, 3)], ids=lambda s: f"H={s[0]},Tq={s[1]}")
-@pytest.mark.parametrize("stacked", [False, True], ids=["per_branch", "stacked"])
-def test_gated_sum_gradients_pass_gradcheck(stacked, shape):
+@pytest.mark.parametrize("form", FORMS)
+def test_gated_sum_gradients_pass_gradcheck(form, shape):
     """The gated sum's own backward pass against finite differences in float64, with
     gate biases, for one head and for one query row too (where merging the heads
     gives a view of the branch output rather than a copy): the branch outputs and the
-    gate's four parameters."""
+    gate's four parameters; per branch, keeping the outputs or their merged heads for
+    the backward pass, and stacked."""
     from fairseq_localness.modules.fusion import BranchOutputs
     from fairseq_localness.modules.hysan import _GatedSum, _StackedGatedSum
 
@@ -297,9 +312,10 @@ def test_gated_sum_gradients_pass_gradcheck(stacked, shape):
     out = torch.randn(2, heads, 3, tgt_len, dim // heads, dtype=torch.float64, requires_grad=True)
 
     def gated(out, w1, b1, w2, b2):
-        if stacked:
+        if form == "stacked":
             return _StackedGatedSum.apply(out, w1, b1, w2, b2)[0]
-        return _GatedSum.apply(False, w1, b1, w2, b2, *out.unbind(2))[0]
+        keep_merged = form == "per_branch_merged_kept"
+        return _GatedSum.apply(False, keep_merged, w1, b1, w2, b2, *out.unbind(2))[0]
 
     assert torch.autograd.gradcheck(gated, (out, *params))
     fused = gated(out, *params)
@@ -309,13 +325,46 @@ def test_gated_sum_gradients_pass_gradcheck(stacked, shape):
     torch.testing.assert_close(fused, (x * g).sum(1))
 
 
-@pytest.mark.parametrize("stacked", [False, True], ids=["per_branch", "stacked"])
-def test_gated_sum_under_autocast_equals_autograd_and_keeps_the_parameter_dtype(stacked):
+def _graph_nodes(tensor):
+    """Every node of the autograd graph that computed ``tensor``."""
+    seen, todo = [], [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.append(node)
+            todo.extend(next_node for next_node, _ in node.next_functions)
+    return seen
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_the_eager_path_lets_the_gate_keep_the_merged_heads_instead_of_the_outputs(side):
+    """Trained on a CPU with dropout, several branches go down the eager path, whose
+    outputs nothing else keeps for the backward pass (:class:`EagerOutputs`): the gated
+    sum keeps their merged heads (``Tq x B x C``) in their place, and no ``B x H x Tq x
+    Dh`` output; the fast path's outputs (``attention_impl="sdpa"``: one fused call
+    per branch) are kept as they are."""
+    names = ["global", "forward", "backward", "local1"] if side == "encoder" else ["forward", "local1"]
+    core = _core(side, names).train()
+    core.dropout_module.p = 0.1
+    x = torch.randn(5, 2, C, requires_grad=True)
+    for impl, keeps_merged in (("auto", True), ("sdpa", False)):
+        core.attention_impl = impl
+        out, _ = core(x, x, x, need_weights=False)
+        node = next(n for n in _graph_nodes(out) if type(n).__name__ == "_GatedSumBackward")
+        assert node.keep_merged is keeps_merged
+        shapes = {tuple(t.shape) for t in node.saved_tensors if t is not None}
+        merged, per_head = (5, 2, C), (2, H, 5, C // H)
+        assert (merged in shapes, per_head in shapes) == (keeps_merged, not keeps_merged)
+        out.sum().backward()  # the backward pass runs from either
+        assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_gated_sum_under_autocast_equals_autograd_and_keeps_the_parameter_dtype(form):
     """Mixed precision as fairseq's --bf16 on a CPU and --amp run it: float32 weights
     and branch outputs, the products in bfloat16 under autocast. The gated sum and the
     gradients of the outputs and of the gate's weights equal autograd's on the plain
     expression under the same autocast, and the weights' gradients stay float32."""
-    from fairseq_localness.modules.fusion import BranchOutputs
 
     torch.manual_seed(1)
     fusion = build_fusion("gated", C, ["a", "b", "c"], reduction=4, gate_bias=True).train()
@@ -330,7 +379,7 @@ def test_gated_sum_under_autocast_equals_autograd_and_keeps_the_parameter_dtype(
                 x = out.permute(3, 2, 0, 1, 4).reshape(5, 3, 2, C)
                 fused = (x * fusion.gate(x)).sum(1)
             else:
-                fused = fusion(BranchOutputs(out) if stacked else list(out.unbind(2)), None)
+                fused = fusion(_branch_outputs(out, form), None)
         (fused.float() * weight).sum().backward()
         return [fused.float(), out.grad] + [p.grad for p in fusion.parameters()]
 
@@ -341,8 +390,8 @@ def test_gated_sum_under_autocast_equals_autograd_and_keeps_the_parameter_dtype(
         torch.testing.assert_close(a / scale, b / scale, atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("stacked", [False, True], ids=["per_branch", "stacked"])
-def test_the_flop_counter_sees_every_product_of_the_gate(stacked):
+@pytest.mark.parametrize("form", FORMS)
+def test_the_flop_counter_sees_every_product_of_the_gate(form):
     """The benchmark's arithmetic bound counts the gate's products
     (``torch.utils.flop_counter``): per branch and token, ``2 C C/r`` multiply-adds
     forward (f1, f2) and ``5 C C/r`` backward (f2 recomputed, the two products back
@@ -350,13 +399,11 @@ def test_the_flop_counter_sees_every_product_of_the_gate(stacked):
     accumulation the counter does not see."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from fairseq_localness.modules.fusion import BranchOutputs
-
     count, tokens, reduction = 3, 4 * 2, 4
     fusion = build_fusion("gated", C, ["a", "b", "c"], reduction=reduction).train()
     out = torch.randn(2, H, count, 4, C // H, requires_grad=True)
     with FlopCounterMode(display=False) as counter:
-        fused = fusion(BranchOutputs(out) if stacked else list(out.unbind(2)), None)
+        fused = fusion(_branch_outputs(out, form), None)
         fused.sum().backward()
     assert counter.get_total_flops() == 2 * 7 * count * tokens * C * (C // reduction)
 

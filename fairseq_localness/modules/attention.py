@@ -63,7 +63,7 @@ from fairseq_localness.modules.context import (
     build_context,
     safe_masked_softmax,
 )
-from fairseq_localness.modules.fusion import BranchOutputs, Fusion, MergeHeads, SumFusion, split_heads
+from fairseq_localness.modules.fusion import BranchOutputs, EagerOutputs, Fusion, MergeHeads, SumFusion, split_heads
 from fairseq_localness.modules.incremental import IncrementalBuffer, append_to_cache
 from fairseq_localness.modules.kernels.choice import branch_attention, check_impl, fused_windows, use_fast_path
 from fairseq_localness.modules.observe import Observable, probs_key
@@ -278,7 +278,7 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
             energies = at_least_float32(energies)
             if soft_bias is not None:
                 energies = energies + soft_bias
-            outputs = []
+            outputs = EagerOutputs()
             for branch in self.branches:
                 out, probs = self._eager_branch(ctx, energies, v, branch, base_blocked)
                 outputs.append(out)
@@ -323,6 +323,11 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         blocked, bias = branch.mask_and_bias(ctx, base_blocked)
         scores = energies if bias is None else energies + bias
         probs, row_empty = safe_masked_softmax(scores, blocked)
+        if row_empty is not None and probs.size(-1) <= v.size(-1):
+            # rows without keys zeroed in the smaller of the distribution (Tk wide) and
+            # the output (Dh wide): zero weights give a zero output, Shaw et al.'s value
+            # term included, and the fill's backward pass is as small
+            probs, row_empty = probs.masked_fill(row_empty, 0.0), None
         dropped = self.dropout_module(probs)
         out = torch.matmul(dropped.to(v.dtype), v)
         if self.relative_positions is not None:
