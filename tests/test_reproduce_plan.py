@@ -274,3 +274,41 @@ def test_the_help_names_every_option_plan_py_reads():
     with open(os.path.join(REPRO, "options.txt"), encoding="utf-8") as f:
         helped = set(re.findall(r"^  (--[a-z-]+)", f.read(), re.M))
     assert helped == set(plan.FLAGS) | set(plan.VALUES)
+
+
+@pytest.mark.parametrize("value, seconds", [("90", 5400), ("2:30", 150), ("1:02:03", 3723), ("1-2", 93600),
+                                            ("1-2:03", 93780), ("1-2:03:04", 93784)])
+def test_slurm_times_read_every_format_of_sbatch(value, seconds):
+    from fairseq_localness.slurm import times
+
+    assert times.time_seconds(value) == seconds
+    assert times.time_minutes(value, 60) == -(-seconds // 60)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("soon", "--time: expected a SLURM time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS; got 'soon'"),
+    ("1:-5", "--time: expected a SLURM time"),
+    ("1:29", "--time 1:29: too short for one validation: a job is told to save and requeue --signal-delay 60 s "
+             "before its limit; expected at least 90 s (2 min)"),
+])
+def test_the_driver_and_the_slurm_job_refuse_a_time_alike(value, message):
+    """The driver's --slurm options (plan.py, which loads the SLURM job's parser from its
+    file without importing the package) and `python -m fairseq_localness.slurm`'s
+    check give the same message."""
+    from fairseq_localness.slurm import UsageError, submit
+
+    with pytest.raises(plan.RowError) as driver_error:
+        plan.check_slurm(dict(plan.OPTION_DEFAULTS, SLURM="1", S_TIME=value, S_SIGNAL_DELAY="60"), {"--time"}, [])
+    assert str(driver_error.value).startswith(message)
+    args = type("Args", (), dict(time=value, signal_delay=60, slurm_arg=[]))()
+    with pytest.raises(UsageError) as job_error:
+        submit.check(args)
+    assert str(job_error.value) == str(driver_error.value)
+
+
+def test_plan_py_reads_the_time_without_importing_fairseq():
+    code = (f"import importlib.util, sys; s = importlib.util.spec_from_file_location('p', {plan.__file__!r}); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+            "print(m.slurm_times().time_minutes('1-0', 60), 'fairseq' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1440", "False", "False"]

@@ -14,6 +14,7 @@ from fairseq_localness.slurm import SlurmError, UsageError, check_slurm_arg
 from fairseq_localness.slurm.cluster import MAX_MINUTES, ask, job_states, load_json, need_slurm, partitions, read_queue
 from fairseq_localness.slurm.graph import read_graph, safe, write_rows
 from fairseq_localness.slurm.jobs import FinalStep, Step, TrainStep
+from fairseq_localness.slurm.times import time_minutes
 
 
 def resources(job, opts):
@@ -46,36 +47,16 @@ def describe(params, deps):
     return " ".join(words)
 
 
-def time_minutes(value, delay):
-    """--time in SLURM's formats (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), in
-    whole minutes; too short when less than 30 s remain before the warning."""
-    m = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", value)
-    if not m:
-        raise UsageError(f"--time: expected a SLURM time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS; "
-                         f"got '{value}'")
-    days, a, b, c = (int(x) if x else None for x in m.groups())
-    if days is not None:
-        seconds = ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
-    elif c is not None:
-        seconds = (a * 60 + b) * 60 + c
-    elif b is not None:
-        seconds = a * 60 + b
-    else:
-        seconds = a * 60
-    if seconds - delay < 30:
-        raise UsageError(f"--time {value}: too short for one validation: a job is told to save and requeue "
-                         f"--signal-delay {delay} s before its limit; expected at least {delay + 30} s "
-                         f"({-(-(delay + 30) // 60)} min), or a shorter --signal-delay")
-    return -(-seconds // 60)
-
-
 def check(args):
     """The options and the cluster: SLURM's commands, the partition, --time against its limit
     (and SLURM's), every --slurm-arg (check_slurm_arg)."""
     if args.signal_delay < 10:
         raise UsageError(f"--signal-delay: expected a whole number >= 10, got '{args.signal_delay}'")
     if args.time and not isinstance(args.time, int):
-        args.time = time_minutes(args.time, args.signal_delay)
+        try:
+            args.time = time_minutes(args.time, args.signal_delay)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if args.time and args.time > MAX_MINUTES:
         raise UsageError(f"--time: {args.time} minutes is past SLURM's largest time limit ({MAX_MINUTES} minutes); "
                          "expected at most that, or no --time for the partition's limit")

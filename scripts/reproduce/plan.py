@@ -32,9 +32,11 @@ A bad option, configuration, row or --only stops with exit status 2 and
 require_choice, ...) where they are the same check.
 """
 import argparse
+import importlib.util
 import re
 import shlex
 import sys
+from pathlib import Path
 
 # Options the driver and train.sh set themselves; a configuration or row must not.
 RESERVED_OPTS = ("--max-update", "--update-freq", "--seed", "--save-dir", "--arch", "--cpu", "--log-file",
@@ -188,22 +190,14 @@ def parse_options(argv, datasets, prog, paper_test="none"):
 _MEM = re.compile(r"[0-9]+[KMGT]?")
 
 
-def slurm_minutes(opt, value):
-    """SLURM's time formats (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in minutes."""
-    m = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", value)
-    if not m:
-        raise RowError(f"--{opt}: expected a SLURM time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS; "
-                       f"got '{value}'")
-    days, a, b, c = (int(x) if x else None for x in m.groups())
-    if days is not None:  # D-HH[:MM[:SS]]
-        seconds = ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
-    elif c is not None:  # HH:MM:SS
-        seconds = (a * 60 + b) * 60 + c
-    elif b is not None:  # MM:SS
-        seconds = a * 60 + b
-    else:
-        seconds = a * 60
-    return seconds / 60
+def slurm_times():
+    """fairseq_localness/slurm/times.py, the SLURM job's own --time parser, loaded from
+    its file: importing the package would import fairseq and torch."""
+    path = Path(__file__).resolve().parents[2] / "fairseq_localness" / "slurm" / "times.py"
+    spec = importlib.util.spec_from_file_location("fairseq_localness_slurm_times", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def check_slurm(v, given, slurm_args):
@@ -266,13 +260,11 @@ def check_slurm(v, given, slurm_args):
     require_int("--signal-delay", v["S_SIGNAL_DELAY"], 10)
     out += ["--max-requeues", str(int(v["S_MAX_REQUEUES"])), "--signal-delay", str(int(v["S_SIGNAL_DELAY"]))]
     if v["S_TIME"]:
-        minutes = slurm_minutes("time", v["S_TIME"])
-        delay = int(v["S_SIGNAL_DELAY"])
-        if minutes * 60 - delay < 30:
-            raise RowError(f"--time {v['S_TIME']}: too short for one validation: a job is told to save and requeue "
-                           f"--signal-delay {delay} s before its limit; expected at least {delay + 30} s "
-                           f"({-(-(delay + 30) // 60)} min), or a shorter --signal-delay")
-        out += ["--time", str(max(1, int(-(-minutes // 1))))]
+        try:
+            minutes = slurm_times().time_minutes(v["S_TIME"], int(v["S_SIGNAL_DELAY"]))
+        except ValueError as e:
+            raise RowError(str(e)) from None
+        out += ["--time", str(minutes)]
     if v["S_MAX_RUNNING"]:
         require_int("--max-running", v["S_MAX_RUNNING"], 1)
         out += ["--max-running", str(int(v["S_MAX_RUNNING"]))]
