@@ -178,19 +178,27 @@ check_arch() {
 ${msg:-registered architectures (importing fairseq_localness failed; run '$PY -c \"import fairseq_localness\"' to see why)}"
 }
 
-# check_train_args [--print-longest-pair] ARG...: the fairseq-train arguments ARG...
-# (with --user-dir and --arch) parsed as fairseq-train parses them: a bad one stops the
-# script with exit status 2 and one line naming the option, before fairseq-train
-# creates --save-dir; with --print-longest-pair it prints (stdout) the longest training
-# pair fairseq batches, in tokens (0 where the data cannot be read that way). See
-# fairseq-localness-train-check args --help.
+# check_train_args [--hardware] [--resume-from DIR] [--print-longest-pair] ARG...: the
+# fairseq-train arguments ARG... (with --user-dir and --arch) parsed as fairseq-train
+# parses them: a bad one stops the script with exit status 2 and one line naming the
+# option, before fairseq-train creates --save-dir; then, in the same process, it prints
+# (stdout) with --hardware a line 'hardware: N CC XLA' (CUDA devices, capability,
+# torch_xla), with --resume-from a line 'resume: WHAT' (what a training in DIR resumes
+# from) and with --print-longest-pair the longest training pair fairseq batches, in
+# tokens (0 where the data cannot be read that way), last. See
+# fairseq-localness-train-check --help.
 check_train_args() {
-    local longest=()
-    if [[ "${1:-}" == --print-longest-pair ]]; then
-        longest=(--print-longest-pair)
-        shift
-    fi
-    train_check args --prog="$PROG" "${longest[@]}" -- "$@" \
+    local opts=()
+    while [[ "${1:-}" =~ ^--(hardware|print-longest-pair|resume-from)$ ]]; do
+        if [[ "$1" == --resume-from ]]; then
+            opts+=("--resume-from=$2")
+            shift 2
+        else
+            opts+=("$1")
+            shift
+        fi
+    done
+    train_check args --prog="$PROG" "${opts[@]}" -- "$@" \
         2> >(grep -v "^INFO:\|Please install tensorboardX" >&2) || exit 2
 }
 

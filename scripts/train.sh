@@ -143,8 +143,9 @@ SLURM (docs/slurm.md):
 EOF
 TASK_ARGS=()
 
-# ---- validate (cheap checks first; the hardware check imports torch, the
-# check of the architecture and all fairseq-train arguments fairseq)
+# ---- validate (cheap checks first; then one process that imports fairseq checks the
+# architecture and every fairseq-train argument, and reads the hardware and the run
+# directory's checkpoints)
 GPUS=$((10#$GPUS)) NODES=$((10#$NODES)) NODE_RANK=$((10#$NODE_RANK))
 (( NODE_RANK < NODES )) || die "--node-rank: expected 0 .. $((NODES - 1)) (--nodes $NODES), got $NODE_RANK"
 if [[ -n "$MASTER_PORT" ]]; then
@@ -287,21 +288,38 @@ hold_save_dir() {
 }
 [[ -d "$SAVE_DIR" ]] && hold_save_dir
 
-# The hardware: CUDA devices, compute capability of the first, torch_xla (where it is
-# installed, fairseq 0.12's --bf16 means training on TPUs).
+USER_DIR="$(user_dir)"
+# The recipe's defaults (see the header); arguments after -- come after them.
+RECIPE=(--optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
+    --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3
+    --weight-decay 0.0001 --criterion label_smoothed_cross_entropy
+    --label-smoothing 0.1 --max-tokens 4096 --log-format json --log-interval 100
+    --tensorboard-logdir "$SAVE_DIR/tensorboard")
+# The architecture and every fairseq-train argument after --, model options
+# included, parsed as fairseq-train parses them: a bad one stops here with exit
+# status 2, before anything is printed or --save-dir exists.
+# With --effective-tokens it also reads the longest training pair (fairseq's index
+# reader; pairs longer than the model's positions left out, as fairseq drops them).
+# In the same process, each where it applies: the hardware (CUDA devices, the compute
+# capability of the first, torch_xla: where it is installed, fairseq 0.12's --bf16 means
+# training on TPUs), and what the training resumes from where a run directory exists
+# and no --restore-file is given (checkpoint_last.pt, or the newest readable checkpoint
+# when it cannot be read; see "Resumption" below).
+CHECK_OPTS=()
+(( CPU )) || CHECK_OPTS+=(--hardware)
+[[ -z "$EXTRA_RESTORE" && -d "$SAVE_DIR" ]] && CHECK_OPTS+=(--resume-from "$SAVE_DIR")
+[[ -n "$EFF_TOKENS" ]] && CHECK_OPTS+=(--print-longest-pair)
+CHECKED="$(check_train_args "${CHECK_OPTS[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation \
+    --source-lang "$SRC" --target-lang "$TGT" --arch "$ARCH" "${RECIPE[@]}" "${PRESET_ARGS[@]}" --seed "$SEED" \
+    --max-update "$MAX_UPDATE" --save-dir "$SAVE_DIR" "${EXTRA[@]}")" || exit 2
+LONGEST="${CHECKED##*$'\n'}"  # the last line: the number
+[[ "$LONGEST" =~ ^[0-9]+$ ]] || LONGEST=0
+RESUME="$(sed -n 's/^resume: //p' <<<"$CHECKED" | tail -n 1)"
 N_CUDA=0 CC_MAJOR=0 BF16_OK=0
-if (( ! CPU )); then
-    read -r N_CUDA CC_MAJOR BF16_OK < <("$PY" -c '
-import torch
-n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-cc = torch.cuda.get_device_capability(0)[0] if n else 0
-import importlib.util
-bf = int(importlib.util.find_spec("torch_xla") is not None)
-print(n, cc, bf)' 2>/dev/null || echo "0 0 0")
-    if (( GPUS > 0 && N_CUDA < GPUS )); then
-        die "--gpus $GPUS: this machine has $N_CUDA CUDA GPU(s); expected --gpus <= $N_CUDA \
+read -r N_CUDA CC_MAJOR BF16_OK < <(sed -n 's/^hardware: //p' <<<"$CHECKED" | tail -n 1; echo "0 0 0")
+if (( ! CPU && GPUS > 0 && N_CUDA < GPUS )); then
+    die "--gpus $GPUS: this machine has $N_CUDA CUDA GPU(s); expected --gpus <= $N_CUDA \
 (or --cpu to run $GPUS processes on the CPU)"
-    fi
 fi
 ON_GPU=0
 (( ! CPU && N_CUDA > 0 )) && ON_GPU=1
@@ -327,26 +345,6 @@ case "$EXTRA_PRECISION" in
     ?*)
         (( ON_GPU )) || die "$EXTRA_PRECISION (after --): needs a CUDA GPU and this machine has none" ;;
 esac
-
-USER_DIR="$(user_dir)"
-# The recipe's defaults (see the header); arguments after -- come after them.
-RECIPE=(--optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
-    --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3
-    --weight-decay 0.0001 --criterion label_smoothed_cross_entropy
-    --label-smoothing 0.1 --max-tokens 4096 --log-format json --log-interval 100
-    --tensorboard-logdir "$SAVE_DIR/tensorboard")
-# The architecture and every fairseq-train argument after --, model options
-# included, parsed as fairseq-train parses them: a bad one stops here with exit
-# status 2, before anything is printed or --save-dir exists.
-# With --effective-tokens it also reads the longest training pair (fairseq's index
-# reader; pairs longer than the model's positions left out, as fairseq drops them).
-LONGEST_ARG=()
-[[ -n "$EFF_TOKENS" ]] && LONGEST_ARG=(--print-longest-pair)
-LONGEST="$(check_train_args "${LONGEST_ARG[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation \
-    --source-lang "$SRC" --target-lang "$TGT" --arch "$ARCH" "${RECIPE[@]}" "${PRESET_ARGS[@]}" --seed "$SEED" \
-    --max-update "$MAX_UPDATE" --save-dir "$SAVE_DIR" "${EXTRA[@]}")" || exit 2
-LONGEST="${LONGEST##*$'\n'}"  # the last line: the number
-[[ "$LONGEST" =~ ^[0-9]+$ ]] || LONGEST=0
 
 # ---- the command
 WORLD=1
@@ -376,68 +374,20 @@ if [[ -n "$EFF_TOKENS" ]]; then
     fi
     echo "${PROG}: --effective-tokens $BATCH_TEXT; longest training pair: ${LONGEST/#0/unknown} tokens" >&2
 fi
-# Resumption: checkpoint_last.pt, or the newest readable checkpoint when it cannot be read.
+# Resumption: checkpoint_last.pt, or the newest readable checkpoint when it cannot be read
+# (RESUME, from the check above).
 RESUME_ARGS=()
-if [[ -z "$EXTRA_RESTORE" && -d "$SAVE_DIR" ]]; then
-    resume="$("$PY" - "$SAVE_DIR" <<'PYEOF'
-import os, re, sys
-
-def readable(path):
-    """The package's checks of the container and the pickle (docs/security.md; with
-    FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1, a full load): a file cut short (a kill
-    during fairseq's copy) or otherwise damaged is not readable; a checkpoint refused
-    as unsafe is not taken for a cut-short one: its one-line refusal stops train.sh."""
-    from fairseq_localness.checkpoint import (MalformedCheckpointError, UntrustedCheckpointError, check_file,
-                                              torch_load_checkpoint, trusted)
-    try:
-        trust = trusted()
-    except ValueError as e:  # the switch has a value that is neither yes nor no
-        refuse(e)
-    try:
-        if trust:
-            torch_load_checkpoint(path, map_location="cpu")
-        else:
-            with open(path, "rb") as f:
-                check_file(f, path)
-        return True
-    except MalformedCheckpointError:
-        return False
-    except UntrustedCheckpointError as e:
-        refuse(e)
-    except Exception:
-        return False
-
-
-def refuse(error):
-    print("refused " + str(error).replace("\n", " "))
-    sys.exit(0)
-
-save_dir = sys.argv[1]
-last = os.path.join(save_dir, "checkpoint_last.pt")
-if not os.path.exists(last):
-    print("none")
-elif readable(last):
-    print("last")
-else:
-    # checkpoints fairseq writes with the full training state (not averages)
-    names = [n for n in os.listdir(save_dir) if re.fullmatch(r"checkpoint(_best|\d+|_\d+_\d+)\.pt", n)]
-    paths = sorted((os.path.join(save_dir, n) for n in names), key=os.path.getmtime, reverse=True)
-    good = next((p for p in paths if readable(p)), None)
-    print("unreadable " + (good or ""))
-PYEOF
-)"
-    case "$resume" in
-        "refused "*) die "--save-dir: ${resume#refused }" ;;
-        last) echo "${PROG}: resuming from $SAVE_DIR/checkpoint_last.pt" >&2 ;;
-        "unreadable "?*)
-            RESUME_ARGS=(--restore-file "${resume#unreadable }")
-            echo "${PROG}: $SAVE_DIR/checkpoint_last.pt cannot be read (cut short while it was saved?); resuming from the newest readable checkpoint, ${resume#unreadable } (--restore-file)" >&2 ;;
-        unreadable*)
-            die "--save-dir: $SAVE_DIR/checkpoint_last.pt cannot be read (cut short while it was saved?) and no other \
+case "$RESUME" in
+    "refused "*) die "--save-dir: ${RESUME#refused }" ;;
+    last) echo "${PROG}: resuming from $SAVE_DIR/checkpoint_last.pt" >&2 ;;
+    "unreadable "?*)
+        RESUME_ARGS=(--restore-file "${RESUME#unreadable }")
+        echo "${PROG}: $SAVE_DIR/checkpoint_last.pt cannot be read (cut short while it was saved?); resuming from the newest readable checkpoint, ${RESUME#unreadable } (--restore-file)" >&2 ;;
+    unreadable*)
+        die "--save-dir: $SAVE_DIR/checkpoint_last.pt cannot be read (cut short while it was saved?) and no other \
 checkpoint there can be read to resume from; expected a readable checkpoint_*.pt, or remove checkpoint_last.pt to \
 train from the start" ;;
-    esac
-fi
+esac
 if [[ -n "$EXTRA_PRECISION" ]]; then
     echo "${PROG}: precision: $EXTRA_PRECISION (from the arguments after --)" >&2
 else

@@ -71,18 +71,26 @@ def fake_data_bin(path, longest, src="en", tgt="de", train=None):
 def stub_env(tmp_path_factory):
     """PYTHON: this Python, except that the check of the fairseq-train arguments
     (which imports fairseq; the scripts run fairseq-localness-train-check as a module
-    where PYTHON's directory does not have it) passes at once and reports STUB_LONGEST
-    (default 100) as the longest training pair; the architecture check passes at once
-    too."""
+    where PYTHON's directory does not have it) passes at once, says what a
+    --resume-from directory resumes from (the real check: train_check resume) and
+    reports STUB_LONGEST (default 100) as the longest training pair; the architecture
+    check passes at once too."""
     directory = tmp_path_factory.mktemp("stub")
     python = os.path.join(str(directory), "python")
+    real = shlex.quote(sys.executable)
     with open(python, "w") as f:
         f.write('#!/bin/bash\n'
-                '[[ "$*" == *"fairseq_localness.cli.train_check args"* ]] && '
-                '{ [[ "$*" == *"train_check args --prog="*" --print-longest-pair -- "* ]] && '
-                'echo "${STUB_LONGEST:-100}"; exit 0; }\n'
+                'if [[ "$*" == *"fairseq_localness.cli.train_check args"* ]]; then\n'
+                '    for a in "$@"; do\n'
+                '        [[ "$a" == -- ]] && break\n'
+                f'        [[ "$a" == --resume-from=* ]] && {{ {real} -m fairseq_localness.cli.train_check resume '
+                '"${a#--resume-from=}" || exit; }\n'
+                '    done\n'
+                '    [[ " $* " == *" --print-longest-pair "* ]] && echo "${STUB_LONGEST:-100}"\n'
+                '    exit 0\n'
+                'fi\n'
                 '[[ "$*" == *"fairseq_localness.cli.train_check arch"* ]] && exit 0\n'
-                f'exec {shlex.quote(sys.executable)} "$@"\n')
+                f'exec {real} "$@"\n')
     os.chmod(python, 0o755)
     return {"PYTHON": python}
 
@@ -293,6 +301,35 @@ def test_an_unreadable_checkpoint_last_resumes_from_the_newest_readable_one(tmp_
     assert p.returncode == 2, p.stderr
     assert "checkpoint_last.pt cannot be read" in p.stderr and "no other checkpoint there can be read" in p.stderr
     assert sorted(os.listdir(d)) == ["checkpoint_1_4.pt", "checkpoint_avg_last2.pt", "checkpoint_last.pt"]
+
+
+def test_the_argument_check_says_what_the_run_resumes_from_in_the_same_process(tmp_path, capsys):
+    """``fairseq-localness-train-check args --resume-from DIR``, which train.sh runs
+    where the run directory exists: the resume line once the arguments pass, then the
+    longest pair (last); ``resume DIR`` gives the same line; nothing for bad
+    arguments."""
+    from fairseq_localness.cli.train_check import cli_main
+
+    data_bin = fake_data_bin(tmp_path / "bin", longest=77)
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    argv = ["--", data_bin, "--task", "translation", "--source-lang", "en", "--target-lang", "de", "--arch",
+            "transformer", "--save-dir", str(d)]
+    expected = [("none", None), ("last", None), ("unreadable ", 100), (f"unreadable {d}/checkpoint_1_2.pt", 100)]
+    for what, truncate in expected:
+        if what == "last":
+            save(d / "checkpoint_last.pt", 4)
+        if what == "unreadable ":
+            save(d / "checkpoint_last.pt", 4, truncate_to=truncate)
+        if what.endswith(".pt"):
+            save(d / "checkpoint_1_2.pt", 2)
+        cli_main(["args", "--prog=train.sh", "--print-longest-pair", "--resume-from", str(d), *argv])
+        assert capsys.readouterr().out.splitlines() == [f"resume: {what}", "77"]
+        cli_main(["resume", str(d)])
+        assert capsys.readouterr().out.splitlines() == [f"resume: {what}"]
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["args", "--prog=train.sh", "--resume-from", str(d), *argv, "--no-such-option"])
+    assert stop.value.code == 2 and capsys.readouterr().out == ""
 
 
 class _RunsCommand:

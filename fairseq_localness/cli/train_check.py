@@ -4,7 +4,9 @@
 configurations' architectures before a run.
 
     fairseq-localness-train-check arch ARCH...
-    fairseq-localness-train-check args --prog PROG [--print-longest-pair] -- ARG...
+    fairseq-localness-train-check args --prog PROG [--hardware] [--print-longest-pair] [--resume-from DIR]
+                                       -- ARG...
+    fairseq-localness-train-check resume DIR
 
 ``arch``: exit status 0 where every ARCH is a registered architecture (fairseq's own
 and this package's), else status 1 and two lines on stdout: the unregistered ones
@@ -23,6 +25,18 @@ index reader, pairs longer than the model's ``--max-source/target-positions`` le
 out (fairseq drops them before batching); 0 where the data cannot be read that way
 (raw text).
 
+``resume DIR`` prints what a training in the run directory DIR resumes from, one
+line ``resume: WHAT`` (:func:`resume_point`): ``none`` (no ``checkpoint_last.pt``),
+``last`` (``checkpoint_last.pt``, fairseq's own resume), ``unreadable PATH`` (the
+last one cannot be read: cut short while it was saved; PATH is the newest readable
+checkpoint with the full training state, empty where there is none) or ``refused
+MESSAGE`` (a checkpoint refused as unsafe: train.sh stops with MESSAGE).
+
+Once the arguments pass, ``args`` prints in this order, each where asked: with
+``--hardware`` a line ``hardware: N CC XLA`` (:func:`hardware`), with
+``--resume-from DIR`` the ``resume`` line for DIR, and with ``--print-longest-pair``
+the number, last. train.sh makes all of its checks in this one process.
+
 A console script (rather than ``python -c``) so that the checks are one readable
 module, and so that the test suite's fork server starts it from a process that has
 fairseq imported already (docs/testing.md).
@@ -30,6 +44,7 @@ fairseq imported already (docs/testing.md).
 import argparse
 import itertools
 import os
+import re
 import sys
 from typing import List, Optional
 
@@ -119,6 +134,67 @@ def longest_pair(args) -> int:
     return longest
 
 
+def _readable(path: str) -> bool:
+    """The package's checks of the container and the pickle (docs/security.md; with
+    FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1, a full load): False for a file cut short (a
+    kill during fairseq's copy) or otherwise damaged; a checkpoint refused as unsafe is
+    not taken for a cut-short one: its refusal (UntrustedCheckpointError) is raised."""
+    from fairseq_localness.checkpoint import (MalformedCheckpointError, UntrustedCheckpointError, check_file,
+                                              torch_load_checkpoint, trusted)
+
+    trust = trusted()  # (a ValueError where the switch is neither yes nor no)
+    try:
+        if trust:
+            torch_load_checkpoint(path, map_location="cpu")
+        else:
+            with open(path, "rb") as f:
+                check_file(f, path)
+        return True
+    except MalformedCheckpointError:
+        return False
+    except UntrustedCheckpointError:
+        raise
+    except Exception:
+        return False
+
+
+def hardware() -> str:
+    """``N CC XLA``: the visible CUDA devices, the compute capability (major) of the
+    first (0 without one) and 1 where ``torch_xla`` is installed (fairseq 0.12's
+    ``--bf16`` means training on TPUs), else 0; ``0 0 0`` where torch cannot tell."""
+    import importlib.util
+
+    try:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        major = torch.cuda.get_device_capability(0)[0] if count else 0
+        return "%d %d %d" % (count, major, importlib.util.find_spec("torch_xla") is not None)
+    except Exception:
+        return "0 0 0"
+
+
+def resume_point(save_dir: str) -> str:
+    """What a training in ``save_dir`` resumes from (the module docstring's ``resume``):
+    ``none``, ``last``, ``unreadable PATH`` (PATH empty where no checkpoint is readable)
+    or ``refused MESSAGE``. The candidates where ``checkpoint_last.pt`` cannot be read
+    are the checkpoints fairseq writes with the full training state (not averages),
+    newest first."""
+    from fairseq_localness.checkpoint import UntrustedCheckpointError
+
+    last = os.path.join(save_dir, "checkpoint_last.pt")
+    try:
+        if not os.path.exists(last):
+            return "none"
+        if _readable(last):
+            return "last"
+        names = [n for n in os.listdir(save_dir) if re.fullmatch(r"checkpoint(_best|\d+|_\d+_\d+)\.pt", n)]
+        paths = sorted((os.path.join(save_dir, n) for n in names), key=os.path.getmtime, reverse=True)
+        return "unreadable " + next((p for p in paths if _readable(p)), "")
+    except (UntrustedCheckpointError, ValueError) as e:
+        return "refused " + str(e).replace("\n", " ")
+
+
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -126,8 +202,12 @@ def get_parser() -> argparse.ArgumentParser:
     a.add_argument("archs", nargs="+", metavar="ARCH")
     t = sub.add_parser("args", help="parse fairseq-train arguments as fairseq-train does")
     t.add_argument("--prog", default=PROG, help="the script named in error messages")
+    t.add_argument("--hardware", action="store_true", help="print the CUDA devices, capability and torch_xla")
     t.add_argument("--print-longest-pair", action="store_true", help="print the longest training pair, in tokens")
+    t.add_argument("--resume-from", metavar="DIR", help="print what a training in DIR resumes from (as resume does)")
     t.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- ARG...", help="the fairseq-train arguments")
+    r = sub.add_parser("resume", help="what a training in the run directory DIR resumes from")
+    r.add_argument("save_dir", metavar="DIR")
     return p
 
 
@@ -140,8 +220,15 @@ def cli_main(argv=None):
             print(arch_problem(unknown[0]))
             sys.exit(1)
         return
+    if args.command == "resume":
+        print("resume: " + resume_point(args.save_dir))
+        return
     train_argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     parsed = check_args(args.prog, train_argv)
+    if args.hardware:
+        print("hardware: " + hardware())
+    if args.resume_from:
+        print("resume: " + resume_point(args.resume_from))
     if args.print_longest_pair:
         try:
             longest = longest_pair(parsed)
