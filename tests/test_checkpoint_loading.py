@@ -122,6 +122,27 @@ def test_hub_interface_loads_checkpoint_and_translates_an_over_long_sentence(tra
     assert "input sentence 1 " not in proc.stderr
 
 
+def test_the_hub_says_where_it_looked_for_a_missing_dictionary(trained, tiny_data_bin):
+    """from_pretrained with the default data_name_or_path ('.', the checkpoint's folder,
+    which holds no dictionaries): fairseq's FileNotFoundError, naming the dictionary,
+    the folder, the option and what it expects; the same call with the data-bin
+    loads."""
+    import fairseq_localness  # noqa: F401
+    from fairseq.models.transformer import TransformerModel
+
+    kwargs = dict(checkpoint_file="checkpoint_last.pt", bpe="sentencepiece",
+                  sentencepiece_model=tiny_data_bin.spm_model)
+    with pytest.raises(FileNotFoundError) as missing:
+        TransformerModel.from_pretrained(trained, **kwargs)
+    assert missing.value.filename == os.path.join(trained, f"dict.{tiny_data_bin.src}.txt")
+    assert str(missing.value).startswith(
+        f"[Errno 2] no dictionary dict.{tiny_data_bin.src}.txt in {trained!r}, where data_name_or_path='.' points: "
+        "the task reads its dictionaries from there, not from the checkpoint; expected data_name_or_path= the "
+        "data-bin the model was trained on"), str(missing.value)
+    model = TransformerModel.from_pretrained(trained, data_name_or_path=tiny_data_bin.data_bin, **kwargs)
+    assert model.translate(tiny_data_bin.lines("test", "src")[0])
+
+
 def test_fairseq_generate_translates_the_beginning_of_an_over_long_test_sentence(trained, tiny_data_bin, tmp_path):
     """Sentence 2 of the test set (source and reference), repeated, is longer than the
     model accepts: fairseq-generate translates its first MAX_POSITIONS - 1 tokens with

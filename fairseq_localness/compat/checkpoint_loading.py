@@ -111,6 +111,32 @@ def _checked_folder(load_archive_file):
     return wrapper
 
 
+def _named_dictionaries(from_pretrained):
+    """fairseq's ``hub_utils.from_pretrained`` with a missing dictionary (``dict.*.txt``,
+    which the task reads from ``data_name_or_path``, never from the checkpoint) raised
+    as the same ``FileNotFoundError`` whose message says where it was looked for and
+    what to pass instead; fairseq's own message names the file alone."""
+    if getattr(from_pretrained, _MARK, False):
+        return from_pretrained
+
+    @functools.wraps(from_pretrained)
+    def wrapper(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", *args, **kwargs):
+        try:
+            return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, *args, **kwargs)
+        except FileNotFoundError as e:
+            name = os.path.basename(str(e.filename or ""))
+            if not (name.startswith("dict.") and name.endswith(".txt")):
+                raise
+            raise FileNotFoundError(
+                e.errno, f"no dictionary {name} in {os.path.dirname(str(e.filename))!r}, where data_name_or_path="
+                f"{data_name_or_path!r} points: the task reads its dictionaries from there, not from the "
+                f"checkpoint; expected data_name_or_path= the data-bin the model was trained on (or a folder with "
+                f"its dict.*.txt)", e.filename) from e
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
 def _one_line_hub(init):
     """``GeneratorHubInterface.__init__`` (the hub builds the tokenizer, the BPE and
     the alignment dictionary from the loaded checkpoint's settings) with the files it
@@ -173,7 +199,8 @@ def patch_checkpoint_loading():
     only (:func:`checkpoint_open`); check what a resume takes from its checkpoint
     against the run (:func:`~fairseq_localness.checkpoint.resume.guard_trainer`);
     check the files the hub reads beside a checkpoint and turn a failure to build its
-    BPE or tokenizer into one line (:mod:`fairseq_localness.checkpoint.files`).
+    BPE or tokenizer into one line (:mod:`fairseq_localness.checkpoint.files`); say
+    where the hub looked for a missing dictionary (:func:`_named_dictionaries`).
     Installs the hook that prints a refused checkpoint as one line. Idempotent.
     """
     from fairseq import checkpoint_utils, file_io, file_utils, hub_utils, models, trainer
@@ -200,4 +227,5 @@ def patch_checkpoint_loading():
         trainer.Trainer.load_checkpoint, lambda self, filename, *a, **k: str(filename))
     file_utils.load_archive_file = _checked_folder(file_utils.load_archive_file)
     hub_utils.GeneratorHubInterface.__init__ = _one_line_hub(hub_utils.GeneratorHubInterface.__init__)
+    hub_utils.from_pretrained = _named_dictionaries(hub_utils.from_pretrained)
     install_excepthook()
