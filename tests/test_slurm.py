@@ -528,6 +528,28 @@ def test_a_queue_that_fails_times_out_or_answers_garbage_is_one_line(tmp_path, m
     assert str(e.value).startswith(message) and "\n" not in str(e.value), e.value
 
 
+def _no_op():
+    return None
+
+
+def test_sbatchs_refusal_is_said_once_in_the_error(tmp_path, monkeypatch, capsys):
+    """submitit prints sbatch's stderr before it raises: the refusal appears once, in
+    the one-line SlurmError naming the step and what was submitted before it."""
+    from fairseq_localness.slurm.submit import sbatch
+
+    env = fake_squeue(tmp_path, "exit 0")
+    sbatch_path = tmp_path / "fake-bin" / "sbatch"
+    sbatch_path.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid node name "
+                           "specified' >&2\nexit 1\n")
+    sbatch_path.chmod(0o755)
+    monkeypatch.setenv("PATH", env["PATH"])
+    with pytest.raises(SlurmError) as e:
+        sbatch(_no_op, {"time": 5}, str(tmp_path / "state"), 3, "train:r:1", ["prepare:d"])
+    assert str(e.value) == ("sbatch refused train:r:1: sbatch: error: Batch job submission failed: Invalid node name "
+                            "specified; submitted before it: prepare:d")
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.timeout(200)
 def test_train_sh_slurm_status_cancel_and_its_refusals(cluster, tiny_data_bin, tmp_path):
     save = tmp_path / "held"

@@ -1,8 +1,10 @@
 """Submitting a job graph: the options checked against the cluster, each job's
 resources and dependencies, the jobs that are neither done nor queued nor running
 submitted through submitit (or, with --dry-run, printed)."""
+import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -177,9 +179,15 @@ def sbatch(step, params, state_dir, max_requeues, key, submitted):
 
     executor = submitit.SlurmExecutor(folder=os.path.join(state_dir, "logs"), max_num_timeout=max_requeues)
     executor.update_parameters(**params)
+    printed = io.StringIO()
     try:
-        return executor.submit(step).job_id
+        # submitit prints sbatch's refusal to stderr before it raises it: the refusal is said
+        # once, in the error below; what a submission that goes through prints is passed on
+        with contextlib.redirect_stderr(printed):
+            job_id = executor.submit(step).job_id
     except Exception as e:  # (submitit: CalledProcessError, or its own error on sbatch's output)
         said = " ".join(str(getattr(e, "output", b"") or e).split())[-300:]
         raise SlurmError(f"sbatch refused {key}: {said}" + (f"; submitted before it: {', '.join(submitted)}"
                                                             if submitted else "; nothing submitted")) from None
+    sys.stderr.write(printed.getvalue())
+    return job_id
