@@ -145,7 +145,8 @@ TASK_ARGS=()
 
 # ---- validate (cheap checks first; then one process that imports fairseq checks the
 # architecture and every fairseq-train argument, and reads the hardware and the run
-# directory's checkpoints)
+# directory's checkpoints: a bad fairseq-train argument is named before a --gpus or
+# --precision that this machine's hardware cannot run)
 GPUS=$((10#$GPUS)) NODES=$((10#$NODES)) NODE_RANK=$((10#$NODE_RANK))
 (( NODE_RANK < NODES )) || die "--node-rank: expected 0 .. $((NODES - 1)) (--nodes $NODES), got $NODE_RANK"
 if [[ -n "$MASTER_PORT" ]]; then
@@ -219,9 +220,11 @@ if (( SLURM_STATUS || SLURM_CANCEL )); then
 submitted command with it appended)"
     (( ! (SLURM_STATUS && SLURM_CANCEL) )) || die "--status and --cancel: expected one of them, not both"
 fi
+# the checks below answer one line per item (the checkpoint to resume from), and SLURM's
+# job scripts take one line per option
+[[ "$SAVE_DIR" != *[$'\n\r']* ]] || die "--save-dir: '$SAVE_DIR' has a line break; train.sh reads the run \
+directory as one line: expected a directory without one"
 if (( SLURM_SUBMIT )); then
-    [[ "$SAVE_DIR" != *[$'\n\r']* ]] || die "--save-dir: '$SAVE_DIR' has a line break; SLURM's job scripts take \
-one line per option: expected a directory without one"
     GPN="" k=0
     for (( k = 0; k < ${#SLURM_OPTS[@]}; k += 2 )); do
         [[ "${SLURM_OPTS[k]}" == --gpus-per-node ]] && GPN="${SLURM_OPTS[k+1]}"

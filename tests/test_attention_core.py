@@ -406,6 +406,36 @@ def test_eager_rows_without_keys_equal_a_masked_softmax_with_those_rows_zero(tle
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("tlen", [5, 12], ids=["keys_at_most_Dh", "keys_above_Dh"])
+def test_eager_rows_without_keys_give_nothing_with_shaws_values_and_dropout(tlen):
+    """Trained with dropout and Shaw et al.'s value term, on either side of the rule
+    (Tk <= Dh: the distribution zeroed; above: the output): a row without keys
+    outputs out_proj's bias alone, and a loss over the empty rows reaches no input and
+    no parameter but that bias."""
+    torch.manual_seed(0)
+    dim, heads = 16, 2  # Dh = 8
+    core = AttentionCore(dim, heads, self_attention=True, dropout=0.3, branches=[forward_branch()],
+                         relative_positions=RelativePositions(dim // heads, 3)).double().train()
+    core.attention_impl = "eager"
+    kpm = torch.zeros(3, tlen, dtype=torch.bool)
+    kpm[1, :2] = True
+    kpm[2] = True
+    empty = torch.zeros(tlen, 3, dtype=torch.bool)
+    empty[:2, 1] = True
+    empty[:, 2] = True
+    x = torch.randn(tlen, 3, dim, dtype=torch.float64, requires_grad=True)
+    out, _ = core(x, x, x, key_padding_mask=kpm, need_weights=False)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[empty], core.out_proj.bias.detach().expand(int(empty.sum()), dim))
+    # the others attend (dropout may leave a row of one key without it)
+    assert (out[~empty] != core.out_proj.bias.detach()).any(-1).sum() >= (~empty).sum() // 2
+    out[empty].sum().backward()
+    assert (x.grad == 0).all()
+    for name, p in core.named_parameters():
+        if name != "out_proj.bias":
+            assert p.grad is None or (p.grad == 0).all(), name
+
+
 def test_sdpa_rows_left_empty_give_zeros_not_nan():
     core = AttentionCore(C, H, self_attention=True).eval()
     x = torch.randn(T, B, C)

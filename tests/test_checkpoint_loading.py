@@ -136,9 +136,13 @@ def test_the_hub_says_where_it_looked_for_a_missing_dictionary(trained, tiny_dat
         TransformerModel.from_pretrained(trained, **kwargs)
     assert missing.value.filename == os.path.join(trained, f"dict.{tiny_data_bin.src}.txt")
     assert str(missing.value).startswith(
-        f"[Errno 2] no dictionary dict.{tiny_data_bin.src}.txt in {trained!r}, where data_name_or_path='.' points: "
-        "the task reads its dictionaries from there, not from the checkpoint; expected data_name_or_path= the "
-        "data-bin the model was trained on"), str(missing.value)
+        f"[Errno 2] no dictionary dict.{tiny_data_bin.src}.txt in {trained!r}, where data_name_or_path='.' points, "
+        "relative to the model's folder: the task reads its dictionaries from there, not from the checkpoint; "
+        "expected data_name_or_path= the data-bin the model was trained on"), str(missing.value)
+    # a folder given as it is: named as given
+    with pytest.raises(FileNotFoundError) as missing:
+        TransformerModel.from_pretrained(trained, data_name_or_path=trained, **kwargs)
+    assert f"where data_name_or_path={trained!r} points: the task" in str(missing.value)
     model = TransformerModel.from_pretrained(trained, data_name_or_path=tiny_data_bin.data_bin, **kwargs)
     assert model.translate(tiny_data_bin.lines("test", "src")[0])
 

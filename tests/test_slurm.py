@@ -548,6 +548,15 @@ def test_sbatchs_refusal_is_said_once_in_the_error(tmp_path, monkeypatch, capsys
     assert str(e.value) == ("sbatch refused train:r:1: sbatch: error: Batch job submission failed: Invalid node name "
                             "specified; submitted before it: prepare:d")
     assert capsys.readouterr().err == ""
+    # anything else printed on the way (a warning of submitit's) is passed on
+    import submitit
+
+    submit = submitit.SlurmExecutor.submit
+    monkeypatch.setattr(submitit.SlurmExecutor, "submit",
+                        lambda self, fn: (print("UserWarning: a warning", file=sys.stderr), submit(self, fn))[1])
+    with pytest.raises(SlurmError):
+        sbatch(_no_op, {"time": 5}, str(tmp_path / "state"), 3, "train:r:1", [])
+    assert capsys.readouterr().err == "UserWarning: a warning\n"
 
 
 @pytest.mark.timeout(200)

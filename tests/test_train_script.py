@@ -71,7 +71,8 @@ def fake_data_bin(path, longest, src="en", tgt="de", train=None):
 def stub_env(tmp_path_factory):
     """PYTHON: this Python, except that the check of the fairseq-train arguments
     (which imports fairseq; the scripts run fairseq-localness-train-check as a module
-    where PYTHON's directory does not have it) passes at once, says what a
+    where PYTHON's directory does not have it) passes at once, reports STUB_HARDWARE
+    (default "0 0 0": no CUDA GPU, no torch_xla) as the hardware, says what a
     --resume-from directory resumes from (the real check: train_check resume) and
     reports STUB_LONGEST (default 100) as the longest training pair; the architecture
     check passes at once too."""
@@ -83,6 +84,7 @@ def stub_env(tmp_path_factory):
                 'if [[ "$*" == *"fairseq_localness.cli.train_check args"* ]]; then\n'
                 '    for a in "$@"; do\n'
                 '        [[ "$a" == -- ]] && break\n'
+                '        [[ "$a" == --hardware ]] && echo "hardware: ${STUB_HARDWARE:-0 0 0}"\n'
                 f'        [[ "$a" == --resume-from=* ]] && {{ {real} -m fairseq_localness.cli.train_check resume '
                 '"${a#--resume-from=}" || exit; }\n'
                 '    done\n'
@@ -330,6 +332,59 @@ def test_the_argument_check_says_what_the_run_resumes_from_in_the_same_process(t
     with pytest.raises(SystemExit) as stop:
         cli_main(["args", "--prog=train.sh", "--resume-from", str(d), *argv, "--no-such-option"])
     assert stop.value.code == 2 and capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("hardware, args, expected", [
+    ("1 8 0", ["--gpus", "2"], "train.sh: error: --gpus 2: this machine has 1 CUDA GPU(s); expected --gpus <= 1"),
+    ("1 8 0", [], "--fp16"),
+    ("1 6 0", [], None),  # compute capability 6: fp32
+    ("0 0 1", [], "--bf16"),  # torch_xla, no CUDA GPU: fairseq's --bf16 trains on the TPU
+    ("2 8 0", ["--cpu"], None),  # --cpu: the hardware is not asked
+], ids=["too_few_gpus", "fp16_on_capability_8", "fp32_on_capability_6", "bf16_on_a_tpu", "cpu"])
+def test_the_hardware_line_of_the_check_decides_gpus_and_precision(tmp_path, stub_env, hardware, args, expected):
+    """train.sh reads the CUDA devices, the capability and torch_xla from the line
+    'hardware: N CC XLA' of its one check process (the stub reports STUB_HARDWARE)."""
+    data_bin = fake_data_bin(tmp_path / "bin", longest=100)
+    p = run_script("train.sh", ["--arch", "transformer", "--data-bin", data_bin, "--save-dir", tmp_path / "run",
+                                "--max-update", "10", "--src", "en", "--tgt", "de", "--dry-run", *args],
+                   env=dict(stub_env, STUB_HARDWARE=hardware), check=False)
+    if expected and expected.startswith("train.sh: error"):
+        assert p.returncode == 2 and p.stderr.startswith(expected), p.stderr
+        return
+    assert p.returncode == 0, p.stderr
+    command = fairseq_command(p.stdout)
+    precision = [w for w in command if w in ("--fp16", "--bf16")]
+    assert precision == ([expected] if expected else []), command
+    if expected == "--fp16":
+        assert "precision: --fp16 (--precision auto; 1 CUDA GPU(s), compute capability 8.x)" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("slurm", [[], ["--slurm"]], ids=["here", "slurm"])
+def test_a_run_directory_with_a_line_break_is_refused_before_anything_is_written(tmp_path, stub_env, slurm):
+    data_bin = fake_data_bin(tmp_path / "bin", longest=100)
+    save = tmp_path / "run\nx"
+    p = run_script("train.sh", ["--arch", "transformer", "--data-bin", data_bin, "--save-dir", save, "--max-update",
+                                "10", "--src", "en", "--tgt", "de", "--cpu", *slurm], env=stub_env, check=False)
+    assert p.returncode == 2 and p.stderr.startswith(
+        f"train.sh: error: --save-dir: '{save}' has a line break; train.sh reads the run directory as one line: "
+        "expected a directory without one"), p.stderr
+    assert not save.exists()
+
+
+def test_the_hardware_line_names_devices_capability_and_xla(capsys):
+    """``train_check args --hardware``: 'hardware: N CC XLA', whole numbers, XLA 0 or 1
+    (on this machine: its own devices)."""
+    import re as regex
+
+    import torch
+
+    from fairseq_localness.cli.train_check import cli_main
+
+    cli_main(["args", "--prog=train.sh", "--hardware", "--", "data", "--task", "translation", "--arch", "transformer"])
+    line, = capsys.readouterr().out.splitlines()
+    n, cc, xla = regex.fullmatch(r"hardware: (\d+) (\d+) ([01])", line).groups()
+    assert int(n) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    assert (int(cc) > 0) == (int(n) > 0)
 
 
 class _RunsCommand:

@@ -163,12 +163,15 @@ def hardware() -> str:
     first (0 without one) and 1 where ``torch_xla`` is installed (fairseq 0.12's
     ``--bf16`` means training on TPUs), else 0; ``0 0 0`` where torch cannot tell."""
     import importlib.util
+    import warnings
 
     try:
-        import torch
+        with warnings.catch_warnings():  # (torch warns on a machine whose CUDA driver it cannot use)
+            warnings.simplefilter("ignore")
+            import torch
 
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        major = torch.cuda.get_device_capability(0)[0] if count else 0
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            major = torch.cuda.get_device_capability(0)[0] if count else 0
         return "%d %d %d" % (count, major, importlib.util.find_spec("torch_xla") is not None)
     except Exception:
         return "0 0 0"

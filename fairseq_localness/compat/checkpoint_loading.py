@@ -124,14 +124,23 @@ def _named_dictionaries(from_pretrained):
         try:
             return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, *args, **kwargs)
         except FileNotFoundError as e:
-            name = os.path.basename(str(e.filename or ""))
-            if not (name.startswith("dict.") and name.endswith(".txt")):
+            name, folder = os.path.basename(str(e.filename or "")), os.path.dirname(str(e.filename or ""))
+            # the data folder as fairseq resolves it from local folders: a value starting
+            # with '.' is relative to the model's folder (model names of an archive map,
+            # URLs and archives are left to fairseq's own message)
+            if isinstance(data_name_or_path, str) and data_name_or_path.startswith("."):
+                data = os.path.join(str(model_name_or_path), data_name_or_path)
+                where = ", relative to the model's folder"
+            else:
+                data, where = str(data_name_or_path), ""
+            if not (name.startswith("dict.") and name.endswith(".txt") and os.path.isdir(data)
+                    and os.path.abspath(folder) == os.path.abspath(data)):
                 raise
             raise FileNotFoundError(
-                e.errno, f"no dictionary {name} in {os.path.dirname(str(e.filename))!r}, where data_name_or_path="
-                f"{data_name_or_path!r} points: the task reads its dictionaries from there, not from the "
-                f"checkpoint; expected data_name_or_path= the data-bin the model was trained on (or a folder with "
-                f"its dict.*.txt)", e.filename) from e
+                e.errno, f"no dictionary {name} in {folder!r}, where data_name_or_path={data_name_or_path!r} "
+                f"points{where}: the task reads its dictionaries from there, not from the checkpoint; expected "
+                f"data_name_or_path= the data-bin the model was trained on (or a folder with its dict.*.txt)",
+                e.filename) from e
 
     setattr(wrapper, _MARK, True)
     return wrapper

@@ -76,10 +76,11 @@ class BranchOutputs(list):
 class EagerOutputs(list):
     """The outputs of L branches computed one by one on the eager path (``B x H x Tq x
     Dh`` each), products that nothing keeps for the backward pass (a matmul keeps its
-    inputs): a fusion that needs them there may keep a form of its own instead at no
-    cost in memory (:class:`~.hysan.GatedSumFusion` keeps their merged heads). The
-    fast path's outputs come as a plain list or as :class:`BranchOutputs`, and are kept
-    as they are (SDPA's kernels keep their outputs for their own backward pass)."""
+    inputs): a fusion that needs them there may keep a form of its own instead, at no
+    cost in the memory kept for that pass (:class:`~.hysan.GatedSumFusion` keeps their
+    merged heads). The fast path's outputs come as a plain list or as
+    :class:`BranchOutputs`, and are kept as they are (SDPA's flash and
+    memory-efficient kernels keep their outputs for their own backward pass)."""
 
 
 class Fusion(nn.Module, Observable):

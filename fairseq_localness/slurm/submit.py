@@ -187,6 +187,9 @@ def sbatch(step, params, state_dir, max_requeues, key, submitted):
             job_id = executor.submit(step).job_id
     except Exception as e:  # (submitit: CalledProcessError, or its own error on sbatch's output)
         said = " ".join(str(getattr(e, "output", b"") or e).split())[-300:]
+        refusal = str(e)
+        sys.stderr.writelines(line + "\n" for line in printed.getvalue().splitlines()
+                              if line.strip() and line.strip() not in refusal)  # (a warning, say)
         raise SlurmError(f"sbatch refused {key}: {said}" + (f"; submitted before it: {', '.join(submitted)}"
                                                             if submitted else "; nothing submitted")) from None
     sys.stderr.write(printed.getvalue())
