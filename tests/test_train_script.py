@@ -329,6 +329,14 @@ def test_the_argument_check_says_what_the_run_resumes_from_in_the_same_process(t
         assert capsys.readouterr().out.splitlines() == [f"resume: {what}", "77"]
         cli_main(["resume", str(d)])
         assert capsys.readouterr().out.splitlines() == [f"resume: {what}"]
+    def no_listing(path):
+        raise PermissionError(13, "Permission denied")
+
+    with pytest.MonkeyPatch.context() as patch:  # (as root, a folder's mode does not stop os.listdir)
+        patch.setattr(os, "listdir", no_listing)
+        cli_main(["resume", str(d)])
+    assert capsys.readouterr().out == (f"resume: refused cannot read the run directory '{d}' (Permission denied); "
+                                       "expected a folder this user can list\n")
     with pytest.raises(SystemExit) as stop:
         cli_main(["args", "--prog=train.sh", "--resume-from", str(d), *argv, "--no-such-option"])
     assert stop.value.code == 2 and capsys.readouterr().out == ""

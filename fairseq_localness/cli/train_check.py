@@ -196,6 +196,9 @@ def resume_point(save_dir: str) -> str:
         return "unreadable " + next((p for p in paths if _readable(p)), "")
     except (UntrustedCheckpointError, ValueError) as e:
         return "refused " + str(e).replace("\n", " ")
+    except OSError as e:  # the folder cannot be listed, a checkpoint vanished while it was looked at
+        return f"refused cannot read the run directory '{save_dir}' ({e.strerror or e}); expected a folder this " \
+               "user can list"
 
 
 def get_parser() -> argparse.ArgumentParser:
