@@ -276,11 +276,11 @@ class _GatedSum(torch.autograd.Function):
     for their own backward pass anyway; ``x_b`` is then merged again from them) or,
     where ``keep_merged`` says that nothing else keeps them (the eager path's
     :class:`~.fusion.EagerOutputs`), the merged ``x_b`` in their place: as much
-    memory kept for the backward pass, one copy less per branch (a HySAN e1 training step at 16 x 32 tokens
-    merges heads 36 times instead of 72; the 72 took 15 ms of its 1.6 s on one CPU
-    thread; within the forward pass the L merged copies are held together, (L-1)
-    Tq B C values more than one at a time). ``SG(x_b)`` is
-    recomputed from ``h_b`` (:func:`_gate_backward`). Autograd on the plain expression
+    memory kept for the backward pass, one copy less per branch (a HySAN e1 training
+    step at 16 x 32 tokens merges heads 36 times instead of 72; the 72 took 15 ms of
+    its 1.6 s on one CPU thread; within the forward pass the L merged copies are held
+    together, (L-1) Tq B C values more than one at a time). ``SG(x_b)`` is recomputed
+    from ``h_b`` (:func:`_gate_backward`). Autograd on the plain expression
     would keep ``x_b``, ``h_b`` and ``SG(x_b)`` (2 C + C/r per branch). Under autocast
     the saved tensors are in the autocast dtype and the backward pass computes in it;
     gradients come back in each input's dtype.
