@@ -29,7 +29,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, SCRIPTS, run_script, tool_env
+from conftest import REPO, run_script
 
 PROCESSES = (1, 2, 8, 16)
 

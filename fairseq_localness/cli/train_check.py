@@ -139,8 +139,7 @@ def _readable(path: str) -> bool:
     FAIRSEQ_LOCALNESS_TRUST_CHECKPOINTS=1, a full load): False for a file cut short (a
     kill during fairseq's copy) or otherwise damaged; a checkpoint refused as unsafe is
     not taken for a cut-short one: its refusal (UntrustedCheckpointError) is raised."""
-    from fairseq_localness.checkpoint import (MalformedCheckpointError, UntrustedCheckpointError, check_file,
-                                              torch_load_checkpoint, trusted)
+    from fairseq_localness.checkpoint import UntrustedCheckpointError, check_file, torch_load_checkpoint, trusted
 
     trust = trusted()  # (a ValueError where the switch is neither yes nor no)
     try:
@@ -150,11 +149,9 @@ def _readable(path: str) -> bool:
             with open(path, "rb") as f:
                 check_file(f, path)
         return True
-    except MalformedCheckpointError:
-        return False
     except UntrustedCheckpointError:
         raise
-    except Exception:
+    except Exception:  # (MalformedCheckpointError: cut short or damaged; or what a trusted load raises)
         return False
 
 

@@ -128,7 +128,7 @@ def _named_dictionaries(from_pretrained):
             # the data folder as fairseq resolves it from local folders: a value starting
             # with '.' is relative to the model's folder (model names of an archive map,
             # URLs and archives are left to fairseq's own message)
-            if isinstance(data_name_or_path, str) and data_name_or_path.startswith("."):
+            if data_name_or_path.startswith("."):  # (fairseq's own test)
                 data = os.path.join(str(model_name_or_path), data_name_or_path)
                 where = ", relative to the model's folder"
             else:

@@ -7,7 +7,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import sys
 import time
