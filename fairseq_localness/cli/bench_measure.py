@@ -189,7 +189,8 @@ PROFILE_ROWS = 25
 def profile_pass(name: str, fn, device, out_dir: str) -> List[dict]:
     """Run ``fn`` once under ``torch.profiler`` and write torch's table of the ops with
     the most self time (device time on a GPU, CPU time on a CPU) to
-    ``out_dir/<name>.txt``; returns those ops as records (name, calls, self ms,
+    ``out_dir/<name>.txt``, each name whole (torch cuts names at 55 characters by
+    default, and autograd's are longer); returns those ops as records (name, calls, self ms,
     share of the pass's total self time)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -205,6 +206,7 @@ def profile_pass(name: str, fn, device, out_dir: str) -> List[dict]:
     top = sorted(self_us, key=lambda et: -et[1])[:PROFILE_ROWS]
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"{name}.txt"), "w") as f:
-        f.write(events.table(sort_by=key, row_limit=PROFILE_ROWS))
+        width = max([55] + [len(e.key) + 4 for e, _ in top])  # (torch keeps 4 of it for a margin)
+        f.write(events.table(sort_by=key, row_limit=PROFILE_ROWS, max_name_column_width=width))
     return [dict(op=e.key, calls=e.count, self_ms=t / 1000.0, share=t / total) for e, t in top]
 
