@@ -382,6 +382,88 @@ def test_profile_and_attention_impl(tmp_path, capsys):
     assert {"aten::mm", "aten::addmm", "aten::bmm"} & {op["op"] for op in base["profile"]["train"]}
 
 
+def test_flex_rows_are_observed_on_the_eager_path_and_timed_on_their_own(tmp_path, capsys, monkeypatch):
+    """``--attention-impl flex`` on the CPU (its beam searches run FlexAttention, which
+    no Python dispatch mode can observe: ``FlopCounterMode`` raises under it) counts
+    multiply-adds on the eager path, which are then the eager row's, says so in
+    bench.json, puts the cores back on flex afterwards, and warms the model's own path
+    up before the timed rounds."""
+    from fairseq_localness.modules.kernels import flex
+
+    calls = []
+    original = flex.flex_branch
+
+    def counting(*args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(flex, "flex_branch", counting)
+    out = tmp_path / "bench"
+    bench.main([*TINY_RUN, "--systems", "localness (fixed)", "--attention-impl", "flex", "eager",
+                "--output-dir", str(out)])
+    rows = {r["name"]: r for r in json.loads((out / "bench.json").read_text())["results"]}
+    flex_row, eager_row = rows["localness (fixed) [flex]"], rows["localness (fixed) [eager]"]
+    assert flex_row["error"] is None and flex_row["observed_on_eager"] is True
+    assert eager_row["observed_on_eager"] is False and rows["transformer"]["observed_on_eager"] is False
+    assert flex_row["decode_flops"] == eager_row["decode_flops"] > 0
+    assert flex_row["train_flops"] == eager_row["train_flops"] > 0
+    # flex ran without gradients only: the warm-up search and the timed one
+    assert calls and not any(calls)
+    searches = len(calls)
+    assert searches % 2 == 0  # as many calls in the warm-up search as in the timed one
+
+
+def test_a_system_that_fails_is_reported_and_the_others_are_measured(tmp_path, capsys, monkeypatch):
+    """An error while a system is measured or warmed up (here its multiply-add count)
+    goes to its row and its traceback to stderr; the run goes on with the others."""
+    original = bench_run.measure_static
+
+    def failing(model, batch, heads, device):
+        if type(model).__name__ == "HysanTransformerModel":
+            raise RuntimeError("no rule for flex_attention\nsecond line")
+        return original(model, batch, heads, device)
+
+    monkeypatch.setattr(bench_run, "measure_static", failing)
+    out = tmp_path / "bench"
+    assert bench.main([*TINY_RUN, "--systems", "hysan e1 (gated)", "localness (fixed)",
+                       "--output-dir", str(out)]) is None
+    rows = {r["name"]: r for r in json.loads((out / "bench.json").read_text())["results"]}
+    assert rows["hysan e1 (gated)"]["error"] == "failed: RuntimeError: no rule for flex_attention"
+    assert rows["localness (fixed)"]["error"] is None and rows["localness (fixed)"]["train_times"]
+    captured = capsys.readouterr()
+    assert "Traceback" in captured.err and "second line" in captured.err
+    assert "| hysan e1 (gated) | failed: RuntimeError: no rule for flex_attention |" in (out / "bench.md").read_text()
+
+
+def test_largest_activations_sees_through_higher_order_operators():
+    """:class:`LargestActivations` takes higher-order operators (FlexAttention's fused
+    call reaches a dispatch mode as one) and observes their outputs like any op's; a
+    tensor computed from parameters alone (a cast weight) is no activation."""
+    weight = torch.randn(8, 8)
+    x = torch.randn(3, 5, 8)
+    assert bench_measure.LargestActivations.supports_higher_order_operators
+    with bench_measure.LargestActivations([weight], vocab=1000, seq_lens={5}) as seen:
+        w = weight.t().double()  # parameter-derived: not counted
+        y = x.double() @ w  # 3 x 5 x 8
+        scores = y @ y.transpose(1, 2)  # 3 x 5 x 5: attention-shaped
+        torch.cond(torch.tensor(True), lambda t: t * 2, lambda t: t, (scores,))
+    assert seen.any == 3 * 5 * 8 and seen.attention == 3 * 5 * 5
+
+
+def test_gpu_launches_are_tabulated_under_the_table():
+    """With ``--profile`` on a GPU, each system's kernels per pass and their ratio to the
+    transformer's go under the table; a CPU run (no launches) adds nothing."""
+    from fairseq_localness.cli import bench_report
+
+    base = bench_run.Result(name=BASELINE, arch="transformer", options=[], launches={"train": {"kernels": 1000, "device_ms": 16.5},
+                                                     "decode": {"kernels": 4000, "device_ms": 30.0}})
+    system = bench_run.Result(name="hysan e1 (gated)", arch="hysan", options=[], launches={"train": {"kernels": 1250, "device_ms": 20.0}})
+    lines = bench_report.launches([base, system], base)
+    assert "| transformer | 1,000 | 1.00 | 16.5 | 4,000 | 1.00 | 30.0 |" in lines
+    assert "| hysan e1 (gated) | 1,250 | 1.25 | 20.0 | n/a | n/a | n/a |" in lines
+    assert bench_report.launches([bench_run.Result(name=BASELINE, arch="transformer", options=[])], None) == []
+
+
 def test_attention_impl_choices_are_the_cores_settings():
     """The option's choices (a literal, so that usage errors need no fairseq import)
     are the core's settings."""

@@ -2,12 +2,15 @@
 bounds (``FlopCounterMode``, CPU attention kernels included), the activations a training
 forward pass saves for backward, the largest tensors, the CPU allocator's peak, the
 multiply-adds of a beam search; and the timer and profiler of a pass."""
+import contextlib
 import gc
 import os
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from fairseq_localness.cli.bench_model import _decode, _loss, _sync
 
@@ -49,6 +52,68 @@ def _module_key(name: str) -> str:
     return ".".join(parts) or "(model)"  # the model itself: its own forward, outside submodules
 
 
+class LargestActivations(TorchDispatchMode):
+    """While active, the number of elements of the largest tensor the ops compute
+    (``any``) and of the largest attention-shaped one (``attention``: two of its
+    dimensions are among ``seq_lens``), leaving out the ``... x vocab`` logits (the
+    same for every system) and tensors computed from parameters alone (a transposed
+    or cast weight: tracked by id, and kept alive so that ids are not reused).
+
+    Higher-order operators (FlexAttention's fused call, ``torch.cond``) come here too
+    and are run and observed like any op: their outputs are what they compute."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self, parameters, vocab: int, seq_lens):
+        super().__init__()
+        self.param_derived = {id(p): p for p in parameters}
+        self.vocab = vocab
+        self.seq_lens = set(seq_lens)
+        self.any = self.attention = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+        inputs = [a for a in tree_leaves((args, kwargs or {})) if isinstance(a, torch.Tensor)]
+        if inputs and all(id(a) in self.param_derived for a in inputs):
+            for o in outs:
+                self.param_derived[id(o)] = o
+            return out
+        for o in outs:
+            if o.dim() > 0 and o.size(-1) != self.vocab:
+                self.any = max(self.any, o.numel())
+                if sum(size in self.seq_lens for size in o.shape) >= 2:  # ... x Tq x Tk
+                    self.attention = max(self.attention, o.numel())
+        return out
+
+
+@contextlib.contextmanager
+def observable(model, device):
+    """The passes observed by a Python dispatch mode (``FlopCounterMode``,
+    :class:`LargestActivations`) on the eager path where the model's own path would
+    run FlexAttention: on CUDA, where the fast path's branches are compiled flex calls,
+    and with ``attention_impl="flex"``. A compiled call cannot run under such a mode
+    (torch.compile: "non-infra torch dispatch mode present"), nor can the uncompiled
+    one there (torch 2.13: no rule for the ``flex_attention`` operator). The eager path
+    computes the same distributions, so its multiply-adds are the reference
+    computation's; the activations saved are the eager path's too. On a GPU the
+    benchmark measures the memory of the model's own path separately (its step's peak,
+    :func:`~.bench_run._cuda_step_peak`). Yields whether the path was switched."""
+    from fairseq_localness.modules.attention import AttentionCore
+
+    cores = [m for m in model.modules() if isinstance(m, AttentionCore)]
+    saved = [core.attention_impl for core in cores]
+    switch = device.type == "cuda" or "flex" in saved
+    if switch:
+        for core in cores:
+            core.attention_impl = "eager"
+    try:
+        yield switch
+    finally:
+        for core, impl in zip(cores, saved):
+            core.attention_impl = impl
+
+
 def measure_static(model, batch, num_heads: int, device):
     """One training forward + backward pass, observed (not timed) for: the multiply-adds
     (:func:`flop_counter`), the bytes saved for backward (in total and by the module
@@ -60,9 +125,6 @@ def measure_static(model, batch, num_heads: int, device):
     Returns ``(flops, saved bytes, saved bytes by module, largest numel, largest T x T
     ratio, peak bytes or None)``.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
     storages = {}  # storage -> (bytes, module that saved it first)
     parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
     running = ["(loss)"]  # the innermost module whose forward is running (none: the loss)
@@ -92,33 +154,8 @@ def measure_static(model, batch, num_heads: int, device):
         hooks.append(module.register_forward_pre_hook(enter))
         hooks.append(module.register_forward_hook(leave))
 
-    largest = [0, 0]  # any activation, attention-shaped activation (numel)
     vocab = model.decoder.output_projection.out_features
-    seq_lens = {batch[0].size(1), batch[2].size(1)}
-    # Tensors computed from parameters alone (a transposed or cast weight) are not
-    # activations; they are tracked by id (and kept alive so ids are not reused).
-    param_derived = {id(p): p for p in model.parameters()}
-    in_forward = [True]
-
-    class Largest(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if not in_forward[0]:
-                return out
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            inputs = [a for a in tree_leaves((args, kwargs or {})) if isinstance(a, torch.Tensor)]
-            if inputs and all(id(a) in param_derived for a in inputs):
-                for o in outs:
-                    if isinstance(o, torch.Tensor):
-                        param_derived[id(o)] = o
-                return out
-            for o in outs:
-                # the output layer's B x T x vocab logits are the same for every system
-                if isinstance(o, torch.Tensor) and o.dim() > 0 and o.size(-1) != vocab:
-                    largest[0] = max(largest[0], o.numel())
-                    if sum(size in seq_lens for size in o.shape) >= 2:  # ... x Tq x Tk
-                        largest[1] = max(largest[1], o.numel())
-            return out
+    largest = LargestActivations(model.parameters(), vocab, {batch[0].size(1), batch[2].size(1)})
 
     model.zero_grad(set_to_none=True)
     gc.collect()  # frees of earlier models' memory must not fall inside the profile
@@ -132,12 +169,11 @@ def measure_static(model, batch, num_heads: int, device):
         with flop_counter() as counter:
             try:
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    with Largest():
+                    with largest:
                         loss = _loss(model, batch)
             finally:
                 for hook in hooks:
                     hook.remove()
-            in_forward[0] = False
             loss.backward()
         del loss
     finally:
@@ -156,8 +192,8 @@ def measure_static(model, batch, num_heads: int, device):
         by_module[owner] = by_module.get(owner, 0) + nbytes
     src, prev = batch[0], batch[2]
     attention = src.size(0) * num_heads * max(src.size(1), prev.size(1)) ** 2
-    return (float(counter.get_total_flops()), sum(b for b, _ in storages.values()), by_module, largest[0],
-            largest[1] / attention, peak)
+    return (float(counter.get_total_flops()), sum(b for b, _ in storages.values()), by_module, largest.any,
+            largest.attention / attention, peak)
 
 
 def measure_decode_flops(model, task, decode_src, decode_len) -> float:
@@ -186,12 +222,14 @@ def _timed(fn, device, clock: str = "wall") -> float:
 PROFILE_ROWS = 25
 
 
-def profile_pass(name: str, fn, device, out_dir: str) -> List[dict]:
+def profile_pass(name: str, fn, device, out_dir: str) -> Tuple[List[dict], Optional[dict]]:
     """Run ``fn`` once under ``torch.profiler`` and write torch's table of the ops with
     the most self time (device time on a GPU, CPU time on a CPU) to
     ``out_dir/<name>.txt``, each name whole (torch cuts names at 55 characters by
     default, and autograd's are longer); returns those ops as records (name, calls, self ms,
-    share of the pass's total self time)."""
+    share of the pass's total self time) and, on a GPU, the pass's launches: the CUDA
+    kernels, memory copies and fills it ran (``kernels``) and their summed device time
+    (``device_ms``), else ``None``."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -208,5 +246,9 @@ def profile_pass(name: str, fn, device, out_dir: str) -> List[dict]:
     with open(os.path.join(out_dir, f"{name}.txt"), "w") as f:
         width = max([55] + [len(e.key) + 4 for e, _ in top])  # (torch keeps 4 of it for a margin)
         f.write(events.table(sort_by=key, row_limit=PROFILE_ROWS, max_name_column_width=width))
-    return [dict(op=e.key, calls=e.count, self_ms=t / 1000.0, share=t / total) for e, t in top]
+    launches = None
+    if device.type == "cuda":
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        launches = dict(kernels=len(kernels), device_ms=sum(e.time_range.elapsed_us() for e in kernels) / 1000.0)
+    return [dict(op=e.key, calls=e.count, self_ms=t / 1000.0, share=t / total) for e, t in top], launches
 

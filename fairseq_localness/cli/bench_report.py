@@ -51,7 +51,33 @@ def table(results: List[Result], machine: str) -> str:
             f"{ratio(r.activation_bytes, base.activation_bytes if base else 0)} | {r.largest_tensor_ratio:.2f} | "
             f"{ratio(r.largest_tensor_numel, base.largest_tensor_numel if base else 0)} |"
         )
-    return "\n".join(lines + spread(results, base)) + "\n"
+    return "\n".join(lines + spread(results, base) + launches(results, base)) + "\n"
+
+
+def launches(results: List[Result], base: Optional[Result]) -> List[str]:
+    """The lines under the table on a GPU with ``--profile``: the kernels (with the
+    memory copies and fills) that one profiled training step and one beam search
+    launched, and their summed device time, with the kernels as a ratio to the
+    transformer's."""
+    rows = [r for r in results if r.launches and not r.error]
+    if not rows:
+        return []
+
+    def cells(r, kind):
+        mine = r.launches.get(kind)
+        if not mine:
+            return "n/a | n/a | n/a"
+        ref = (base.launches.get(kind) or {}).get("kernels") if base is not None else None
+        ratio = f"{mine['kernels'] / ref:.2f}" if ref else "n/a"
+        return f"{mine['kernels']:,} | {ratio} | {mine['device_ms']:.1f}"
+
+    lines = ["", "GPU launches of one profiled pass: kernels, memory copies and fills, their ratio to the "
+             "transformer's and their summed device time.", "",
+             "| system | train kernels | ratio | train GPU ms | decode kernels | ratio | decode GPU ms |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.name} | {cells(r, 'train')} | {cells(r, 'decode')} |")
+    return lines
 
 
 def spread(results: List[Result], base: Optional[Result]) -> List[str]:

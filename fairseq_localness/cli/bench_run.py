@@ -7,12 +7,13 @@ import os
 import re
 import statistics
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
 
-from fairseq_localness.cli.bench_measure import _timed, measure_decode_flops, measure_static, profile_pass
+from fairseq_localness.cli.bench_measure import _timed, measure_decode_flops, measure_static, observable, profile_pass
 from fairseq_localness.cli.bench_model import DTYPES, _decode, _Toy, _train_step, build, make_batch, make_optimizer
 from fairseq_localness.cli.bench_systems import BASELINE, SYSTEMS, select
 
@@ -43,6 +44,12 @@ class Result:
     # with --profile: the ops with the most self time in one training step and in one
     # beam search (name, calls, self time in ms, share of the pass's self time)
     profile: Dict[str, List[dict]] = field(default_factory=dict)
+    # with --profile on a GPU: per pass ("train", "decode"), the CUDA kernels, copies
+    # and fills it launched and their summed device time in ms
+    launches: Dict[str, dict] = field(default_factory=dict)
+    # whether the multiply-adds and activations were observed on the eager path
+    # (:func:`~.bench_measure.observable`: CUDA, or attention_impl "flex")
+    observed_on_eager: bool = False
     error: Optional[str] = None
 
     @property
@@ -71,7 +78,8 @@ def run_name(system: str, impl: str, impls: List[str]) -> str:
 def _prepare(name, args, task, batch, decode_src, device, result: Result, impl: str = "auto"):
     """Build, measure (untimed) and warm up one system (its attention cores set to
     ``impl``); returns (model, optimizer) or None when the system fails (the failure
-    is reported, not fatal)."""
+    is reported in its row and its traceback on stderr, not fatal: the other systems
+    are measured)."""
     model_name, options = SYSTEMS[name]
     dtype = DTYPES[args.dtype]
     try:
@@ -79,6 +87,15 @@ def _prepare(name, args, task, batch, decode_src, device, result: Result, impl: 
     except Exception as exc:
         result.error = f"build failed: {exc}"
         return None
+    try:
+        return _measure_and_warm_up(name, model, args, task, batch, decode_src, device, result, impl, dtype)
+    except Exception as exc:  # noqa: BLE001 - reported in the system's row
+        traceback.print_exc()
+        result.error = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return None
+
+
+def _measure_and_warm_up(name, model, args, task, batch, decode_src, device, result: Result, impl: str, dtype):
     from fairseq_localness.modules.attention import set_attention_impl
 
     set_attention_impl(model, impl)
@@ -86,18 +103,23 @@ def _prepare(name, args, task, batch, decode_src, device, result: Result, impl: 
     model.train()
     layer0 = model.encoder.layers[0]
     heads = layer0.self_attn.num_heads if hasattr(layer0, "self_attn") else 1
-    (
-        result.train_flops,
-        result.activation_bytes,
-        result.activations_by_module,
-        result.largest_tensor_numel,
-        result.largest_tensor_ratio,
-        result.peak_bytes,
-    ) = measure_static(model, batch, heads, device)
+    with observable(model, device) as result.observed_on_eager:
+        (
+            result.train_flops,
+            result.activation_bytes,
+            result.activations_by_module,
+            result.largest_tensor_numel,
+            result.largest_tensor_ratio,
+            result.peak_bytes,
+        ) = measure_static(model, batch, heads, device)
     optimizer = make_optimizer(model, dtype)
     _train_step(model, optimizer, batch)  # warm-up (allocates the optimizer state)
-    # the decoding warm-up, counted (the same kernels run as in the timed searches)
-    result.decode_flops = measure_decode_flops(model, task, decode_src, args.decode_len)
+    # the decoding warm-up, counted (the same kernels run as in the timed searches),
+    # and where the count took the eager path, one more search on the model's own
+    with observable(model, device):
+        result.decode_flops = measure_decode_flops(model, task, decode_src, args.decode_len)
+    if result.observed_on_eager:
+        _decode(model, task, decode_src, args.decode_len)
     result.train_tokens = int(batch[3].numel())
     result.decode_sentences = args.decode_batch
     print(f"built {name}: {result.params:,} parameters", file=sys.stderr)
@@ -178,22 +200,44 @@ def run(args) -> List[Result]:
         if args.profile:
             out_dir = os.path.join(args.output_dir, "profile")
             for name, (model, opt) in measured:
-                results[name].profile = {
+                passes = {
                     "train": profile_pass(f"{_slug(name)}.train", lambda: _train_step(model, opt, batch),
                                           device, out_dir),
                     "decode": profile_pass(f"{_slug(name)}.decode",
                                            lambda: _decode(model, task, decode_src, args.decode_len), device, out_dir),
                 }
+                results[name].profile = {kind: ops for kind, (ops, _) in passes.items()}
+                results[name].launches = {kind: launches for kind, (_, launches) in passes.items() if launches}
         if device.type == "cuda":
             for name, (model, opt) in measured:
-                torch.cuda.reset_peak_memory_stats()
-                _train_step(model, opt, batch)
-                results[name].cuda_peak_bytes = torch.cuda.max_memory_allocated()
+                results[name].cuda_peak_bytes = _cuda_step_peak(model, opt, batch)
         del members
         gc.collect()
     base.train_ratios = [1.0] * len(base.train_times)
     base.decode_ratios = [1.0] * len(base.decode_times)
     return [results[n] for n in [BASELINE] + names]
+
+
+def _cuda_step_peak(model, opt, batch) -> int:
+    """The GPU memory one training step of ``model`` needs at its peak: the step's
+    peak above what was allocated before it (the other systems of the group are held
+    on the GPU too), plus the model's own parameters, gradients and optimizer state
+    (fp32 master copies, Adam's moments), which were allocated before it."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    _train_step(model, opt, batch)
+    torch.cuda.synchronize()
+    step = torch.cuda.max_memory_allocated() - before
+    inner = getattr(opt, "optimizer", opt)  # _MixedPrecisionAdam wraps torch's Adam
+    owned = {}
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [p for group in inner.param_groups for p in group["params"]]
+    tensors += [t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)]
+    for t in tensors:
+        if t.is_cuda:
+            owned[t.data_ptr()] = t.numel() * t.element_size()
+    return step + sum(owned.values())
 
 
 def arithmetic_bound(result: Result, base: Optional[Result]) -> Optional[float]:
