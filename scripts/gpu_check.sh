@@ -3,26 +3,38 @@
 #
 # Usage: gpu_check.sh --data-bin DIR --out DIR [--budget SECONDS] [--stages LIST]
 #                     [--systems LIST] [--bench-systems all] [--dtypes LIST]
+#                     [--updates N] [--run-limit SECONDS]
 #
 # Stages (--stages; the default, train, fits one 10-minute call with its default budget):
-# train  300 updates of fairseq-train (4,096 tokens per batch, IWSLT's Transformer-base)
-#        per system in --bf16 and then --fp16 (--dtypes), one run at a time so that each has the GPU
-#        to itself, the transformer first; each through scripts/gpu_train_probe.py
-#        (fairseq-train's own entry point, counting the CUDA kernels of updates 101-103
-#        with torch.profiler and the peak GPU memory). Summaries: train.tsv
-#        (scripts/train_log_summary.py: updates, last loss, NaN/inf losses, fp16
-#        loss-scale reductions) and train.md (scripts/gpu_train_table.py: fairseq's wps,
-#        kernels per step and peak memory, as ratios to the transformer's, for
-#        docs/benchmark.md). A run gets an equal share of what is left of the budget.
+# train  --updates (default 200) updates of fairseq-train (4,096 tokens per batch,
+#        IWSLT's Transformer-base) per system in --bf16 (--dtypes: one precision per call
+#        by default; "bf16 fp16" needs about twice the time). First every run starts at
+#        once for a few updates (the warm-up: the fused kernels' compiling is CPU work,
+#        done in parallel, and its results stay in torch's and Triton's caches on disk);
+#        then one run at a time so that each has the GPU to itself, the transformer
+#        first, each through scripts/gpu_train_probe.py (fairseq-train's own entry point,
+#        counting the CUDA kernels of updates 101-103 with torch.profiler and the peak GPU
+#        memory), each at most --run-limit seconds, while the budget lasts. Summaries:
+#        train.tsv (scripts/train_log_summary.py: updates, last loss, NaN/inf losses, fp16
+#        loss-scale reductions) and train.md (scripts/gpu_train_table.py: fairseq's wps
+#        after update 125, kernels per step and peak memory, as ratios to the
+#        transformer's, for docs/benchmark.md).
 # bench  the benchmark (docs/benchmark.md) of the transformer and each model's main
 #        system (--bench-systems all: every system of --list) at WMT's batch shapes,
-#        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, fp16 then
-#        bf16, with --profile, all systems in one group; 0.3 of the budget per dtype.
+#        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, bf16 then
+#        fp16, with --profile, all systems in one group; 0.3 of the budget per dtype.
 # tests  the CUDA tests of the attention core and of the fused kernels
-#        (tests/test_attention_core.py, tests/test_flex_path.py: "cuda" cases).
+#        (tests/test_attention_core.py, tests/test_flex_path.py: "cuda" cases), on 8
+#        pytest-xdist workers where pytest-xdist is installed (each test compiles its own
+#        kinds of fused call: about 3 s a test on one worker, on an H200).
 #
-# Results go to OUT (train.md, train.tsv, train/<system>.<dtype>.log, bench-<dtype>/,
-# tests.txt, device.txt); OUT/gpu_check.tar.gz holds all of them.
+# What an H200 showed (torch 2.11, bf16; docs/benchmark.md, "On a GPU"): a fairseq-train
+# process takes about 11 s to start and its first epoch's 19 updates 8 s (20 s in the
+# machine's first process); the transformer then runs about 10 updates a second; a
+# system with fused calls had logged no update 38 s after its start, compiling.
+#
+# Results go to OUT (train.md, train.tsv, train/<system>.<dtype>.log, warm/ (the warm-up's logs),
+# bench-<dtype>/, tests.txt, device.txt); OUT/gpu_check.tar.gz holds all of them.
 #
 # DIR is a fairseq-preprocess'd folder with a joined dictionary (the demo's:
 # scripts/demo.sh, or fairseq-localness-corpus + prepare_bpe.sh + preprocess.sh). On a
@@ -36,7 +48,7 @@ parse_options "$@" <<'EOF'
     a fairseq-preprocess'd folder with a joined dictionary (src, tgt)
 --out DIR               OUT_DIR        text         required
     where the results go (created)
---budget SECONDS        BUDGET         int:60       480
+--budget SECONDS        BUDGET         int:60       540
     the time of all stages together: 0.3 of it for each benchmark, the rest
     for the tests and the training runs
 --stages LIST           STAGES         text         -
@@ -48,12 +60,17 @@ parse_options "$@" <<'EOF'
     benchmark every system of fairseq-localness-bench --list instead of the
     transformer and each model's main system
 --dtypes LIST           DTYPES         text         -
-    the training runs' precisions, in order (default: bf16 fp16); with one
-    call of 480 s, "bf16" alone gives each of the 8 systems about 58 s,
-    the fused kernels' first compiling included
+    the training runs' precisions, in order (default: bf16); "bf16 fp16"
+    runs every system in both and needs about twice the budget
+--updates N             UPDATES        int:150      200
+    updates of each training run (its speed is fairseq's wps after update
+    125, the profiled updates 101-103 left out)
+--run-limit SECONDS     RUN_LIMIT      int:30       90
+    the time limit of one timed training run (a run cut short keeps the
+    intervals it logged)
 EOF
 STAGES="${STAGES:-train}"
-DTYPES="${DTYPES:-bf16 fp16}"
+DTYPES="${DTYPES:-bf16}"
 for d in $DTYPES; do
     [[ "$d" =~ ^(bf16|fp16)$ ]] || die "--dtypes: unknown precision '$d' (allowed: bf16 fp16)"
 done
@@ -84,7 +101,7 @@ done
 
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
     || die "no CUDA GPU: this check measures and tests on a GPU (the CPU's benchmark is 'make bench')"
-mkdir -p "$OUT_DIR/train"
+mkdir -p "$OUT_DIR/train" "$OUT_DIR/warm"
 OUT_DIR="$(cd "$OUT_DIR" && pwd -P)"
 export PYTHONPATH="${REPO_DIR}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 START=$SECONDS
@@ -96,8 +113,8 @@ left() { echo $(( BUDGET - (SECONDS - START) )); }
 } > "$OUT_DIR/device.txt" 2>&1
 cat "$OUT_DIR/device.txt" >&2
 
-# the benchmark: 32 x 128 and 8 x 512 tokens, fp16 then bf16 (0.3 of the budget each)
-stage bench && for dtype in fp16 bf16; do
+# the benchmark: 32 x 128 and 8 x 512 tokens, bf16 then fp16 (0.3 of the budget each)
+stage bench && for dtype in bf16 fp16; do
     t=$(( BUDGET * 3 / 10 ))
     echo "${PROG}: benchmark, $dtype (at most ${t} s)" >&2
     run timeout "$t" "$PY" -m fairseq_localness.cli.benchmark --dtype "$dtype" --size wmt_en_de \
@@ -114,39 +131,52 @@ if stage tests; then
     t=$(( $(left) > 30 ? $(left) - 10 : 30 ))
     stage train && t=$(( t / 4 ))
     echo "${PROG}: CUDA tests (at most ${t} s)" >&2
-    timeout "$t" "$PY" -m pytest -q -p no:cacheprovider -p no:xdist -k cuda tests/test_attention_core.py \
+    workers=(-p no:xdist)
+    "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
+    timeout "$t" "$PY" -m pytest -v -p no:cacheprovider "${workers[@]}" -k cuda tests/test_attention_core.py \
         tests/test_flex_path.py > "$OUT_DIR/tests.txt" 2>&1 \
         || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
     tail -1 "$OUT_DIR/tests.txt" >&2
 fi
 
-# the training runs, one at a time, the transformer first; each gets an equal share of
-# what is left (a run cut short keeps the intervals it logged)
+# the training runs: the warm-up (every run at once, a few updates), then one run at a
+# time, the transformer first, each at most RUN_LIMIT seconds while the budget lasts
+# (a run cut short keeps the intervals it logged)
+train() {  # train LOG TIMEOUT UPDATES SYSTEM DTYPE
+    local log="$1" limit="$2" updates="$3" s="$4" dtype="$5"
+    # shellcheck disable=SC2086  # ARCH holds the arch and its options
+    timeout "$limit" "$PY" "$SCRIPTS_DIR/gpu_train_probe.py" "$DATA_BIN" \
+        --user-dir "$REPO_DIR/fairseq_localness" \
+        --task translation -s src -t tgt --arch ${ARCH[$s]} --share-all-embeddings \
+        --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt \
+        --warmup-updates 100 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+        --max-tokens 4096 --max-update "$updates" --"$dtype" --seed 1 --num-workers 0 \
+        --no-save --disable-validation --log-format simple --log-interval 25 --no-progress-bar \
+        > "$log" 2>&1
+}
 if stage train; then
     runs=()
     for dtype in $DTYPES; do
         runs+=("transformer.$dtype")
         for s in $SYSTEMS; do [[ "$s" == transformer ]] || runs+=("$s.$dtype"); done
     done
-    n=${#runs[@]}
+    t=$(( $(left) / 4 < 150 ? $(left) / 4 : 150 ))
+    echo "${PROG}: warm-up: ${#runs[@]} runs at once, 30 updates each (at most ${t} s)" >&2
+    pids=()
+    for run in "${runs[@]}"; do
+        GPU_CHECK_PROFILE_FROM=0 train "$OUT_DIR/warm/$run.log" "$t" 30 "${run%.*}" "${run##*.}" & pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || true; done
     for run in "${runs[@]}"; do
         s="${run%.*}" dtype="${run##*.}"
-        t=$(( ($(left) - 10) / n )); n=$(( n - 1 ))
-        (( t >= 20 )) || { echo "${PROG}: no time left for $run" >&2; continue; }
+        t=$(( $(left) - 10 < RUN_LIMIT ? $(left) - 10 : RUN_LIMIT ))
+        (( t >= 30 )) || { echo "${PROG}: no time left for $run" >&2; continue; }
         echo "${PROG}: training $run (at most ${t} s)" >&2
-        # shellcheck disable=SC2086  # ARCH holds the arch and its options
-        timeout "$t" "$PY" "$SCRIPTS_DIR/gpu_train_probe.py" "$DATA_BIN" \
-            --user-dir "$REPO_DIR/fairseq_localness" \
-            --task translation -s src -t tgt --arch ${ARCH[$s]} --share-all-embeddings \
-            --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt \
-            --warmup-updates 100 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-            --max-tokens 4096 --max-update 300 --"$dtype" --seed 1 --num-workers 0 \
-            --no-save --disable-validation --log-format simple --log-interval 25 --no-progress-bar \
-            > "$OUT_DIR/train/$run.log" 2>&1 || echo "${PROG}: $run stopped (exit status $?)" >&2
+        train "$OUT_DIR/train/$run.log" "$t" "$UPDATES" "$s" "$dtype" || echo "${PROG}: $run stopped (exit status $?)" >&2
     done
     "$PY" "$SCRIPTS_DIR/train_log_summary.py" "$OUT_DIR/train" > "$OUT_DIR/train.tsv"
     "$PY" "$SCRIPTS_DIR/gpu_train_table.py" "$OUT_DIR/train" "$OUT_DIR/device.txt" > "$OUT_DIR/train.md"
     cat "$OUT_DIR/train.tsv" "$OUT_DIR/train.md" >&2
 fi
-tar -C "$OUT_DIR" --exclude '*.tar.gz' -czf "$OUT_DIR/gpu_check.tar.gz" .
+tar -C "$OUT_DIR" --exclude '*.tar.gz' -czf "$OUT_DIR.tar.gz.partial" . && mv "$OUT_DIR.tar.gz.partial" "$OUT_DIR/gpu_check.tar.gz"
 echo "${PROG}: results in $OUT_DIR (all of them: gpu_check.tar.gz), $(( SECONDS - START )) s" >&2

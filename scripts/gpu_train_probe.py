@@ -9,7 +9,8 @@ lines are added to its output (scripts/gpu_train_table.py reads them):
 * ``gpu_check: kernels per step N (updates A-B)``: the CUDA kernels (and memory
   copies and fills) of ``GPU_CHECK_PROFILE_STEPS`` training steps (default 3) from
   update ``GPU_CHECK_PROFILE_FROM`` on (default 101: after the warm-up and the fused
-  kernels' compilation), counted by ``torch.profiler``, divided by the steps; the
+  kernels' compilation; 0: none, as in gpu_check.sh's warm-up runs), counted by
+  ``torch.profiler``, divided by the steps; the
   logged intervals that contain these updates are left out of the speed (their steps
   are slowed by the profiler);
 * ``gpu_check: peak memory M MB``: ``torch.cuda.max_memory_allocated()`` at the end.

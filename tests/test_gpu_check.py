@@ -8,6 +8,7 @@ fairseq-train's ``--log-format simple`` form.
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import torch
@@ -134,3 +135,74 @@ def test_a_machine_without_cuda_is_refused_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "gpu_check.sh: error: no CUDA GPU: this check measures and tests on a GPU (the CPU's benchmark is 'make bench')"]
     assert not (tmp_path / "out").exists()
+
+
+STUB_PYTHON = r'''#!/usr/bin/env bash
+# A Python for gpu_check.sh on a machine without CUDA: says CUDA is there, plays
+# gpu_train_probe.py (a log of --max-update updates, its start and end recorded in
+# $STUB_RUNS), and passes everything else to the real Python.
+if [[ "$1" == "-c" ]]; then
+    case "$2" in
+        *cuda.is_available*) exit 0 ;;
+        *"import xdist"*) exit 1 ;;
+        *) echo "torch (stub) | fairseq (stub)"; exit 0 ;;
+    esac
+fi
+if [[ "$1" == *gpu_train_probe.py ]]; then
+    args=" $* "
+    arch="${args#* --arch }"; arch="${arch%% *}"
+    rest="${args#* --max-update }"; updates="${rest%% *}"
+    echo "start $arch $updates ${GPU_CHECK_PROFILE_FROM:-101} $(date +%s.%N)" >> "$STUB_RUNS"
+    sleep 1
+    wps=1000; [[ "$arch" == transformer_* ]] || wps=900
+    for (( u = 25; u <= updates; u += 25 )); do
+        echo "2026-11-27 | INFO | train_inner | epoch 001: loss=5.0, wps=$wps, ups=1.0, num_updates=$u, lr=1e-05"
+        (( u == 100 )) && [[ "${GPU_CHECK_PROFILE_FROM:-101}" != 0 ]] && echo "gpu_check: kernels per step 1700.0 (updates 101-103)"
+    done
+    echo "gpu_check: peak memory 4000 MB"
+    echo "end $arch $(date +%s.%N)" >> "$STUB_RUNS"
+    exit 0
+fi
+exec "$REAL_PYTHON" "$@"
+'''
+
+
+def test_the_training_stage_warms_up_in_parallel_then_times_one_run_at_a_time(tmp_path):
+    """The training stage's schedule, with a stand-in for the GPU runs: the warm-up
+    starts every run at once (30 updates, not profiled), then the timed runs go one
+    at a time, the transformer first, each with --updates updates and profiled; the
+    summaries and the tarball (which holds them, not itself) are written."""
+    data = tmp_path / "bin"
+    data.mkdir()
+    (data / "dict.src.txt").write_text("a 1\n")
+    stub = tmp_path / "stub" / "python"
+    stub.parent.mkdir()
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(0o755)
+    runs = tmp_path / "runs.txt"
+    out = tmp_path / "out"
+    env = {"PYTHON": str(stub), "STUB_RUNS": str(runs), "REAL_PYTHON": sys.executable}
+    proc = run_script("gpu_check.sh", ["--data-bin", data, "--out", out, "--systems", "hysan transformer",
+                                       "--budget", "120", "--updates", "150", "--run-limit", "30"], env=env)
+    events = [line.split() for line in runs.read_text().splitlines()]
+    starts = [e for e in events if e[0] == "start"]
+    assert [(e[1], e[2], e[3]) for e in starts] == [
+        ("transformer_iwslt_de_en", "30", "0"), ("hysan_transformer_iwslt_de_en", "30", "0"),
+        ("transformer_iwslt_de_en", "150", "101"), ("hysan_transformer_iwslt_de_en", "150", "101")]
+    ends = {}
+    for e in events:
+        if e[0] == "end":
+            ends.setdefault(e[1], []).append(float(e[2]))
+    # the two warm-up runs overlap; the timed hysan run starts after the timed transformer's end
+    assert float(starts[1][4]) < ends["transformer_iwslt_de_en"][0]
+    assert float(starts[3][4]) >= ends["transformer_iwslt_de_en"][1]
+    assert sorted(os.listdir(out / "warm")) == ["hysan.bf16.log", "transformer.bf16.log"]
+    assert sorted(os.listdir(out / "train")) == ["hysan.bf16.log", "transformer.bf16.log"]
+    table = (out / "train.md").read_text()
+    assert "| hysan | 900 | 0.90 | 1,700 | 1.00 | 4,000 | 1.00 | 150 |" in table, table
+    assert "training transformer.bf16 (at most 30 s)" in proc.stderr
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        names = tar.getnames()
+    assert "./train.md" in names and "./warm/hysan.bf16.log" in names
+    assert not any(name.endswith(".tar.gz") or name.endswith(".partial") for name in names)
+    assert not os.path.exists(f"{out}.tar.gz.partial")
