@@ -21,8 +21,9 @@
 #        transformer's, for docs/benchmark.md).
 # bench  the benchmark (docs/benchmark.md) of the transformer and each model's main
 #        system (--bench-systems all: every system of --list) at WMT's batch shapes,
-#        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, bf16 then
-#        fp16, with --profile, all systems in one group; 0.3 of the budget per dtype.
+#        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, in each
+#        of --dtypes, with --profile (kernels per pass), all systems in one group; each
+#        dtype at most --bench-limit seconds (the lengths done are kept).
 # tests  the CUDA tests of the attention core and of the fused kernels
 #        (tests/test_attention_core.py, tests/test_flex_path.py: "cuda" cases), on 8
 #        pytest-xdist workers where pytest-xdist is installed (each test compiles its own
@@ -49,8 +50,10 @@ parse_options "$@" <<'EOF'
 --out DIR               OUT_DIR        text         required
     where the results go (created)
 --budget SECONDS        BUDGET         int:60       540
-    the time of all stages together: 0.3 of it for each benchmark, the rest
-    for the tests and the training runs
+    the time of all stages together (the benchmark first, then the tests,
+    then the training runs with what is left)
+--bench-limit SECONDS   BENCH_LIMIT    int:30       240
+    the time limit of the benchmark of one dtype
 --stages LIST           STAGES         text         -
     which of train, bench and tests to run, e.g. "bench tests" (default: train)
 --systems LIST          SYSTEMS        text         -
@@ -60,8 +63,9 @@ parse_options "$@" <<'EOF'
     benchmark every system of fairseq-localness-bench --list instead of the
     transformer and each model's main system
 --dtypes LIST           DTYPES         text         -
-    the training runs' precisions, in order (default: bf16); "bf16 fp16"
-    runs every system in both and needs about twice the budget
+    the precisions of the benchmark and the training runs, in order
+    (default: bf16); "bf16 fp16" runs everything in both and needs about
+    twice the budget
 --updates N             UPDATES        int:150      200
     updates of each training run (its speed is fairseq's wps after update
     125, the profiled updates 101-103 left out)
@@ -107,20 +111,32 @@ export PYTHONPATH="${REPO_DIR}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 START=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - START) )); }
 
-{
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-    "$PY" -c "import torch, fairseq; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| fairseq', fairseq.__version__)"
-} > "$OUT_DIR/device.txt" 2>&1
+{   # (fairseq's import warnings stay out of it)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true
+    "$PY" - 2>/dev/null <<'PYTHON' || echo "(torch or fairseq did not import)"
+import importlib.metadata as metadata
+
+import fairseq
+import torch
+
+try:
+    triton = metadata.version("triton")
+except metadata.PackageNotFoundError:
+    triton = None
+print("torch", torch.__version__, "cuda", torch.version.cuda, "| fairseq", fairseq.__version__, "| triton", triton)
+PYTHON
+} > "$OUT_DIR/device.txt"
 cat "$OUT_DIR/device.txt" >&2
 
-# the benchmark: 32 x 128 and 8 x 512 tokens, bf16 then fp16 (0.3 of the budget each)
-stage bench && for dtype in bf16 fp16; do
-    t=$(( BUDGET * 3 / 10 ))
+# the benchmark: 32 x 128 and 8 x 512 tokens, in each dtype
+stage bench && for dtype in $DTYPES; do
+    t=$(( $(left) - 10 < BENCH_LIMIT ? $(left) - 10 : BENCH_LIMIT ))
+    (( t >= 30 )) || { echo "${PROG}: no time left for the $dtype benchmark" >&2; continue; }
     echo "${PROG}: benchmark, $dtype (at most ${t} s)" >&2
     run timeout "$t" "$PY" -m fairseq_localness.cli.benchmark --dtype "$dtype" --size wmt_en_de \
         ${BENCH_SYSTEMS[@]+--systems "${BENCH_SYSTEMS[@]}"} --group-size 8 \
         --lengths 128,512 --tokens-per-batch 4096 --decode-tokens 1024 --max-decode-len 32 \
-        --repeats 3 --profile --output-dir "$OUT_DIR/bench-$dtype" \
+        --repeats 4 --profile --output-dir "$OUT_DIR/bench-$dtype" \
         > "$OUT_DIR/bench-$dtype.log" 2>&1 \
         || echo "${PROG}: the $dtype benchmark stopped (exit status $?): see bench-$dtype.log" >&2
     tar -C "$OUT_DIR" -czf "$OUT_DIR/bench-$dtype.tar.gz" "bench-$dtype" "bench-$dtype.log" 2>/dev/null || true

@@ -110,7 +110,10 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
     (["--bench-systems", "some"], "--bench-systems: expected one of: all; got 'some'"),
     (["--colour", "red"], "unknown option '--colour'"),
     (["--dtypes", "bf16 fp32"], "--dtypes: unknown precision 'fp32' (allowed: bf16 fp16)"),
-], ids=["stage", "system", "budget", "bench-systems", "unknown", "dtypes"])
+    (["--updates", "100"], "--updates: expected a whole number >= 150, got '100'"),
+    (["--bench-limit", "5"], "--bench-limit: expected a whole number >= 30, got '5'"),
+    (["--run-limit", "1m"], "--run-limit: expected a whole number >= 30, got '1m'"),
+], ids=["stage", "system", "budget", "bench-systems", "unknown", "dtypes", "updates", "bench-limit", "run-limit"])
 def test_bad_options_stop_before_anything_runs(tmp_path, args, message):
     data = tmp_path / "bin"
     data.mkdir()
@@ -148,6 +151,12 @@ if [[ "$1" == "-c" ]]; then
         *) echo "torch (stub) | fairseq (stub)"; exit 0 ;;
     esac
 fi
+if [[ "$1 $2" == "-m fairseq_localness.cli.benchmark" ]]; then
+    args=" $* "
+    dtype="${args#* --dtype }"; dtype="${dtype%% *}"
+    echo "bench $dtype" >> "$STUB_RUNS"
+    exit 0
+fi
 if [[ "$1" == *gpu_train_probe.py ]]; then
     args=" $* "
     arch="${args#* --arch }"; arch="${arch%% *}"
@@ -167,8 +176,9 @@ exec "$REAL_PYTHON" "$@"
 '''
 
 
-def test_the_training_stage_warms_up_in_parallel_then_times_one_run_at_a_time(tmp_path):
-    """The training stage's schedule, with a stand-in for the GPU runs: the warm-up
+def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(tmp_path):
+    """The benchmark and training stages' schedule, with a stand-in for the GPU runs:
+    the benchmark in --dtypes' precision (bf16 by default) within --bench-limit; the warm-up
     starts every run at once (30 updates, not profiled), then the timed runs go one
     at a time, the transformer first, each with --updates updates and profiled; the
     summaries and the tarball (which holds them, not itself) are written."""
@@ -183,24 +193,28 @@ def test_the_training_stage_warms_up_in_parallel_then_times_one_run_at_a_time(tm
     out = tmp_path / "out"
     env = {"PYTHON": str(stub), "STUB_RUNS": str(runs), "REAL_PYTHON": sys.executable}
     proc = run_script("gpu_check.sh", ["--data-bin", data, "--out", out, "--systems", "hysan transformer",
-                                       "--budget", "120", "--updates", "150", "--run-limit", "30"], env=env)
-    events = [line.split() for line in runs.read_text().splitlines()]
+                                       "--stages", "bench train", "--bench-limit", "40", "--budget", "130",
+                                       "--updates", "150", "--run-limit", "30"], env=env)
+    lines = runs.read_text().splitlines()
+    assert lines[0] == "bench bf16" and "benchmark, bf16 (at most 40 s)" in proc.stderr
+    events = [line.split() for line in lines[1:]]
     starts = [e for e in events if e[0] == "start"]
-    assert [(e[1], e[2], e[3]) for e in starts] == [
-        ("transformer_iwslt_de_en", "30", "0"), ("hysan_transformer_iwslt_de_en", "30", "0"),
+    assert sorted((e[1], e[2], e[3]) for e in starts[:2]) == [
+        ("hysan_transformer_iwslt_de_en", "30", "0"), ("transformer_iwslt_de_en", "30", "0")]
+    assert [(e[1], e[2], e[3]) for e in starts[2:]] == [
         ("transformer_iwslt_de_en", "150", "101"), ("hysan_transformer_iwslt_de_en", "150", "101")]
-    ends = {}
-    for e in events:
-        if e[0] == "end":
-            ends.setdefault(e[1], []).append(float(e[2]))
-    # the two warm-up runs overlap; the timed hysan run starts after the timed transformer's end
-    assert float(starts[1][4]) < ends["transformer_iwslt_de_en"][0]
-    assert float(starts[3][4]) >= ends["transformer_iwslt_de_en"][1]
+    ends = [e for e in events if e[0] == "end"]
+    # the two warm-up runs overlap (both start before either ends); the timed runs do not
+    assert max(float(e[4]) for e in starts[:2]) < min(float(e[2]) for e in ends[:2])
+    assert float(starts[3][4]) >= float(ends[2][2]) and ends[2][1] == "transformer_iwslt_de_en"
     assert sorted(os.listdir(out / "warm")) == ["hysan.bf16.log", "transformer.bf16.log"]
     assert sorted(os.listdir(out / "train")) == ["hysan.bf16.log", "transformer.bf16.log"]
     table = (out / "train.md").read_text()
     assert "| hysan | 900 | 0.90 | 1,700 | 1.00 | 4,000 | 1.00 | 150 |" in table, table
     assert "training transformer.bf16 (at most 30 s)" in proc.stderr
+    device = (out / "device.txt").read_text().splitlines()
+    assert device[-1].startswith("torch ") and "| fairseq " in device[-1] and "| triton " in device[-1]
+    assert not any("Warning" in line or "INFO" in line for line in device)
     with tarfile.open(out / "gpu_check.tar.gz") as tar:
         names = tar.getnames()
     assert "./train.md" in names and "./warm/hysan.bf16.log" in names
