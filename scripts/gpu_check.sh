@@ -35,7 +35,7 @@
 # system with fused calls had logged no update 38 s after its start, compiling.
 #
 # Results go to OUT (train.md, train.tsv, train/<system>.<dtype>.log, warm/ (the warm-up's logs),
-# bench-<dtype>/, tests.txt, device.txt); OUT/gpu_check.tar.gz holds all of them.
+# bench-<dtype>/, tests.txt, device.txt and device.err); OUT/gpu_check.tar.gz holds all of them.
 #
 # DIR is a fairseq-preprocess'd folder with a joined dictionary (the demo's:
 # scripts/demo.sh, or fairseq-localness-corpus + prepare_bpe.sh + preprocess.sh). On a
@@ -111,9 +111,9 @@ export PYTHONPATH="${REPO_DIR}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 START=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - START) )); }
 
-{   # (fairseq's import warnings stay out of it)
+{   # (fairseq's import warnings go to device.err)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true
-    "$PY" - 2>/dev/null <<'PYTHON' || echo "(torch or fairseq did not import)"
+    "$PY" - 2>"$OUT_DIR/device.err" <<'PYTHON' || echo "(torch or fairseq did not import: see device.err)"
 import importlib.metadata as metadata
 
 import fairseq
@@ -177,12 +177,16 @@ if stage train; then
         for s in $SYSTEMS; do [[ "$s" == transformer ]] || runs+=("$s.$dtype"); done
     done
     t=$(( $(left) / 4 < 150 ? $(left) / 4 : 150 ))
-    echo "${PROG}: warm-up: ${#runs[@]} runs at once, 30 updates each (at most ${t} s)" >&2
-    pids=()
-    for run in "${runs[@]}"; do
-        GPU_CHECK_PROFILE_FROM=0 train "$OUT_DIR/warm/$run.log" "$t" 30 "${run%.*}" "${run##*.}" & pids+=($!)
-    done
-    for pid in "${pids[@]}"; do wait "$pid" || true; done
+    if (( t >= 10 )); then
+        echo "${PROG}: warm-up: ${#runs[@]} runs at once, 30 updates each (at most ${t} s)" >&2
+        pids=()
+        for run in "${runs[@]}"; do
+            GPU_CHECK_PROFILE_FROM=0 train "$OUT_DIR/warm/$run.log" "$t" 30 "${run%.*}" "${run##*.}" & pids+=($!)
+        done
+        for pid in "${pids[@]}"; do wait "$pid" || true; done
+    else
+        echo "${PROG}: no time left for the warm-up" >&2
+    fi
     for run in "${runs[@]}"; do
         s="${run%.*}" dtype="${run##*.}"
         t=$(( $(left) - 10 < RUN_LIMIT ? $(left) - 10 : RUN_LIMIT ))
@@ -194,5 +198,10 @@ if stage train; then
     "$PY" "$SCRIPTS_DIR/gpu_train_table.py" "$OUT_DIR/train" "$OUT_DIR/device.txt" > "$OUT_DIR/train.md"
     cat "$OUT_DIR/train.tsv" "$OUT_DIR/train.md" >&2
 fi
-tar -C "$OUT_DIR" --exclude '*.tar.gz' -czf "$OUT_DIR.tar.gz.partial" . && mv "$OUT_DIR.tar.gz.partial" "$OUT_DIR/gpu_check.tar.gz"
-echo "${PROG}: results in $OUT_DIR (all of them: gpu_check.tar.gz), $(( SECONDS - START )) s" >&2
+archive="$(mktemp "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
+if tar -C "$OUT_DIR" --exclude '*.tar.gz' -czf "$archive" . && mv "$archive" "$OUT_DIR/gpu_check.tar.gz"; then
+    echo "${PROG}: results in $OUT_DIR (all of them: gpu_check.tar.gz), $(( SECONDS - START )) s" >&2
+else
+    rm -f "$archive"
+    echo "${PROG}: results in $OUT_DIR ($(( SECONDS - START )) s); writing gpu_check.tar.gz failed" >&2
+fi

@@ -398,6 +398,16 @@ def test_flex_rows_are_observed_on_the_eager_path_and_timed_on_their_own(tmp_pat
         return original(*args, **kwargs)
 
     monkeypatch.setattr(flex, "flex_branch", counting)
+    searches = []  # flex calls of each beam search that bench_run runs itself
+    original_decode = bench_run._decode
+
+    def decode(*args, **kwargs):
+        before = len(calls)
+        result = original_decode(*args, **kwargs)
+        searches.append(len(calls) - before)
+        return result
+
+    monkeypatch.setattr(bench_run, "_decode", decode)
     out = tmp_path / "bench"
     bench.main([*TINY_RUN, "--systems", "localness (fixed)", "--attention-impl", "flex", "eager",
                 "--output-dir", str(out)])
@@ -407,10 +417,12 @@ def test_flex_rows_are_observed_on_the_eager_path_and_timed_on_their_own(tmp_pat
     assert eager_row["observed_on_eager"] is False and rows["transformer"]["observed_on_eager"] is False
     assert flex_row["decode_flops"] == eager_row["decode_flops"] > 0
     assert flex_row["train_flops"] == eager_row["train_flops"] > 0
-    # flex ran without gradients only: the warm-up search and the timed one
+    md = (out / "bench.md").read_text()
+    assert "and timed on their own: the bounds, activations and largest tensors of localness (fixed) [flex]." in md
+    # flex ran without gradients only, in two searches of the flex row: the warm-up on
+    # its own path (the count's search ran on the eager path) and the timed one
     assert calls and not any(calls)
-    searches = len(calls)
-    assert searches % 2 == 0  # as many calls in the warm-up search as in the timed one
+    assert [n for n in searches if n] == [len(calls) // 2] * 2
 
 
 def test_a_system_that_fails_is_reported_and_the_others_are_measured(tmp_path, capsys, monkeypatch):
@@ -448,6 +460,28 @@ def test_largest_activations_sees_through_higher_order_operators():
         scores = y @ y.transpose(1, 2)  # 3 x 5 x 5: attention-shaped
         torch.cond(torch.tensor(True), lambda t: t * 2, lambda t: t, (scores,))
     assert seen.any == 3 * 5 * 8 and seen.attention == 3 * 5 * 5
+
+
+@pytest.mark.parametrize("dtype, per_parameter", [
+    (torch.float32, 4 + 4 + 8),  # the parameter, its gradient, Adam's two moments
+    (torch.bfloat16, 2 + 2 + 4 + 4 + 8),  # and the fp32 master copy with its gradient
+])
+def test_what_a_model_holds_between_steps_is_counted_once(dtype, per_parameter):
+    """The standing part of the GPU peak (:func:`held_bytes`, measured here on the CPU):
+    after a step, every parameter's bytes in each copy that lives between steps, each
+    storage once (in fp32 the optimizer's parameters are the model's); Adam's step
+    counters (0-d tensors) are a few bytes each."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)).to(dtype)
+    opt = bench_model.make_optimizer(model, dtype)
+    model(torch.randn(3, 8, dtype=dtype)).float().sum().backward()
+    opt.step()
+    count = sum(p.numel() for p in model.parameters())
+    inner = getattr(opt, "optimizer", opt)
+    steps = sum(state["step"].element_size() for state in inner.state.values())  # a 0-d counter per tensor
+    assert len(inner.state) == 4 and steps <= 4 * 8
+    assert bench_run.held_bytes(model, opt, "cpu") == count * per_parameter + steps
+    assert bench_run.held_bytes(model, opt, "cuda") == 0
 
 
 def test_gpu_launches_are_tabulated_under_the_table():

@@ -162,7 +162,12 @@ if [[ "$1" == *gpu_train_probe.py ]]; then
     arch="${args#* --arch }"; arch="${arch%% *}"
     rest="${args#* --max-update }"; updates="${rest%% *}"
     echo "start $arch $updates ${GPU_CHECK_PROFILE_FROM:-101} $(date +%s.%N)" >> "$STUB_RUNS"
-    sleep 1
+    if [[ "${GPU_CHECK_PROFILE_FROM:-101}" == 0 ]]; then  # a warm-up run: wait for the others to start
+        for (( i = 0; i < 100; i++ )); do
+            (( $(grep -c " 30 0 " "$STUB_RUNS") >= STUB_WARM_RUNS )) && break
+            sleep 0.1
+        done
+    fi
     wps=1000; [[ "$arch" == transformer_* ]] || wps=900
     for (( u = 25; u <= updates; u += 25 )); do
         echo "2026-11-27 | INFO | train_inner | epoch 001: loss=5.0, wps=$wps, ups=1.0, num_updates=$u, lr=1e-05"
@@ -191,7 +196,9 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
     stub.chmod(0o755)
     runs = tmp_path / "runs.txt"
     out = tmp_path / "out"
-    env = {"PYTHON": str(stub), "STUB_RUNS": str(runs), "REAL_PYTHON": sys.executable}
+    env = {"PYTHON": str(stub), "STUB_RUNS": str(runs), "REAL_PYTHON": sys.executable, "STUB_WARM_RUNS": "2",
+           "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
     proc = run_script("gpu_check.sh", ["--data-bin", data, "--out", out, "--systems", "hysan transformer",
                                        "--stages", "bench train", "--bench-limit", "40", "--budget", "130",
                                        "--updates", "150", "--run-limit", "30"], env=env)
@@ -203,10 +210,11 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
         ("hysan_transformer_iwslt_de_en", "30", "0"), ("transformer_iwslt_de_en", "30", "0")]
     assert [(e[1], e[2], e[3]) for e in starts[2:]] == [
         ("transformer_iwslt_de_en", "150", "101"), ("hysan_transformer_iwslt_de_en", "150", "101")]
-    ends = [e for e in events if e[0] == "end"]
-    # the two warm-up runs overlap (both start before either ends); the timed runs do not
-    assert max(float(e[4]) for e in starts[:2]) < min(float(e[2]) for e in ends[:2])
-    assert float(starts[3][4]) >= float(ends[2][2]) and ends[2][1] == "transformer_iwslt_de_en"
+    # the two warm-up runs overlap (each waits until both have started, so both start
+    # lines come before either end line); the timed runs do not
+    kinds = [e[0] for e in events]
+    assert kinds == ["start", "start", "end", "end", "start", "end", "start", "end"], kinds
+    assert events[5][1] == "transformer_iwslt_de_en"
     assert sorted(os.listdir(out / "warm")) == ["hysan.bf16.log", "transformer.bf16.log"]
     assert sorted(os.listdir(out / "train")) == ["hysan.bf16.log", "transformer.bf16.log"]
     table = (out / "train.md").read_text()
@@ -219,4 +227,4 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
         names = tar.getnames()
     assert "./train.md" in names and "./warm/hysan.bf16.log" in names
     assert not any(name.endswith(".tar.gz") or name.endswith(".partial") for name in names)
-    assert not os.path.exists(f"{out}.tar.gz.partial")
+    assert os.listdir(tmp_path / "tmp") == []  # the archive was written there, then moved

@@ -98,12 +98,13 @@ def observable(model, device):
     computes the same distributions, so its multiply-adds are the reference
     computation's; the activations saved are the eager path's too. On a GPU the
     benchmark measures the memory of the model's own path separately (its step's peak,
-    :func:`~.bench_run._cuda_step_peak`). Yields whether the path was switched."""
+    :func:`~.bench_run._cuda_step_peak`). Yields whether the path was switched (not
+    where every core is on the eager path already, or there is none)."""
     from fairseq_localness.modules.attention import AttentionCore
 
     cores = [m for m in model.modules() if isinstance(m, AttentionCore)]
     saved = [core.attention_impl for core in cores]
-    switch = device.type == "cuda" or "flex" in saved
+    switch = any(impl != "eager" for impl in saved) and (device.type == "cuda" or "flex" in saved)
     if switch:
         for core in cores:
             core.attention_impl = "eager"

@@ -51,7 +51,19 @@ def table(results: List[Result], machine: str) -> str:
             f"{ratio(r.activation_bytes, base.activation_bytes if base else 0)} | {r.largest_tensor_ratio:.2f} | "
             f"{ratio(r.largest_tensor_numel, base.largest_tensor_numel if base else 0)} |"
         )
-    return "\n".join(lines + spread(results, base) + launches(results, base)) + "\n"
+    return "\n".join(lines + observed(results) + spread(results, base) + launches(results, base)) + "\n"
+
+
+def observed(results: List[Result]) -> List[str]:
+    """The line under the table that names the rows whose counts (bounds, activations,
+    largest tensors) were observed on the eager path while their times are their own
+    path's (:func:`~.bench_measure.observable`: CUDA, or ``attention_impl="flex"``)."""
+    names = [r.name for r in results if r.observed_on_eager and not r.error]
+    if not names:
+        return []
+    return ["", "Counted on the eager path, which computes the same distributions (a dispatch mode cannot "
+            "observe a compiled FlexAttention call), and timed on their own: the bounds, activations and "
+            "largest tensors of " + ", ".join(names) + "."]
 
 
 def launches(results: List[Result], base: Optional[Result]) -> List[str]:

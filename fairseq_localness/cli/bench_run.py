@@ -221,23 +221,30 @@ def run(args) -> List[Result]:
 def _cuda_step_peak(model, opt, batch) -> int:
     """The GPU memory one training step of ``model`` needs at its peak: the step's
     peak above what was allocated before it (the other systems of the group are held
-    on the GPU too), plus the model's own parameters, gradients and optimizer state
-    (fp32 master copies, Adam's moments), which were allocated before it."""
+    on the GPU too), plus what the model holds between steps, which was allocated
+    before it: its parameters and gradients, and the optimizer's state (in bf16 and
+    fp16 the fp32 master copies and their gradients; Adam's moments)."""
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     _train_step(model, opt, batch)
     torch.cuda.synchronize()
-    step = torch.cuda.max_memory_allocated() - before
+    return torch.cuda.max_memory_allocated() - before + held_bytes(model, opt, "cuda")
+
+
+def held_bytes(model, opt, device_type: str) -> int:
+    """The bytes on ``device_type`` that ``model`` and its optimizer ``opt`` hold
+    between training steps, each storage once: the parameters and their gradients,
+    the optimizer's parameters (in bf16 and fp16 the fp32 master copies of
+    :class:`~.bench_model._MixedPrecisionAdam`, in fp32 the model's own) and their
+    gradients, and the optimizer's state (Adam's moments)."""
     inner = getattr(opt, "optimizer", opt)  # _MixedPrecisionAdam wraps torch's Adam
-    owned = {}
-    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
-    tensors += [p for group in inner.param_groups for p in group["params"]]
+    params = list(model.parameters()) + [p for group in inner.param_groups for p in group["params"]]
+    tensors = params + [p.grad for p in params if p.grad is not None]
     tensors += [t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)]
-    for t in tensors:
-        if t.is_cuda:
-            owned[t.data_ptr()] = t.numel() * t.element_size()
-    return step + sum(owned.values())
+    owned = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors
+             if t.device.type == device_type and t.numel()}
+    return sum(owned.values())
 
 
 def arithmetic_bound(result: Result, base: Optional[Result]) -> Optional[float]:
