@@ -3,7 +3,8 @@
 #
 # Usage: gpu_check.sh --data-bin DIR --out DIR [--budget SECONDS] [--stages LIST]
 #                     [--systems LIST] [--bench-systems all] [--dtypes LIST]
-#                     [--updates N] [--run-limit SECONDS]
+#                     [--updates N] [--run-limit SECONDS] [--bench-limit SECONDS]
+#                     [--bench-impls LIST] [--bench-lengths LIST]
 #
 # Stages (--stages; the default, train, fits one 10-minute call with its default budget):
 # train  --updates (default 200) updates of fairseq-train (4,096 tokens per batch,
@@ -54,6 +55,11 @@ parse_options "$@" <<'EOF'
     then the training runs with what is left)
 --bench-limit SECONDS   BENCH_LIMIT    int:30       240
     the time limit of the benchmark of one dtype
+--bench-impls LIST      BENCH_IMPLS    text         -
+    the benchmark's --attention-impl values (default: auto), e.g. "auto eager":
+    every system once per value, timed in the same rounds
+--bench-lengths LIST    BENCH_LENGTHS  text         128,512
+    the benchmark's sentence lengths (4,096 tokens per training step at each)
 --stages LIST           STAGES         text         -
     which of train, bench and tests to run, e.g. "bench tests" (default: train)
 --systems LIST          SYSTEMS        text         -
@@ -74,6 +80,12 @@ parse_options "$@" <<'EOF'
     intervals it logged)
 EOF
 STAGES="${STAGES:-train}"
+BENCH_IMPLS="${BENCH_IMPLS:-auto}"
+for impl in $BENCH_IMPLS; do
+    [[ "$impl" =~ ^(auto|sdpa|eager|flex)$ ]] || die "--bench-impls: unknown value '$impl' (allowed: auto sdpa eager flex)"
+done
+[[ "$BENCH_LENGTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] \
+    || die "--bench-lengths: expected comma-separated whole numbers (e.g. 128,512), got '$BENCH_LENGTHS'"
 DTYPES="${DTYPES:-bf16}"
 for d in $DTYPES; do
     [[ "$d" =~ ^(bf16|fp16)$ ]] || die "--dtypes: unknown precision '$d' (allowed: bf16 fp16)"
@@ -133,9 +145,10 @@ stage bench && for dtype in $DTYPES; do
     t=$(( $(left) - 10 < BENCH_LIMIT ? $(left) - 10 : BENCH_LIMIT ))
     (( t >= 30 )) || { echo "${PROG}: no time left for the $dtype benchmark" >&2; continue; }
     echo "${PROG}: benchmark, $dtype (at most ${t} s)" >&2
+    # shellcheck disable=SC2086  # BENCH_IMPLS: one argument per value
     run timeout "$t" "$PY" -m fairseq_localness.cli.benchmark --dtype "$dtype" --size wmt_en_de \
-        ${BENCH_SYSTEMS[@]+--systems "${BENCH_SYSTEMS[@]}"} --group-size 8 \
-        --lengths 128,512 --tokens-per-batch 4096 --decode-tokens 1024 --max-decode-len 32 \
+        ${BENCH_SYSTEMS[@]+--systems "${BENCH_SYSTEMS[@]}"} --group-size 8 --attention-impl $BENCH_IMPLS \
+        --lengths "$BENCH_LENGTHS" --tokens-per-batch 4096 --decode-tokens 1024 --max-decode-len 32 \
         --repeats 4 --profile --output-dir "$OUT_DIR/bench-$dtype" \
         > "$OUT_DIR/bench-$dtype.log" 2>&1 \
         || echo "${PROG}: the $dtype benchmark stopped (exit status $?): see bench-$dtype.log" >&2
@@ -181,7 +194,10 @@ if stage train; then
         echo "${PROG}: warm-up: ${#runs[@]} runs at once, 30 updates each (at most ${t} s)" >&2
         pids=()
         for run in "${runs[@]}"; do
-            GPU_CHECK_PROFILE_FROM=0 train "$OUT_DIR/warm/$run.log" "$t" 30 "${run%.*}" "${run##*.}" & pids+=($!)
+            # (2 Inductor compile workers each, so that the runs share the cores instead of
+            # each starting a pool as large as the machine)
+            GPU_CHECK_PROFILE_FROM=0 TORCHINDUCTOR_COMPILE_THREADS=2 \
+                train "$OUT_DIR/warm/$run.log" "$t" 30 "${run%.*}" "${run##*.}" & pids+=($!)
         done
         for pid in "${pids[@]}"; do wait "$pid" || true; done
     else

@@ -113,7 +113,10 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
     (["--updates", "100"], "--updates: expected a whole number >= 150, got '100'"),
     (["--bench-limit", "5"], "--bench-limit: expected a whole number >= 30, got '5'"),
     (["--run-limit", "1m"], "--run-limit: expected a whole number >= 30, got '1m'"),
-], ids=["stage", "system", "budget", "bench-systems", "unknown", "dtypes", "updates", "bench-limit", "run-limit"])
+    (["--bench-impls", "auto fast"], "--bench-impls: unknown value 'fast' (allowed: auto sdpa eager flex)"),
+    (["--bench-lengths", "128 512"], "--bench-lengths: expected comma-separated whole numbers"),
+], ids=["stage", "system", "budget", "bench-systems", "unknown", "dtypes", "updates", "bench-limit", "run-limit",
+        "bench-impls", "bench-lengths"])
 def test_bad_options_stop_before_anything_runs(tmp_path, args, message):
     data = tmp_path / "bin"
     data.mkdir()
@@ -154,7 +157,9 @@ fi
 if [[ "$1 $2" == "-m fairseq_localness.cli.benchmark" ]]; then
     args=" $* "
     dtype="${args#* --dtype }"; dtype="${dtype%% *}"
-    echo "bench $dtype" >> "$STUB_RUNS"
+    impls="${args#* --attention-impl }"; impls="${impls%% --*}"
+    lengths="${args#* --lengths }"; lengths="${lengths%% *}"
+    echo "bench $dtype impls=${impls// /+} lengths=$lengths" >> "$STUB_RUNS"
     exit 0
 fi
 if [[ "$1" == *gpu_train_probe.py ]]; then
@@ -201,9 +206,10 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
     (tmp_path / "tmp").mkdir()
     proc = run_script("gpu_check.sh", ["--data-bin", data, "--out", out, "--systems", "hysan transformer",
                                        "--stages", "bench train", "--bench-limit", "40", "--budget", "130",
+                                       "--bench-impls", "auto eager", "--bench-lengths", "128",
                                        "--updates", "150", "--run-limit", "30"], env=env)
     lines = runs.read_text().splitlines()
-    assert lines[0] == "bench bf16" and "benchmark, bf16 (at most 40 s)" in proc.stderr
+    assert lines[0] == "bench bf16 impls=auto+eager lengths=128" and "benchmark, bf16 (at most 40 s)" in proc.stderr
     events = [line.split() for line in lines[1:]]
     starts = [e for e in events if e[0] == "start"]
     assert sorted((e[1], e[2], e[3]) for e in starts[:2]) == [
