@@ -12,14 +12,17 @@ import torch.nn.functional as F
 from fairseq_localness.analysis.divergence import dc_divergence
 from fairseq_localness.models._locality import OptionError
 from fairseq_localness.models.dc_transformer import DCOptions
+from fairseq_localness.modules import dual_context
 from fairseq_localness.modules.incremental import MIN_STEPS
 from fairseq_localness.modules.dual_context import (
     DualContextModule,
     LocalContextUnit,
+    _StackedLinear,
     js_divergence,
     kernel_split,
     reduce_heads,
     reduced_js,
+    stacked_linear,
 )
 from model_utils import (
     TINY, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance, command_line_error,
@@ -209,6 +212,98 @@ def test_dc_module_equals_paper_equations_float64(causal):
     ref = torch.cat([h_l, h_g], -1) @ dc.aggregate.weight.double().t() + dc.aggregate.bias.double()  # eq. 8
     keep = ~pad.t()
     torch.testing.assert_close(z_hat[keep], ref[keep], atol=1e-10, rtol=1e-9)
+
+
+def test_stacked_projections_equal_the_units_own_and_keep_no_stacked_weight(monkeypatch):
+    """A pass without incremental state on a device of ``STACKED_PROJECTION_DEVICES``
+    (CUDA; here the CPU too) computes the FI units' six projections as two products
+    (``DualContextModule._projections``): outputs and the gradients of the
+    input and of every parameter equal those of the units' own projections (float64),
+    and what the pass keeps for the backward pass holds no stacked weight (the
+    product's backward builds it again)."""
+    monkeypatch.setattr(dual_context, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(3)
+    dc = DualContextModule(C, H, kernel_size=2, causal=False).double().train()
+    r = torch.randn(5, 3, C, dtype=torch.float64)
+    pad = _left_padding([5, 3, 4], 5)
+
+    params = {p.untyped_storage().data_ptr() for p in dc.parameters()}
+
+    def run():
+        x = r.clone().requires_grad_(True)
+        saved = []  # the 2-D tensors kept that are no parameter's storage
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: (t.dim() == 2 and t.untyped_storage().data_ptr() not in params
+                           and saved.append(tuple(t.shape))) or t, lambda t: t):
+            z, _ = dc(x, x, x, key_padding_mask=pad)
+        dc.zero_grad(set_to_none=True)
+        (z * torch.linspace(-1, 1, C, dtype=z.dtype)).sum().backward()
+        return [z, x.grad] + [p.grad.clone() for p in dc.parameters()], saved
+
+    calls = []
+    monkeypatch.setattr(dual_context, "stacked_linear", lambda *a: calls.append(1) or stacked_linear(*a))
+    stacked, saved = run()
+    assert len(calls) == 2  # r's four projections, lc's two
+    stacked_weights = [shape for shape in saved if sorted(shape) in ([C, 2 * C], [C, 4 * C])]  # or transposed
+    assert saved and not stacked_weights, saved  # (the aggregate's input is kept)
+    monkeypatch.setattr(DualContextModule, "_projections", lambda self, r, lc: (None, None))
+    own, _ = run()
+    for a, b in zip(stacked, own):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_stacked_linear_gradients_are_exact():
+    """:func:`stacked_linear` against separate ``nn.Linear`` calls: outputs, and
+    torch's numerical gradient check of the input, weights and biases (float64)."""
+    torch.manual_seed(0)
+    projs = [torch.nn.Linear(6, 5).double() for _ in range(3)]
+    x = torch.randn(4, 2, 6, dtype=torch.float64, requires_grad=True)
+    for got, proj in zip(stacked_linear(x, projs), projs):
+        torch.testing.assert_close(got, proj(x), atol=1e-14, rtol=0)
+    params = [p.weight.detach().clone().requires_grad_() for p in projs] + [
+        p.bias.detach().clone().requires_grad_() for p in projs]
+    assert torch.autograd.gradcheck(lambda x, *p: _StackedLinear.apply(x, *p), (x, *params))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_stacked_projections_equal_the_cpu_pass():
+    """On CUDA a training pass takes the stacked projections: outputs and gradients (of
+    the input and every parameter) equal the CPU's pass, which projects per unit
+    (float32)."""
+    torch.manual_seed(5)
+    dc = DualContextModule(32, 4, kernel_size=2, causal=True).train()
+    r = torch.randn(7, 3, 32)
+    pad = _left_padding([7, 5, 6], 7)
+
+    def run(device):
+        module = dc.to(device)
+        x = r.to(device).requires_grad_(True)
+        z, _ = module(x, x, x, key_padding_mask=pad.to(device))
+        module.zero_grad(set_to_none=True)
+        (z * torch.linspace(-1, 1, 32, device=device)).sum().backward()
+        return [t.detach().cpu() for t in [z, x.grad] + [p.grad for p in module.parameters()]]
+
+    want = run("cpu")
+    got = run("cuda")
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_the_cpu_keeps_each_units_own_projections(monkeypatch):
+    """On the CPU (where they were measured slower) no stacked products run."""
+    monkeypatch.setattr(dual_context, "stacked_linear", lambda *a: pytest.fail("stacked on the CPU"))
+    dc = DualContextModule(C, H, kernel_size=2, causal=False).train()
+    r = torch.randn(4, 2, C, requires_grad=True)
+    dc(r, r, r)[0].sum().backward()
+    assert dual_context.STACKED_PROJECTION_DEVICES == ("cuda",)
+
+
+def test_projections_of_the_caller_need_a_pass_without_incremental_state():
+    dc = DualContextModule(C, H, kernel_size=2, causal=True)
+    r = torch.randn(1, 2, C)
+    q = (r, r, r)
+    with pytest.raises(ValueError, match="projections given with incremental_state"):
+        dc.fi_global(r, r, r, incremental_state={}, projections=q)
 
 
 def test_layer_applies_eq9_around_the_module():

@@ -185,22 +185,29 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
     buffer_name = "attn_state"
 
     # ------------------------------------------------------------------ forward
-    def _project(self, query, key, value, key_padding_mask, incremental_state, static_kv):
+    def _project(self, query, key, value, key_padding_mask, incremental_state, static_kv, projections=None):
         """Project and cache: returns q (unscaled), k, v as ``B x H x T x Dh`` and the
-        key padding mask for all keys (cached included)."""
+        key padding mask for all keys (cached included). ``projections``: q, k and v
+        projected by the caller (``T x B x C`` each), for a pass without incremental
+        state."""
         tgt_len, bsz, _ = query.shape
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         if saved is not None and static_kv and "prev_key" in saved:
             key = value = None  # encoder states are already projected and cached
 
         heads = self.num_heads
-        q = split_heads(self.q_proj(query), heads)  # B x H x Tq x Dh
-        if self.self_attention:
-            k, v = split_heads(self.k_proj(query), heads), split_heads(self.v_proj(query), heads)
-        elif key is None:
-            k = v = None
+        if projections is not None:
+            if incremental_state is not None:
+                raise ValueError("projections given with incremental_state: the cache needs the core's own")
+            q, k, v = (split_heads(x, heads) for x in projections)
         else:
-            k, v = split_heads(self.k_proj(key), heads), split_heads(self.v_proj(value), heads)
+            q = split_heads(self.q_proj(query), heads)  # B x H x Tq x Dh
+            if self.self_attention:
+                k, v = split_heads(self.k_proj(query), heads), split_heads(self.v_proj(query), heads)
+            elif key is None:
+                k = v = None
+            else:
+                k, v = split_heads(self.k_proj(key), heads), split_heads(self.v_proj(value), heads)
 
         if saved is not None:
             k, v, key_padding_mask = append_to_cache(saved, k, v, key_padding_mask, static_kv, bsz)
@@ -236,8 +243,13 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         attn_mask: Optional[Tensor] = None,
         before_softmax: bool = False,
         need_head_weights: bool = False,
+        projections: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Same contract as fairseq's ``MultiheadAttention.forward``.
+        """Same contract as fairseq's ``MultiheadAttention.forward``; ``projections``
+        (not fairseq's): q, k and v already projected by the caller with this core's
+        ``q_proj``, ``k_proj`` and ``v_proj`` (``T x B x C`` each), in a pass without
+        incremental state (the Dual Contextual module computes its two FI units'
+        projections of the same input as one product).
 
         Returns ``(output Tq x B x C, weights)``; weights are averaged over heads
         (``B x Tq x Tk``) or per head (``H x B x Tq x Tk``) with ``need_head_weights``,
@@ -252,7 +264,7 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
 
         q, k, v, key_padding_mask = self._project(
-            query, key, value, key_padding_mask, incremental_state, static_kv
+            query, key, value, key_padding_mask, incremental_state, static_kv, projections
         )
         ctx = self._context(query, q, k, key_padding_mask)
         base_blocked, soft_bias = self._base_mask(ctx, attn_mask)
