@@ -25,9 +25,9 @@
 #        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, in each
 #        of --dtypes, with --profile (kernels per pass), all systems in one group; each
 #        dtype at most --bench-limit seconds (the lengths done are kept).
-# tests  the CUDA tests of the attention core, of the fused kernels and of the Dual
-#        Contextual module's stacked projections (tests/test_attention_core.py,
-#        tests/test_flex_path.py, tests/test_dc_transformer.py: "cuda" cases), on 8
+# tests  the CUDA tests of the attention core, of the fused kernels and of the stacked
+#        projections (tests/test_attention_core.py, tests/test_flex_path.py,
+#        tests/test_dc_transformer.py, tests/test_projections.py: "cuda" cases), on 8
 #        pytest-xdist workers where pytest-xdist is installed (each test compiles its own
 #        kinds of fused call: about 3 s a test on one worker, on an H200).
 #
@@ -164,7 +164,8 @@ if stage tests; then
     workers=(-p no:xdist)
     "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
     timeout "$t" "$PY" -m pytest -v -p no:cacheprovider "${workers[@]}" -k cuda tests/test_attention_core.py \
-        tests/test_flex_path.py tests/test_dc_transformer.py > "$OUT_DIR/tests.txt" 2>&1 \
+        tests/test_flex_path.py tests/test_dc_transformer.py tests/test_projections.py \
+        > "$OUT_DIR/tests.txt" 2>&1 \
         || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
     tail -1 "$OUT_DIR/tests.txt" >&2
 fi

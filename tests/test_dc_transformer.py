@@ -12,18 +12,17 @@ import torch.nn.functional as F
 from fairseq_localness.analysis.divergence import dc_divergence
 from fairseq_localness.models._locality import OptionError
 from fairseq_localness.models.dc_transformer import DCOptions
-from fairseq_localness.modules import dual_context
+from fairseq_localness.modules import dual_context, projections
 from fairseq_localness.modules.incremental import MIN_STEPS
 from fairseq_localness.modules.dual_context import (
     DualContextModule,
     LocalContextUnit,
-    _StackedLinear,
     js_divergence,
     kernel_split,
     reduce_heads,
     reduced_js,
-    stacked_linear,
 )
+from fairseq_localness.modules.projections import stacked_linear
 from model_utils import (
     TINY, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance, command_line_error,
     count_parameters, parse_model_args, random_batch,
@@ -221,7 +220,7 @@ def test_stacked_projections_equal_the_units_own_and_keep_no_stacked_weight(monk
     input and of every parameter equal those of the units' own projections (float64),
     and what the pass keeps for the backward pass holds no stacked weight (the
     product's backward builds it again)."""
-    monkeypatch.setattr(dual_context, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(projections, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
     torch.manual_seed(3)
     dc = DualContextModule(C, H, kernel_size=2, causal=False).double().train()
     r = torch.randn(5, 3, C, dtype=torch.float64)
@@ -246,23 +245,11 @@ def test_stacked_projections_equal_the_units_own_and_keep_no_stacked_weight(monk
     assert len(calls) == 2  # r's four projections, lc's two
     stacked_weights = [shape for shape in saved if sorted(shape) in ([C, 2 * C], [C, 4 * C])]  # or transposed
     assert saved and not stacked_weights, saved  # (the aggregate's input is kept)
-    monkeypatch.setattr(DualContextModule, "_projections", lambda self, r, lc: (None, None))
+    monkeypatch.setattr(projections, "STACKED_PROJECTION_DEVICES", ("cuda",))  # each unit its own
     own, _ = run()
+    assert len(calls) == 2
     for a, b in zip(stacked, own):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
-
-
-def test_stacked_linear_gradients_are_exact():
-    """:func:`stacked_linear` against separate ``nn.Linear`` calls: outputs, and
-    torch's numerical gradient check of the input, weights and biases (float64)."""
-    torch.manual_seed(0)
-    projs = [torch.nn.Linear(6, 5).double() for _ in range(3)]
-    x = torch.randn(4, 2, 6, dtype=torch.float64, requires_grad=True)
-    for got, proj in zip(stacked_linear(x, projs), projs):
-        torch.testing.assert_close(got, proj(x), atol=1e-14, rtol=0)
-    params = [p.weight.detach().clone().requires_grad_() for p in projs] + [
-        p.bias.detach().clone().requires_grad_() for p in projs]
-    assert torch.autograd.gradcheck(lambda x, *p: _StackedLinear.apply(x, *p), (x, *params))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -287,15 +274,6 @@ def test_cuda_stacked_projections_equal_the_cpu_pass():
     got = run("cuda")
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-
-
-def test_the_cpu_keeps_each_units_own_projections(monkeypatch):
-    """On the CPU (where they were measured slower) no stacked products run."""
-    monkeypatch.setattr(dual_context, "stacked_linear", lambda *a: pytest.fail("stacked on the CPU"))
-    dc = DualContextModule(C, H, kernel_size=2, causal=False).train()
-    r = torch.randn(4, 2, C, requires_grad=True)
-    dc(r, r, r)[0].sum().backward()
-    assert dual_context.STACKED_PROJECTION_DEVICES == ("cuda",)
 
 
 def test_projections_of_the_caller_need_a_pass_without_incremental_state():

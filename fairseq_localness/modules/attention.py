@@ -67,6 +67,7 @@ from fairseq_localness.modules.fusion import BranchOutputs, EagerOutputs, Fusion
 from fairseq_localness.modules.incremental import IncrementalBuffer, append_to_cache
 from fairseq_localness.modules.kernels.choice import branch_attention, check_impl, fused_windows, use_fast_path
 from fairseq_localness.modules.observe import Observable, probs_key
+from fairseq_localness.modules.projections import stacked_linear, stacks_projections
 
 def set_attention_impl(model: nn.Module, impl: str) -> int:
     """Set ``attention_impl`` of every :class:`AttentionCore` in ``model``; returns how
@@ -189,16 +190,21 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         """Project and cache: returns q (unscaled), k, v as ``B x H x T x Dh`` and the
         key padding mask for all keys (cached included). ``projections``: q, k and v
         projected by the caller (``T x B x C`` each), for a pass without incremental
-        state."""
+        state. A self-attention pass without incremental state projects q, k and v as
+        one product where :func:`~.projections.stacks_projections` says so (CUDA)."""
         tgt_len, bsz, _ = query.shape
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         if saved is not None and static_kv and "prev_key" in saved:
             key = value = None  # encoder states are already projected and cached
 
         heads = self.num_heads
+        own = (self.q_proj, self.k_proj, self.v_proj)
+        if projections is None and self.self_attention and incremental_state is None \
+                and stacks_projections(query, own):
+            projections = stacked_linear(query, own)  # one product (CUDA: fewer launches)
+        elif projections is not None and incremental_state is not None:
+            raise ValueError("projections given with incremental_state: the cache needs the core's own")
         if projections is not None:
-            if incremental_state is not None:
-                raise ValueError("projections given with incremental_state: the cache needs the core's own")
             q, k, v = (split_heads(x, heads) for x in projections)
         else:
             q = split_heads(self.q_proj(query), heads)  # B x H x Tq x Dh

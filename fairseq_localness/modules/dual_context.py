@@ -97,21 +97,10 @@ from torch import Tensor, nn
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.context import query_part
 from fairseq_localness.modules.incremental import IncrementalBuffer, attention_step
+from fairseq_localness.modules.projections import stacked_linear, stacks_projections
 from fairseq_localness.modules.observe import QUERY_PADDING, VALID, Observable
 
 HEAD_REDUCTIONS = ("max", "mean", "per_head")
-# Where the FI units' projections of a full pass run as two stacked products
-# (DualContextModule._projections): on CUDA, where a training step is bound by its
-# kernel launches (not yet measured on a GPU). Switched on for the CPU, they took the
-# non-view operators of one training pass (wmt_en_de, 4 x 32 tokens, forward and
-# backward) from 1,612 to 1,498 for Enc-DC and from 1,890 to 1,662 for Full-DC (the
-# transformer's: 1,274), 19 fewer per module: the products, bias sums and gradient
-# sums of six projections become those of two. On the
-# CPU the stacked products were slower (a training step took 1/0.989 of the time at
-# 16 x 32 tokens and 1/0.980 at 8 x 256 for Enc-DC, 1/0.997 for Full-DC at 16 x 32:
-# one process, 12 and 8 paired rounds, process CPU time, one thread): building the
-# stacked weights forward and backward costs more there than the launches it saves.
-STACKED_PROJECTION_DEVICES = ("cuda",)
 # the dtypes whose decoder steps the FI units compute by the one-row kernel (float64
 # takes the cores' eager reference path)
 STEP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -129,46 +118,6 @@ def kernel_split(kernel_size: int, causal: bool) -> Tuple[int, int]:
         return kernel_size - 1, 0
     left = kernel_size // 2
     return left, kernel_size - 1 - left
-
-
-class _StackedLinear(torch.autograd.Function):
-    """``x W^T + b`` for the weights ``W_1 .. W_n`` and biases ``b_1 .. b_n`` of n
-    projections of the same input, stacked (``... x (out_1 + ... + out_n)``), as one
-    product forward and one per gradient backward. The stacked weight is built again
-    in the backward pass instead of being kept: what the pass keeps is ``x`` and the
-    parameters themselves, as with n separate projections."""
-
-    @staticmethod
-    def forward(ctx, x, *params):
-        count = len(params) // 2
-        weights, biases = params[:count], params[count:]
-        ctx.save_for_backward(x, *weights)
-        return F.linear(x, torch.cat(weights), torch.cat(biases))
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, *weights = ctx.saved_tensors
-        sizes = [w.size(0) for w in weights]
-        rows = grad.reshape(-1, grad.size(-1))
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (rows @ torch.cat(weights)).view(x.shape)
-        grad_w = grad_b = [None] * len(weights)
-        if any(ctx.needs_input_grad[1:1 + len(weights)]):
-            grad_w = list((rows.t() @ x.reshape(-1, x.size(-1))).split(sizes))
-        if any(ctx.needs_input_grad[1 + len(weights):]):
-            grad_b = list(rows.sum(0).split(sizes))
-        return (grad_x, *grad_w, *grad_b)
-
-
-def stacked_linear(x: Tensor, projections) -> Tuple[Tensor, ...]:
-    """The outputs of the ``nn.Linear`` modules ``projections`` (each with a bias, the
-    same output size) on the same input ``x``, computed as one product
-    (:class:`_StackedLinear`): ``n`` tensors ``... x out``, views of the stacked
-    output."""
-    params = [proj.weight for proj in projections] + [proj.bias for proj in projections]
-    out = _StackedLinear.apply(x, *params)
-    return out.unflatten(-1, (len(projections), -1)).unbind(-2)
 
 
 @with_incremental_state
@@ -349,12 +298,12 @@ class DualContextModule(nn.Module, Observable):
         stay the units' own; the backward pass then runs two products (and one
         gradient per input) where the separate projections ran six (and summed four
         gradients of ``r`` and two of ``lc``). Returns ``(local q, k, v), (global q, k,
-        v)``, or ``(None, None)`` on a device not in :data:`STACKED_PROJECTION_DEVICES`
-        or where a projection has no bias (each unit projects its own then)."""
+        v)``, or ``(None, None)`` where :func:`~.projections.stacks_projections` says
+        no (each unit projects its own then)."""
         local, glob = self.fi_local, self.fi_global
         from_r = (local.q_proj, glob.q_proj, glob.k_proj, glob.v_proj)
         from_lc = (local.k_proj, local.v_proj)
-        if r.device.type not in STACKED_PROJECTION_DEVICES or any(proj.bias is None for proj in from_r + from_lc):
+        if not stacks_projections(r, from_r + from_lc):
             return None, None
         q_l, q_g, k_g, v_g = stacked_linear(r, from_r)
         k_l, v_l = stacked_linear(lc, from_lc)
