@@ -26,6 +26,30 @@ def test_stacked_linear_equals_separate_projections_and_its_gradients_are_exact(
     assert torch.autograd.gradcheck(lambda x, *p: _StackedLinear.apply(x, *p), (x, *params))
 
 
+def test_stacked_linear_under_autocast_matches_separate_projections():
+    """Mixed precision (``--amp``: autocast runs the forward product in half precision
+    on float32 parameters; fairseq's backward pass runs outside autocast): the
+    gradients come back in float32 and match those of separate projections run the
+    same way (bfloat16 autocast on the CPU)."""
+    torch.manual_seed(4)
+    projs = [torch.nn.Linear(16, 16) for _ in range(3)]
+    x = torch.randn(5, 2, 16)
+
+    def run(stacked):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs = stacked_linear(xi, projs) if stacked else [proj(xi) for proj in projs]
+        for proj in projs:
+            proj.zero_grad(set_to_none=True)
+        sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs)).backward()
+        return [o.float() for o in outs] + [xi.grad] + [p.grad for proj in projs for p in proj.parameters()]
+
+    want, got = run(False), run(True)
+    assert all(g.dtype == torch.float32 for g in got[3:])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0.05, rtol=0.02)
+
+
 def test_where_projections_are_stacked():
     """CUDA only; every projection with a bias and of one output size."""
     x = torch.randn(3, 2, C)
@@ -102,6 +126,18 @@ def test_cuda_self_attention_with_stacked_projections_equals_the_cpu_pass():
     pad = torch.zeros(3, 5, dtype=torch.bool)
     pad[1, :2] = True
     want, _ = _pass(core, x, pad)
-    got, _ = _pass(core.cuda(), x.cuda(), pad.cuda())
+    calls = []
+    original = attention.stacked_linear
+    attention.stacked_linear = lambda *a: calls.append(1) or original(*a)
+    try:
+        got, _ = _pass(core.cuda(), x.cuda(), pad.cuda())
+        with torch.autocast("cuda", dtype=torch.float16):  # --amp
+            out, _ = core(x.cuda().requires_grad_(True), x.cuda(), x.cuda(), key_padding_mask=pad.cuda(),
+                          need_weights=False)
+        out.float().sum().backward()  # outside autocast, as fairseq does
+    finally:
+        attention.stacked_linear = original
+    assert calls == [1, 1]
+    assert all(p.grad.dtype == torch.float32 for p in core.parameters())
     for a, b in zip(got, want):
         torch.testing.assert_close(a.cpu(), b, atol=1e-4, rtol=1e-4)

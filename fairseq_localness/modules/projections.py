@@ -18,7 +18,7 @@ on for the CPU, the stacked products took the non-view operators of one training
 (``wmt_en_de``, 4 x 32 tokens, forward and backward, ``attention_impl="sdpa"``) from
 1,612 to 1,498 for Enc-DC and from 1,890 to 1,662 for Full-DC, 19 fewer per module;
 from 3,062 to 2,982 for HySAN e1 (12 cores), 1,634 to 1,612 for localness (3 cores),
-1,490 to 1,474 for the hybrid (2 cores), 7 or 8 fewer per core (the transformer's:
+1,490 to 1,474 for the hybrid (2 cores), about 7 fewer per core (the transformer's:
 1,274).
 On the CPU they were slower: an Enc-DC training step took 1/0.989 of the time at
 16 x 32 tokens and 1/0.980 at 8 x 256, Full-DC 1/0.997 at 16 x 32 (one process, 12
@@ -56,21 +56,28 @@ class _StackedLinear(torch.autograd.Function):
         count = len(params) // 2
         weights, biases = params[:count], params[count:]
         ctx.save_for_backward(x, *weights)
+        ctx.bias_dtypes = [b.dtype for b in biases]
         return F.linear(x, torch.cat(weights), torch.cat(biases))
 
     @staticmethod
     def backward(ctx, grad):
+        # In the dtype of the forward product, which autocast (--amp) may have run in
+        # half precision on float32 inputs; each gradient back in its input's dtype
+        # (the casts launch nothing where the dtypes agree: --fp16, --bf16, float32).
         x, *weights = ctx.saved_tensors
+        dtype = grad.dtype
         sizes = [w.size(0) for w in weights]
         rows = grad.reshape(-1, grad.size(-1))
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = (rows @ torch.cat(weights)).view(x.shape)
+            grad_x = (rows @ torch.cat(weights).to(dtype)).view(x.shape).to(x.dtype)
         grad_w = grad_b = [None] * len(weights)
         if any(ctx.needs_input_grad[1:1 + len(weights)]):
-            grad_w = list((rows.t() @ x.reshape(-1, x.size(-1))).split(sizes))
+            parts = (rows.t() @ x.reshape(-1, x.size(-1)).to(dtype)).split(sizes)
+            grad_w = [part.to(w.dtype) for part, w in zip(parts, weights)]
         if any(ctx.needs_input_grad[1 + len(weights):]):
-            grad_b = list(rows.sum(0).split(sizes))
+            parts = rows.sum(0).split(sizes)
+            grad_b = [part.to(bias_dtype) for part, bias_dtype in zip(parts, ctx.bias_dtypes)]
         return (grad_x, *grad_w, *grad_b)
 
 
