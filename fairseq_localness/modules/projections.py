@@ -11,7 +11,9 @@ fewer kernels per attention call, 12 for the Dual Contextual module's six projec
 as two products. The parameters stay the modules' own (``q_proj``, ``k_proj``,
 ``v_proj``: checkpoints, parameter counts and initialisation are unchanged), and the
 stacked weight is built again in the backward pass instead of being kept, so the pass
-keeps what separate projections keep.
+keeps what separate projections keep, with one exception: q, k and v are views of one
+stacked output, so a path that keeps k and v but not q for its backward pass (the eager
+reference's products) keeps q's part too, one ``T x B x C`` more per core.
 
 Where (:data:`STACKED_PROJECTION_DEVICES`): CUDA, not yet measured on a GPU. Switched
 on for the CPU, the stacked products took the non-view operators of one training pass
