@@ -136,9 +136,9 @@ def _reprojecting(original):
     """An attention core that keeps its self-attention inputs and projects all of them
     again at every step."""
 
-    def project(self, query, key, value, key_padding_mask, incremental_state, static_kv):
+    def project(self, query, key, value, key_padding_mask, incremental_state, static_kv, projections=None):
         if incremental_state is None or not self.self_attention:
-            return original(self, query, key, value, key_padding_mask, incremental_state, static_kv)
+            return original(self, query, key, value, key_padding_mask, incremental_state, static_kv, projections)
         buffer = self._get_input_buffer(incremental_state)
         history = query if buffer.get("history") is None else torch.cat([buffer["history"], query], 0)
         buffer["history"] = history
