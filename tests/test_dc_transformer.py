@@ -264,7 +264,7 @@ def test_cuda_stacked_projections_equal_the_cpu_pass():
 
     def run(device):
         module = dc.to(device)
-        x = r.to(device).requires_grad_(True)
+        x = r.detach().to(device).requires_grad_(True)  # a leaf on each device
         z, _ = module(x, x, x, key_padding_mask=pad.to(device))
         module.zero_grad(set_to_none=True)
         (z * torch.linspace(-1, 1, 32, device=device)).sum().backward()
