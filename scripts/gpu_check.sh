@@ -54,7 +54,7 @@ parse_options "$@" <<'EOF'
 --budget SECONDS        BUDGET         int:60       540
     the time of all stages together (the benchmark first, then the tests,
     then the training runs with what is left)
---bench-limit SECONDS   BENCH_LIMIT    int:30       240
+--bench-limit SECONDS   BENCH_LIMIT    int:30       520
     the time limit of the benchmark of one dtype
 --bench-impls LIST      BENCH_IMPLS    text         -
     the benchmark's --attention-impl values (default: auto), e.g. "auto eager":
