@@ -80,17 +80,21 @@ parse_options "$@" <<'EOF'
     the time limit of one timed training run (a run cut short keeps the
     intervals it logged)
 EOF
+# each_of OPTION WHAT LIST ALLOWED...: every word of LIST is one of ALLOWED
+each_of() {
+    local opt="$1" what="$2" list="$3" word
+    shift 3
+    for word in $list; do
+        [[ " $* " == *" $word "* ]] || die "$opt: unknown $what '$word' (allowed: $*)"
+    done
+}
 STAGES="${STAGES:-train}"
 BENCH_IMPLS="${BENCH_IMPLS:-auto}"
-for impl in $BENCH_IMPLS; do
-    [[ "$impl" =~ ^(auto|sdpa|eager|flex)$ ]] || die "--bench-impls: unknown value '$impl' (allowed: auto sdpa eager flex)"
-done
+each_of --bench-impls value "$BENCH_IMPLS" auto sdpa eager flex
 [[ "$BENCH_LENGTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] \
     || die "--bench-lengths: expected comma-separated whole numbers (e.g. 128,512), got '$BENCH_LENGTHS'"
 DTYPES="${DTYPES:-bf16}"
-for d in $DTYPES; do
-    [[ "$d" =~ ^(bf16|fp16)$ ]] || die "--dtypes: unknown precision '$d' (allowed: bf16 fp16)"
-done
+each_of --dtypes precision "$DTYPES" bf16 fp16
 SYSTEMS="${SYSTEMS:-transformer localness localness-relpos hybrid hysan enc-dc dec-dc full-dc}"
 BENCH_SYSTEMS=("transformer" "localness (query, enc 1-3)" "localness + rel_pos" "hybrid (gate, enc 1-2)"
                "hysan e1 (gated)" "enc-dc (f=2)" "dec-dc (f=2)" "full-dc (f=2)")
@@ -108,9 +112,7 @@ declare -A ARCH=(
     [dec-dc]="dc_transformer_iwslt_de_en --dc-mode dec"
     [full-dc]="dc_transformer_iwslt_de_en --dc-mode full"
 )
-for s in $STAGES; do
-    [[ "$s" =~ ^(bench|tests|train)$ ]] || die "--stages: unknown stage '$s' (allowed: train bench tests)"
-done
+each_of --stages stage "$STAGES" train bench tests
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 for s in $SYSTEMS; do
     [[ -n "${ARCH[$s]:-}" ]] || die "--systems: unknown system '$s' (allowed: ${!ARCH[*]})"
@@ -123,6 +125,7 @@ OUT_DIR="$(cd "$OUT_DIR" && pwd -P)"
 export PYTHONPATH="${REPO_DIR}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 START=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - START) )); }
+capped() { local t=$(( $(left) - 10 )); echo $(( t < $1 ? t : $1 )); }  # what is left (10 s kept), at most $1
 
 {   # (fairseq's import warnings go to device.err)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true
@@ -143,7 +146,7 @@ cat "$OUT_DIR/device.txt" >&2
 
 # the benchmark: 32 x 128 and 8 x 512 tokens, in each dtype
 stage bench && for dtype in $DTYPES; do
-    t=$(( $(left) - 10 < BENCH_LIMIT ? $(left) - 10 : BENCH_LIMIT ))
+    t=$(capped "$BENCH_LIMIT")
     (( t >= 30 )) || { echo "${PROG}: no time left for the $dtype benchmark" >&2; continue; }
     echo "${PROG}: benchmark, $dtype (at most ${t} s)" >&2
     # shellcheck disable=SC2086  # BENCH_IMPLS: one argument per value
@@ -207,7 +210,7 @@ if stage train; then
     fi
     for run in "${runs[@]}"; do
         s="${run%.*}" dtype="${run##*.}"
-        t=$(( $(left) - 10 < RUN_LIMIT ? $(left) - 10 : RUN_LIMIT ))
+        t=$(capped "$RUN_LIMIT")
         (( t >= 30 )) || { echo "${PROG}: no time left for $run" >&2; continue; }
         echo "${PROG}: training $run (at most ${t} s)" >&2
         train "$OUT_DIR/train/$run.log" "$t" "$UPDATES" "$s" "$dtype" || echo "${PROG}: $run stopped (exit status $?)" >&2
