@@ -181,6 +181,57 @@ def test_mixed_precision_step_keeps_fp32_master_weights():
         assert torch.equal(p, m.to(torch.bfloat16))
 
 
+def test_mixed_precision_step_unscales_into_fp32_gradients_and_skips_parameters_without_one():
+    """The master gradients: each model gradient copied to fp32 and divided by the loss
+    scale (fp16), all parameters in one multi-tensor call; a parameter that got no
+    gradient this step is not stepped (its master and its Adam state stay as they
+    were), as torch's Adam skips one."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(torch.bfloat16)
+    optimizer = bench_model._MixedPrecisionAdam(model, lr=1e-3, loss_scale=128.0)
+    frozen_weight = model[0].weight
+    model(torch.randn(5, 4, dtype=torch.bfloat16)).float().sum().mul(128.0).backward()
+    frozen_weight.grad = None  # as if it took no part in this step
+    expected = {id(m): p.grad.float() / 128.0 for p, m in zip(optimizer.params, optimizer.master)
+                if p.grad is not None}
+    before = [m.detach().clone() for m in optimizer.master]
+    optimizer.step()
+    for p, m, old in zip(optimizer.params, optimizer.master, before):
+        if p is frozen_weight:
+            assert m.grad is None and torch.equal(m, old) and m not in optimizer.optimizer.state
+        else:
+            assert m.grad.dtype == torch.float32 and torch.equal(m.grad, expected[id(m)])
+            assert not torch.equal(m, old)
+
+
+def test_mixed_precision_step_copies_gradients_in_multi_tensor_calls():
+    """Around Adam's own step, the copies to and from the master weights are one
+    multi-tensor call each, plus one unscaling call in fp16, however many parameter
+    tensors the model has (not a copy and a multiply per tensor: on CUDA, two kernel
+    launches per tensor)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)]).to(torch.bfloat16)
+    for scale, expected in ((1.0, ["_foreach_copy_", "_foreach_copy_"]),
+                            (128.0, ["_foreach_copy_", "_foreach_mul_", "_foreach_copy_"])):
+        optimizer = bench_model._MixedPrecisionAdam(model, lr=1e-3, loss_scale=scale)
+        optimizer.optimizer.step = lambda: None  # Adam's own operator calls are not counted
+        model(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum().backward()
+        with Calls() as calls:
+            optimizer.step()
+        assert calls.names == expected
+        optimizer.zero_grad()
+
+
 # --------------------------------------------------------------------------- counting
 def test_cpu_attention_kernels_are_counted():
     """torch's FlopCounterMode counts only the GPU kernels of scaled_dot_product_attention;

@@ -77,11 +77,20 @@ class _MixedPrecisionAdam:
     """Adam on fp32 master copies of a fp16/bf16 model's parameters, as fairseq's
     ``FP16Optimizer`` (``--fp16``/``--bf16``): the gradients are copied to fp32 (and
     unscaled in fp16), Adam steps the master weights, which are copied back into the
-    model. fp16 uses a fixed loss scale (fairseq's initial 128); bf16 needs none."""
+    model. fp16 uses a fixed loss scale (fairseq's initial 128); bf16 needs none.
+
+    The master gradients are fp32 buffers of their own, kept between steps as
+    fairseq keeps its flat fp32 gradient buffer, and every step of the copy is one
+    multi-tensor (``_foreach``) operator call over all parameters: on CUDA a few
+    kernels for the whole model instead of a copy and a multiply per parameter tensor
+    (two launches per tensor, a third of the transformer's per training step at
+    Transformer-base; a model with more parameter tensors paid more). bf16 skips the
+    unscaling, which multiplied by 1."""
 
     def __init__(self, model, lr: float, loss_scale: float):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        self.grads = [torch.zeros_like(m) for m in self.master]
         self.optimizer = torch.optim.Adam(self.master, lr=lr)
         self.loss_scale = loss_scale
 
@@ -90,8 +99,16 @@ class _MixedPrecisionAdam:
             p.grad = None
 
     def step(self):
-        for p, m in zip(self.params, self.master):
-            m.grad = None if p.grad is None else p.grad.float().mul_(1.0 / self.loss_scale)
+        model_grads, master_grads = [], []
+        for p, m, g in zip(self.params, self.master, self.grads):
+            m.grad = None if p.grad is None else g  # Adam skips a parameter without a gradient
+            if p.grad is not None:
+                model_grads.append(p.grad)
+                master_grads.append(g)
+        if model_grads:
+            torch._foreach_copy_(master_grads, model_grads)  # to fp32
+            if self.loss_scale != 1.0:
+                torch._foreach_mul_(master_grads, 1.0 / self.loss_scale)
         self.optimizer.step()
         with torch.no_grad():
             torch._foreach_copy_(self.params, self.master)
