@@ -231,14 +231,14 @@ def test_descriptions_evaluate_to_the_eager_bias_and_mask():
     assert window.describe(ctx).window == flex.Window(2, 1)
 
 
-def _traced_on_the_cpu(monkeypatch):
+def _traced_on_the_cpu(monkeypatch, backend="eager"):
     """Compile the fused call on the CPU as CUDA does (one code object per kind of call,
     ``fullgraph=True``, dynamic shapes), traced by dynamo and run by torch's reference
-    (``backend="eager"``: the CPU has no compiled kernel with a log-sum-exp); returns
-    the dynamo counters, cleared."""
+    (``backend="eager"``: the CPU has no compiled kernel with a log-sum-exp; or the
+    ``backend`` given); returns the dynamo counters, cleared."""
     import torch._dynamo
 
-    monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", "eager")
+    monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", backend)
     monkeypatch.setattr(flex, "COMPILED", {})
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -321,6 +321,44 @@ def test_every_model_in_one_process_compiles_each_kind_of_call_a_few_times_and_n
         torch._dynamo.reset()
     assert len(per_kind) >= 5, per_kind
     assert set(per_kind.values()) == {1}, per_kind
+
+
+def test_the_compiled_graphs_hold_no_tensor_constants(monkeypatch):
+    """Every kind of fused call of every model (and Shaw et al.'s value term around it),
+    traced through AOTAutograd as Inductor receives it, holds no tensor constant: the
+    score and mask functions read their numbers (the window bounds, ``Tk - Tq``,
+    Shaw et al.'s K) as 0-d tensors instead of indexing one vector, which traced into
+    an index tensor per entry. On a GPU such a constant is a CUDA tensor that
+    AOTAutograd's cache cannot write to disk ("unable to serialize", logged for every
+    graph on an H200), so every new process compiled each kind again."""
+    import torch._dynamo
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from model_utils import build_model, random_batch
+
+    constants = []
+
+    def record(gm, example_inputs):
+        for module in gm.modules():
+            for node in module.graph.nodes if isinstance(module, torch.fx.GraphModule) else ():
+                if node.op == "get_attr" and isinstance(getattr(module, node.target), torch.Tensor):
+                    constants.append((node.target, getattr(module, node.target)))
+        return make_boxed_func(gm.forward)
+
+    _traced_on_the_cpu(monkeypatch, aot_autograd(fw_compiler=record, bw_compiler=record))
+    try:
+        for arch, extra in MODELS:
+            model, task = build_model(arch, extra)
+            assert set_attention_impl(model, "flex") > 0
+            with torch.no_grad():
+                src, src_lengths, prev, _ = random_batch(task, [9, 6, 4], seed=0)
+                model(src, src_lengths, prev)
+        kinds = sorted(name for name, _, _ in flex.COMPILED)
+    finally:
+        torch._dynamo.reset()
+    assert "_value_term" in kinds and kinds.count("_attend") >= 5, kinds
+    assert constants == []
 
 
 def test_sublayers_with_other_branch_counts_and_one_sentence_batches_keep_within_the_budget(monkeypatch):

@@ -23,7 +23,12 @@ How it is called, and why (the pitfalls met on an H200, issue 38):
   every per-call tensor (centres, coefficients, the bucket table, the padding, the
   geometry ``left, right, Tk - Tq, K``) is an argument, captured by the closure as a
   buffer. A closure made anew per call, or one capturing Python numbers, would
-  compile again for every call or every value; here only the presence of each term
+  compile again for every call or every value; the geometry's numbers are separate
+  0-d tensors, not one vector that the functions index (``geometry[2]`` inside a
+  score or mask function traces into an index tensor of its own, a constant of the
+  compiled graph, and a graph with constants on the GPU is one that AOTAutograd cannot
+  cache on disk: the H200 logged "unable to serialize" for every graph, so every new
+  process compiled each kind again, 8-24 s each); here only the presence of each term
   (``None`` or not), the dtypes and the grad mode select a compiled graph, each kind
   under its own code object (one rel_pos model reached dynamo's limit of 8 graphs
   per code object, past which a ``fullgraph=True`` call raises), with dynamic shapes
@@ -82,7 +87,7 @@ logger = logging.getLogger(__name__)
 # memory (issue 38, measured on an H200: the default blocks ran out of it).
 TABLE_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
 
-# An unbounded side of a window, in the geometry tensor.
+# An unbounded side of a window, in the geometry.
 _UNBOUNDED = 1 << 30
 
 
@@ -110,15 +115,18 @@ def supports(q: Tensor) -> bool:
 def _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse,
             kernel_options, gqa=False):
     """One fused call; every tensor the score function reads is an argument (see the
-    module docstring). ``geometry``: ``[left, right, Tk - Tq, K]`` (long). ``gqa``:
+    module docstring). ``geometry``: ``(left, right, Tk - Tq, K)``, 0-d long tensors
+    (:func:`_geometry`). ``gqa``:
     ``q`` has a group of query heads per head of ``k`` and ``v`` (:func:`flex_windows`)."""
+
+    offset, clip = geometry[2], geometry[3]
 
     def score_mod(score, b, h, q_idx, kv_idx):
         if centre is not None:  # Yang et al. 2018, eq. 5
             dist = k_pos[b, kv_idx] - centre[b, h, q_idx]
             score = score + dist * dist * coeff[b, h, q_idx]
         if table is not None:  # Shaw et al. 2018, eq. 4
-            bucket = torch.clamp(kv_idx - q_idx - geometry[2], -geometry[3], geometry[3]) + geometry[3]
+            bucket = torch.clamp(kv_idx - q_idx - offset, -clip, clip) + clip
             score = score + table[b, h, q_idx, bucket]
         if bias is not None:
             score = score + bias[b, h, q_idx, kv_idx]
@@ -230,7 +238,7 @@ def _call_compiled(compiled, *args):
       CPU over 5 batches: 6 second compiles, "k._base.size()[0] == q.size()[2]",
       "tuple index out of range").
     * Dynamo traces it without duck sizing: with it, two sizes equal at the first call
-      (the batch and the geometry's 4 entries; a base's length and the queries') are
+      (the batch and a window table's L entries; a base's length and the queries') are
       one symbol, and the first call where they differ compiles again.
 
     Each compile of a fused call took 8 to 24 s on an H200."""
@@ -308,17 +316,23 @@ def _out_of_shared_memory(error: BaseException) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _geometry(left: Optional[int], right: Optional[int], offset: int, k: int, device: torch.device) -> Tensor:
+def _geometry(left: Optional[int], right: Optional[int], offset: int, k: int,
+              device: torch.device) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(left, right, Tk - Tq, K)`` as four 0-d long tensors (an unbounded side:
+    :data:`_UNBOUNDED`), cached: data of the score and mask functions, which read them
+    without indexing (see the module docstring)."""
     left = _UNBOUNDED if left is None else left
     right = _UNBOUNDED if right is None else right
     with torch.inference_mode(False):  # cached: usable by a later pass with gradients
-        return torch.tensor([left, right, offset, k], dtype=torch.long, device=device)
+        return tuple(torch.tensor(x, dtype=torch.long, device=device) for x in (left, right, offset, k))
 
 
-def _window_mask_mod(geometry: Tensor):
+def _window_mask_mod(geometry: Tuple[Tensor, ...]):
+    left, right, offset = geometry[:3]
+
     def mask_mod(b, h, q_idx, kv_idx):
-        d = kv_idx - q_idx - geometry[2]
-        return (d >= -geometry[0]) & (d <= geometry[1])
+        d = kv_idx - q_idx - offset
+        return (d >= -left) & (d <= right)
 
     return mask_mod
 
@@ -404,15 +418,17 @@ def _windows_block_mask(windows: Tuple[Tuple[Optional[int], Optional[int]], ...]
     ``-left_b <= d <= right_b`` (``windows[b] = (left_b, right_b)``), cached per windows,
     heads, lengths and device."""
     with torch.inference_mode(False):
-        # L x 3: left, right and Tk - Tq of each group, as data (numbers captured by the
-        # closure would be constants of the compiled graph)
-        bounds = torch.tensor([[_UNBOUNDED if x is None else x for x in w] + [src_len - tgt_len] for w in windows],
-                              dtype=torch.long, device=device)
+        # each group's left and right bound (L each) and Tk - Tq (0-d), as data: numbers
+        # captured by the closure, or an index into one table (``bounds[group, 2]``),
+        # would be constants of the compiled graph
+        lefts, rights = (torch.tensor([_UNBOUNDED if w[side] is None else w[side] for w in windows],
+                                      dtype=torch.long, device=device) for side in (0, 1))
+        offset = torch.tensor(src_len - tgt_len, dtype=torch.long, device=device)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            group = h % bounds.size(0)
-            d = kv_idx - q_idx - bounds[group, 2]
-            return (d >= -bounds[group, 0]) & (d <= bounds[group, 1])
+            group = h % lefts.size(0)
+            d = kv_idx - q_idx - offset
+            return (d >= -lefts[group]) & (d <= rights[group])
 
         return create_block_mask(mask_mod, None, heads * len(windows), tgt_len, src_len, device=device)
 
