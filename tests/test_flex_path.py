@@ -514,7 +514,7 @@ def test_a_kind_of_call_out_of_shared_memory_takes_small_blocks_from_then_on(mon
 
 
 def test_any_other_error_of_the_check_is_raised(monkeypatch):
-    calls = _stand_in_gpu(monkeypatch)
+    _stand_in_gpu(monkeypatch)
     monkeypatch.setattr(_FailsInBackward, "message", "CUDA error: an illegal memory access was encountered")
     q, k, v = (torch.randn(2, 4, 6, 16, requires_grad=True) for _ in range(3))
     with pytest.raises(RuntimeError, match="illegal memory access"):
