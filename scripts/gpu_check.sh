@@ -24,7 +24,12 @@
 #        system (--bench-systems all: every system of --list) at WMT's batch shapes,
 #        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, in each
 #        of --dtypes, with --profile (kernels per pass), all systems in one group; each
-#        dtype at most --bench-limit seconds (the lengths done are kept).
+#        dtype at most --bench-limit seconds (the lengths done are kept). First a warm-up
+#        (at most a third of that): the systems whose calls compile on CUDA (localness,
+#        localness + rel_pos, hybrid, HySAN) run one benchmark round each, all at once,
+#        so that their compiling (minutes, one system after the other, in the benchmark
+#        itself) is done in parallel into torch's and Triton's caches on disk, which the
+#        benchmark then reads.
 # tests  the CUDA tests of the attention core, of the fused kernels and of the stacked
 #        projections (tests/test_attention_core.py, tests/test_flex_path.py,
 #        tests/test_dc_transformer.py, tests/test_projections.py: "cuda" cases), on 8
@@ -36,7 +41,7 @@
 # machine's first process); the transformer then runs about 10 updates a second; a
 # system with fused calls had logged no update 38 s after its start, compiling.
 #
-# Results go to OUT (train.md, train.tsv, train/<system>.<dtype>.log, warm/ (the warm-up's logs),
+# Results go to OUT (train.md, train.tsv, train/<system>.<dtype>.log, warm/ (the warm-ups' logs),
 # bench-<dtype>/, tests.txt, device.txt and device.err); OUT/gpu_check.tar.gz holds all of them.
 #
 # DIR is a fairseq-preprocess'd folder with a joined dictionary (the demo's:
@@ -99,6 +104,8 @@ SYSTEMS="${SYSTEMS:-transformer localness localness-relpos hybrid hysan enc-dc d
 BENCH_SYSTEMS=("transformer" "localness (query, enc 1-3)" "localness + rel_pos" "hybrid (gate, enc 1-2)"
                "hysan e1 (gated)" "enc-dc (f=2)" "dec-dc (f=2)" "full-dc (f=2)")
 [[ -z "$BENCH_ALL" ]] || BENCH_SYSTEMS=()
+# the benchmark's systems whose attention compiles on CUDA (FlexAttention), warmed up first
+BENCH_WARM=("localness (query, enc 1-3)" "localness + rel_pos" "hybrid (gate, enc 1-2)" "hysan e1 (gated)")
 require_file "$DATA_BIN/dict.src.txt" --data-bin
 
 # fairseq's arguments per system of the training stage (Transformer-base for IWSLT)
@@ -145,15 +152,32 @@ PYTHON
 cat "$OUT_DIR/device.txt" >&2
 
 # the benchmark: 32 x 128 and 8 x 512 tokens, in each dtype
+bench() {  # bench TIMEOUT DTYPE REPEATS OUTPUT-DIR PROFILE(yes/no) [SYSTEM...] (none: the benchmark's all)
+    local limit="$1" dtype="$2" repeats="$3" dir="$4" profile=()
+    [[ "$5" == yes ]] && profile=(--profile)
+    shift 5
+    # shellcheck disable=SC2086  # BENCH_IMPLS: one argument per value
+    run timeout "$limit" "$PY" -m fairseq_localness.cli.benchmark --dtype "$dtype" --size wmt_en_de \
+        ${1+--systems "$@"} --group-size 8 --attention-impl $BENCH_IMPLS \
+        --lengths "$BENCH_LENGTHS" --tokens-per-batch 4096 --decode-tokens 1024 --max-decode-len 32 \
+        --repeats "$repeats" "${profile[@]}" --output-dir "$dir"
+}
 stage bench && for dtype in $DTYPES; do
     t=$(capped "$BENCH_LIMIT")
     (( t >= 30 )) || { echo "${PROG}: no time left for the $dtype benchmark" >&2; continue; }
+    w=$(( t / 3 < 150 ? t / 3 : 150 )) started=$SECONDS
+    echo "${PROG}: benchmark warm-up, $dtype: ${#BENCH_WARM[@]} systems at once, one round each (at most ${w} s)" >&2
+    pids=()
+    for s in "${BENCH_WARM[@]}"; do
+        log="$OUT_DIR/warm/bench-$dtype-${#pids[@]}"
+        # (2 Inductor compile workers each, as the training stage's warm-up)
+        TORCHINDUCTOR_COMPILE_THREADS=2 bench "$w" "$dtype" 1 "$log" no "$s" > "$log.log" 2>&1 & pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || true; done
+    t=$(( t - (SECONDS - started) ))
+    (( t >= 30 )) || { echo "${PROG}: no time left for the $dtype benchmark" >&2; continue; }
     echo "${PROG}: benchmark, $dtype (at most ${t} s)" >&2
-    # shellcheck disable=SC2086  # BENCH_IMPLS: one argument per value
-    run timeout "$t" "$PY" -m fairseq_localness.cli.benchmark --dtype "$dtype" --size wmt_en_de \
-        ${BENCH_SYSTEMS[@]+--systems "${BENCH_SYSTEMS[@]}"} --group-size 8 --attention-impl $BENCH_IMPLS \
-        --lengths "$BENCH_LENGTHS" --tokens-per-batch 4096 --decode-tokens 1024 --max-decode-len 32 \
-        --repeats 4 --profile --output-dir "$OUT_DIR/bench-$dtype" \
+    bench "$t" "$dtype" 4 "$OUT_DIR/bench-$dtype" yes ${BENCH_SYSTEMS[@]+"${BENCH_SYSTEMS[@]}"} \
         > "$OUT_DIR/bench-$dtype.log" 2>&1 \
         || echo "${PROG}: the $dtype benchmark stopped (exit status $?): see bench-$dtype.log" >&2
     tar -C "$OUT_DIR" -czf "$OUT_DIR/bench-$dtype.tar.gz" "bench-$dtype" "bench-$dtype.log" 2>/dev/null || true

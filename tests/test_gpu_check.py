@@ -6,6 +6,7 @@ the summary of its training runs counts what it says it counts, on logs in
 fairseq-train's ``--log-format simple`` form.
 """
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -159,7 +160,18 @@ if [[ "$1 $2" == "-m fairseq_localness.cli.benchmark" ]]; then
     dtype="${args#* --dtype }"; dtype="${dtype%% *}"
     impls="${args#* --attention-impl }"; impls="${impls%% --*}"
     lengths="${args#* --lengths }"; lengths="${lengths%% *}"
-    echo "bench $dtype impls=${impls// /+} lengths=$lengths" >> "$STUB_RUNS"
+    repeats="${args#* --repeats }"; repeats="${repeats%% *}"
+    systems=all; [[ "$args" == *" --systems "* ]] && { systems="${args#* --systems }"; systems="${systems%% --*}"; }
+    profile=no; [[ "$args" == *" --profile "* ]] && profile=yes
+    echo "bench $dtype impls=${impls// /+} lengths=$lengths repeats=$repeats profile=$profile" \
+        "systems=${systems// /_}" >> "$STUB_RUNS"
+    if [[ "$repeats" == 1 ]]; then  # a warm-up run: wait for the others to start
+        for (( i = 0; i < 100; i++ )); do
+            (( $(grep -c "repeats=1 " "$STUB_RUNS") >= 4 )) && break
+            sleep 0.1
+        done
+    fi
+    echo "bench-end repeats=$repeats" >> "$STUB_RUNS"
     exit 0
 fi
 if [[ "$1" == *gpu_train_probe.py ]]; then
@@ -209,8 +221,23 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
                                        "--bench-impls", "auto eager", "--bench-lengths", "128",
                                        "--updates", "150", "--run-limit", "30"], env=env)
     lines = runs.read_text().splitlines()
-    assert lines[0] == "bench bf16 impls=auto+eager lengths=128" and "benchmark, bf16 (at most 40 s)" in proc.stderr
-    events = [line.split() for line in lines[1:]]
+    # the benchmark's warm-up: the four systems whose calls compile on CUDA, one round
+    # each, all at once (each waits until all have started), within a third of the limit
+    warm, timed, rest = lines[:8], lines[8:10], lines[10:]
+    assert sorted(line.split(" systems=")[1] for line in warm[:4]) == [
+        "hybrid_(gate,_enc_1-2)", "hysan_e1_(gated)", "localness_(query,_enc_1-3)", "localness_+_rel_pos"]
+    assert {line.split(" systems=")[0] for line in warm[:4]} == {
+        "bench bf16 impls=auto+eager lengths=128 repeats=1 profile=no"}
+    assert warm[4:] == ["bench-end repeats=1"] * 4
+    assert "benchmark warm-up, bf16: 4 systems at once, one round each (at most 13 s)" in proc.stderr
+    # then the benchmark itself, profiled, with what is left of its limit
+    assert timed[0] == ("bench bf16 impls=auto+eager lengths=128 repeats=4 profile=yes systems=transformer_"
+                        "localness_(query,_enc_1-3)_localness_+_rel_pos_hybrid_(gate,_enc_1-2)_hysan_e1_(gated)_"
+                        "enc-dc_(f=2)_dec-dc_(f=2)_full-dc_(f=2)")
+    assert timed[1] == "bench-end repeats=4"
+    assert re.search(r"benchmark, bf16 \(at most (39|40) s\)", proc.stderr), proc.stderr
+    assert sorted(os.listdir(out / "warm"))[:4] == [f"bench-bf16-{i}.log" for i in range(4)]
+    events = [line.split() for line in rest]
     starts = [e for e in events if e[0] == "start"]
     assert sorted((e[1], e[2], e[3]) for e in starts[:2]) == [
         ("hysan_transformer_iwslt_de_en", "30", "0"), ("transformer_iwslt_de_en", "30", "0")]
@@ -221,7 +248,8 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
     kinds = [e[0] for e in events]
     assert kinds == ["start", "start", "end", "end", "start", "end", "start", "end"], kinds
     assert events[5][1] == "transformer_iwslt_de_en"
-    assert sorted(os.listdir(out / "warm")) == ["hysan.bf16.log", "transformer.bf16.log"]
+    assert sorted(n for n in os.listdir(out / "warm") if not n.startswith("bench-")) == [
+        "hysan.bf16.log", "transformer.bf16.log"]
     assert sorted(os.listdir(out / "train")) == ["hysan.bf16.log", "transformer.bf16.log"]
     table = (out / "train.md").read_text()
     assert "| hysan | 900 | 0.90 | 1,700 | 1.00 | 4,000 | 1.00 | 150 |" in table, table
