@@ -25,7 +25,8 @@
 #        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, in each
 #        of --dtypes, with --profile (kernels per pass), all systems in one group; each
 #        dtype at most --bench-limit seconds (the lengths done are kept). First a warm-up
-#        (at most a third of that): the systems whose calls compile on CUDA (localness,
+#        (at most a third of that and 150 s, and only where it leaves the benchmark 30 s):
+#        the systems whose calls compile on CUDA (localness,
 #        localness + rel_pos, hybrid, HySAN) run one benchmark round each, all at once,
 #        so that their compiling (minutes, one system after the other, in the benchmark
 #        itself) is done in parallel into torch's and Triton's caches on disk, which the
@@ -160,20 +161,28 @@ bench() {  # bench TIMEOUT DTYPE REPEATS OUTPUT-DIR PROFILE(yes/no) [SYSTEM...] 
     run timeout "$limit" "$PY" -m fairseq_localness.cli.benchmark --dtype "$dtype" --size wmt_en_de \
         ${1+--systems "$@"} --group-size 8 --attention-impl $BENCH_IMPLS \
         --lengths "$BENCH_LENGTHS" --tokens-per-batch 4096 --decode-tokens 1024 --max-decode-len 32 \
-        --repeats "$repeats" "${profile[@]}" --output-dir "$dir"
+        --repeats "$repeats" ${profile[@]+"${profile[@]}"} --output-dir "$dir"
 }
 stage bench && for dtype in $DTYPES; do
     t=$(capped "$BENCH_LIMIT")
     (( t >= 30 )) || { echo "${PROG}: no time left for the $dtype benchmark" >&2; continue; }
     w=$(( t / 3 < 150 ? t / 3 : 150 )) started=$SECONDS
-    echo "${PROG}: benchmark warm-up, $dtype: ${#BENCH_WARM[@]} systems at once, one round each (at most ${w} s)" >&2
-    pids=()
-    for s in "${BENCH_WARM[@]}"; do
-        log="$OUT_DIR/warm/bench-$dtype-${#pids[@]}"
-        # (2 Inductor compile workers each, as the training stage's warm-up)
-        TORCHINDUCTOR_COMPILE_THREADS=2 bench "$w" "$dtype" 1 "$log" no "$s" > "$log.log" 2>&1 & pids+=($!)
-    done
-    for pid in "${pids[@]}"; do wait "$pid" || true; done
+    (( w <= t - 30 )) || w=$(( t - 30 ))  # the benchmark keeps at least 30 s
+    if (( w >= 10 )); then
+        echo "${PROG}: benchmark warm-up, $dtype: ${#BENCH_WARM[@]} systems at once, one round each (at most ${w} s)" >&2
+        pids=()
+        for s in "${BENCH_WARM[@]}"; do
+            log="$OUT_DIR/warm/bench-$dtype-${#pids[@]}"
+            # (2 Inductor compile workers each, as the training stage's warm-up)
+            TORCHINDUCTOR_COMPILE_THREADS=2 bench "$w" "$dtype" 1 "$log" no "$s" > "$log.log" 2>&1 & pids+=($!)
+        done
+        for i in "${!pids[@]}"; do  # (a warm-up cut short still leaves what it compiled)
+            wait "${pids[$i]}" || echo "${PROG}: warm-up of ${BENCH_WARM[$i]} stopped (exit status $?):" \
+                "see warm/bench-$dtype-$i.log" >&2
+        done
+    else
+        echo "${PROG}: no time for the $dtype benchmark's warm-up" >&2
+    fi
     t=$(( t - (SECONDS - started) ))
     (( t >= 30 )) || { echo "${PROG}: no time left for the $dtype benchmark" >&2; continue; }
     echo "${PROG}: benchmark, $dtype (at most ${t} s)" >&2

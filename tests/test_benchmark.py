@@ -202,6 +202,16 @@ def test_mixed_precision_step_unscales_into_fp32_gradients_and_skips_parameters_
         else:
             assert m.grad.dtype == torch.float32 and torch.equal(m.grad, expected[id(m)])
             assert not torch.equal(m, old)
+    # a second step in which another parameter gets none: its gradient of the first step
+    # (still in its fp32 buffer) does not step it again
+    optimizer.zero_grad()
+    model(torch.randn(5, 4, dtype=torch.bfloat16)).float().sum().mul(128.0).backward()
+    model[1].bias.grad = None
+    before = [m.detach().clone() for m in optimizer.master]
+    optimizer.step()
+    for p, m, old in zip(optimizer.params, optimizer.master, before):
+        assert (m.grad is None) == (p is model[1].bias)
+        assert torch.equal(m, old) == (p is model[1].bias)
 
 
 def test_mixed_precision_step_copies_gradients_in_multi_tensor_calls():
@@ -533,6 +543,15 @@ def test_what_a_model_holds_between_steps_is_counted_once(dtype, per_parameter):
     assert len(inner.state) == 4 and steps <= 4 * 8
     assert bench_run.held_bytes(model, opt, "cpu") == count * per_parameter + steps
     assert bench_run.held_bytes(model, opt, "cuda") == 0
+
+
+def test_the_fp32_gradient_buffers_are_held_from_the_start():
+    """The mixed-precision optimizer's fp32 gradient buffers exist before its first step
+    (and stay where a parameter gets no gradient): they count as held then too."""
+    model = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    opt = bench_model.make_optimizer(model, torch.bfloat16)
+    count = sum(p.numel() for p in model.parameters())
+    assert bench_run.held_bytes(model, opt, "cpu") == count * (2 + 4 + 4)  # model, master, gradient buffer
 
 
 def test_gpu_launches_are_tabulated_under_the_table():

@@ -323,6 +323,34 @@ def test_every_model_in_one_process_compiles_each_kind_of_call_a_few_times_and_n
     assert set(per_kind.values()) == {1}, per_kind
 
 
+def _recording_constants(monkeypatch):
+    """Trace the fused calls through AOTAutograd as Inductor receives them
+    (:func:`_traced_on_the_cpu` with a backend that records, in every forward and
+    backward graph and their score and mask subgraphs, each tensor held as a constant);
+    returns ``(constants, graphs)``: the constants found and the graphs seen."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    constants, graphs = [], []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        for module in gm.modules():
+            for node in module.graph.nodes if isinstance(module, torch.fx.GraphModule) else ():
+                if node.op == "get_attr" and isinstance(getattr(module, node.target), torch.Tensor):
+                    constants.append((node.target, getattr(module, node.target)))
+        return make_boxed_func(gm.forward)
+
+    _traced_on_the_cpu(monkeypatch, aot_autograd(fw_compiler=record, bw_compiler=record))
+    return constants, graphs
+
+
+def _subgraph_ops(graphs):
+    """The operators called in the score and mask subgraphs of ``graphs``."""
+    return {str(node.target) for gm in graphs for module in gm.modules() if module is not gm
+            and isinstance(module, torch.fx.GraphModule) for node in module.graph.nodes if node.op == "call_function"}
+
+
 def test_the_compiled_graphs_hold_no_tensor_constants(monkeypatch):
     """Every kind of fused call of every model (and Shaw et al.'s value term around it),
     traced through AOTAutograd as Inductor receives it, holds no tensor constant: the
@@ -332,21 +360,10 @@ def test_the_compiled_graphs_hold_no_tensor_constants(monkeypatch):
     AOTAutograd's cache cannot write to disk ("unable to serialize", logged for every
     graph on an H200), so every new process compiled each kind again."""
     import torch._dynamo
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
 
     from model_utils import build_model, random_batch
 
-    constants = []
-
-    def record(gm, example_inputs):
-        for module in gm.modules():
-            for node in module.graph.nodes if isinstance(module, torch.fx.GraphModule) else ():
-                if node.op == "get_attr" and isinstance(getattr(module, node.target), torch.Tensor):
-                    constants.append((node.target, getattr(module, node.target)))
-        return make_boxed_func(gm.forward)
-
-    _traced_on_the_cpu(monkeypatch, aot_autograd(fw_compiler=record, bw_compiler=record))
+    constants, graphs = _recording_constants(monkeypatch)
     try:
         for arch, extra in MODELS:
             model, task = build_model(arch, extra)
@@ -358,6 +375,43 @@ def test_the_compiled_graphs_hold_no_tensor_constants(monkeypatch):
     finally:
         torch._dynamo.reset()
     assert "_value_term" in kinds and kinds.count("_attend") >= 5, kinds
+    assert len(graphs) >= len(kinds) and "aten.index.Tensor" in _subgraph_ops(graphs)  # the score functions seen
+    assert constants == []
+
+
+def test_the_compiled_training_graphs_hold_no_tensor_constants(monkeypatch):
+    """The same in training, forward and backward graphs: a call with every score term
+    and a window, and HySAN's windows as one call. The CPU has no backward pass of the
+    call, so torch's refusal of one is lifted for the trace (the graphs are the ones
+    CUDA compiles; only their execution differs)."""
+    import torch._dynamo
+    import torch.nn.attention.flex_attention as torch_flex
+
+    if not hasattr(torch_flex, "_validate_device"):
+        pytest.skip("this torch checks devices elsewhere")
+    monkeypatch.setattr(torch_flex, "_validate_device", lambda *tensors: None)
+    constants, graphs = _recording_constants(monkeypatch)
+    torch.manual_seed(0)
+    T, Dh = 32, 16
+    q, k, v = (torch.randn(B, H, T, Dh, requires_grad=True) for _ in range(3))
+    centre = (torch.rand(B, H, T) * T).requires_grad_()
+    coeff = (-torch.rand(B, H, T)).requires_grad_()
+    table = torch.randn(B, H, T, 7, requires_grad=True)
+    k_pos = torch.arange(T, dtype=torch.float32).expand(B, T)
+    padding = _padding("left", B, T, [T, 20, 9])
+    try:
+        out = flex._fused_call(q, k, v, 0.25, flex._block_mask(4, 2, T, T, q.device), padding, centre, coeff, k_pos,
+                               table, flex._geometry(4, 2, 0, 3, q.device), None, False, None)
+        windows = [flex.Window(None, None), flex.Window(0, None), flex.Window(None, 0), flex.Window(3, 3)]
+        grouped = q.repeat_interleave(len(windows), dim=1)
+        block_mask = flex._windows_block_mask(tuple((w.left, w.right) for w in windows), H, T, T, q.device)
+        out2 = flex._fused_call(grouped, k, v, 0.25, block_mask, padding, None, None, None, None,
+                                flex._geometry(None, None, 0, 0, q.device), None, False, None, gqa=True)
+        (out.sum() + out2.sum()).backward()
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 4 and q.grad is not None and table.grad is not None  # two forward, two backward graphs
+    assert "aten.index.Tensor" in _subgraph_ops(graphs)
     assert constants == []
 
 

@@ -161,10 +161,16 @@ if [[ "$1 $2" == "-m fairseq_localness.cli.benchmark" ]]; then
     impls="${args#* --attention-impl }"; impls="${impls%% --*}"
     lengths="${args#* --lengths }"; lengths="${lengths%% *}"
     repeats="${args#* --repeats }"; repeats="${repeats%% *}"
-    systems=all; [[ "$args" == *" --systems "* ]] && { systems="${args#* --systems }"; systems="${systems%% --*}"; }
+    systems=() collecting=0  # each argument after --systems, as it came ("|" between them)
+    for a in "$@"; do
+        [[ "$a" == --* ]] && collecting=0
+        (( collecting )) && systems+=("$a")
+        [[ "$a" == --systems ]] && collecting=1
+    done
+    listed=all; (( ${#systems[@]} )) && listed="$(IFS='|'; echo "${systems[*]}")"
     profile=no; [[ "$args" == *" --profile "* ]] && profile=yes
     echo "bench $dtype impls=${impls// /+} lengths=$lengths repeats=$repeats profile=$profile" \
-        "systems=${systems// /_}" >> "$STUB_RUNS"
+        "systems=$listed" >> "$STUB_RUNS"
     if [[ "$repeats" == 1 ]]; then  # a warm-up run: wait for the others to start
         for (( i = 0; i < 100; i++ )); do
             (( $(grep -c "repeats=1 " "$STUB_RUNS") >= 4 )) && break
@@ -225,17 +231,19 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
     # each, all at once (each waits until all have started), within a third of the limit
     warm, timed, rest = lines[:8], lines[8:10], lines[10:]
     assert sorted(line.split(" systems=")[1] for line in warm[:4]) == [
-        "hybrid_(gate,_enc_1-2)", "hysan_e1_(gated)", "localness_(query,_enc_1-3)", "localness_+_rel_pos"]
+        "hybrid (gate, enc 1-2)", "hysan e1 (gated)", "localness (query, enc 1-3)", "localness + rel_pos"]
     assert {line.split(" systems=")[0] for line in warm[:4]} == {
         "bench bf16 impls=auto+eager lengths=128 repeats=1 profile=no"}
     assert warm[4:] == ["bench-end repeats=1"] * 4
-    assert "benchmark warm-up, bf16: 4 systems at once, one round each (at most 13 s)" in proc.stderr
+    # (a third of the limit, 13 s, would leave the benchmark less than 30 s)
+    assert "benchmark warm-up, bf16: 4 systems at once, one round each (at most 10 s)" in proc.stderr
     # then the benchmark itself, profiled, with what is left of its limit
-    assert timed[0] == ("bench bf16 impls=auto+eager lengths=128 repeats=4 profile=yes systems=transformer_"
-                        "localness_(query,_enc_1-3)_localness_+_rel_pos_hybrid_(gate,_enc_1-2)_hysan_e1_(gated)_"
-                        "enc-dc_(f=2)_dec-dc_(f=2)_full-dc_(f=2)")
+    assert timed[0] == ("bench bf16 impls=auto+eager lengths=128 repeats=4 profile=yes systems=transformer|"
+                        "localness (query, enc 1-3)|localness + rel_pos|hybrid (gate, enc 1-2)|hysan e1 (gated)|"
+                        "enc-dc (f=2)|dec-dc (f=2)|full-dc (f=2)")
     assert timed[1] == "bench-end repeats=4"
-    assert re.search(r"benchmark, bf16 \(at most (39|40) s\)", proc.stderr), proc.stderr
+    left = re.search(r"benchmark, bf16 \(at most (\d+) s\)", proc.stderr)
+    assert left and 30 <= int(left.group(1)) <= 40, proc.stderr  # the limit less the warm-up's seconds
     assert sorted(os.listdir(out / "warm"))[:4] == [f"bench-bf16-{i}.log" for i in range(4)]
     events = [line.split() for line in rest]
     starts = [e for e in events if e[0] == "start"]
@@ -262,3 +270,23 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
     assert "./train.md" in names and "./warm/hysan.bf16.log" in names
     assert not any(name.endswith(".tar.gz") or name.endswith(".partial") for name in names)
     assert os.listdir(tmp_path / "tmp") == []  # the archive was written there, then moved
+
+
+def test_a_benchmark_limit_too_short_for_a_warm_up_runs_the_benchmark_alone(tmp_path):
+    """Where a third of --bench-limit would leave the benchmark under 30 s and less than
+    10 s remain for a warm-up, there is none: the benchmark gets the whole limit."""
+    data = tmp_path / "bin"
+    data.mkdir()
+    (data / "dict.src.txt").write_text("a 1\n")
+    stub = tmp_path / "stub" / "python"
+    stub.parent.mkdir()
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(0o755)
+    runs = tmp_path / "runs.txt"
+    env = {"PYTHON": str(stub), "STUB_RUNS": str(runs), "REAL_PYTHON": sys.executable}
+    proc = run_script("gpu_check.sh", ["--data-bin", data, "--out", tmp_path / "out", "--stages", "bench",
+                                       "--bench-limit", "35", "--budget", "130"], env=env)
+    assert "no time for the bf16 benchmark's warm-up" in proc.stderr
+    assert "benchmark, bf16 (at most 35 s)" in proc.stderr
+    assert [line.split(" systems=")[0] for line in runs.read_text().splitlines()] == [
+        "bench bf16 impls=auto lengths=128,512 repeats=4 profile=yes", "bench-end repeats=4"]

@@ -237,10 +237,12 @@ def held_bytes(model, opt, device_type: str) -> int:
     between training steps, each storage once: the parameters and their gradients,
     the optimizer's parameters (in bf16 and fp16 the fp32 master copies of
     :class:`~.bench_model._MixedPrecisionAdam`, in fp32 the model's own) and their
-    gradients, and the optimizer's state (Adam's moments)."""
+    gradients (its fp32 gradient buffers, also where a parameter had no gradient in
+    the last step), and the optimizer's state (Adam's moments)."""
     inner = getattr(opt, "optimizer", opt)  # _MixedPrecisionAdam wraps torch's Adam
     params = list(model.parameters()) + [p for group in inner.param_groups for p in group["params"]]
     tensors = params + [p.grad for p in params if p.grad is not None]
+    tensors += list(getattr(opt, "grads", ()))  # its fp32 gradient buffers, kept from the start
     tensors += [t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)]
     owned = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors
              if t.device.type == device_type and t.numel()}
