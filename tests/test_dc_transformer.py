@@ -145,10 +145,10 @@ def test_convolution_cache_several_steps_at_once_and_reordered(kernel_size):
 
 
 def test_decoder_steps_past_the_cache_room_with_reorders_equal_the_full_pass(monkeypatch):
-    """Beam-search steps of the DC module (the FI units' one-row step, the caches'
-    stores filled past their first room and reordered, the batch shrinking as
-    sentences finish) give the full teacher-forced pass, and bit for bit what the
-    cores' own forward passes give for the same steps."""
+    """Beam-search steps of the DC module (both FI units as one attention of 2H heads
+    over their joint cache, its store filled past its first room and reordered, the
+    batch shrinking as sentences finish) give the full teacher-forced pass, and bit for
+    bit what the cores' own forward passes give for the same steps."""
     torch.manual_seed(0)
     dc = DualContextModule(C, H, kernel_size=2, causal=True).eval()
     steps = MIN_STEPS + 4
@@ -172,6 +172,93 @@ def test_decoder_steps_past_the_cache_room_with_reorders_equal_the_full_pass(mon
     monkeypatch.setattr(DualContextModule, "_plain_step", lambda self, *args: False)
     through_cores, _ = decode(r)
     torch.testing.assert_close(out, through_cores, rtol=0, atol=0)
+
+
+def test_decoder_steps_switch_between_the_joint_cache_and_the_units_own():
+    """Steps of beam search (the joint step, no gradients), a chunk of several steps and
+    a step with gradients (the FI units' own path and caches), in any order and with
+    reorders between them, give the full pass: each path takes over the other's
+    cached steps."""
+    torch.manual_seed(0)
+    dc = DualContextModule(C, H, kernel_size=2, causal=True).eval()
+    r = torch.randn(9, 3, C)
+    order = torch.tensor([2, 0, 1])
+    # (start, end, gradients): joint, joint, a chunk, joint, a step with gradients, joint, joint
+    plan = [(0, 1, False), (1, 2, False), (2, 5, False), (5, 6, False), (6, 7, True), (7, 8, False), (8, 9, False)]
+    state, outs = {}, []
+    for start, end, grad in plan:
+        x = r[start:end]
+        with torch.set_grad_enabled(grad):
+            outs.append(dc(x, x, x, incremental_state=state)[0].detach())
+        if end in (2, 6):
+            _reorder(dc, state, order)
+            r, outs = r[:, order], [o[:, order] for o in outs]
+    with torch.no_grad():
+        full, _ = dc(r, r, r)
+    torch.testing.assert_close(torch.cat(outs), full, atol=1e-5, rtol=1e-4)
+
+
+def test_a_beam_search_step_is_one_attention_of_both_units():
+    """One step without gradients: the two units' queries, keys and values in three
+    products (stacked once, not per step), one product of the queries with the cached
+    keys and one with the values for both units, one softmax; the aggregation and the
+    Local Context Unit's product; and a reorder index-selects one joint cache besides
+    the unit's window."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    dc = DualContextModule(16, 4, kernel_size=2, causal=True).eval()
+    r, state = torch.randn(6, 5, 16), {}
+    with torch.no_grad():
+        for t in range(6):
+            x = r[t : t + 1]
+            if t < 5:
+                dc(x, x, x, incremental_state=state)
+        with Calls() as step:
+            dc(x, x, x, incremental_state=state)
+        with Calls() as reorder:
+            _reorder(dc, state, torch.tensor([4, 3, 2, 1, 0]))
+    assert step.names.count("addmm") == 5 and step.names.count("bmm") == 2 and "cat" in step.names  # (the window's)
+    assert step.names.count("cat") == 1
+    assert reorder.names.count("index_select") == 2
+
+
+def test_the_joint_step_reads_parameters_changed_since_its_last_step():
+    """The stacked weights are built again when a parameter changes in place or the
+    module changes mode: the next step computes with the new weights."""
+    torch.manual_seed(0)
+    dc = DualContextModule(C, H, kernel_size=2, causal=True).eval()
+    r = torch.randn(4, 2, C)
+
+    def steps():
+        state, outs = {}, []
+        with torch.no_grad():
+            for t in range(4):
+                x = r[t : t + 1]
+                outs.append(dc(x, x, x, incremental_state=state)[0])
+        return torch.cat(outs)
+
+    steps()
+    with torch.no_grad():
+        dc.fi_local.k_proj.weight.mul_(2.0)  # in place, as an optimizer step
+        full, _ = dc(r, r, r)
+    torch.testing.assert_close(steps(), full, atol=1e-5, rtol=1e-4)
+    dc.train()
+    assert dc._stacked_step is None
+    dc.eval()
+    with torch.no_grad():
+        dc.fi_global.q_proj.bias.add_(1.0)
+        full, _ = dc(r, r, r)
+    torch.testing.assert_close(steps(), full, atol=1e-5, rtol=1e-4)
 
 
 # ---------------------------------------------------------------- eq. 6-9 in float64
