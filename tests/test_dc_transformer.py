@@ -14,6 +14,7 @@ from fairseq_localness.models._locality import OptionError
 from fairseq_localness.models.dc_transformer import DCOptions
 from fairseq_localness.modules import dual_context, projections
 from fairseq_localness.modules.incremental import MIN_STEPS
+from fairseq_localness.modules.observe import AttentionRecorder
 from fairseq_localness.modules.dual_context import (
     DualContextModule,
     LocalContextUnit,
@@ -174,27 +175,38 @@ def test_decoder_steps_past_the_cache_room_with_reorders_equal_the_full_pass(mon
     torch.testing.assert_close(out, through_cores, rtol=0, atol=0)
 
 
-def test_decoder_steps_switch_between_the_joint_cache_and_the_units_own():
-    """Steps of beam search (the joint step, no gradients), a chunk of several steps and
-    a step with gradients (the FI units' own path and caches), in any order and with
-    reorders between them, give the full pass: each path takes over the other's
-    cached steps."""
+@pytest.mark.parametrize("start", ["step", "chunk"])
+def test_decoder_steps_switch_between_the_joint_cache_and_the_units_own(start):
+    """Steps of beam search (the joint step, no gradients), chunks of several steps and a
+    step with gradients (the FI units' own path and caches), in any order, with
+    reorders (one of them dropping a finished sentence) while either holds the steps,
+    and padding masks given to some passes (a uint8 one too), give the full pass: each
+    path takes over the other's cached steps."""
     torch.manual_seed(0)
     dc = DualContextModule(C, H, kernel_size=2, causal=True).eval()
-    r = torch.randn(9, 3, C)
-    order = torch.tensor([2, 0, 1])
-    # (start, end, gradients): joint, joint, a chunk, joint, a step with gradients, joint, joint
-    plan = [(0, 1, False), (1, 2, False), (2, 5, False), (5, 6, False), (6, 7, True), (7, 8, False), (8, 9, False)]
+    r = torch.randn(11, 4, C)
+    pad = torch.zeros(4, 11, dtype=torch.bool)
+    pad[1, 1] = pad[1, 3] = pad[2, 6] = True  # keys that no later step may see
+    # (start, end, gradients, padding given): the units' path for chunks and the step with gradients
+    plan = [(0, 1, False), (1, 2, False), (2, 5, False), (5, 6, False), (6, 7, True), (7, 8, False),
+            (8, 10, False), (10, 11, False)]
+    if start == "chunk":  # a chunk first (its padding mask uint8), then a joint step takes its steps over
+        plan = [(0, 2, False), (2, 3, False), (3, 5, False)] + plan[3:]
+    reorders = {2: torch.tensor([3, 0, 1, 2]), 5: torch.tensor([1, 1, 2, 0]), 7: torch.tensor([0, 2, 1]),
+                10: torch.tensor([2, 0, 1])}  # at 7 a sentence finishes: 3 rows go on
     state, outs = {}, []
-    for start, end, grad in plan:
-        x = r[start:end]
+    for i, (first, end, grad) in enumerate(plan):
+        x = r[first:end]
+        mask = pad[:, first:end]
+        mask = mask.to(torch.uint8) if i == 0 else mask
         with torch.set_grad_enabled(grad):
-            outs.append(dc(x, x, x, incremental_state=state)[0].detach())
-        if end in (2, 6):
+            outs.append(dc(x, x, x, key_padding_mask=mask, incremental_state=state)[0].detach())
+        if end in reorders:
+            order = reorders[end]
             _reorder(dc, state, order)
-            r, outs = r[:, order], [o[:, order] for o in outs]
+            r, pad, outs = r[:, order], pad[order], [o[:, order] for o in outs]
     with torch.no_grad():
-        full, _ = dc(r, r, r)
+        full, _ = dc(r, r, r, key_padding_mask=pad)
     torch.testing.assert_close(torch.cat(outs), full, atol=1e-5, rtol=1e-4)
 
 
@@ -232,33 +244,35 @@ def test_a_beam_search_step_is_one_attention_of_both_units():
     assert reorder.names.count("index_select") == 2
 
 
-def test_the_joint_step_reads_parameters_changed_since_its_last_step():
-    """The stacked weights are built again when a parameter changes in place or the
-    module changes mode: the next step computes with the new weights."""
+def test_each_search_decodes_with_the_parameters_it_starts_with():
+    """The joint step's stacked weights live in the search's incremental state: a new
+    search uses the parameters as they are then, however they were changed (in place,
+    through ``.data`` as fairseq's optimizers write, or replaced), and a module built
+    under ``torch.inference_mode`` decodes too."""
     torch.manual_seed(0)
     dc = DualContextModule(C, H, kernel_size=2, causal=True).eval()
     r = torch.randn(4, 2, C)
 
-    def steps():
+    def check(module):
         state, outs = {}, []
         with torch.no_grad():
             for t in range(4):
                 x = r[t : t + 1]
-                outs.append(dc(x, x, x, incremental_state=state)[0])
+                outs.append(module(x, x, x, incremental_state=state)[0])
+            full, _ = module(r, r, r)
+        torch.testing.assert_close(torch.cat(outs), full, atol=1e-5, rtol=1e-4)
         return torch.cat(outs)
 
-    steps()
+    first = check(dc)
     with torch.no_grad():
-        dc.fi_local.k_proj.weight.mul_(2.0)  # in place, as an optimizer step
-        full, _ = dc(r, r, r)
-    torch.testing.assert_close(steps(), full, atol=1e-5, rtol=1e-4)
-    dc.train()
-    assert dc._stacked_step is None
-    dc.eval()
-    with torch.no_grad():
-        dc.fi_global.q_proj.bias.add_(1.0)
-        full, _ = dc(r, r, r)
-    torch.testing.assert_close(steps(), full, atol=1e-5, rtol=1e-4)
+        dc.fi_local.k_proj.weight.mul_(2.0)
+    dc.fi_global.q_proj.bias.data.add_(1.0)  # no version counter bump
+    dc.fi_global.v_proj.weight = torch.nn.Parameter(torch.randn_like(dc.fi_global.v_proj.weight))
+    assert not torch.allclose(check(dc), first)
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        built = DualContextModule(C, H, kernel_size=2, causal=True).eval()
+        check(built)
 
 
 # ---------------------------------------------------------------- eq. 6-9 in float64
@@ -341,9 +355,9 @@ def test_stacked_projections_equal_the_units_own_and_keep_no_stacked_weight(monk
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_stacked_projections_equal_the_cpu_pass():
-    """On CUDA a training pass takes the stacked projections: outputs and gradients (of
-    the input and every parameter) equal the CPU's pass, which projects per unit
-    (float32)."""
+    """On CUDA a training pass takes the stacked projections and both FI units as one
+    call (the joint pass): outputs and gradients (of the input and every parameter)
+    equal the CPU's pass, which projects and attends per unit (float32)."""
     torch.manual_seed(5)
     dc = DualContextModule(32, 4, kernel_size=2, causal=True).train()
     r = torch.randn(7, 3, 32)
@@ -359,15 +373,57 @@ def test_cuda_stacked_projections_equal_the_cpu_pass():
 
     want = run("cpu")
     calls = []
-    original = dual_context.stacked_linear
-    dual_context.stacked_linear = lambda *a: calls.append(1) or original(*a)
+    originals = dual_context.stacked_projection, dual_context.masked_attention
+    dual_context.stacked_projection = lambda *a: calls.append("product") or originals[0](*a)
+    dual_context.masked_attention = lambda *a: calls.append("attention") or originals[1](*a)
     try:
         got = run("cuda")
     finally:
-        dual_context.stacked_linear = original
-    assert len(calls) == 2  # r's four projections, lc's two
+        dual_context.stacked_projection, dual_context.masked_attention = originals
+    assert sorted(calls) == ["attention", "product", "product"]  # r's four projections, lc's two; one call
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal, padding", [(False, "left"), (False, None), (True, None), (True, "left"),
+                                             (True, "right")])
+def test_the_joint_pass_equals_the_units_own_calls(causal, padding, monkeypatch):
+    """A training pass with both FI units as one call of 2H heads (CUDA's path, run here
+    on the CPU) gives the units' own calls' output and gradients (of the input and of
+    every parameter), with padding on either side (left-padded decoder rows see no key
+    and give zeros) and causality; it is one call, and not taken while recording."""
+    monkeypatch.setattr(projections, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    dc = DualContextModule(16, 4, kernel_size=2, causal=causal)
+    r = torch.randn(7, 3, 16)
+    pad = None if padding is None else (_left_padding([7, 5, 3], 7) if padding == "left"
+                                        else torch.stack([torch.arange(7) >= n for n in (7, 5, 3)]))
+    calls = []
+    monkeypatch.setattr(dual_context, "masked_attention",
+                        lambda *args: calls.append(1) or masked_attention(*args))
+
+    def run(joint):
+        monkeypatch.setattr(dual_context, "JOINT_PASS_DEVICES", ("cuda", "cpu") if joint else ("cuda",))
+        x = r.clone().requires_grad_()
+        dc.zero_grad()
+        out, _ = dc(x, x, x, key_padding_mask=pad)
+        out.pow(2).sum().backward()
+        return out, x.grad, {n: p.grad.clone() for n, p in dc.named_parameters()}
+
+    from fairseq_localness.modules.kernels.sdpa import masked_attention
+
+    out, grad, grads = run(True)
+    assert len(calls) == 1
+    ref, ref_grad, ref_grads = run(False)
+    assert len(calls) == 1
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-4)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    monkeypatch.setattr(dual_context, "JOINT_PASS_DEVICES", ("cuda", "cpu"))
+    with AttentionRecorder(dc):
+        dc(r, r, r, key_padding_mask=pad)
+    assert len(calls) == 1
 
 
 def test_projections_of_the_caller_need_a_pass_without_incremental_state():

@@ -87,9 +87,10 @@ class _FlexCalls:
 
 def _reorder(module, state, order):
     """Beam search's reorder of every cache in ``module`` (the cores' keys and values,
-    the Local Context Unit's window)."""
+    the Local Context Unit's window, the DC module's joint cache), as fairseq's
+    decoder does it: every submodule with a ``reorder_incremental_state``."""
     for m in module.modules():
-        if hasattr(m, "buffer_name"):
+        if hasattr(m, "reorder_incremental_state"):
             m.reorder_incremental_state(state, order)
 
 
@@ -658,10 +659,20 @@ def test_cuda_incremental_decoding_and_beam_reorder_equal_the_full_pass(kind, dt
     """Decoder side on CUDA: one token at a time (the step kernels) and several at
     once after a cached prefix (the fused kernel, Tq < Tk), with a beam reorder of the
     cache between them, == the full fused pass."""
-    module = _module(kind, True, dtype=dtype, device="cuda").eval()
+    _check_steps_then_a_chunk(kind, dtype, "cuda")
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_incremental_decoding_and_beam_reorder_equal_the_full_pass_on_the_cpu(kind):
+    """The same on the CPU, with its own kernels (the test above's twin, which CI runs)."""
+    _check_steps_then_a_chunk(kind, torch.float32, "cpu")
+
+
+def _check_steps_then_a_chunk(kind, dtype, device):
+    module = _module(kind, True, dtype=dtype, device=device).eval()
     T = 12
-    x = torch.randn(T, B, C, device="cuda", dtype=dtype)
-    order = torch.tensor([1, 2, 0], device="cuda")
+    x = torch.randn(T, B, C, device=device, dtype=dtype)
+    order = torch.tensor([1, 2, 0], device=device)
     with torch.no_grad():
         full, _ = module(x, x, x, need_weights=False)
         state = {}

@@ -95,17 +95,23 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
 from fairseq_localness.modules.attention import AttentionCore
-from fairseq_localness.modules.context import query_part
+from fairseq_localness.modules.context import causal_mask, query_part
 from fairseq_localness.modules.fusion import merge_heads, split_heads
 from fairseq_localness.modules.incremental import MIN_STEPS, IncrementalBuffer, _reordered, _steps_view, attention_step
+from fairseq_localness.modules.kernels.sdpa import masked_attention
 from fairseq_localness.modules.kernels.step import last_keys_attention
-from fairseq_localness.modules.projections import stacked_linear, stacks_projections
+from fairseq_localness.modules.projections import stacked_linear, stacked_projection, stacks_projections
 from fairseq_localness.modules.observe import QUERY_PADDING, VALID, Observable
 
 HEAD_REDUCTIONS = ("max", "mean", "per_head")
 # the dtypes whose decoder steps the FI units compute by the one-row kernel (float64
 # takes the cores' eager reference path)
 STEP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Devices where a pass without incremental state computes both FI units as one SDPA
+# call of 2H heads (DualContextModule._joint_pass): CUDA, where a training step is
+# bound by its launches (issue 38); not yet measured on a GPU. The CPU keeps the
+# units' own calls and the kernels chosen for them there.
+JOINT_PASS_DEVICES = ("cuda",)
 
 
 def kernel_split(kernel_size: int, causal: bool) -> Tuple[int, int]:
@@ -219,7 +225,7 @@ class DualContextModule(nn.Module, Observable):
     global unit's, all with the row's scale ``1/sqrt(Dh)``, its causal keys (every
     cached step) and its padding, so the heads' outputs merge straight into
     ``[h_l; h_g]`` of eq. 8. Its queries, keys and values are three products with
-    weights stacked once per decoding (``[W^q_l; W^q_g]`` on r, ``[W^k_g; W^v_g]`` on
+    weights stacked once per search (``[W^q_l; W^q_g]`` on r, ``[W^k_g; W^v_g]`` on
     r, ``[W^k_l; W^v_l]`` on lc), and the two units' keys and values one cache
     (:meth:`_append_joint`), written and reordered once per step. One step then makes
     16 operator calls where the two units' own steps made 26 (at C = 512, 8 heads, on
@@ -227,6 +233,10 @@ class DualContextModule(nn.Module, Observable):
     and reorders 2 caches instead of 5, where a beam search is bound by the host's
     launches (issue 38: the H200's beam search, 338 ms of CPU time against 22 ms of
     kernels).
+
+    On CUDA (:data:`JOINT_PASS_DEVICES`) a pass without incremental state (training,
+    validation without the divergence logged) likewise computes both units as one SDPA
+    call of 2H heads (:meth:`_joint_pass`).
 
     Drop-in for fairseq's ``MultiheadAttention`` as a layer's ``self_attn``: same call
     signature; ``key`` and ``value`` must be the query (self-attention); returns
@@ -283,16 +293,12 @@ class DualContextModule(nn.Module, Observable):
         self.aggregate = nn.Linear(2 * embed_dim, embed_dim)
         nn.init.xavier_uniform_(self.aggregate.weight)
         nn.init.zeros_(self.aggregate.bias)
-        # the stacked weights of the joint step, built at its first step after a change of
-        # mode (:meth:`_step_weights`): (stacked, ((parameter, storage, version), ...))
-        self._stacked_step = None
 
-    def train(self, mode: bool = True):
-        self._stacked_step = None  # built for decoding; built again after any change of mode
-        return super().train(mode)
-
-    # fairseq's decoder layer inspects its self_attn's buffer (cross_self_attention and
-    # ONNX paths); the global FI unit holds the self-attention keys and values.
+    # fairseq's decoder layer reads its self_attn's buffer at every call, and uses it with
+    # --cross-self-attention (which these models refuse) and in ONNX tracing: the global
+    # FI unit's buffer, which holds its keys and values except during a beam search
+    # (the joint cache holds them then; a prev_self_attn_state written here is not read
+    # by the joint step).
     def _get_input_buffer(self, incremental_state):
         return self.fi_global._get_input_buffer(incremental_state)
 
@@ -318,8 +324,10 @@ class DualContextModule(nn.Module, Observable):
     # one cache of both FI units' keys and values under "joint" in incremental_state:
     # "kv_store" (cap x 2B x 2H x Dh: per step the keys of B rows, then their values;
     # per row the local unit's H heads, then the global unit's), "kv" (its view of the
-    # T steps, 2B x 2H x T x Dh) and "padding" (B x T, or None)
+    # T steps, 2B x 2H x T x Dh) and "padding" (B x T, or None); and the stacked
+    # weights of the search (_STACKED, :meth:`_stacked_weights`)
     _JOINT = "joint"
+    _STACKED = ("w_q", "b_q", "w_kv_global", "b_kv_global", "w_kv_local", "b_kv_local")
 
     def _step_params(self) -> Tuple[Tensor, ...]:
         local, glob = self.fi_local, self.fi_global
@@ -331,49 +339,52 @@ class DualContextModule(nn.Module, Observable):
         """A step of :meth:`_plain_step` without gradients (beam search): :meth:`_joint_step`."""
         return not torch.is_grad_enabled() and self._plain_step(r, incremental_state, attn_mask)
 
-    def _step_weights(self) -> Tuple[Tensor, ...]:
+    def _stacked_weights(self) -> Tuple[Tensor, ...]:
         """``[W^q_l; W^q_g]``, its biases, ``[W^k_g; W^v_g]``, its biases, ``[W^k_l;
-        W^v_l]``, its biases (zeros for a projection without one): stacked at the first
-        step after a change of mode (fairseq's generator and validation switch to
-        ``eval()``), and again where a parameter changed in place or moved (its version
-        counter or storage). A step checks the parameters it stacked, not the modules'
-        attributes: a parameter replaced by another one between two steps of one search
-        would not be seen."""
-        cached = self._stacked_step
-        if cached is None or any(p.data_ptr() != ptr or p._version != version for p, ptr, version in cached[1]):
-            params = self._step_params()
-            with torch.no_grad():
-                stacked = []
-                for i in range(0, len(params), 4):
-                    weights, biases = params[i : i + 2], params[i + 2 : i + 4]
-                    stacked.append(torch.cat(weights))
-                    stacked.append(torch.cat([b if b is not None else w.new_zeros(w.size(0))
-                                              for w, b in zip(weights, biases)]))
-            held = tuple((p, p.data_ptr(), p._version) for p in params if p is not None)
-            self._stacked_step = cached = (tuple(stacked), held)
-        return cached[0]
+        W^v_l]``, its biases (zeros for a projection without one), built at the first
+        joint step of a search (and after a pass that took the units' own path) and
+        kept in its ``incremental_state``: a search's parameters do not change, and the
+        next search stacks them again (three concatenations per DC layer). The
+        projections' modules are not called in a joint step: forward hooks on them do
+        not run there (as in the stacked products of a full pass)."""
+        params = self._step_params()
+        with torch.no_grad():
+            stacked = []
+            for i in range(0, len(params), 4):
+                weights, biases = params[i : i + 2], params[i + 2 : i + 4]
+                stacked.append(torch.cat(weights))
+                stacked.append(torch.cat([b if b is not None else w.new_zeros(w.size(0))
+                                          for w, b in zip(weights, biases)]))
+        return tuple(stacked)
+
+    def _joint_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
+        """The joint cache with the search's stacked weights; at the search's first joint
+        step (or the first after a pass that took the units' own path), made from the
+        units' cached steps, if any (:meth:`_take_over_caches`)."""
+        buffer = self.get_incremental_state(incremental_state, self._JOINT)
+        if not buffer or self._STACKED[0] not in buffer:
+            buffer = self._take_over_caches(incremental_state)
+            buffer.update(zip(self._STACKED, self._stacked_weights()))
+            self.set_incremental_state(incremental_state, self._JOINT, buffer)
+        return buffer
 
     def _joint_step(self, r: Tensor, lc: Tensor, key_padding_mask: Optional[Tensor], incremental_state) -> Tensor:
         """``[h_l; h_g]`` (``1 x B x 2C``) of one decoder step: eq. 7 for both FI units
         as one attention of 2H heads over their joint cache (see the class docstring)."""
-        w_q, b_q, w_kv_r, b_kv_r, w_kv_lc, b_kv_lc = self._step_weights()
+        buffer = self._joint_buffer(incremental_state)
+        w_q, b_q, w_kv_r, b_kv_r, w_kv_lc, b_kv_lc = (buffer[name] for name in self._STACKED)
         q = split_heads(F.linear(r, w_q, b_q), 2 * self.num_heads)  # B x 2H x 1 x Dh: [q_l, q_g]
-        k, v, padding = self._append_joint(incremental_state, F.linear(lc, w_kv_lc, b_kv_lc),
-                                           F.linear(r, w_kv_r, b_kv_r), key_padding_mask)
+        k, v, padding = self._append_joint(buffer, F.linear(lc, w_kv_lc, b_kv_lc), F.linear(r, w_kv_r, b_kv_r),
+                                           key_padding_mask)
         if padding is not None and padding.device.type == "cpu" and not padding.any():
             padding = None
         return merge_heads(last_keys_attention(q, k, v, self.fi_global.scaling, padding, None))
 
-    def _append_joint(self, incremental_state, kv_local: Tensor, kv_global: Tensor,
+    def _append_joint(self, buffer: Dict[str, Optional[Tensor]], kv_local: Tensor, kv_global: Tensor,
                       key_padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         """Write one step's keys and values (``1 x B x 2C`` each, ``[k; v]`` of the local
-        and of the global unit) into the joint cache, which takes over the units' own
-        caches if they hold steps (a pass before took their path); returns the keys and
+        and of the global unit) into the joint cache ``buffer``; returns the keys and
         values of all steps (``B x 2H x T x Dh`` each) and their padding (``B x T``)."""
-        buffer = self.get_incremental_state(incremental_state, self._JOINT)
-        if not buffer or buffer.get("kv") is None:
-            buffer = self._take_over_caches(incremental_state)
-            self.set_incremental_state(incremental_state, self._JOINT, buffer)
         bsz, heads, head_dim = kv_local.size(1), self.num_heads, self.head_dim
         store, length = buffer.get("kv_store"), 0 if buffer.get("kv") is None else buffer["kv"].size(2)
         if store is None or store.size(0) <= length:
@@ -406,9 +417,11 @@ class DualContextModule(nn.Module, Observable):
         v = torch.cat([local["prev_value"], glob["prev_value"]], dim=1)
         kv = torch.cat([k, v], dim=0)  # 2B x 2H x T x Dh
         store = kv.permute(2, 0, 1, 3).contiguous()
+        padding = glob.get("prev_key_padding_mask")
         for core in (self.fi_local, self.fi_global):
             core._set_input_buffer(incremental_state, {})
-        return {"kv_store": store, "kv": _steps_view(store, store.size(0)), "padding": glob.get("prev_key_padding_mask")}
+        return {"kv_store": store, "kv": _steps_view(store, store.size(0)),
+                "padding": None if padding is None else padding.bool()}
 
     def _hand_back_caches(self, incremental_state):
         """Before a pass that takes the FI units' own path: the joint cache's steps back
@@ -436,6 +449,46 @@ class DualContextModule(nn.Module, Observable):
         if buffer.get("padding") is not None:
             buffer["padding"] = buffer["padding"].index_select(0, new_order)
         self.set_incremental_state(incremental_state, self._JOINT, buffer)
+
+    # ------------------------------------------------------------ the joint pass
+    def _joint_pass_applies(self, r: Tensor, incremental_state, want_probs: bool) -> bool:
+        """Whether this pass computes both FI units as one call (:meth:`_joint_pass`):
+        no incremental state, on a device of :data:`JOINT_PASS_DEVICES` where the
+        projections are stacked (:func:`~.projections.stacks_projections`), nothing
+        recorded or logged, a dtype of SDPA's fused kernels, and both units on the
+        ``"auto"`` or ``"sdpa"`` path (``"eager"`` and ``"flex"`` keep theirs)."""
+        local, glob = self.fi_local, self.fi_global
+        return (incremental_state is None and r.device.type in JOINT_PASS_DEVICES and not want_probs
+                and r.dtype in STEP_DTYPES and not self.recording
+                and all(core.attention_impl in ("auto", "sdpa") and not core.recording for core in (local, glob))
+                and stacks_projections(r, (local.q_proj, glob.q_proj, glob.k_proj, glob.v_proj,
+                                           local.k_proj, local.v_proj)))
+
+    def _joint_pass(self, r: Tensor, lc: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+        """``[h_l; h_g]`` (``T x B x 2C``, eq. 7) of a pass without incremental state as
+        one attention of 2H heads (the local unit's, then the global unit's): the
+        queries ``[q_l; q_g]`` and the global unit's keys and values one product of
+        r, the local unit's keys and values one product of lc, and one
+        ``scaled_dot_product_attention`` call with the units' shared scale, padding,
+        causality and attention dropout (:func:`~.kernels.sdpa.masked_attention`, as
+        each unit's own call; dropout drawn for the 2H heads at once), whose merged
+        heads are the concatenation of eq. 8. Per module and training step: one fused
+        call forward and one backward, and one mask, instead of two; the keys and
+        values are concatenated instead of the outputs."""
+        local, glob = self.fi_local, self.fi_global
+        heads = self.num_heads
+        # (split, not sliced: the backward pass puts the parts' gradients together in
+        # one concatenation, where a slice's fills a zero tensor of the whole)
+        from_r = stacked_projection(r, (local.q_proj, glob.q_proj, glob.k_proj, glob.v_proj))  # T x B x 4C
+        q, k_g, v_g = split_heads(from_r, 4 * heads).split([2 * heads, heads, heads], dim=1)  # B x 2H x T x Dh, ...
+        k_l, v_l = split_heads(stacked_projection(lc, (local.k_proj, local.v_proj)), 2 * heads).split(heads, dim=1)
+        k, v = torch.cat([k_l, k_g], dim=1), torch.cat([v_l, v_g], dim=1)
+        blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
+        if self.causal and blocked is not None:
+            blocked = blocked | causal_mask(r.size(0), r.size(0), r.device)[None, None]
+        dropout = glob.dropout_module.p if glob._dropout_active() else 0.0
+        out = masked_attention(q, k, v, blocked, None, dropout, self.causal and blocked is None)
+        return merge_heads(out)
 
     def _projections(self, r: Tensor, lc: Tensor):
         """The FI units' queries, keys and values (``T x B x C`` each) of a pass without
@@ -491,6 +544,8 @@ class DualContextModule(nn.Module, Observable):
             return self.aggregate(torch.cat([h_l, h_g], dim=-1)), None  # eq. 8
         # validation forward passes only (not training, not inference, not decoding steps)
         want_probs = incremental_state is None and self.logging_metrics
+        if self._joint_pass_applies(r, incremental_state, want_probs):
+            return self.aggregate(self._joint_pass(r, lc, key_padding_mask)), None  # eq. 7-8
         local_proj, global_proj = self._projections(r, lc) if incremental_state is None else (None, None)
         h_l, p_l = self.fi_local(  # eq. 7, h_l = FI(r, lc): T x B x C
             r, lc, lc, key_padding_mask=key_padding_mask, incremental_state=incremental_state,

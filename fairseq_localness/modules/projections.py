@@ -83,11 +83,18 @@ class _StackedLinear(torch.autograd.Function):
         return (grad_x, *grad_w, *grad_b)
 
 
+def stacked_projection(x: Tensor, projections: Sequence[nn.Linear]) -> Tensor:
+    """The outputs of the ``nn.Linear`` modules ``projections`` (each with a bias) on the
+    same input ``x`` side by side, ``... x (out_1 + ... + out_n)``, computed as one
+    product (:class:`_StackedLinear`)."""
+    params = [proj.weight for proj in projections] + [proj.bias for proj in projections]
+    return _StackedLinear.apply(x, *params)
+
+
 def stacked_linear(x: Tensor, projections: Sequence[nn.Linear]) -> Tuple[Tensor, ...]:
     """The outputs of the ``nn.Linear`` modules ``projections`` (each with a bias, the
     same output size) on the same input ``x``, computed as one product
-    (:class:`_StackedLinear`): ``n`` tensors ``... x out``, views of the stacked
+    (:func:`stacked_projection`): ``n`` tensors ``... x out``, views of the stacked
     output (whose gradients the backward pass stacks again in one kernel)."""
-    params = [proj.weight for proj in projections] + [proj.bias for proj in projections]
-    out = _StackedLinear.apply(x, *params)
+    out = stacked_projection(x, projections)
     return out.unflatten(-1, (len(projections), -1)).unbind(-2)
