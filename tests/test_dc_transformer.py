@@ -13,6 +13,7 @@ from fairseq_localness.analysis.divergence import dc_divergence
 from fairseq_localness.models._locality import OptionError
 from fairseq_localness.models.dc_transformer import DCOptions
 from fairseq_localness.modules import dual_context, projections
+from fairseq_localness.modules.attention import set_attention_impl
 from fairseq_localness.modules.incremental import MIN_STEPS
 from fairseq_localness.modules.observe import AttentionRecorder
 from fairseq_localness.modules.dual_context import (
@@ -424,6 +425,48 @@ def test_the_joint_pass_equals_the_units_own_calls(causal, padding, monkeypatch)
     with AttentionRecorder(dc):
         dc(r, r, r, key_padding_mask=pad)
     assert len(calls) == 1
+
+
+def test_the_joint_pass_is_not_taken_where_the_units_compute_otherwise(monkeypatch):
+    """The joint pass leaves a call to the units' own path where they do something it
+    does not: an ``attn_mask`` of a non-causal module (a causal one ignores fairseq's
+    future mask, and takes the joint pass with it), the eager and flex paths, and
+    validation with the divergence logged (the units' distributions are needed)."""
+    monkeypatch.setattr(projections, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dual_context, "JOINT_PASS_DEVICES", ("cuda", "cpu"))
+    calls = []
+    original = dual_context.masked_attention
+    monkeypatch.setattr(dual_context, "masked_attention", lambda *args: calls.append(1) or original(*args))
+    torch.manual_seed(0)
+    r = torch.randn(6, 2, 16)
+    blocked_first = torch.zeros(6, 6)
+    blocked_first[:, 0] = float("-inf")
+    encoder = DualContextModule(16, 4, kernel_size=2).eval()
+    with torch.no_grad():
+        masked, _ = encoder(r, r, r, attn_mask=blocked_first)
+        assert calls == []
+        monkeypatch.setattr(dual_context, "JOINT_PASS_DEVICES", ("cuda",))
+        torch.testing.assert_close(masked, encoder(r, r, r, attn_mask=blocked_first)[0])  # the units' own
+        monkeypatch.setattr(dual_context, "JOINT_PASS_DEVICES", ("cuda", "cpu"))
+        decoder = DualContextModule(16, 4, kernel_size=2, causal=True).eval()
+        future = torch.triu(torch.full((6, 6), float("-inf")), 1)
+        decoder(r, r, r, attn_mask=future)
+        assert calls == [1]
+        for impl in ("eager", "flex"):
+            set_attention_impl(decoder, impl)
+            decoder(r, r, r)
+        assert calls == [1]
+    from fairseq.logging import metrics
+
+    model, task = build_model(ARCH, TINY + MODES["enc"] + ["--dc-log-divergence"])
+    src, lens, prev, _ = random_batch(task, [6, 3], seed=3)
+    with torch.no_grad():
+        model(src, lens, prev)  # inference: the joint pass, in each DC encoder layer
+        assert len(calls) > 1
+        del calls[:]
+        with metrics.aggregate(new_root=True) as agg, metrics.aggregate("valid"):
+            model(src, lens, prev)  # fairseq's validation: the units' distributions are logged
+    assert calls == [] and "enc1_js" in agg.get_smoothed_values()
 
 
 def test_projections_of_the_caller_need_a_pass_without_incremental_state():

@@ -451,15 +451,17 @@ class DualContextModule(nn.Module, Observable):
         self.set_incremental_state(incremental_state, self._JOINT, buffer)
 
     # ------------------------------------------------------------ the joint pass
-    def _joint_pass_applies(self, r: Tensor, incremental_state, want_probs: bool) -> bool:
+    def _joint_pass_applies(self, r: Tensor, incremental_state, want_probs: bool,
+                            attn_mask: Optional[Tensor] = None) -> bool:
         """Whether this pass computes both FI units as one call (:meth:`_joint_pass`):
         no incremental state, on a device of :data:`JOINT_PASS_DEVICES` where the
         projections are stacked (:func:`~.projections.stacks_projections`), nothing
-        recorded or logged, a dtype of SDPA's fused kernels, and both units on the
-        ``"auto"`` or ``"sdpa"`` path (``"eager"`` and ``"flex"`` keep theirs)."""
+        recorded or logged, a dtype of SDPA's fused kernels, no ``attn_mask`` that the
+        units would apply (a causal unit ignores fairseq's future mask), and both units
+        on the ``"auto"`` or ``"sdpa"`` path (``"eager"`` and ``"flex"`` keep theirs)."""
         local, glob = self.fi_local, self.fi_global
         return (incremental_state is None and r.device.type in JOINT_PASS_DEVICES and not want_probs
-                and r.dtype in STEP_DTYPES and not self.recording
+                and (attn_mask is None or self.causal) and r.dtype in STEP_DTYPES and not self.recording
                 and all(core.attention_impl in ("auto", "sdpa") and not core.recording for core in (local, glob))
                 and stacks_projections(r, (local.q_proj, glob.q_proj, glob.k_proj, glob.v_proj,
                                            local.k_proj, local.v_proj)))
@@ -471,8 +473,12 @@ class DualContextModule(nn.Module, Observable):
         r, the local unit's keys and values one product of lc, and one
         ``scaled_dot_product_attention`` call with the units' shared scale, padding,
         causality and attention dropout (:func:`~.kernels.sdpa.masked_attention`, as
-        each unit's own call; dropout drawn for the 2H heads at once), whose merged
-        heads are the concatenation of eq. 8. Per module and training step: one fused
+        each unit's own call; dropout drawn for the 2H heads at once: the same
+        distribution as two draws, not the same numbers for a seed), whose merged
+        heads are the concatenation of eq. 8. The queries are copied out of r's
+        product, so that the fused call keeps ``2C`` values per token for them and not
+        the whole ``4C`` product: the pass keeps as much for the backward pass as the
+        units' own calls. Per module and training step: one fused
         call forward and one backward, and one mask, instead of two; the keys and
         values are concatenated instead of the outputs."""
         local, glob = self.fi_local, self.fi_global
@@ -481,6 +487,7 @@ class DualContextModule(nn.Module, Observable):
         # one concatenation, where a slice's fills a zero tensor of the whole)
         from_r = stacked_projection(r, (local.q_proj, glob.q_proj, glob.k_proj, glob.v_proj))  # T x B x 4C
         q, k_g, v_g = split_heads(from_r, 4 * heads).split([2 * heads, heads, heads], dim=1)  # B x 2H x T x Dh, ...
+        q = q.contiguous()
         k_l, v_l = split_heads(stacked_projection(lc, (local.k_proj, local.v_proj)), 2 * heads).split(heads, dim=1)
         k, v = torch.cat([k_l, k_g], dim=1), torch.cat([v_l, v_g], dim=1)
         blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
@@ -544,7 +551,7 @@ class DualContextModule(nn.Module, Observable):
             return self.aggregate(torch.cat([h_l, h_g], dim=-1)), None  # eq. 8
         # validation forward passes only (not training, not inference, not decoding steps)
         want_probs = incremental_state is None and self.logging_metrics
-        if self._joint_pass_applies(r, incremental_state, want_probs):
+        if self._joint_pass_applies(r, incremental_state, want_probs, attn_mask):
             return self.aggregate(self._joint_pass(r, lc, key_padding_mask)), None  # eq. 7-8
         local_proj, global_proj = self._projections(r, lc) if incremental_state is None else (None, None)
         h_l, p_l = self.fi_local(  # eq. 7, h_l = FI(r, lc): T x B x C
