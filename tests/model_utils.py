@@ -9,6 +9,7 @@ import torch
 from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_REGISTRY
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fairseq_localness  # noqa: F401  (registers the models)
 from fairseq_localness.modules.attention import set_attention_impl
@@ -22,6 +23,19 @@ TINY = [
 ]
 NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
 """No dropout of any kind (outputs compared exactly, or counted)."""
+
+
+class OperatorCalls(TorchDispatchMode):
+    """Records the name of every operator called inside it (``names``), as the
+    dispatcher sees them (views too): for tests that count what a pass launches."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
 
 
 def size_args(layers: int, dim: int, ffn: int, heads: int) -> List[str]:

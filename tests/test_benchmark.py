@@ -219,16 +219,7 @@ def test_mixed_precision_step_copies_gradients_in_multi_tensor_calls():
     multi-tensor call each, plus one unscaling call in fp16, however many parameter
     tensors the model has (not a copy and a multiply per tensor: on CUDA, two kernel
     launches per tensor)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Calls(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
+    from model_utils import OperatorCalls
 
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)]).to(torch.bfloat16)
     for scale, expected in ((1.0, ["_foreach_copy_", "_foreach_copy_"]),
@@ -236,7 +227,7 @@ def test_mixed_precision_step_copies_gradients_in_multi_tensor_calls():
         optimizer = bench_model._MixedPrecisionAdam(model, lr=1e-3, loss_scale=scale)
         optimizer.optimizer.step = lambda: None  # Adam's own operator calls are not counted
         model(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum().backward()
-        with Calls() as calls:
+        with OperatorCalls() as calls:
             optimizer.step()
         assert calls.names == expected
         optimizer.zero_grad()

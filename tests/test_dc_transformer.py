@@ -26,7 +26,7 @@ from fairseq_localness.modules.dual_context import (
 )
 from fairseq_localness.modules.projections import stacked_linear
 from model_utils import (
-    TINY, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance, command_line_error,
+    TINY, OperatorCalls, build_model, check_equals_fairseq_transformer, check_generation_batch_invariance, command_line_error,
     count_parameters, parse_model_args, random_batch,
 )
 
@@ -217,17 +217,6 @@ def test_a_beam_search_step_is_one_attention_of_both_units():
     keys and one with the values for both units, one softmax; the aggregation and the
     Local Context Unit's product; and a reorder index-selects one joint cache besides
     the unit's window."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Calls(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     torch.manual_seed(0)
     dc = DualContextModule(16, 4, kernel_size=2, causal=True).eval()
     r, state = torch.randn(6, 5, 16), {}
@@ -236,9 +225,9 @@ def test_a_beam_search_step_is_one_attention_of_both_units():
             x = r[t : t + 1]
             if t < 5:
                 dc(x, x, x, incremental_state=state)
-        with Calls() as step:
+        with OperatorCalls() as step:
             dc(x, x, x, incremental_state=state)
-        with Calls() as reorder:
+        with OperatorCalls() as reorder:
             _reorder(dc, state, torch.tensor([4, 3, 2, 1, 0]))
     assert step.names.count("addmm") == 5 and step.names.count("bmm") == 2 and "cat" in step.names  # (the window's)
     assert step.names.count("cat") == 1

@@ -204,12 +204,8 @@ exec "$REAL_PYTHON" "$@"
 '''
 
 
-def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(tmp_path):
-    """The benchmark and training stages' schedule, with a stand-in for the GPU runs:
-    the benchmark in --dtypes' precision (bf16 by default) within --bench-limit; the warm-up
-    starts every run at once (30 updates, not profiled), then the timed runs go one
-    at a time, the transformer first, each with --updates updates and profiled; the
-    summaries and the tarball (which holds them, not itself) are written."""
+def _stub_machine(tmp_path):
+    """A data folder, the stub Python (:data:`STUB_PYTHON`) and its record of runs."""
     data = tmp_path / "bin"
     data.mkdir()
     (data / "dict.src.txt").write_text("a 1\n")
@@ -217,7 +213,16 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
     stub.parent.mkdir()
     stub.write_text(STUB_PYTHON)
     stub.chmod(0o755)
-    runs = tmp_path / "runs.txt"
+    return data, stub, tmp_path / "runs.txt"
+
+
+def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(tmp_path):
+    """The benchmark and training stages' schedule, with a stand-in for the GPU runs:
+    the benchmark in --dtypes' precision (bf16 by default) within --bench-limit; the warm-up
+    starts every run at once (30 updates, not profiled), then the timed runs go one
+    at a time, the transformer first, each with --updates updates and profiled; the
+    summaries and the tarball (which holds them, not itself) are written."""
+    data, stub, runs = _stub_machine(tmp_path)
     out = tmp_path / "out"
     env = {"PYTHON": str(stub), "STUB_RUNS": str(runs), "REAL_PYTHON": sys.executable, "STUB_WARM_RUNS": "2",
            "TMPDIR": str(tmp_path / "tmp")}
@@ -275,14 +280,7 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
 def test_a_benchmark_limit_too_short_for_a_warm_up_runs_the_benchmark_alone(tmp_path):
     """Where a third of --bench-limit would leave the benchmark under 30 s and less than
     10 s remain for a warm-up, there is none: the benchmark gets the whole limit."""
-    data = tmp_path / "bin"
-    data.mkdir()
-    (data / "dict.src.txt").write_text("a 1\n")
-    stub = tmp_path / "stub" / "python"
-    stub.parent.mkdir()
-    stub.write_text(STUB_PYTHON)
-    stub.chmod(0o755)
-    runs = tmp_path / "runs.txt"
+    data, stub, runs = _stub_machine(tmp_path)
     env = {"PYTHON": str(stub), "STUB_RUNS": str(runs), "REAL_PYTHON": sys.executable}
     proc = run_script("gpu_check.sh", ["--data-bin", data, "--out", tmp_path / "out", "--stages", "bench",
                                        "--bench-limit", "35", "--budget", "130"], env=env)
