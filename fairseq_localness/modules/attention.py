@@ -64,7 +64,7 @@ from fairseq_localness.modules.context import (
     safe_masked_softmax,
 )
 from fairseq_localness.modules.fusion import BranchOutputs, EagerOutputs, Fusion, MergeHeads, SumFusion, split_heads
-from fairseq_localness.modules.incremental import IncrementalBuffer, append_to_cache
+from fairseq_localness.modules.incremental import IncrementalBuffer, append_to_cache, used_padding
 from fairseq_localness.modules.kernels.choice import branch_attention, check_impl, fused_windows, use_fast_path
 from fairseq_localness.modules.observe import Observable, probs_key
 from fairseq_localness.modules.projections import stacked_linear, stacks_projections
@@ -218,13 +218,7 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         if saved is not None:
             k, v, key_padding_mask = append_to_cache(saved, k, v, key_padding_mask, static_kv, bsz)
             self._set_input_buffer(incremental_state, saved)
-        if key_padding_mask is not None:
-            key_padding_mask = key_padding_mask.bool()
-            # an all-False mask is dropped on a CPU only: on an accelerator the test
-            # would wait for the device (a mask of zeros blocks nothing anyway)
-            if key_padding_mask.device.type == "cpu" and not key_padding_mask.any():
-                key_padding_mask = None
-        return q, k, v, key_padding_mask
+        return q, k, v, used_padding(key_padding_mask)
 
     def _context(self, query, q, k, key_padding_mask) -> AttentionContext:
         """The context of this call (:func:`~.context.build_context`); queries stand at

@@ -97,7 +97,9 @@ from torch import Tensor, nn
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.context import causal_mask, query_part
 from fairseq_localness.modules.fusion import merge_heads, split_heads
-from fairseq_localness.modules.incremental import MIN_STEPS, IncrementalBuffer, _reordered, _steps_view, attention_step
+from fairseq_localness.modules.incremental import (
+    IncrementalBuffer, _reordered, _steps_view, attention_step, grown_store, joined_padding, used_padding,
+)
 from fairseq_localness.modules.kernels.sdpa import masked_attention
 from fairseq_localness.modules.kernels.step import last_keys_attention
 from fairseq_localness.modules.projections import stacked_linear, stacked_projection, stacks_projections
@@ -329,11 +331,13 @@ class DualContextModule(nn.Module, Observable):
     _JOINT = "joint"
     _STACKED = ("w_q", "b_q", "w_kv_global", "b_kv_global", "w_kv_local", "b_kv_local")
 
-    def _step_params(self) -> Tuple[Tensor, ...]:
+    def _projection_pairs(self) -> Tuple[Tuple[nn.Linear, nn.Linear], ...]:
+        """The FI units' projections in the pairs the joint step and pass stack: the
+        queries ``(W^q_l, W^q_g)`` and the global unit's keys and values ``(W^k_g,
+        W^v_g)``, both of r, and the local unit's keys and values ``(W^k_l, W^v_l)``,
+        of lc."""
         local, glob = self.fi_local, self.fi_global
-        return (local.q_proj.weight, glob.q_proj.weight, local.q_proj.bias, glob.q_proj.bias,
-                glob.k_proj.weight, glob.v_proj.weight, glob.k_proj.bias, glob.v_proj.bias,
-                local.k_proj.weight, local.v_proj.weight, local.k_proj.bias, local.v_proj.bias)
+        return (local.q_proj, glob.q_proj), (glob.k_proj, glob.v_proj), (local.k_proj, local.v_proj)
 
     def _joint_step_applies(self, r: Tensor, incremental_state, attn_mask: Optional[Tensor]) -> bool:
         """A step of :meth:`_plain_step` without gradients (beam search): :meth:`_joint_step`."""
@@ -347,14 +351,12 @@ class DualContextModule(nn.Module, Observable):
         next search stacks them again (three concatenations per DC layer). The
         projections' modules are not called in a joint step: forward hooks on them do
         not run there (as in the stacked products of a full pass)."""
-        params = self._step_params()
+        stacked = []
         with torch.no_grad():
-            stacked = []
-            for i in range(0, len(params), 4):
-                weights, biases = params[i : i + 2], params[i + 2 : i + 4]
-                stacked.append(torch.cat(weights))
-                stacked.append(torch.cat([b if b is not None else w.new_zeros(w.size(0))
-                                          for w, b in zip(weights, biases)]))
+            for pair in self._projection_pairs():
+                stacked.append(torch.cat([proj.weight for proj in pair]))
+                stacked.append(torch.cat([proj.weight.new_zeros(proj.out_features) if proj.bias is None else proj.bias
+                                          for proj in pair]))
         return tuple(stacked)
 
     def _joint_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
@@ -376,9 +378,7 @@ class DualContextModule(nn.Module, Observable):
         q = split_heads(F.linear(r, w_q, b_q), 2 * self.num_heads)  # B x 2H x 1 x Dh: [q_l, q_g]
         k, v, padding = self._append_joint(buffer, F.linear(lc, w_kv_lc, b_kv_lc), F.linear(r, w_kv_r, b_kv_r),
                                            key_padding_mask)
-        if padding is not None and padding.device.type == "cpu" and not padding.any():
-            padding = None
-        return merge_heads(last_keys_attention(q, k, v, self.fi_global.scaling, padding, None))
+        return merge_heads(last_keys_attention(q, k, v, self.fi_global.scaling, used_padding(padding), None))
 
     def _append_joint(self, buffer: Dict[str, Optional[Tensor]], kv_local: Tensor, kv_global: Tensor,
                       key_padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
@@ -388,20 +388,13 @@ class DualContextModule(nn.Module, Observable):
         bsz, heads, head_dim = kv_local.size(1), self.num_heads, self.head_dim
         store, length = buffer.get("kv_store"), 0 if buffer.get("kv") is None else buffer["kv"].size(2)
         if store is None or store.size(0) <= length:
-            room = max(length + 1, MIN_STEPS, 2 * length)
-            grown = kv_local.new_empty(room, 2 * bsz, 2 * heads, head_dim)
-            if length:
-                grown[:length] = store[:length]
-            store = grown
+            store = grown_store(store, None if store is None else store[:length], length + 1,
+                                (2 * bsz, 2 * heads, head_dim), kv_local)
         slot = store[length].view(2, bsz, 2, heads, head_dim)  # (k, v) x B x (local, global) x H x Dh
         slot[:, :, 0] = kv_local.view(bsz, 2, heads, head_dim).transpose(0, 1)
         slot[:, :, 1] = kv_global.view(bsz, 2, heads, head_dim).transpose(0, 1)
         kv = _steps_view(store, length + 1)
-        padding = buffer.get("padding")
-        if padding is not None or key_padding_mask is not None:
-            prev = padding if padding is not None else kv.new_zeros(bsz, length, dtype=torch.bool)
-            new = key_padding_mask.bool() if key_padding_mask is not None else kv.new_zeros(bsz, 1, dtype=torch.bool)
-            padding = torch.cat([prev, new], dim=1)
+        padding = joined_padding(buffer.get("padding"), key_padding_mask, bsz, length, 1, kv)
         buffer.update(kv_store=store, kv=kv, padding=padding)  # (the dict held in incremental_state)
         return kv[:bsz], kv[bsz:], padding
 
@@ -459,12 +452,12 @@ class DualContextModule(nn.Module, Observable):
         recorded or logged, a dtype of SDPA's fused kernels, no ``attn_mask`` that the
         units would apply (a causal unit ignores fairseq's future mask), and both units
         on the ``"auto"`` or ``"sdpa"`` path (``"eager"`` and ``"flex"`` keep theirs)."""
-        local, glob = self.fi_local, self.fi_global
+        queries, kv_global, kv_local = self._projection_pairs()
         return (incremental_state is None and r.device.type in JOINT_PASS_DEVICES and not want_probs
                 and (attn_mask is None or self.causal) and r.dtype in STEP_DTYPES and not self.recording
-                and all(core.attention_impl in ("auto", "sdpa") and not core.recording for core in (local, glob))
-                and stacks_projections(r, (local.q_proj, glob.q_proj, glob.k_proj, glob.v_proj,
-                                           local.k_proj, local.v_proj)))
+                and all(core.attention_impl in ("auto", "sdpa") and not core.recording
+                        for core in (self.fi_local, self.fi_global))
+                and stacks_projections(r, queries + kv_global + kv_local))
 
     def _joint_pass(self, r: Tensor, lc: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
         """``[h_l; h_g]`` (``T x B x 2C``, eq. 7) of a pass without incremental state as
@@ -481,18 +474,19 @@ class DualContextModule(nn.Module, Observable):
         units' own calls. Per module and training step: one fused
         call forward and one backward, and one mask, instead of two; the keys and
         values are concatenated instead of the outputs."""
-        local, glob = self.fi_local, self.fi_global
+        queries, kv_global, kv_local = self._projection_pairs()
         heads = self.num_heads
         # (split, not sliced: the backward pass puts the parts' gradients together in
         # one concatenation, where a slice's fills a zero tensor of the whole)
-        from_r = stacked_projection(r, (local.q_proj, glob.q_proj, glob.k_proj, glob.v_proj))  # T x B x 4C
+        from_r = stacked_projection(r, queries + kv_global)  # T x B x 4C
         q, k_g, v_g = split_heads(from_r, 4 * heads).split([2 * heads, heads, heads], dim=1)  # B x 2H x T x Dh, ...
         q = q.contiguous()
-        k_l, v_l = split_heads(stacked_projection(lc, (local.k_proj, local.v_proj)), 2 * heads).split(heads, dim=1)
+        k_l, v_l = split_heads(stacked_projection(lc, kv_local), 2 * heads).split(heads, dim=1)
         k, v = torch.cat([k_l, k_g], dim=1), torch.cat([v_l, v_g], dim=1)
         blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
         if self.causal and blocked is not None:
             blocked = blocked | causal_mask(r.size(0), r.size(0), r.device)[None, None]
+        glob = self.fi_global
         dropout = glob.dropout_module.p if glob._dropout_active() else 0.0
         out = masked_attention(q, k, v, blocked, None, dropout, self.causal and blocked is None)
         return merge_heads(out)
@@ -507,9 +501,8 @@ class DualContextModule(nn.Module, Observable):
         gradients of ``r`` and two of ``lc``). Returns ``(local q, k, v), (global q, k,
         v)``, or ``(None, None)`` where :func:`~.projections.stacks_projections` says
         no (each unit projects its own then)."""
-        local, glob = self.fi_local, self.fi_global
-        from_r = (local.q_proj, glob.q_proj, glob.k_proj, glob.v_proj)
-        from_lc = (local.k_proj, local.v_proj)
+        queries, kv_global, from_lc = self._projection_pairs()
+        from_r = queries + kv_global
         if not stacks_projections(r, from_r + from_lc):
             return None, None
         q_l, q_g, k_g, v_g = stacked_linear(r, from_r)

@@ -81,6 +81,40 @@ def _reordered(store: Tensor, length: int, new_order: Tensor) -> Tuple[Tensor, T
     return reordered, _steps_view(reordered, length)
 
 
+def grown_store(store: Optional[Tensor], steps: Optional[Tensor], total: int, steps_shape, like: Tensor) -> Tensor:
+    """A store of ``steps_shape`` per step with room for ``total`` steps (at least
+    :data:`MIN_STEPS`, and twice the room of ``store``, the one it replaces), holding
+    ``steps`` (``T x steps_shape``, the steps first) as its first steps; ``like``'s dtype
+    and device."""
+    room = max(total, MIN_STEPS, 2 * store.size(0) if store is not None else 0)
+    grown = like.new_empty(room, *steps_shape)
+    if steps is not None:
+        grown[: steps.size(0)] = steps
+    return grown
+
+
+def joined_padding(prev: Optional[Tensor], new: Optional[Tensor], bsz: int, prev_len: int, new_len: int,
+                   like: Tensor) -> Optional[Tensor]:
+    """The key padding mask (``B x (T + T')``, bool) of ``prev_len`` cached steps and
+    ``new_len`` new ones from their masks ``prev`` and ``new`` (a missing one counts as
+    no padding), or None where both are missing; ``like``'s device."""
+    if prev is None and new is None:
+        return None
+    prev = prev.bool() if prev is not None else like.new_zeros(bsz, prev_len, dtype=torch.bool)
+    new = new.bool() if new is not None else like.new_zeros(bsz, new_len, dtype=torch.bool)
+    return torch.cat([prev, new], dim=1)
+
+
+def used_padding(key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """``key_padding_mask`` as bool, or None where it is None or, on a CPU, blocks no
+    key (on an accelerator the test would wait for the device; a mask of zeros blocks
+    nothing anyway)."""
+    if key_padding_mask is None:
+        return None
+    key_padding_mask = key_padding_mask.bool()
+    return None if key_padding_mask.device.type == "cpu" and not key_padding_mask.any() else key_padding_mask
+
+
 def append_steps(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor) -> Tensor:
     """The cached steps under ``name`` (``B x H x T x Dh``) followed by ``new``
     (``B x H x T' x Dh``), stored back under ``name``.
@@ -106,11 +140,7 @@ def append_steps(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor) -> 
         and store.dtype == new.dtype and (prev is None or prev.data_ptr() == store.data_ptr())
     )
     if not in_store:
-        room = max(total, MIN_STEPS, 2 * store.size(0) if store is not None else 0)
-        grown = new.new_empty(room, *steps_shape)
-        if prev is not None:
-            grown[:length] = prev.permute(2, 0, 1, 3)
-        store = grown
+        store = grown_store(store, None if prev is None else prev.permute(2, 0, 1, 3), total, steps_shape, new)
     store[length:total] = new.permute(2, 0, 1, 3)
     saved[name + _STORE] = store
     saved[name] = _steps_view(store, total)
@@ -138,18 +168,7 @@ def append_to_cache(
             k, v = prev_key, prev_value
             key_padding_mask = prev_kpm if key_padding_mask is None else key_padding_mask
         else:
-            if prev_kpm is not None or key_padding_mask is not None:
-                prev_kpm = (
-                    prev_kpm
-                    if prev_kpm is not None
-                    else prev_key.new_zeros(bsz, prev_key.size(2), dtype=torch.bool)
-                )
-                new_kpm = (
-                    key_padding_mask.bool()
-                    if key_padding_mask is not None
-                    else prev_key.new_zeros(bsz, k.size(2), dtype=torch.bool)
-                )
-                key_padding_mask = torch.cat([prev_kpm.bool(), new_kpm], dim=1)
+            key_padding_mask = joined_padding(prev_kpm, key_padding_mask, bsz, prev_key.size(2), k.size(2), prev_key)
             k, v = append_steps(saved, "prev_key", k), append_steps(saved, "prev_value", v)
     elif not static_kv:  # the first step of a growing cache
         k, v = append_steps(saved, "prev_key", k), append_steps(saved, "prev_value", v)
@@ -180,8 +199,4 @@ def attention_step(core: nn.Module, query: Tensor, key_input: Tensor, key_paddin
     k, v = split_heads(core.k_proj(key_input), heads), split_heads(core.v_proj(key_input), heads)
     k, v, key_padding_mask = append_to_cache(saved, k, v, key_padding_mask, False, query.size(1))
     core._set_input_buffer(incremental_state, saved)
-    if key_padding_mask is not None:
-        key_padding_mask = key_padding_mask.bool()
-        if key_padding_mask.device.type == "cpu" and not key_padding_mask.any():
-            key_padding_mask = None
-    return merge_heads(last_keys_attention(q, k, v, core.scaling, key_padding_mask, None))
+    return merge_heads(last_keys_attention(q, k, v, core.scaling, used_padding(key_padding_mask), None))
