@@ -283,6 +283,32 @@ def test_shaw_step_equals_the_last_row_of_the_dense_equation():
             torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-9)
 
 
+def test_shaw_step_makes_the_same_calls_at_every_prefix_length():
+    """A step's operator calls do not depend on where the prefix stands against the
+    clipping distance K: the key term is picked per key from the row's R bucket terms
+    and the value term sums the probabilities per bucket, for 2 keys (all within K =
+    2) as for 3 and 6 (some in the clipped bucket), with padding or without. (Rows this
+    short take the same softmax on every CPU: :func:`~.context.softmax_last`.)"""
+    from model_utils import OperatorCalls
+
+    from fairseq_localness.modules.relative_position import RelativePositions
+
+    rel = RelativePositions(8, 2)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # the bucket table, built once (and cached) for 6 keys
+        rel.step_attention(torch.randn(3, 2, 1, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8), 0.5)
+    calls = {}
+    for t, padded in itertools.product([2, 3, 6], [False, True]):
+        q, k, v = torch.randn(3, 2, 1, 8, generator=g), torch.randn(3, 2, t, 8, generator=g), torch.randn(3, 2, t, 8)
+        kpm = _left_padding(3, t, [0, 1, 0]) if padded else None
+        with torch.no_grad(), OperatorCalls() as recorder:
+            rel.step_attention(q, k, v, 0.5, kpm)
+        calls[t, padded] = recorder.names
+    for padded in (False, True):
+        assert calls[2, padded] == calls[3, padded] == calls[6, padded]
+    assert "cat" not in calls[6, True] and "index_add_" in calls[6, True]
+
+
 def test_one_row_windows_equal_one_step_per_window():
     """Several windows of one query row in one product (:func:`~.windows.windows_attention`)
     == one :func:`~.step.last_keys_attention` per window, with padding (a window over

@@ -93,27 +93,31 @@ class RelativePositions(nn.Module):
                        key_padding_mask: Optional[Tensor] = None) -> Tensor:
         """One incremental step of self-attention with these key and value terms (eq.
         3-4): the query is the last position (``i' = Tk - 1``), ``q`` ``B x H x 1 x Dh``
-        (unscaled), ``k``, ``v`` ``B x H x Tk x Dh``. Every key is at distance ``j - i'
-        <= 0``: the first ``Tk - K`` are in bucket 0 and the last K in buckets ``1 ..
-        K``, so the key term is one constant and K values concatenated, and the value
-        term is bucket 0's summed probability times ``w^V_0`` plus the last K
-        probabilities times ``w^V_1 .. w^V_K``, with no gather or scatter over the
-        keys. A row without keys gives 0. Returns ``B x H x 1 x Dh``."""
-        key_embeddings, value_embeddings = self.key_embeddings, self.value_embeddings
-        k_clip = (key_embeddings.size(0) - 1) // 2
+        (unscaled), ``k``, ``v`` ``B x H x Tk x Dh``. Returns ``B x H x 1 x Dh``; a row
+        without keys gives 0.
+
+        Per row, as Shaw et al.'s section 3.3 computes the terms: the key term of each
+        of the R buckets, ``q w^K_r / sqrt(Dh)`` (one product, ``B*H x R``), picked for
+        each key by its bucket ``clip(j - i', K) + K`` (one ``index_select``, the row
+        of the cached bucket table) and added to ``q k^T / sqrt(Dh)`` in the same
+        product (``baddbmm``); the value term sums each bucket's probabilities
+        (``index_add_``) and multiplies the R sums by ``W^V`` (``B*H x R`` by ``R x
+        Dh``), added to ``alpha v`` in its product. The heads' ``B*H`` rows are views
+        of the caches (:func:`~.kernels.step.heads_bmm`): no tensor over the prefix
+        but the row's own, and no call whose count grows with Tk."""
+        bsz, heads, _, head_dim = q.shape
         src_len = k.size(2)
-        near = min(k_clip, src_len)  # keys in buckets K - near + 1 .. K
-        far = src_len - near
-        per_bucket = torch.matmul(q, key_embeddings.to(q.dtype).t()) * scale  # B x H x 1 x R
-        near_buckets = slice(k_clip + 1 - near, k_clip + 1)
-        terms = per_bucket[..., near_buckets]
-        if far:
-            terms = torch.cat([per_bucket[..., :1].expand(-1, -1, -1, far), terms], dim=-1)
-        probs = one_row_softmax(torch.matmul(q, k.transpose(-1, -2)) * scale + terms, key_padding_mask)
-        out = torch.matmul(probs.to(v.dtype), v)
-        if value_embeddings is not None:
-            value = value_embeddings.to(probs.dtype)
-            out = out + torch.matmul(probs[..., far:], value[near_buckets]).to(v.dtype)
-            if far:
-                out = out + (probs[..., :far].sum(-1, keepdim=True) * value[0]).to(v.dtype)
-        return out
+        rows = bsz * heads
+        buckets = distance_table(("shaw_bucket", self.max_distance), self._clipped, 1, src_len, q.device)[0]
+        q_rows = (q * scale).reshape(rows, 1, head_dim)
+        per_bucket = torch.mm(q_rows.view(rows, head_dim), self.key_embeddings.to(q.dtype).t())  # B*H x R
+        key_terms = per_bucket.index_select(1, buckets).unsqueeze(1)  # B*H x 1 x Tk
+        scores = torch.baddbmm(key_terms, q_rows, k.reshape(rows, src_len, head_dim).transpose(1, 2))
+        probs = one_row_softmax(scores.view(bsz, heads, 1, src_len), key_padding_mask).reshape(rows, 1, src_len)
+        values = v.reshape(rows, src_len, head_dim)
+        if self.value_embeddings is None:
+            return torch.bmm(probs.to(v.dtype), values).view(bsz, heads, 1, head_dim)
+        summed = probs.new_zeros(rows, self.value_embeddings.size(0)).index_add_(1, buckets, probs.view(rows, src_len))
+        value_term = torch.mm(summed, self.value_embeddings.to(probs.dtype)).to(v.dtype)  # B*H x Dh
+        out = torch.baddbmm(value_term.unsqueeze(1), probs.to(v.dtype), values)
+        return out.view(bsz, heads, 1, head_dim)
