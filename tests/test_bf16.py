@@ -69,9 +69,11 @@ def _trainer_step(cfg, seen):
     trainer = Trainer(cfg, task, model, criterion)
     batches = task.get_batch_iterator(task.dataset("train"), max_tokens=1024).next_epoch_itr(shuffle=False)
     log = trainer.train_step([next(batches)])
+    masters = trainer.optimizer.fp32_params  # flat: one per device (compat.mixed_precision)
     seen.update(device=trainer.device, dtypes={p.dtype for p in trainer.model.parameters()},
-                optimizer=type(trainer.optimizer).__name__,
-                master=[p.dtype for p in trainer.optimizer.fp32_params], loss=log["loss"])
+                optimizer=type(trainer.optimizer).__name__, flat=isinstance(masters, dict),
+                master=[p.dtype for p in (masters.values() if isinstance(masters, dict) else masters)],
+                loss=log["loss"])
 
 
 def test_trainer_trains_in_bf16_on_the_cpu(tiny_data_bin):
@@ -86,7 +88,7 @@ def test_trainer_trains_in_bf16_on_the_cpu(tiny_data_bin):
     distributed_utils.call_main(cfg, _trainer_step, seen=seen)
     assert seen["device"] == torch.device("cpu")
     assert seen["dtypes"] == {torch.bfloat16}
-    assert seen["optimizer"] == "FP16Optimizer" and set(seen["master"]) == {torch.float32}
+    assert seen["optimizer"] == "FP16Optimizer" and set(seen["master"]) == {torch.float32} and seen["flat"]
     assert torch.isfinite(torch.tensor(float(seen["loss"])))
 
 

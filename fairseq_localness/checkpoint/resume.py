@@ -35,6 +35,7 @@ import threading
 import torch
 
 from fairseq_localness.checkpoint.errors import MalformedCheckpointError, short_repr
+from fairseq_localness.compat.mixed_precision import state_to_load
 
 MAX_COUNT = 2 ** 31
 """The largest update count, epoch and position in an epoch a checkpoint may hold."""
@@ -184,6 +185,10 @@ def check_optimizer_state(optimizer, state, file: str, overrides=None):
     inner = getattr(optimizer, "optimizer", None)
     if not isinstance(inner, torch.optim.Optimizer) or "param_groups" not in inner.state_dict():
         return  # an optimizer of another layout (a composite one): fairseq's own load decides
+    try:  # a state saved per tensor, for a flat fp32 master: checked as it will be loaded
+        state = state_to_load(optimizer, state)
+    except (ValueError, TypeError) as exc:
+        raise MalformedCheckpointError(file, f"its {where} cannot be loaded into the run's flat fp32 master: {exc}")
     groups, moments = state.get("param_groups"), state.get("state")
     if not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups) and isinstance(moments, dict)):
         raise MalformedCheckpointError(file, f"its {where} is not torch's (state, param_groups)")

@@ -11,6 +11,9 @@ module                        fixes
 :mod:`.last_batch`            the last, smaller batch, which ``batch_by_size`` drops
 :mod:`.cpu_distributed`       torchrun-launched training and DDP on the CPU (gloo)
 :mod:`.bf16`                  ``--bf16`` on a CUDA GPU or the CPU (fairseq: TPU only)
+:mod:`.mixed_precision`       ``--bf16``'s fp32 master weights flat, as ``--fp16``'s
+                              (fairseq: one per tensor, about 12 operator calls per
+                              tensor and update), and one multi-tensor copy per sync
 :mod:`.long_inputs`           a sentence too long for the model: its beginning
                               translated, in ``fairseq-interactive``,
                               ``fairseq-generate`` and the hub, instead of a stop
@@ -34,7 +37,7 @@ def apply_all():
     are applied prints what they hide.
     """
     from fairseq_localness.compat import (bf16, checkpoint_loading, cpu_distributed, hydra_messages, last_batch,
-                                          long_inputs, torch_warnings)
+                                          long_inputs, mixed_precision, torch_warnings)
 
     hydra_messages.filter_hydra_deprecation_warnings()
     hydra_messages.filter_hydra_job_runtime_lines()
@@ -44,6 +47,7 @@ def apply_all():
     last_batch.patch_batch_by_size()
     cpu_distributed.patch_cpu_distributed()
     bf16.patch_bf16_without_tpu()
+    mixed_precision.patch_mixed_precision()
     long_inputs.patch_interactive_long_inputs()
     long_inputs.patch_generate_long_inputs()
     long_inputs.patch_hub_long_inputs()

@@ -1,0 +1,213 @@
+"""Flat fp32 master weights for ``--bf16``, and one multi-tensor copy per sync, in
+fairseq's ``FP16Optimizer``.
+
+What fairseq does wrong (for speed; the numbers are right): ``--fp16`` and ``--bf16``
+keep fp32 master copies of the model's weights. With ``--fp16`` they are one flat
+tensor per device, which the optimizer steps as one parameter; ``--bf16`` turns the
+flattening off (``FP16Optimizer.build_optimizer``: "mixed precision is faster on TPUs
+without flat grads"), also off a TPU. Every parameter tensor then has a master of its
+own, which the update copies its gradient into, takes the norm of, zeroes and steps
+one by one: fairseq's own ``Adam`` (where apex's fused Adam is not installed) is a
+Python loop of about eight operations per tensor. One ``--bf16`` update of the
+transformer at IWSLT size (253 parameter tensors, on the CPU) is 3,969 operator calls,
+about 3,000 of them per-tensor bookkeeping of the optimizer; the Full Dual Contextual
+model, with 373 tensors, makes 1.48 times as many. On a GPU each is a kernel launch,
+where a Transformer-base training step is bound by its launches (docs/benchmark.md, "On
+a GPU"). Flat or not, the gradients are copied into the masters and the weights back
+one tensor at a time (a ``copy_`` each, twice per update).
+
+What the fix changes (:func:`patch_mixed_precision`):
+
+* ``--bf16`` off a TPU flattens as ``--fp16`` does, unless ``--fp16-no-flatten-grads``
+  is given or the optimizer cannot step flat parameters (fairseq's per-tensor masters
+  then, as before);
+* on a CPU the flat master is keyed by the parameters' device index (None) where
+  fairseq asks CUDA for its current device;
+* each sync of a flat master is one ``torch._foreach_copy_`` over all tensors (on CUDA
+  a few launches for all of them), and a parameter without a gradient gets a zero
+  gradient in one ``torch._foreach_zero_``, as fairseq's copied zeros;
+* resuming, into a flat master, an optimizer state saved per tensor (a ``--bf16`` run
+  before this fix, or one with ``--fp16-no-flatten-grads``): the per-tensor states are
+  joined in the parameters' order. Every state of fairseq's optimizers that has the
+  shape of its parameter is element-wise (Adam's moments), so the join is exact; the
+  step count is the largest of the tensors'.
+
+The update is the same element-wise arithmetic; only the gradient norm (logged, and
+used by ``--clip-norm``) is the norm of one flat vector instead of a norm of per-tensor
+norms, which can differ in the last bits. The test that fails without it:
+``tests/test_mixed_precision.py``.
+"""
+import logging
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from fairseq_localness.compat._patching import replaces
+
+_MARK = "_fairseq_localness_mixed_precision"
+logger = logging.getLogger(__name__)
+
+
+def flattens(cfg) -> bool:
+    """Whether ``FP16Optimizer`` keeps one flat fp32 master per device for ``cfg``:
+    unless ``--fp16-no-flatten-grads``, or a TPU (where fairseq says per-tensor
+    masters are faster)."""
+    return not getattr(cfg.common, "fp16_no_flatten_grads", False) and not getattr(cfg.common, "tpu", False)
+
+
+def _flat_views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """The slices of the flat tensor ``flat`` that hold ``params``, in their order."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset: offset + p.numel()])
+        offset += p.numel()
+    return views
+
+
+def _sync_grads(self):
+    """fairseq's gradient sync of a flat master: each device's gradients into its flat
+    fp32 gradient, as one multi-tensor copy (zeros for a parameter without one)."""
+    if not self._needs_sync:
+        return
+    by_device: Dict[Optional[int], list] = {}
+    for p in self.fp16_params:
+        if p.requires_grad:
+            by_device.setdefault(p.device.index, []).append(p)
+    with torch.no_grad():
+        for device, flat in self.fp32_params.items():
+            params = by_device.get(device, [])
+            views = _flat_views(flat.grad, params)
+            pairs = [(view, p.grad.reshape(-1)) for view, p in zip(views, params) if p.grad is not None]
+            if pairs:
+                torch._foreach_copy_([view for view, _ in pairs], [grad for _, grad in pairs])
+            missing = [view for view, p in zip(views, params) if p.grad is None]
+            if missing:
+                torch._foreach_zero_(missing)
+    self._needs_sync = False
+
+
+def _sync_params(self):
+    """fairseq's weight sync of a flat master: each device's flat fp32 weights back into
+    the model's parameters, as one multi-tensor copy."""
+    by_device: Dict[Optional[int], list] = {}
+    for p in self.fp16_params:
+        by_device.setdefault(p.device.index, []).append(p)
+    with torch.no_grad():
+        for device, flat in self.fp32_params.items():
+            params = by_device.get(device, [])
+            if params:
+                views = [view.view_as(p) for view, p in zip(_flat_views(flat.detach(), params), params)]
+                torch._foreach_copy_([p.detach() for p in params], views)
+
+
+def _cpu_flat_params(params) -> Dict[None, torch.nn.Parameter]:
+    """fairseq's flat fp32 master for parameters on a CPU (fairseq's asks CUDA for its
+    device): ``{None: flat}``, None being a CPU parameter's ``device.index``."""
+    total = sum(p.numel() for p in params)
+    flat = params[0].new_empty(total, dtype=torch.float32)
+    with torch.no_grad():
+        torch._foreach_copy_(_flat_views(flat, params), [p.detach().reshape(-1) for p in params])
+    flat = torch.nn.Parameter(flat)
+    flat.grad = flat.data.new_zeros(total)
+    return {None: flat}
+
+
+def _joined_state(state_dict: dict, sizes: Sequence[int]) -> dict:
+    """An optimizer state saved per parameter tensor (``sizes``: their numbers of
+    elements, in order) as the state of one flat parameter: each state tensor of a
+    parameter's size joined in order (zeros for a parameter without state), any other
+    value the same for all (the step count: the largest)."""
+    groups = state_dict["param_groups"]
+    if len(groups) != 1:
+        raise ValueError(f"the saved optimizer state has {len(groups)} parameter groups; a flat fp32 master has one "
+                         "(resume with --fp16-no-flatten-grads, or with --reset-optimizer)")
+    ids = groups[0]["params"]
+    if len(ids) != len(sizes):
+        raise ValueError(f"the saved optimizer state has {len(ids)} parameter tensors, the model {len(sizes)} "
+                         "(resume with --reset-optimizer)")
+    states = [state_dict["state"].get(i, {}) for i in ids]
+    joined = {}
+    for key in sorted({key for state in states for key in state}):
+        values = [state.get(key) for state in states]
+        present = [v for v in values if v is not None]
+        if all(torch.is_tensor(v) and v.numel() == n for v, n in zip(values, sizes) if v is not None) \
+                and any(torch.is_tensor(v) and v.dim() > 0 for v in present):
+            like = present[0]
+            joined[key] = torch.cat([(v if v is not None else like.new_zeros(n)).reshape(-1)
+                                     for v, n in zip(values, sizes)])
+        elif key == "step":
+            joined[key] = max(present, key=float)
+        elif all(not torch.is_tensor(v) and v == present[0] for v in present):
+            joined[key] = present[0]
+        else:
+            raise ValueError(f"the saved optimizer state {key!r} differs between parameter tensors and cannot be "
+                             "joined into a flat fp32 master (resume with --fp16-no-flatten-grads)")
+    group = dict(groups[0], params=[0])
+    return dict(state_dict, state={0: joined} if joined else {}, param_groups=[group])
+
+
+def state_to_load(optimizer, state_dict):
+    """The optimizer state that ``optimizer`` (fairseq's) loads from ``state_dict``:
+    joined into one flat state (:func:`_joined_state`) where the optimizer has a flat
+    fp32 master and the state was saved per parameter tensor; ``state_dict`` itself
+    otherwise. Raises ValueError where it cannot be joined."""
+    if not (getattr(optimizer, "has_flat_params", False) and len(optimizer.fp32_params) == 1
+            and isinstance(state_dict, dict) and isinstance(state_dict.get("param_groups"), list)):
+        return state_dict
+    groups = state_dict["param_groups"]
+    if sum(len(g.get("params") or ()) if isinstance(g, dict) else 0 for g in groups) <= 1:
+        return state_dict
+    if not isinstance(state_dict.get("state"), dict) or not all(isinstance(g, dict) and isinstance(
+            g.get("params"), list) for g in groups):
+        raise ValueError("it is not torch's (state, param_groups)")
+    return _joined_state(state_dict, [p.numel() for p in optimizer.fp16_params])
+
+
+def patch_mixed_precision():
+    """Apply the fix (idempotent): see the module docstring."""
+    from fairseq import optim
+    from fairseq.optim import fp16_optimizer
+
+    mixin, wrapper = fp16_optimizer._FP16OptimizerMixin, fp16_optimizer.FP16Optimizer
+    if getattr(wrapper.build_optimizer.__func__, _MARK, False):
+        return
+    original_build = wrapper.build_optimizer.__func__
+    original_fp32_params = mixin.build_fp32_params.__func__
+    original_sync_grads, original_sync_params = mixin._sync_fp16_grads_to_fp32, mixin._sync_fp32_params_to_fp16
+    original_load = mixin.load_state_dict
+
+    def build_optimizer(cls, cfg, params, **kwargs):
+        if not getattr(cfg.common, "bf16", False) or not flattens(cfg):
+            return original_build(cls, cfg, params, **kwargs)
+        fp32_params = cls.build_fp32_params(cfg.optimizer, params, flatten=True)
+        fp32_optimizer = optim.build_optimizer(cfg.optimizer, [fp32_params])
+        if not fp32_optimizer.supports_flat_params:
+            logger.info("%s cannot step a flat fp32 master: one per parameter tensor, as fairseq's --bf16",
+                        type(fp32_optimizer).__name__)
+            fp32_params = cls.build_fp32_params(cfg.optimizer, params, flatten=False)
+            fp32_optimizer = optim.build_optimizer(cfg.optimizer, fp32_params)
+        return cls(cfg, params, fp32_optimizer, fp32_params, **kwargs)
+
+    def build_fp32_params(cls, args, params, flatten=True):
+        if flatten and params and params[0].device.type == "cpu":
+            return _cpu_flat_params(params)
+        return original_fp32_params(cls, args, params, flatten=flatten)
+
+    def sync_grads(self):
+        return _sync_grads(self) if self.has_flat_params else original_sync_grads(self)
+
+    def sync_params(self):
+        return _sync_params(self) if self.has_flat_params else original_sync_params(self)
+
+    def load_state_dict(self, state_dict, optimizer_overrides=None):
+        joined = state_to_load(self, state_dict)
+        if joined is not state_dict:
+            logger.info("the optimizer state of %d parameter tensors joined into the flat fp32 master",
+                        len(self.fp16_params))
+        return original_load(self, joined, optimizer_overrides)
+
+    wrapper.build_optimizer = classmethod(replaces(build_optimizer, original_build, _MARK))
+    mixin.build_fp32_params = classmethod(replaces(build_fp32_params, original_fp32_params, _MARK))
+    mixin._sync_fp16_grads_to_fp32 = replaces(sync_grads, original_sync_grads, _MARK)
+    mixin._sync_fp32_params_to_fp16 = replaces(sync_params, original_sync_params, _MARK)
+    mixin.load_state_dict = replaces(load_state_dict, original_load, _MARK)

@@ -1,0 +1,135 @@
+"""``--bf16``'s fp32 master weights flat, and one multi-tensor copy per sync
+(fairseq_localness.compat.mixed_precision), on real ``Trainer`` updates on the CPU."""
+import pytest
+import torch
+from model_utils import OperatorCalls
+
+from conftest import TINY_MODEL_ARGS
+
+
+def _trainer(data, *flags, arch="transformer", seed=1):
+    """A fairseq ``Trainer`` as fairseq-train builds it (``--bf16 --cpu``), and its
+    first batch."""
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    import fairseq_localness  # noqa: F401
+    from fairseq_localness.compat.bf16 import bf16_device
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        data.data_bin, "--task", "translation", "--arch", arch, "--optimizer", "adam", "--lr", "1e-3",
+        "--source-lang", data.src, "--target-lang", data.tgt, "--max-tokens", "1024", "--bf16", "--cpu",
+        "--seed", str(seed), "--num-workers", "0", *TINY_MODEL_ARGS, *flags])
+    cfg = convert_namespace_to_omegaconf(args)
+    assert bf16_device(cfg, xla_available=False, cuda_available=False) == "cpu"
+    for section in (cfg.common, cfg.optimizer, cfg.distributed_training, cfg.model):
+        section.tpu = False  # what the package's --bf16 fix does in call_main
+    utils.set_torch_seed(seed)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("train")
+    trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
+    batches = task.get_batch_iterator(task.dataset("train"), max_tokens=1024).next_epoch_itr(shuffle=False)
+    return trainer, next(batches)
+
+
+def _params(trainer):
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+def test_bf16_keeps_one_flat_master_and_syncs_it_in_one_call_each_way(tiny_data_bin):
+    """``--bf16`` off a TPU: one flat fp32 master (fairseq: one per tensor), whose
+    syncs are one ``_foreach_copy_`` each; an update's operator calls do not grow
+    with the number of parameter tensors the way per-tensor masters' did (fairseq's:
+    about 12 per tensor)."""
+    trainer, batch = _trainer(tiny_data_bin)
+    trainer.train_step([batch])
+    optimizer = trainer.optimizer
+    tensors = list(trainer.model.parameters())
+    assert optimizer.has_flat_params and list(optimizer.fp32_params) == [None]
+    assert optimizer.fp32_params[None].numel() == sum(p.numel() for p in tensors)
+    with OperatorCalls() as update:
+        trainer.train_step([batch])
+    assert update.names.count("copy_") < len(tensors) // 4
+    assert update.names.count("addcdiv_") == 1  # Adam's step of the flat master
+    trainer.train_step([batch])  # the gradients of a new update, then the two syncs
+    optimizer._needs_sync = True
+    with OperatorCalls() as sync:
+        optimizer._sync_fp16_grads_to_fp32()
+        optimizer._sync_fp32_params_to_fp16()
+    assert [name for name in sync.names if name not in ("slice", "view", "reshape", "detach", "alias")] == [
+        "_foreach_copy_", "_foreach_copy_"]
+
+
+def test_flat_updates_equal_fairseqs_per_tensor_masters(tiny_data_bin):
+    """Three ``--bf16`` updates with the flat master give the same weights as with
+    fairseq's per-tensor masters (``--fp16-no-flatten-grads``, which keeps them): the
+    same element-wise Adam."""
+    flat, batch = _trainer(tiny_data_bin)
+    per_tensor, _ = _trainer(tiny_data_bin, "--fp16-no-flatten-grads")
+    assert not per_tensor.optimizer.has_flat_params
+    for a, b in zip(_params(flat), _params(per_tensor)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for _ in range(3):
+        flat.train_step([batch])
+        per_tensor.train_step([batch])
+    for a, b in zip(_params(flat), _params(per_tensor)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_parameter_without_a_gradient_gets_zeros(tiny_data_bin):
+    """A parameter that got no gradient has zeros in the flat gradient, as fairseq's
+    copied zeros (not the stale gradient of an earlier update)."""
+    trainer, batch = _trainer(tiny_data_bin)
+    trainer.train_step([batch])
+    optimizer = trainer.optimizer
+    first = next(iter(trainer.model.parameters()))
+    for p in trainer.model.parameters():
+        p.grad = torch.ones_like(p)
+    first.grad = None
+    optimizer.fp32_params[None].grad.fill_(7.0)
+    optimizer._needs_sync = True
+    optimizer._sync_fp16_grads_to_fp32()
+    grad = optimizer.fp32_params[None].grad
+    assert grad[: first.numel()].eq(0).all() and grad[first.numel():].eq(1).all()
+
+
+def test_resuming_a_per_tensor_state_into_a_flat_master(tiny_data_bin):
+    """An optimizer state saved with per-tensor masters (a ``--bf16`` run before the
+    fix) loads into a flat master: Adam's moments joined in the parameters' order, the
+    step count kept; the next update equals the per-tensor run's, resumed the same
+    way."""
+    run, batch = _trainer(tiny_data_bin, "--fp16-no-flatten-grads")
+    for _ in range(2):
+        run.train_step([batch])
+    saved_model, saved_state = run.model.state_dict(), run.optimizer.state_dict()
+    per_tensor_moments = [saved_state["state"][i]["exp_avg"].reshape(-1) for i in range(len(saved_state["state"]))]
+
+    resumed = {}
+    for name, flags in (("flat", ()), ("per_tensor", ("--fp16-no-flatten-grads",))):
+        trainer, _ = _trainer(tiny_data_bin, *flags)
+        trainer.model.load_state_dict(saved_model)
+        trainer.optimizer.load_state_dict(saved_state)
+        resumed[name] = trainer
+    flat_state = resumed["flat"].optimizer.state_dict()["state"][0]
+    torch.testing.assert_close(flat_state["exp_avg"], torch.cat(per_tensor_moments), rtol=0, atol=0)
+    assert flat_state["step"] == saved_state["state"][0]["step"] == 2
+    for trainer in resumed.values():
+        trainer.train_step([batch])
+    for a, b in zip(_params(resumed["flat"]), _params(resumed["per_tensor"])):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_state_that_cannot_be_joined_says_what_to_do():
+    from fairseq_localness.compat.mixed_precision import _joined_state
+
+    state = {"state": {0: {"step": 1, "exp_avg": torch.zeros(3)}}, "param_groups": [{"params": [0, 1], "lr": 1}]}
+    with pytest.raises(ValueError, match="2 parameter tensors, the model 3 .*--reset-optimizer"):
+        _joined_state(state, [3, 4, 5])
+    two_groups = dict(state, param_groups=[{"params": [0]}, {"params": [1]}])
+    with pytest.raises(ValueError, match="2 parameter groups.*--fp16-no-flatten-grads"):
+        _joined_state(two_groups, [3, 4])
+    joined = _joined_state(state, [3, 4])  # a tensor without state: zeros
+    torch.testing.assert_close(joined["state"][0]["exp_avg"], torch.zeros(7))
+    assert joined["param_groups"] == [{"params": [0], "lr": 1}]
