@@ -124,12 +124,51 @@ def test_resuming_a_per_tensor_state_into_a_flat_master(tiny_data_bin):
 def test_a_state_that_cannot_be_joined_says_what_to_do():
     from fairseq_localness.compat.mixed_precision import _joined_state
 
+    shapes = [torch.Size([3]), torch.Size([2, 2])]
     state = {"state": {0: {"step": 1, "exp_avg": torch.zeros(3)}}, "param_groups": [{"params": [0, 1], "lr": 1}]}
     with pytest.raises(ValueError, match="2 parameter tensors, the model 3 .*--reset-optimizer"):
-        _joined_state(state, [3, 4, 5])
+        _joined_state(state, shapes + [torch.Size([5])])
     two_groups = dict(state, param_groups=[{"params": [0]}, {"params": [1]}])
     with pytest.raises(ValueError, match="2 parameter groups.*--fp16-no-flatten-grads"):
-        _joined_state(two_groups, [3, 4])
-    joined = _joined_state(state, [3, 4])  # a tensor without state: zeros
+        _joined_state(two_groups, shapes)
+    joined = _joined_state(state, shapes)  # a tensor without state: zeros
     torch.testing.assert_close(joined["state"][0]["exp_avg"], torch.zeros(7))
     assert joined["param_groups"] == [{"params": [0], "lr": 1}]
+    transposed = {"state": {0: {"exp_avg": torch.zeros(3)}, 1: {"exp_avg": torch.zeros(4)}},
+                  "param_groups": [{"params": [0, 1]}]}
+    with pytest.raises(ValueError, match="not of the parameter's shape"):
+        _joined_state(transposed, shapes)
+
+
+@pytest.mark.parametrize("bad", ["entry_not_a_dict", "params_a_tensor", "ids_not_ints", "ids_twice", "stray_state",
+                                 "too_many_keys", "a_list_value", "a_long_tensor_value"])
+def test_the_resume_check_refuses_a_per_tensor_state_it_cannot_join(tiny_data_bin, bad):
+    """A per-tensor state from a checkpoint that cannot be joined into the run's flat
+    master is refused with the checkpoint's error, its layout checked before anything
+    is joined (the join runs before the check's own layout checks)."""
+    from fairseq_localness.checkpoint.errors import MalformedCheckpointError
+    from fairseq_localness.checkpoint.resume import check_optimizer_state
+
+    trainer, batch = _trainer(tiny_data_bin)
+    trainer.train_step([batch])
+    count = len(list(trainer.model.parameters()))
+    ids = list(range(count))
+    state = {"state": {i: {"step": 1} for i in ids}, "param_groups": [{"params": ids}]}
+    if bad == "entry_not_a_dict":
+        state["state"][0] = "abc"
+    elif bad == "params_a_tensor":
+        state["param_groups"][0]["params"] = torch.zeros(2)
+    elif bad == "ids_not_ints":
+        state["param_groups"][0]["params"] = ["a"] * count
+    elif bad == "ids_twice":
+        state["param_groups"][0]["params"] = [0] * count
+    elif bad == "stray_state":
+        state["state"][count + 5] = {"step": 1}
+    elif bad == "too_many_keys":
+        state["state"][0] = {f"k{i}": 1 for i in range(1000)}
+    elif bad == "a_list_value":
+        state["state"][0]["exp_avg"] = [torch.zeros(1)]
+    elif bad == "a_long_tensor_value":
+        state["state"][0]["exp_avg"] = torch.zeros(2_000_000, dtype=torch.uint8)
+    with pytest.raises(MalformedCheckpointError, match="flat fp32 master"):
+        check_optimizer_state(trainer.optimizer, state, "x.pt")

@@ -187,7 +187,7 @@ def check_optimizer_state(optimizer, state, file: str, overrides=None):
         return  # an optimizer of another layout (a composite one): fairseq's own load decides
     try:  # a state saved per tensor, for a flat fp32 master: checked as it will be loaded
         state = state_to_load(optimizer, state)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RuntimeError) as exc:
         raise MalformedCheckpointError(file, f"its {where} cannot be loaded into the run's flat fp32 master: {exc}")
     groups, moments = state.get("param_groups"), state.get("state")
     if not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups) and isinstance(moments, dict)):

@@ -19,8 +19,8 @@ one tensor at a time (a ``copy_`` each, twice per update).
 What the fix changes (:func:`patch_mixed_precision`):
 
 * ``--bf16`` off a TPU flattens as ``--fp16`` does, unless ``--fp16-no-flatten-grads``
-  is given or the optimizer cannot step flat parameters (fairseq's per-tensor masters
-  then, as before);
+  is given, the optimizer is ``composite`` or cannot step flat parameters (fairseq's
+  per-tensor masters then, as before);
 * on a CPU the flat master is keyed by the parameters' device index (None) where
   fairseq asks CUDA for its current device;
 * each sync of a flat master is one ``torch._foreach_copy_`` over all tensors (on CUDA
@@ -29,8 +29,10 @@ What the fix changes (:func:`patch_mixed_precision`):
 * resuming, into a flat master, an optimizer state saved per tensor (a ``--bf16`` run
   before this fix, or one with ``--fp16-no-flatten-grads``): the per-tensor states are
   joined in the parameters' order. Every state of fairseq's optimizers that has the
-  shape of its parameter is element-wise (Adam's moments), so the join is exact; the
-  step count is the largest of the tensors'.
+  shape of its parameter is element-wise (Adam's moments), so the join is exact where
+  every tensor has a state (fairseq's per-tensor runs give each one); the step count is
+  the largest of the tensors'. The resume check (:mod:`fairseq_localness.checkpoint.resume`)
+  checks the joined state, and the load joins it again.
 
 The update is the same element-wise arithmetic; only the gradient norm (logged, and
 used by ``--clip-norm``) is the norm of one flat vector instead of a norm of per-tensor
@@ -112,32 +114,53 @@ def _cpu_flat_params(params) -> Dict[None, torch.nn.Parameter]:
     return {None: flat}
 
 
-def _joined_state(state_dict: dict, sizes: Sequence[int]) -> dict:
-    """An optimizer state saved per parameter tensor (``sizes``: their numbers of
-    elements, in order) as the state of one flat parameter: each state tensor of a
-    parameter's size joined in order (zeros for a parameter without state), any other
-    value the same for all (the step count: the largest)."""
-    groups = state_dict["param_groups"]
+_MAX_STATE_KEYS = 16
+"""The most entries a parameter's saved state may have to be joined (Adam's are step,
+exp_avg, exp_avg_sq and max_exp_avg_sq)."""
+
+
+def _joined_state(state_dict: dict, shapes: Sequence[torch.Size]) -> dict:
+    """An optimizer state saved per parameter tensor (``shapes``: the parameters', in
+    order) as the state of one flat parameter: each state tensor of its parameter's
+    shape joined in order (zeros for a parameter without state), the step count the
+    largest, any other number the same for all. Raises ValueError, naming what is
+    wrong, for anything else (the state comes from a checkpoint: its layout is checked
+    before anything is joined)."""
+    groups, states = state_dict.get("param_groups"), state_dict.get("state")
+    if not isinstance(groups, list) or not isinstance(states, dict):
+        raise ValueError("it is not torch's (state, param_groups)")
     if len(groups) != 1:
         raise ValueError(f"the saved optimizer state has {len(groups)} parameter groups; a flat fp32 master has one "
                          "(resume with --fp16-no-flatten-grads, or with --reset-optimizer)")
-    ids = groups[0]["params"]
-    if len(ids) != len(sizes):
-        raise ValueError(f"the saved optimizer state has {len(ids)} parameter tensors, the model {len(sizes)} "
+    ids = groups[0].get("params") if isinstance(groups[0], dict) else None
+    if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise ValueError("its param_groups[0] names no list of parameters")
+    if len(set(ids)) != len(ids) or not set(states) <= set(ids):
+        raise ValueError("its state does not name each parameter of its group once")
+    if len(ids) != len(shapes):
+        raise ValueError(f"the saved optimizer state has {len(ids)} parameter tensors, the model {len(shapes)} "
                          "(resume with --reset-optimizer)")
-    states = [state_dict["state"].get(i, {}) for i in ids]
+    entries = [states.get(i, {}) for i in ids]
+    if not all(isinstance(entry, dict) and len(entry) <= _MAX_STATE_KEYS
+               and all(isinstance(key, str) for key in entry) for entry in entries):
+        raise ValueError(f"a parameter's state is not a dict of at most {_MAX_STATE_KEYS} named values")
     joined = {}
-    for key in sorted({key for state in states for key in state}):
-        values = [state.get(key) for state in states]
+    for key in sorted({key for entry in entries for key in entry}):
+        values = [entry.get(key) for entry in entries]
         present = [v for v in values if v is not None]
-        if all(torch.is_tensor(v) and v.numel() == n for v, n in zip(values, sizes) if v is not None) \
-                and any(torch.is_tensor(v) and v.dim() > 0 for v in present):
-            like = present[0]
-            joined[key] = torch.cat([(v if v is not None else like.new_zeros(n)).reshape(-1)
-                                     for v, n in zip(values, sizes)])
-        elif key == "step":
+        if key == "step":
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                       or torch.is_tensor(v) and v.dim() == 0 for v in present):
+                raise ValueError("its step counts are not numbers")
             joined[key] = max(present, key=float)
-        elif all(not torch.is_tensor(v) and v == present[0] for v in present):
+        elif all(torch.is_tensor(v) for v in present):
+            if any(tuple(v.shape) != tuple(shape) for v, shape in zip(values, shapes) if v is not None):
+                raise ValueError(f"its {key!r} of a parameter is not of the parameter's shape: not of this model")
+            like = present[0]
+            joined[key] = torch.cat([(v if v is not None else like.new_zeros(shape)).reshape(-1)
+                                     for v, shape in zip(values, shapes)])
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present) \
+                and len(set(present)) == 1:
             joined[key] = present[0]
         else:
             raise ValueError(f"the saved optimizer state {key!r} differs between parameter tensors and cannot be "
@@ -155,12 +178,10 @@ def state_to_load(optimizer, state_dict):
             and isinstance(state_dict, dict) and isinstance(state_dict.get("param_groups"), list)):
         return state_dict
     groups = state_dict["param_groups"]
-    if sum(len(g.get("params") or ()) if isinstance(g, dict) else 0 for g in groups) <= 1:
-        return state_dict
-    if not isinstance(state_dict.get("state"), dict) or not all(isinstance(g, dict) and isinstance(
-            g.get("params"), list) for g in groups):
-        raise ValueError("it is not torch's (state, param_groups)")
-    return _joined_state(state_dict, [p.numel() for p in optimizer.fp16_params])
+    if len(groups) == 1 and isinstance(groups[0], dict) and isinstance(groups[0].get("params"), list) \
+            and len(groups[0]["params"]) == 1:
+        return state_dict  # a flat state (the resume check judges it)
+    return _joined_state(state_dict, [p.shape for p in optimizer.fp16_params])
 
 
 def patch_mixed_precision():
@@ -177,7 +198,9 @@ def patch_mixed_precision():
     original_load = mixin.load_state_dict
 
     def build_optimizer(cls, cfg, params, **kwargs):
-        if not getattr(cfg.common, "bf16", False) or not flattens(cfg):
+        # (the composite optimizer needs its parameters apart: it steps groups of them)
+        if not getattr(cfg.common, "bf16", False) or not flattens(cfg) \
+                or getattr(cfg.optimizer, "_name", None) == "composite":
             return original_build(cls, cfg, params, **kwargs)
         fp32_params = cls.build_fp32_params(cfg.optimizer, params, flatten=True)
         fp32_optimizer = optim.build_optimizer(cfg.optimizer, [fp32_params])
