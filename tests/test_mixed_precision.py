@@ -1,5 +1,7 @@
 """``--bf16``'s fp32 master weights flat, and one multi-tensor copy per sync
 (fairseq_localness.compat.mixed_precision), on real ``Trainer`` updates on the CPU."""
+import copy
+
 import pytest
 import torch
 from model_utils import OperatorCalls
@@ -110,7 +112,7 @@ def test_resuming_a_per_tensor_state_into_a_flat_master(tiny_data_bin):
     for name, flags in (("flat", ()), ("per_tensor", ("--fp16-no-flatten-grads",))):
         trainer, _ = _trainer(tiny_data_bin, *flags)
         trainer.model.load_state_dict(saved_model)
-        trainer.optimizer.load_state_dict(saved_state)
+        trainer.optimizer.load_state_dict(copy.deepcopy(saved_state))  # (as from a file: nothing shared)
         resumed[name] = trainer
     flat_state = resumed["flat"].optimizer.state_dict()["state"][0]
     torch.testing.assert_close(flat_state["exp_avg"], torch.cat(per_tensor_moments), rtol=0, atol=0)
@@ -119,6 +121,72 @@ def test_resuming_a_per_tensor_state_into_a_flat_master(tiny_data_bin):
         trainer.train_step([batch])
     for a, b in zip(_params(resumed["flat"]), _params(resumed["per_tensor"])):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_resuming_a_flat_state_into_per_tensor_masters(tiny_data_bin):
+    """The other way: a flat state (a ``--bf16`` run now) resumed with
+    ``--fp16-no-flatten-grads`` is split into the tensors' states, and the next update
+    equals the flat run's, resumed the same way."""
+    run, batch = _trainer(tiny_data_bin)
+    for _ in range(2):
+        run.train_step([batch])
+    saved_model, saved_state = run.model.state_dict(), run.optimizer.state_dict()
+    assert len(saved_state["param_groups"][0]["params"]) == 1
+    resumed = {}
+    for name, flags in (("flat", ()), ("per_tensor", ("--fp16-no-flatten-grads",))):
+        trainer, _ = _trainer(tiny_data_bin, *flags)
+        trainer.model.load_state_dict(saved_model)
+        trainer.optimizer.load_state_dict(copy.deepcopy(saved_state))  # (as from a file: nothing shared)
+        resumed[name] = trainer
+    per_tensor = resumed["per_tensor"].optimizer.state_dict()["state"]
+    shapes = [p.shape for p in resumed["per_tensor"].model.parameters()]
+    assert [tuple(per_tensor[i]["exp_avg"].shape) for i in range(len(shapes))] == [tuple(s) for s in shapes]
+    torch.testing.assert_close(torch.cat([per_tensor[i]["exp_avg"].reshape(-1) for i in range(len(shapes))]),
+                               saved_state["state"][0]["exp_avg"], rtol=0, atol=0)
+    for trainer in resumed.values():
+        trainer.train_step([batch])
+    for a, b in zip(_params(resumed["flat"]), _params(resumed["per_tensor"])):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_flat_syncs_equal_fairseqs_own(dtype):
+    """The two multi-tensor syncs of a flat master give what fairseq's per-tensor
+    copies give (its own functions, which the fix keeps as ``__wrapped__``), in fp16
+    (whose sync is the only part of ``--fp16`` the fix changes) and bf16, with a
+    parameter without a gradient and a non-contiguous gradient."""
+    from types import SimpleNamespace
+
+    from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
+
+    from fairseq_localness.compat.mixed_precision import _cpu_flat_params
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*shape, generator=g).to(dtype)) for shape in ((3, 4), (5,), (2, 2, 2))]
+    params[0].grad = torch.randn(4, 3, generator=g).to(dtype).t()  # non-contiguous
+    params[2].grad = torch.randn(2, 2, 2, generator=g).to(dtype)
+    originals = [p.detach().clone() for p in params]
+    results = []
+    for sync in ("fix", "fairseq"):
+        flat = _cpu_flat_params(params)
+        flat[None].grad.fill_(5.0)
+        optimizer = SimpleNamespace(fp16_params=params, fp32_params=flat, _needs_sync=True, has_flat_params=True)
+        grads = _FP16OptimizerMixin._sync_fp16_grads_to_fp32
+        if sync == "fairseq":
+            params[0].grad = params[0].grad.contiguous()  # (fairseq's view(-1) needs it)
+        (grads if sync == "fix" else grads.__wrapped__)(optimizer)
+        results.append(flat[None].grad.clone())
+        with torch.no_grad():
+            flat[None].mul_(3.0)
+        copies = _FP16OptimizerMixin._sync_fp32_params_to_fp16
+        (copies if sync == "fix" else copies.__wrapped__)(optimizer)
+        results.append(torch.cat([p.detach().reshape(-1).float() for p in params]))
+        with torch.no_grad():  # the same weights for the second round
+            for p, original in zip(params, originals):
+                p.copy_(original)
+    torch.testing.assert_close(results[0], results[2], rtol=0, atol=0)
+    torch.testing.assert_close(results[1], results[3], rtol=0, atol=0)
+    assert results[0][12:17].eq(0).all()  # the parameter without a gradient
 
 
 def test_a_state_that_cannot_be_joined_says_what_to_do():
@@ -170,5 +238,28 @@ def test_the_resume_check_refuses_a_per_tensor_state_it_cannot_join(tiny_data_bi
         state["state"][0]["exp_avg"] = [torch.zeros(1)]
     elif bad == "a_long_tensor_value":
         state["state"][0]["exp_avg"] = torch.zeros(2_000_000, dtype=torch.uint8)
-    with pytest.raises(MalformedCheckpointError, match="flat fp32 master"):
+    with pytest.raises(MalformedCheckpointError, match="fp32 master weights"):
+        check_optimizer_state(trainer.optimizer, state, "x.pt")
+
+
+@pytest.mark.parametrize("bad", ["wrong_size", "entry_not_a_dict", "a_list_value", "stray_state"])
+def test_the_resume_check_refuses_a_flat_state_it_cannot_split(tiny_data_bin, bad):
+    """The same for a flat state resumed into per-tensor masters
+    (``--fp16-no-flatten-grads``)."""
+    from fairseq_localness.checkpoint.errors import MalformedCheckpointError
+    from fairseq_localness.checkpoint.resume import check_optimizer_state
+
+    trainer, batch = _trainer(tiny_data_bin, "--fp16-no-flatten-grads")
+    trainer.train_step([batch])
+    total = sum(p.numel() for p in trainer.model.parameters())
+    state = {"state": {0: {"step": 1, "exp_avg": torch.zeros(total)}}, "param_groups": [{"params": [0]}]}
+    if bad == "wrong_size":
+        state["state"][0]["exp_avg"] = torch.zeros(total + 1)
+    elif bad == "entry_not_a_dict":
+        state["state"][0] = "abc"
+    elif bad == "a_list_value":
+        state["state"][0]["exp_avg"] = [torch.zeros(1)]
+    elif bad == "stray_state":
+        state["state"][7] = {"step": 1}
+    with pytest.raises(MalformedCheckpointError, match="fp32 master weights"):
         check_optimizer_state(trainer.optimizer, state, "x.pt")

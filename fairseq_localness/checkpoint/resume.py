@@ -185,10 +185,11 @@ def check_optimizer_state(optimizer, state, file: str, overrides=None):
     inner = getattr(optimizer, "optimizer", None)
     if not isinstance(inner, torch.optim.Optimizer) or "param_groups" not in inner.state_dict():
         return  # an optimizer of another layout (a composite one): fairseq's own load decides
-    try:  # a state saved per tensor, for a flat fp32 master: checked as it will be loaded
+    try:  # a state saved per tensor for a flat fp32 master, or flat for per-tensor ones: as it will be loaded
         state = state_to_load(optimizer, state)
     except (ValueError, TypeError, RuntimeError) as exc:
-        raise MalformedCheckpointError(file, f"its {where} cannot be loaded into the run's flat fp32 master: {exc}")
+        raise MalformedCheckpointError(file, f"its {where} cannot be loaded into the run's fp32 master weights "
+                                       f"(flat, or one per tensor): {exc}")
     groups, moments = state.get("param_groups"), state.get("state")
     if not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups) and isinstance(moments, dict)):
         raise MalformedCheckpointError(file, f"its {where} is not torch's (state, param_groups)")

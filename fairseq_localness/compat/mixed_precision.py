@@ -31,8 +31,10 @@ What the fix changes (:func:`patch_mixed_precision`):
   joined in the parameters' order. Every state of fairseq's optimizers that has the
   shape of its parameter is element-wise (Adam's moments), so the join is exact where
   every tensor has a state (fairseq's per-tensor runs give each one); the step count is
-  the largest of the tensors'. The resume check (:mod:`fairseq_localness.checkpoint.resume`)
-  checks the joined state, and the load joins it again.
+  the largest of the tensors'. And the other way: a flat state resumed with
+  ``--fp16-no-flatten-grads`` (or on a TPU) is split into the tensors' states. The
+  resume check (:mod:`fairseq_localness.checkpoint.resume`) checks the state as it will
+  be loaded, and the load converts it again.
 
 The update is the same element-wise arithmetic; only the gradient norm (logged, and
 used by ``--clip-norm``) is the norm of one flat vector instead of a norm of per-tensor
@@ -169,19 +171,59 @@ def _joined_state(state_dict: dict, shapes: Sequence[torch.Size]) -> dict:
     return dict(state_dict, state={0: joined} if joined else {}, param_groups=[group])
 
 
+def _split_state(state_dict: dict, shapes: Sequence[torch.Size]) -> dict:
+    """The state of one flat parameter as the states of the parameter tensors of
+    ``shapes`` (in order): each state tensor of the flat parameter's size split into
+    views of their shapes, every other value (the step count) the same for each. Raises
+    ValueError, naming what is wrong, for anything else."""
+    groups, states = state_dict.get("param_groups"), state_dict.get("state")
+    if not isinstance(states, dict) or len(groups) != 1 or not isinstance(groups[0], dict):
+        raise ValueError("it is not torch's (state, param_groups) of one group")
+    (pid,) = groups[0]["params"]
+    if not isinstance(pid, int) or isinstance(pid, bool) or not set(states) <= {pid}:
+        raise ValueError("its state does not name the parameter of its group")
+    entry = states.get(pid, {})
+    if not (isinstance(entry, dict) and len(entry) <= _MAX_STATE_KEYS and all(isinstance(k, str) for k in entry)):
+        raise ValueError(f"its parameter's state is not a dict of at most {_MAX_STATE_KEYS} named values")
+    sizes = [shape.numel() for shape in shapes]
+    split: List[dict] = [{} for _ in shapes]
+    for key, value in entry.items():
+        if torch.is_tensor(value) and value.dim() > 0:
+            if value.dim() != 1 or value.numel() != sum(sizes):
+                raise ValueError(f"its {key!r} has {value.numel():,} values, the model's parameters "
+                                 f"{sum(sizes):,}: not of this model")
+            for state, part, shape in zip(split, value.split(sizes), shapes):
+                state[key] = part.view(shape)
+        elif (isinstance(value, (int, float)) and not isinstance(value, bool)) or torch.is_tensor(value):
+            for state in split:
+                state[key] = value
+        else:
+            raise ValueError(f"its {key!r} is a {type(value).__name__}, not a tensor or a number")
+    group = dict(groups[0], params=list(range(len(shapes))))
+    return dict(state_dict, state={i: state for i, state in enumerate(split) if state}, param_groups=[group])
+
+
 def state_to_load(optimizer, state_dict):
     """The optimizer state that ``optimizer`` (fairseq's) loads from ``state_dict``:
     joined into one flat state (:func:`_joined_state`) where the optimizer has a flat
-    fp32 master and the state was saved per parameter tensor; ``state_dict`` itself
-    otherwise. Raises ValueError where it cannot be joined."""
-    if not (getattr(optimizer, "has_flat_params", False) and len(optimizer.fp32_params) == 1
-            and isinstance(state_dict, dict) and isinstance(state_dict.get("param_groups"), list)):
+    fp32 master and the state was saved per parameter tensor, split into per-tensor
+    states (:func:`_split_state`) where it has one master per tensor and the state was
+    saved flat (a ``--bf16`` run resumed with ``--fp16-no-flatten-grads``); ``state_dict``
+    itself otherwise. Raises ValueError where the state's layout allows neither."""
+    masters = getattr(optimizer, "fp32_params", None)
+    if masters is None or not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
         return state_dict
     groups = state_dict["param_groups"]
-    if len(groups) == 1 and isinstance(groups[0], dict) and isinstance(groups[0].get("params"), list) \
-            and len(groups[0]["params"]) == 1:
-        return state_dict  # a flat state (the resume check judges it)
-    return _joined_state(state_dict, [p.shape for p in optimizer.fp16_params])
+    saved_flat = len(groups) == 1 and isinstance(groups[0], dict) and isinstance(groups[0].get("params"), list) \
+        and len(groups[0]["params"]) == 1
+    shapes = [p.shape for p in optimizer.fp16_params]
+    if optimizer.has_flat_params:
+        if len(masters) != 1 or saved_flat:
+            return state_dict  # (a flat state: the resume check judges it)
+        return _joined_state(state_dict, shapes)
+    if saved_flat and isinstance(masters, list) and len(masters) == len(shapes) > 1:
+        return _split_state(state_dict, shapes)
+    return state_dict
 
 
 def patch_mixed_precision():
@@ -223,11 +265,11 @@ def patch_mixed_precision():
         return _sync_params(self) if self.has_flat_params else original_sync_params(self)
 
     def load_state_dict(self, state_dict, optimizer_overrides=None):
-        joined = state_to_load(self, state_dict)
-        if joined is not state_dict:
-            logger.info("the optimizer state of %d parameter tensors joined into the flat fp32 master",
-                        len(self.fp16_params))
-        return original_load(self, joined, optimizer_overrides)
+        loaded = state_to_load(self, state_dict)
+        if loaded is not state_dict:
+            logger.info("the optimizer state %s to the fp32 master's layout (%d parameter tensors)",
+                        "joined" if self.has_flat_params else "split", len(self.fp16_params))
+        return original_load(self, loaded, optimizer_overrides)
 
     wrapper.build_optimizer = classmethod(replaces(build_optimizer, original_build, _MARK))
     mixin.build_fp32_params = classmethod(replaces(build_fp32_params, original_fp32_params, _MARK))
