@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from fairseq.modules import MultiheadAttention
+from model_utils import OperatorCalls
 
 from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.context import AttentionBranch, AttentionContext, causal_mask, real_positions
@@ -464,6 +465,116 @@ def test_incremental_self_attention_equals_full_with_reordering():
             full = full[:, order]
             steps = [s[:, order] for s in steps]
     torch.testing.assert_close(torch.cat(steps, 0), full, atol=1e-5, rtol=1e-4)
+
+
+# decoder self-attention cores of every kind a beam search steps through
+STEP_KINDS = {
+    "global": lambda: dict(),
+    "shaw_local": lambda: dict(branches=[local_branch(2)], relative_positions=RelativePositions(C // H, 3)),
+    "hysan_decoder": lambda: dict(
+        branches=[make_branch(n, "decoder") for n in ("forward", "local2")],
+        fusion=GatedSumFusion(C, ["forward", "local2"], reduction=4)),
+    "hybrid_gate": lambda: dict(branches=[global_branch(), local_branch(1, "local")], fusion=GateFusion(C, H)),
+}
+
+
+def _reorder_core(core, state, order):
+    for module in core.modules():
+        if hasattr(module, "reorder_incremental_state"):
+            module.reorder_incremental_state(state, order)
+
+
+@pytest.mark.parametrize("kind", list(STEP_KINDS))
+@pytest.mark.parametrize("start", ["step", "chunk"])
+def test_beam_search_steps_and_the_other_path_take_over_each_others_steps(kind, start, monkeypatch):
+    """Beam-search steps (no gradients: q, k and v one product, the keys and values in
+    the step store), chunks of several steps and a step with gradients (the other
+    path's cache), in any order, with reorders (one dropping a finished sentence, one
+    while the store is past its first room) and padding given to some passes (a uint8
+    one too), give the full pass, and what the same passes give without the step
+    store."""
+    from fairseq_localness.modules.incremental import MIN_STEPS
+
+    torch.manual_seed(0)
+    core = AttentionCore(C, H, self_attention=True, causal=True, **STEP_KINDS[kind]()).eval()
+    steps = MIN_STEPS + 3
+    plan = [(t, t + 1, False) for t in range(steps)]
+    plan[3:6] = [(3, 5, False), (5, 6, True)]  # a chunk and a step with gradients
+    if start == "chunk":
+        plan[:2] = [(0, 2, False)]
+    reorders = {2: torch.tensor([3, 0, 1, 2]), 6: torch.tensor([1, 1, 2, 0]), 8: torch.tensor([0, 2, 1]),
+                MIN_STEPS + 1: torch.tensor([2, 0, 1])}  # at 8 a sentence finishes: 3 rows go on
+    x0 = torch.randn(steps, 4, C)
+    pad0 = torch.zeros(4, steps, dtype=torch.bool)
+    pad0[1, 1] = pad0[1, 3] = pad0[2, 7] = True  # keys that no later step may see
+
+    def decode():
+        x, pad, state, outs = x0, pad0, {}, []
+        for i, (first, end, grad) in enumerate(plan):
+            mask = pad[:, first:end]
+            mask = mask.to(torch.uint8) if i == 0 else mask
+            with torch.set_grad_enabled(grad):
+                out, _ = core(x[first:end], x[first:end], x[first:end], key_padding_mask=mask,
+                              incremental_state=state, need_weights=False)
+            outs.append(out.detach())
+            if end in reorders:
+                order = reorders[end]
+                _reorder_core(core, state, order)
+                x, pad, outs = x[:, order], pad[order], [o[:, order] for o in outs]
+        return torch.cat(outs), x, pad
+
+    out, x, pad = decode()
+    with torch.no_grad():
+        full, _ = core(x, x, x, key_padding_mask=pad, need_weights=False)
+    torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-4)
+    monkeypatch.setattr(AttentionCore, "_beam_step_applies", lambda self, *args: False)
+    without, _, _ = decode()
+    torch.testing.assert_close(out, without, atol=1e-6, rtol=1e-5)
+
+
+def test_a_beam_search_step_projects_once_and_writes_its_keys_and_values_once():
+    """One self-attention step without gradients: q, k and v one product (the stacked
+    weights built at the search's first step, not again), the step's keys and values
+    one copy into the store (fairseq's MultiheadAttention: three products and two
+    concatenations); a reorder index-selects the store once."""
+    torch.manual_seed(0)
+    core = AttentionCore(C, H, self_attention=True, causal=True).eval()
+    x, state = torch.randn(6, 5, C), {}
+    with torch.no_grad():
+        for t in range(5):
+            core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+        with OperatorCalls() as step:
+            core(x[5:], x[5:], x[5:], incremental_state=state, need_weights=False)
+        with OperatorCalls() as reorder:
+            core.reorder_incremental_state(state, torch.tensor([4, 3, 2, 1, 0]))
+    assert step.names.count("addmm") == 2 and step.names.count("copy_") == 1 and "cat" not in step.names
+    assert reorder.names.count("index_select") == 1
+
+
+def test_each_search_steps_with_the_parameters_it_starts_with():
+    """The stacked weights live in the search's incremental state: a new search uses
+    the parameters as they are then, however they were changed (in place, through
+    ``.data``, or replaced)."""
+    torch.manual_seed(0)
+    core = AttentionCore(C, H, self_attention=True, causal=True).eval()
+    x = torch.randn(4, 2, C)
+
+    def check():
+        state, outs = {}, []
+        with torch.no_grad():
+            for t in range(4):
+                outs.append(core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state,
+                                 need_weights=False)[0])
+            full, _ = core(x, x, x, need_weights=False)
+        torch.testing.assert_close(torch.cat(outs), full, atol=1e-5, rtol=1e-4)
+        return torch.cat(outs)
+
+    first = check()
+    with torch.no_grad():
+        core.k_proj.weight.mul_(2.0)
+    core.q_proj.bias.data.add_(1.0)
+    core.v_proj.weight = torch.nn.Parameter(torch.randn_like(core.v_proj.weight))
+    assert not torch.allclose(check(), first)
 
 
 def test_several_steps_at_once_stay_causal():

@@ -51,6 +51,7 @@ import math
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
@@ -64,7 +65,9 @@ from fairseq_localness.modules.context import (
     safe_masked_softmax,
 )
 from fairseq_localness.modules.fusion import BranchOutputs, EagerOutputs, Fusion, MergeHeads, SumFusion, split_heads
-from fairseq_localness.modules.incremental import IncrementalBuffer, append_to_cache, used_padding
+from fairseq_localness.modules.incremental import (
+    STEP_DTYPES, IncrementalBuffer, _reordered, append_to_cache, grown_store, joined_padding, used_padding,
+)
 from fairseq_localness.modules.kernels.choice import branch_attention, check_impl, fused_windows, use_fast_path
 from fairseq_localness.modules.observe import Observable, probs_key
 from fairseq_localness.modules.projections import stacked_linear, stacks_projections
@@ -198,6 +201,10 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
             key = value = None  # encoder states are already projected and cached
 
         heads = self.num_heads
+        if projections is None and self._beam_step_applies(query, saved, static_kv):
+            q, k, v, key_padding_mask = self._beam_step_project(query, key_padding_mask, incremental_state, saved)
+            self._set_input_buffer(incremental_state, saved)
+            return q, k, v, used_padding(key_padding_mask)
         own = (self.q_proj, self.k_proj, self.v_proj)
         if projections is None and self.self_attention and incremental_state is None \
                 and stacks_projections(query, own):
@@ -219,6 +226,93 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
             k, v, key_padding_mask = append_to_cache(saved, k, v, key_padding_mask, static_kv, bsz)
             self._set_input_buffer(incremental_state, saved)
         return q, k, v, used_padding(key_padding_mask)
+
+    # ------------------------------------------------------------ the beam-search step
+    # A self-attention step without gradients (beam search) projects q, k and v as one
+    # product, with the projections' weights stacked once per search (kept in its
+    # incremental_state under "qkv_weights"), and writes the step's keys and values
+    # with one copy into one store, "prev_kv_store" (cap x 2 x B x H x Dh: per step the
+    # keys of the B rows, then their values), whose views of the T steps are
+    # "prev_key" and "prev_value" (B x H x T x Dh each, as the other paths' caches);
+    # fairseq's MultiheadAttention makes three products and two concatenations. A pass
+    # that takes the other path afterwards (several steps at once, a step with
+    # gradients) finds its keys and values under the same names and appends to copies
+    # of them; the next beam-search step takes them over into a store of its own.
+    _QKV = "qkv_weights"
+    _KV_STORE = "prev_kv_store"
+
+    def _beam_step_applies(self, query: Tensor, saved, static_kv: bool) -> bool:
+        return (saved is not None and self.self_attention and not static_kv and query.size(0) == 1
+                and not torch.is_grad_enabled() and query.dtype in STEP_DTYPES)
+
+    def _stacked_qkv(self, incremental_state) -> Tuple[Tensor, Tensor]:
+        """``[W_q; W_k; W_v]`` and its bias (zeros for a projection without one), built
+        at the search's first step and kept in its ``incremental_state`` (a search's
+        parameters do not change; the next search stacks them again). The
+        projections' modules are not called in such a step: forward hooks on them do
+        not run there (as in the stacked products of a full pass)."""
+        stacked = self.get_incremental_state(incremental_state, self._QKV)
+        if not stacked:
+            own = (self.q_proj, self.k_proj, self.v_proj)
+            with torch.no_grad():
+                stacked = {"weight": torch.cat([proj.weight for proj in own]),
+                           "bias": torch.cat([proj.weight.new_zeros(proj.out_features) if proj.bias is None
+                                              else proj.bias for proj in own])}
+            self.set_incremental_state(incremental_state, self._QKV, stacked)
+        return stacked["weight"], stacked["bias"]
+
+    def _kv_store(self, saved, bsz: int, like: Tensor) -> Tuple[Tensor, int]:
+        """The step store of ``saved`` and its number of steps, with room for one more:
+        the store itself where ``prev_key`` is its view; else a new one holding the
+        cached steps (written by the other path), if any."""
+        store, prev_key, prev_value = saved.get(self._KV_STORE), saved.get("prev_key"), saved.get("prev_value")
+        length = 0 if prev_key is None else prev_key.size(2)
+        steps_shape = (2, bsz, self.num_heads, self.head_dim)
+        ours = (store is not None and prev_key is not None and prev_key.data_ptr() == store.data_ptr()
+                and store.shape[1:] == steps_shape and store.dtype == like.dtype)
+        if not ours or store.size(0) <= length:
+            steps = None
+            if ours:
+                steps = store[:length]
+            elif prev_key is not None:  # the other path's cache, taken over
+                steps = torch.stack([prev_key.permute(2, 0, 1, 3), prev_value.permute(2, 0, 1, 3)], dim=1)
+                for name in ("prev_key_store", "prev_value_store"):
+                    saved.pop(name, None)
+            store = grown_store(store if ours else None, steps, length + 1, steps_shape, like)
+        return store, length
+
+    def _beam_step_project(self, query: Tensor, key_padding_mask: Optional[Tensor], incremental_state, saved):
+        """q, k, v and the padding of all keys of a beam-search step (see above)."""
+        bsz, dim = query.size(1), self.embed_dim
+        qkv = F.linear(query, *self._stacked_qkv(incremental_state))  # 1 x B x 3C
+        store, length = self._kv_store(saved, bsz, qkv)
+        store[length] = qkv[0, :, dim:].view(bsz, 2, self.num_heads, self.head_dim).transpose(0, 1)
+        steps = store[: length + 1]
+        k, v = steps[:, 0].permute(1, 2, 0, 3), steps[:, 1].permute(1, 2, 0, 3)  # B x H x T x Dh
+        padding = joined_padding(saved.get("prev_key_padding_mask"), key_padding_mask, bsz, length, 1, qkv)
+        saved.update({self._KV_STORE: store, "prev_key": k, "prev_value": v, "prev_key_padding_mask": padding})
+        return split_heads(qkv[..., :dim], self.num_heads), k, v, padding
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Beam search's reorder (:meth:`IncrementalBuffer.reorder_incremental_state`), of
+        the beam-search step's store too: its keys' rows and its values' rows, once."""
+        saved = self._get_input_buffer(incremental_state)
+        store, prev_key = saved.get(self._KV_STORE), saved.get("prev_key")
+        if store is None:
+            return super().reorder_incremental_state(incremental_state, new_order)
+        if prev_key is None or prev_key.data_ptr() != store.data_ptr():  # the other path's cache since
+            saved.pop(self._KV_STORE)
+            return super().reorder_incremental_state(incremental_state, new_order)
+        cap, _, bsz, heads, head_dim = store.shape
+        rows = torch.cat([new_order, new_order + bsz])  # the keys' rows, then the values'
+        reordered, _ = _reordered(store.view(cap, 2 * bsz, heads, head_dim), prev_key.size(2), rows)
+        store = reordered.view(cap, 2, new_order.numel(), heads, head_dim)
+        steps = store[: prev_key.size(2)]
+        padding = saved.get("prev_key_padding_mask")
+        saved.update({self._KV_STORE: store, "prev_key": steps[:, 0].permute(1, 2, 0, 3),
+                      "prev_value": steps[:, 1].permute(1, 2, 0, 3),
+                      "prev_key_padding_mask": None if padding is None else padding.index_select(0, new_order)})
+        return self._set_input_buffer(incremental_state, saved)
 
     def _context(self, query, q, k, key_padding_mask) -> AttentionContext:
         """The context of this call (:func:`~.context.build_context`); queries stand at

@@ -98,7 +98,7 @@ from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.context import causal_mask, query_part
 from fairseq_localness.modules.fusion import merge_heads, split_heads
 from fairseq_localness.modules.incremental import (
-    IncrementalBuffer, _reordered, _steps_view, attention_step, grown_store, joined_padding, used_padding,
+    STEP_DTYPES, IncrementalBuffer, _reordered, _steps_view, attention_step, grown_store, joined_padding, used_padding,
 )
 from fairseq_localness.modules.kernels.sdpa import masked_attention
 from fairseq_localness.modules.kernels.step import last_keys_attention
@@ -106,9 +106,6 @@ from fairseq_localness.modules.projections import stacked_linear, stacked_projec
 from fairseq_localness.modules.observe import QUERY_PADDING, VALID, Observable
 
 HEAD_REDUCTIONS = ("max", "mean", "per_head")
-# the dtypes whose decoder steps the FI units compute by the one-row kernel (float64
-# takes the cores' eager reference path)
-STEP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Devices where a pass without incremental state computes both FI units as one SDPA
 # call of 2H heads (DualContextModule._joint_pass): CUDA, where a training step is
 # bound by its launches (issue 38); not yet measured on a GPU. The CPU keeps the

@@ -62,6 +62,10 @@ class IncrementalBuffer:
         return incremental_state
 
 
+# the dtypes whose decoder steps take the one-row kernels and the beam-search step's
+# cache (float64 takes the cores' eager reference path)
+STEP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 # the suffix of a store's key in the buffer: "prev_key" is a view of "prev_key_store"
 _STORE = "_store"
 # the fewest steps a new store has room for; it doubles when full
