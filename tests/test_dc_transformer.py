@@ -130,20 +130,45 @@ def _reorder(module, state, order):
             sub.reorder_incremental_state(state, order)
 
 
+@pytest.mark.parametrize("grad", [True, False])
 @pytest.mark.parametrize("kernel_size", [1, 2, 4])
-def test_convolution_cache_several_steps_at_once_and_reordered(kernel_size):
+def test_convolution_cache_several_steps_at_once_and_reordered(kernel_size, grad):
+    """Steps and chunks of the Local Context Unit, with a reorder (a repeated row) and
+    padding on one step, give the full pass; without gradients (beam search) the steps
+    take the window side by side with W_r's positions outermost (built once per
+    search), with gradients the unfolded window."""
     torch.manual_seed(0)
     unit = LocalContextUnit(C, kernel_size, causal=True)
-    r = torch.randn(8, 3, C)
+    r = torch.randn(9, 3, C)
+    pad = torch.zeros(3, 9, dtype=torch.bool)
+    pad[1, 5] = True
     order = torch.tensor([2, 0, 0])
-    full = unit(r)
-    state, outs = {}, []
-    for start, end in [(0, 1), (1, 4), (4, 5), (5, 8)]:
-        outs.append(unit(r[start:end], incremental_state=state))
-        if end == 4:
-            _reorder(unit, state, order)
-            r, full, outs = r[:, order], full[:, order], [o[:, order] for o in outs]
+    with torch.set_grad_enabled(grad):
+        full = unit(r, pad)
+        state, outs = {}, []
+        for start, end in [(0, 1), (1, 2), (2, 5), (5, 6), (6, 7), (7, 9)]:
+            outs.append(unit(r[start:end], pad[:, start:end], incremental_state=state))
+            if end == 5:
+                _reorder(unit, state, order)
+                r, pad, full, outs = r[:, order], pad[order], full[:, order], [o[:, order] for o in outs]
     torch.testing.assert_close(torch.cat(outs), full, atol=1e-6, rtol=1e-5)
+
+
+def test_a_convolution_step_without_gradients_concatenates_instead_of_unfolding():
+    """A beam-search step of the Local Context Unit: its window is one concatenation of
+    the cached inputs and this one, one product, the GLU (no unfold, no copy of the
+    unfolded window)."""
+    torch.manual_seed(0)
+    unit = LocalContextUnit(C, 3, causal=True).eval()
+    r = torch.randn(4, 2, C)
+    with torch.no_grad():
+        state = {}
+        for t in range(3):
+            unit(r[t : t + 1], incremental_state=state)
+        with OperatorCalls() as step:
+            unit(r[3:], incremental_state=state)
+    assert "unfold" not in step.names and "clone" not in step.names
+    assert step.names.count("cat") == 1 and step.names.count("addmm") == 1 and step.names.count("glu") == 1
 
 
 def test_decoder_steps_past_the_cache_room_with_reorders_equal_the_full_pass(monkeypatch):

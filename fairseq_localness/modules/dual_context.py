@@ -161,10 +161,40 @@ class LocalContextUnit(nn.Module, IncrementalBuffer):
         return f"kernel_size={self.kernel_size}, causal={self.causal}, window=[t-{self.left}, t+{self.right}]"
 
     # ------------------------------------------------------------------ caching
-    # the last f - 1 inputs (``prev_input``, ``B x C x (f-1)``) under "conv_state" in
-    # incremental_state, reordered for beam search by
-    # IncrementalBuffer.reorder_incremental_state
+    # the last f - 1 inputs (``prev_input``, ``B x (f-1) x C``, oldest first) under
+    # "conv_state" in incremental_state, reordered for beam search by
+    # IncrementalBuffer.reorder_incremental_state; a beam-search step's weight (W_r with
+    # the window's positions outermost, see _step_weight) under "conv_step_weight"
     buffer_name = "conv_state"
+    _STEP_WEIGHT = "conv_step_weight"
+
+    def _step_weight(self, incremental_state) -> Tensor:
+        """W_r as ``2C x f*C`` with the window's positions outermost (``[W_{t-a}, ...,
+        W_t]``, each ``2C x C``), so that a step's window is its f inputs side by side
+        (one concatenation) instead of an unfolded copy; built at the first step of a
+        search and kept in its ``incremental_state`` (a search's parameters do not
+        change)."""
+        stacked = self.get_incremental_state(incremental_state, self._STEP_WEIGHT)
+        if not stacked:
+            with torch.no_grad():
+                weight = self.conv.weight.permute(0, 2, 1).reshape(self.conv.out_channels, -1)
+            stacked = {"weight": weight}
+            self.set_incremental_state(incremental_state, self._STEP_WEIGHT, stacked)
+        return stacked["weight"]
+
+    def _step(self, r: Tensor, buffer, incremental_state) -> Tensor:
+        """One decoder step without gradients (beam search): ``r`` ``1 x B x C`` ->
+        ``GLU(r_hat)`` of eq. 6, ``1 x B x C``, from the cached f - 1 inputs and this one
+        side by side (``B x f*C``) times :meth:`_step_weight`: three operator calls
+        where the unfolded window took eight."""
+        bsz = r.size(1)
+        prev = buffer.get("prev_input")
+        if prev is None:
+            prev = r.new_zeros(bsz, self.left, r.size(2))
+        window = torch.cat([prev.reshape(bsz, -1), r[0]], dim=-1)  # B x f*C, oldest input first
+        buffer["prev_input"] = window[:, r.size(2):].view(bsz, self.left, r.size(2))
+        self._set_input_buffer(incremental_state, buffer)
+        return F.glu(F.linear(window, self._step_weight(incremental_state), self.conv.bias), dim=-1).unsqueeze(0)
 
     # ------------------------------------------------------------------ forward
     def convolve(
@@ -189,12 +219,14 @@ class LocalContextUnit(nn.Module, IncrementalBuffer):
             if not self.causal:
                 raise RuntimeError("incremental_state is only supported by the causal (decoder) unit")
             buffer = self._get_input_buffer(incremental_state)
-            prev = buffer.get("prev_input")  # B x C x (f-1)
+            if tgt_len == 1 and self.left > 0 and not torch.is_grad_enabled():
+                return self._step(r, buffer, incremental_state)
+            prev = buffer.get("prev_input")  # B x (f-1) x C
             if prev is None:
-                prev = r.new_zeros(r.size(1), r.size(2), self.left)
-            x = torch.cat([prev.permute(2, 0, 1), r], dim=0)  # (f-1+T) x B x C
+                prev = r.new_zeros(r.size(1), self.left, r.size(2))
+            x = torch.cat([prev.transpose(0, 1), r], dim=0)  # (f-1+T) x B x C
             if self.left > 0:
-                buffer["prev_input"] = x[x.size(0) - self.left :].permute(1, 2, 0)
+                buffer["prev_input"] = x[x.size(0) - self.left :].transpose(0, 1)
                 self._set_input_buffer(incremental_state, buffer)
         else:
             x = F.pad(r, (0, 0, 0, 0, self.left, self.right))  # (a+T+b) x B x C
