@@ -484,27 +484,29 @@ def _reorder_core(core, state, order):
             module.reorder_incremental_state(state, order)
 
 
-@pytest.mark.parametrize("kind", list(STEP_KINDS))
+@pytest.mark.parametrize("kind,dtype", [(kind, torch.float32) for kind in STEP_KINDS]
+                         + [("global", torch.bfloat16), ("shaw_local", torch.float16)])
 @pytest.mark.parametrize("start", ["step", "chunk"])
-def test_beam_search_steps_and_the_other_path_take_over_each_others_steps(kind, start, monkeypatch):
+def test_beam_search_steps_and_the_other_path_take_over_each_others_steps(kind, dtype, start, monkeypatch):
     """Beam-search steps (no gradients: q, k and v one product, the keys and values in
     the step store), chunks of several steps and a step with gradients (the other
     path's cache), in any order, with reorders (one dropping a finished sentence, one
-    while the store is past its first room) and padding given to some passes (a uint8
-    one too), give the full pass, and what the same passes give without the step
-    store."""
+    while the store is past its first room), a beam-search step straight after a step
+    of the other path (no reorder between: the store is there, but stale), and padding
+    given to some passes (a uint8 one too), give the full pass, and what the same
+    passes give without the step store."""
     from fairseq_localness.modules.incremental import MIN_STEPS
 
     torch.manual_seed(0)
-    core = AttentionCore(C, H, self_attention=True, causal=True, **STEP_KINDS[kind]()).eval()
+    core = AttentionCore(C, H, self_attention=True, causal=True, **STEP_KINDS[kind]()).eval().to(dtype)
     steps = MIN_STEPS + 3
     plan = [(t, t + 1, False) for t in range(steps)]
     plan[3:6] = [(3, 5, False), (5, 6, True)]  # a chunk and a step with gradients
     if start == "chunk":
         plan[:2] = [(0, 2, False)]
-    reorders = {2: torch.tensor([3, 0, 1, 2]), 6: torch.tensor([1, 1, 2, 0]), 8: torch.tensor([0, 2, 1]),
+    reorders = {2: torch.tensor([3, 0, 1, 2]), 7: torch.tensor([1, 1, 2, 0]), 8: torch.tensor([0, 2, 1]),
                 MIN_STEPS + 1: torch.tensor([2, 0, 1])}  # at 8 a sentence finishes: 3 rows go on
-    x0 = torch.randn(steps, 4, C)
+    x0 = torch.randn(steps, 4, C).to(dtype)
     pad0 = torch.zeros(4, steps, dtype=torch.bool)
     pad0[1, 1] = pad0[1, 3] = pad0[2, 7] = True  # keys that no later step may see
 
@@ -526,10 +528,42 @@ def test_beam_search_steps_and_the_other_path_take_over_each_others_steps(kind, 
     out, x, pad = decode()
     with torch.no_grad():
         full, _ = core(x, x, x, key_padding_mask=pad, need_weights=False)
-    torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-4)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
+    torch.testing.assert_close(out, full, atol=tol, rtol=tol)
     monkeypatch.setattr(AttentionCore, "_beam_step_applies", lambda self, *args: False)
     without, _, _ = decode()
-    torch.testing.assert_close(out, without, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out, without, atol=tol / 10, rtol=tol / 10)
+
+
+def test_a_model_moved_to_another_dtype_during_a_search_steps_on():
+    """The stacked weights follow the parameters' dtype: a search whose model goes to
+    bfloat16 between two steps restacks them (and its cache is taken over)."""
+    torch.manual_seed(0)
+    core = AttentionCore(C, H, self_attention=True, causal=True).eval()
+    x, state = torch.randn(4, 2, C), {}
+    with torch.no_grad():
+        for t in range(2):
+            core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+        core.to(torch.bfloat16)
+        xb = x.to(torch.bfloat16)
+        out = [core(xb[t : t + 1], xb[t : t + 1], xb[t : t + 1], incremental_state=state, need_weights=False)[0]
+               for t in range(2, 4)]
+        full, _ = core(xb, xb, xb, need_weights=False)
+    torch.testing.assert_close(torch.cat(out), full[2:], atol=3e-2, rtol=3e-2)
+
+
+def test_a_hooked_or_replaced_projection_is_called_in_a_beam_search_step():
+    """A forward hook on a projection, or a projection replaced by another module, is
+    called as itself: the step takes the other path (the stacked product would skip it)."""
+    torch.manual_seed(0)
+    core = AttentionCore(C, H, self_attention=True, causal=True).eval()
+    calls = []
+    core.k_proj.register_forward_hook(lambda module, args, out: calls.append(1))
+    x, state = torch.randn(3, 2, C), {}
+    with torch.no_grad():
+        for t in range(3):
+            core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+    assert len(calls) == 3
 
 
 def test_a_beam_search_step_projects_once_and_writes_its_keys_and_values_once():

@@ -236,6 +236,29 @@ def test_decoder_steps_switch_between_the_joint_cache_and_the_units_own(start):
     torch.testing.assert_close(torch.cat(outs), full, atol=1e-5, rtol=1e-4)
 
 
+def test_joint_steps_and_the_units_own_beam_search_steps_take_over_each_others_steps():
+    """Beam-search steps (no gradients) alternate between the joint step and the units'
+    own calls (the eager path: the global unit then keeps its steps in its own step
+    store, the local unit in its cache), with reorders between and after: each takes
+    the other's steps over, and the steps give the full pass."""
+    torch.manual_seed(0)
+    dc = DualContextModule(C, H, kernel_size=2, causal=True).eval()
+    r = torch.randn(8, 3, C)
+    reorders = {3: torch.tensor([2, 0, 1]), 5: torch.tensor([1, 1, 0])}
+    state, outs = {}, []
+    with torch.no_grad():
+        for t in range(8):
+            set_attention_impl(dc, "eager" if t in (2, 3, 4, 6) else "auto")
+            x = r[t : t + 1]
+            outs.append(dc(x, x, x, incremental_state=state)[0])
+            if t in reorders:
+                _reorder(dc, state, reorders[t])
+                r, outs = r[:, reorders[t]], [o[:, reorders[t]] for o in outs]
+        set_attention_impl(dc, "auto")
+        full, _ = dc(r, r, r)
+    torch.testing.assert_close(torch.cat(outs), full, atol=1e-5, rtol=1e-4)
+
+
 def test_a_beam_search_step_is_one_attention_of_both_units():
     """One step without gradients: the two units' queries, keys and values in three
     products (stacked once, not per step), one product of the queries with the cached

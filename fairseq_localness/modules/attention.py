@@ -231,28 +231,37 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
     # A self-attention step without gradients (beam search) projects q, k and v as one
     # product, with the projections' weights stacked once per search (kept in its
     # incremental_state under "qkv_weights"), and writes the step's keys and values
-    # with one copy into one store, "prev_kv_store" (cap x 2 x B x H x Dh: per step the
+    # with one copy into one store, "prev_kv_steps" (cap x 2 x B x H x Dh: per step the
     # keys of the B rows, then their values), whose views of the T steps are
     # "prev_key" and "prev_value" (B x H x T x Dh each, as the other paths' caches);
     # fairseq's MultiheadAttention makes three products and two concatenations. A pass
     # that takes the other path afterwards (several steps at once, a step with
     # gradients) finds its keys and values under the same names and appends to copies
     # of them; the next beam-search step takes them over into a store of its own.
+    # (The store's name does not end in "_store": the other path's stores do, which the
+    # generic reorder pairs with their views.)
     _QKV = "qkv_weights"
-    _KV_STORE = "prev_kv_store"
+    _KV_STORE = "prev_kv_steps"
 
     def _beam_step_applies(self, query: Tensor, saved, static_kv: bool) -> bool:
+        """A self-attention step of one query without gradients, in a dtype of the
+        one-row kernels, whose projections are plain ``nn.Linear`` modules without
+        hooks (a replaced or hooked projection is called as itself)."""
         return (saved is not None and self.self_attention and not static_kv and query.size(0) == 1
-                and not torch.is_grad_enabled() and query.dtype in STEP_DTYPES)
+                and not torch.is_grad_enabled() and query.dtype in STEP_DTYPES
+                and all(type(proj) is nn.Linear and not proj._forward_hooks and not proj._forward_pre_hooks
+                        for proj in (self.q_proj, self.k_proj, self.v_proj)))
 
     def _stacked_qkv(self, incremental_state) -> Tuple[Tensor, Tensor]:
         """``[W_q; W_k; W_v]`` and its bias (zeros for a projection without one), built
         at the search's first step and kept in its ``incremental_state`` (a search's
-        parameters do not change; the next search stacks them again). The
+        parameters do not change; the next search stacks them again, and so does a step
+        after the model moved to another dtype or device). The
         projections' modules are not called in such a step: forward hooks on them do
         not run there (as in the stacked products of a full pass)."""
         stacked = self.get_incremental_state(incremental_state, self._QKV)
-        if not stacked:
+        weight = self.q_proj.weight
+        if not stacked or stacked["weight"].dtype != weight.dtype or stacked["weight"].device != weight.device:
             own = (self.q_proj, self.k_proj, self.v_proj)
             with torch.no_grad():
                 stacked = {"weight": torch.cat([proj.weight for proj in own]),
