@@ -99,6 +99,8 @@ BAD = {
     "tokens_per_batch_zero": (["--lengths", "32", "--tokens-per-batch", "0"], "--tokens-per-batch must be >= 1"),
     "unknown_clock": (["--clock", "gpu"], "--clock: invalid choice: 'gpu'"),
     "sweep_option_without_lengths": (["--max-decode-len", "64"], "--max-decode-len: only with --lengths"),
+    "width_not_multiple": (["--width", "40"], "--width must be a multiple of 16 and >= 16"),
+    "width_zero": (["--width", "0"], "--width must be a multiple of 16 and >= 16"),
 }
 
 
@@ -298,6 +300,32 @@ def test_tiny_run_in_bf16_on_the_cpu(tmp_path, capsys):
     row = next(line for line in md.splitlines() if line.startswith("| dec-dc"))
     assert row.count("|") == header.count("|")
     assert f"| {dc['decode_bound']:.3f} |" in row
+
+
+def test_width_builds_every_system_at_that_width(tmp_path):
+    """``--width C``: the transformer and the systems at embedding C, feed-forward 2C
+    and 4 heads on both sides (the preset's layers), said in the report's header."""
+    out = tmp_path / "bench"
+    bench.main([*TINY_RUN, "--width", "32", "--systems", "hysan e1 (gated)", "--output-dir", str(out)])
+    payload = json.loads((out / "bench.json").read_text())
+    assert payload["settings"]["width"] == 32
+    assert "every model at width 32" in payload["machine"]
+    tiny = [r["params"] for r in payload["results"]]
+    bench.main([*TINY_RUN, "--width", "64", "--systems", "hysan e1 (gated)", "--output-dir", str(out)])
+    wider = [r["params"] for r in json.loads((out / "bench.json").read_text())["results"]]
+    assert all(r["error"] is None for r in payload["results"]) and all(w > t for w, t in zip(wider, tiny))
+
+
+def test_width_options():
+    from fairseq_localness.cli.bench_run import width_options
+
+    assert width_options(None) == []
+    options = width_options(64)
+    for side in ("encoder", "decoder"):
+        at = options.index(f"--{side}-embed-dim")
+        assert options[at + 1] == "64"
+        assert options[options.index(f"--{side}-ffn-embed-dim") + 1] == "128"
+        assert options[options.index(f"--{side}-attention-heads") + 1] == "4"
 
 
 def test_rounds_alternate_the_transformer_first_and_last():

@@ -83,7 +83,7 @@ def _prepare(name, args, task, batch, decode_src, device, result: Result, impl: 
     model_name, options = SYSTEMS[name]
     dtype = DTYPES[args.dtype]
     try:
-        result.arch, model = build(model_name, args.size, options, task, device, dtype)
+        result.arch, model = build(model_name, args.size, options + width_options(args.width), task, device, dtype)
     except Exception as exc:
         result.error = f"build failed: {exc}"
         return None
@@ -124,6 +124,16 @@ def _measure_and_warm_up(name, model, args, task, batch, decode_src, device, res
     result.decode_sentences = args.decode_batch
     print(f"built {name}: {result.params:,} parameters", file=sys.stderr)
     return model, optimizer
+
+
+def width_options(width: Optional[int]) -> List[str]:
+    """fairseq's options for ``--width C`` (embedding C, feed-forward 2C, 4 heads, on
+    the encoder and the decoder side); none without it."""
+    if width is None:
+        return []
+    return [option for side in ("encoder", "decoder") for option in (
+        f"--{side}-embed-dim", str(width), f"--{side}-ffn-embed-dim", str(2 * width),
+        f"--{side}-attention-heads", "4")]
 
 
 def _slug(name: str) -> str:

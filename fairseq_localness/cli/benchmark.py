@@ -100,6 +100,12 @@ def get_parser():
     p.add_argument("--decode-len", type=int, default=None, help="output steps of a beam search (default: 32; quick: 10)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default: 7; quick: 3)")
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--width", type=int, default=None, metavar="C",
+                   help="every system at model width C (encoder and decoder: embedding C, feed-forward 2C, 4 "
+                   "heads; the layers of --size) instead of the size preset's: at a small width (e.g. 64) each "
+                   "operator call's arithmetic is negligible and the timings measure what the host pays per "
+                   "call (Python, dispatch), which bounds a GPU step whose kernels are short; the bounds and "
+                   "memory columns are then of that width. A multiple of 16, >= 16")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                    help="what the timings measure: wall-clock time (default), or the CPU time of the process "
@@ -156,6 +162,9 @@ def parse_args(argv=None):
         parser.error(f"--attention-impl: a value given twice ({' '.join(args.attention_impl)})")
     if args.vocab < 8:
         parser.error(f"--vocab must be >= 8 (the 4 special symbols and some words), got {args.vocab}")
+    if args.width is not None and (args.width < 16 or args.width % 16):
+        parser.error(f"--width must be a multiple of 16 and >= 16 (4 heads; HySAN's gate divides C by 16), "
+                     f"got {args.width}")
     try:
         select(args.systems or [])
     except ValueError as exc:
@@ -174,8 +183,8 @@ def parse_args(argv=None):
 
 
 SETTINGS = ("size", "dtype", "attention_impl", "batch_size", "src_len", "tgt_len", "decode_batch", "decode_len",
-            "repeats", "vocab", "quick", "group_size", "threads", "clock", "profile", "lengths", "tokens_per_batch",
-            "decode_tokens", "max_decode_len")
+            "repeats", "vocab", "width", "quick", "group_size", "threads", "clock", "profile", "lengths",
+            "tokens_per_batch", "decode_tokens", "max_decode_len")
 
 
 def _write(args, payload: dict, md: str):
@@ -202,6 +211,8 @@ def main(argv=None):
         line = machine_description(device, args.dtype)
         if args.clock == "cpu":
             line += ", timed by process CPU time"
+        if args.width is not None:
+            line += f", every model at width {args.width} (--width: the host's cost per call, not the arithmetic)"
         return line + (f", attention_impl {' '.join(args.attention_impl)}" if args.attention_impl != ["auto"] else "")
 
     if args.lengths:
