@@ -32,8 +32,9 @@
 #        itself) is done in parallel into torch's and Triton's caches on disk, which the
 #        benchmark then reads.
 # tests  the CUDA tests of the attention core, of the fused kernels and of the stacked
-#        projections (tests/test_attention_core.py, tests/test_flex_path.py,
-#        tests/test_dc_transformer.py, tests/test_projections.py: "cuda" cases), on 8
+#        projections and of --bf16's flat master (tests/test_attention_core.py,
+#        tests/test_flex_path.py, tests/test_dc_transformer.py, tests/test_projections.py,
+#        tests/test_mixed_precision.py: "cuda" cases), on 8
 #        pytest-xdist workers where pytest-xdist is installed (each test compiles its own
 #        kinds of fused call: about 3 s a test on one worker, on an H200).
 #
@@ -200,7 +201,7 @@ if stage tests; then
     workers=(-p no:xdist)
     "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
     timeout "$t" "$PY" -m pytest -v -p no:cacheprovider "${workers[@]}" -k cuda tests/test_attention_core.py \
-        tests/test_flex_path.py tests/test_dc_transformer.py tests/test_projections.py \
+        tests/test_flex_path.py tests/test_dc_transformer.py tests/test_projections.py tests/test_mixed_precision.py \
         > "$OUT_DIR/tests.txt" 2>&1 \
         || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
     tail -1 "$OUT_DIR/tests.txt" >&2

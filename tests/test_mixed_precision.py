@@ -149,35 +149,40 @@ def test_resuming_a_flat_state_into_per_tensor_masters(tiny_data_bin):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_the_flat_syncs_equal_fairseqs_own(dtype):
+def test_the_flat_syncs_equal_fairseqs_own(dtype, device):
     """The two multi-tensor syncs of a flat master give what fairseq's per-tensor
     copies give (its own functions, which the fix keeps as ``__wrapped__``), in fp16
     (whose sync is the only part of ``--fp16`` the fix changes) and bf16, with a
-    parameter without a gradient and a non-contiguous gradient."""
+    parameter without a gradient and a non-contiguous gradient; on a GPU the flat
+    master is fairseq's own (keyed by the CUDA device)."""
     from types import SimpleNamespace
 
-    from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
-
-    from fairseq_localness.compat.mixed_precision import _cpu_flat_params
+    from fairseq.optim.fp16_optimizer import FP16Optimizer, _FP16OptimizerMixin
 
     g = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(*shape, generator=g).to(dtype)) for shape in ((3, 4), (5,), (2, 2, 2))]
-    params[0].grad = torch.randn(4, 3, generator=g).to(dtype).t()  # non-contiguous
-    params[2].grad = torch.randn(2, 2, 2, generator=g).to(dtype)
+    params = [torch.nn.Parameter(torch.randn(*shape, generator=g).to(device, dtype))
+              for shape in ((3, 4), (5,), (2, 2, 2))]
+    params[0].grad = torch.randn(4, 3, generator=g).to(device, dtype).t()  # non-contiguous
+    params[2].grad = torch.randn(2, 2, 2, generator=g).to(device, dtype)
     originals = [p.detach().clone() for p in params]
     results = []
     for sync in ("fix", "fairseq"):
-        flat = _cpu_flat_params(params)
-        flat[None].grad.fill_(5.0)
+        flat = FP16Optimizer.build_fp32_params(SimpleNamespace(), params, flatten=True)
+        (key,) = flat  # the parameters' device index: None on a CPU
+        flat[key].grad.fill_(5.0)
         optimizer = SimpleNamespace(fp16_params=params, fp32_params=flat, _needs_sync=True, has_flat_params=True)
         grads = _FP16OptimizerMixin._sync_fp16_grads_to_fp32
         if sync == "fairseq":
             params[0].grad = params[0].grad.contiguous()  # (fairseq's view(-1) needs it)
         (grads if sync == "fix" else grads.__wrapped__)(optimizer)
-        results.append(flat[None].grad.clone())
+        results.append(flat[key].grad.clone())
         with torch.no_grad():
-            flat[None].mul_(3.0)
+            flat[key].mul_(3.0)
         copies = _FP16OptimizerMixin._sync_fp32_params_to_fp16
         (copies if sync == "fix" else copies.__wrapped__)(optimizer)
         results.append(torch.cat([p.detach().reshape(-1).float() for p in params]))
