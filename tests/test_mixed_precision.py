@@ -6,7 +6,7 @@ import pytest
 import torch
 from model_utils import OperatorCalls
 
-from conftest import TINY_MODEL_ARGS
+from conftest import TINY_MODEL_ARGS, run_fairseq, train_command
 
 
 def _trainer(data, *flags, arch="transformer", seed=1):
@@ -268,3 +268,18 @@ def test_the_resume_check_refuses_a_flat_state_it_cannot_split(tiny_data_bin, ba
         state["state"][7] = {"step": 1}
     with pytest.raises(MalformedCheckpointError, match="fp32 master weights"):
         check_optimizer_state(trainer.optimizer, state, "x.pt")
+
+
+def test_fairseq_train_resumes_across_the_two_layouts(tiny_data_bin, tmp_path):
+    """Through fairseq-train: a ``--bf16`` run (flat master) resumed with
+    ``--fp16-no-flatten-grads`` (its optimizer state split into the tensors'), then
+    without it again (joined), each resuming from the last checkpoint and going on to
+    its number of updates."""
+    save_dir = tmp_path / "ckpts"
+    for updates, extra, said in ((2, [], None), (4, ["--fp16-no-flatten-grads"], "split"), (6, [], "joined")):
+        proc = run_fairseq("fairseq-train", train_command(
+            "hysan_transformer", tiny_data_bin, str(save_dir), ["--bf16", "--cpu", *extra], max_update=updates))
+        log = proc.stdout + proc.stderr
+        assert f"@ {updates} updates" in log, log[-2000:]  # (fairseq's line for the checkpoint it saved)
+        if said:
+            assert f"the optimizer state {said} to the fp32 master's layout" in log
