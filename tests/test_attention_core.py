@@ -478,6 +478,13 @@ STEP_KINDS = {
 }
 
 
+def _steps(core, x, state) -> list:
+    """``x`` (``T x B x C``) fed to a self-attention ``core`` one step at a time, with
+    the search's ``state``; the steps' outputs."""
+    return [core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)[0]
+            for t in range(x.size(0))]
+
+
 def _reorder_core(core, state, order):
     for module in core.modules():
         if hasattr(module, "reorder_incremental_state"):
@@ -542,12 +549,10 @@ def test_a_model_moved_to_another_dtype_during_a_search_steps_on():
     core = AttentionCore(C, H, self_attention=True, causal=True).eval()
     x, state = torch.randn(4, 2, C), {}
     with torch.no_grad():
-        for t in range(2):
-            core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+        _steps(core, x[:2], state)
         core.to(torch.bfloat16)
         xb = x.to(torch.bfloat16)
-        out = [core(xb[t : t + 1], xb[t : t + 1], xb[t : t + 1], incremental_state=state, need_weights=False)[0]
-               for t in range(2, 4)]
+        out = _steps(core, xb[2:], state)
         full, _ = core(xb, xb, xb, need_weights=False)
     torch.testing.assert_close(torch.cat(out), full[2:], atol=3e-2, rtol=3e-2)
 
@@ -559,10 +564,8 @@ def test_a_hooked_or_replaced_projection_is_called_in_a_beam_search_step():
     core = AttentionCore(C, H, self_attention=True, causal=True).eval()
     calls = []
     core.k_proj.register_forward_hook(lambda module, args, out: calls.append(1))
-    x, state = torch.randn(3, 2, C), {}
     with torch.no_grad():
-        for t in range(3):
-            core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+        _steps(core, torch.randn(3, 2, C), {})
     assert len(calls) == 3
 
 
@@ -575,10 +578,9 @@ def test_a_beam_search_step_projects_once_and_writes_its_keys_and_values_once():
     core = AttentionCore(C, H, self_attention=True, causal=True).eval()
     x, state = torch.randn(6, 5, C), {}
     with torch.no_grad():
-        for t in range(5):
-            core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+        _steps(core, x[:5], state)
         with OperatorCalls() as step:
-            core(x[5:], x[5:], x[5:], incremental_state=state, need_weights=False)
+            _steps(core, x[5:], state)
         with OperatorCalls() as reorder:
             core.reorder_incremental_state(state, torch.tensor([4, 3, 2, 1, 0]))
     assert step.names.count("addmm") == 2 and step.names.count("copy_") == 1 and "cat" not in step.names
@@ -594,14 +596,11 @@ def test_each_search_steps_with_the_parameters_it_starts_with():
     x = torch.randn(4, 2, C)
 
     def check():
-        state, outs = {}, []
         with torch.no_grad():
-            for t in range(4):
-                outs.append(core(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state,
-                                 need_weights=False)[0])
+            out = torch.cat(_steps(core, x, {}))
             full, _ = core(x, x, x, need_weights=False)
-        torch.testing.assert_close(torch.cat(outs), full, atol=1e-5, rtol=1e-4)
-        return torch.cat(outs)
+        torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-4)
+        return out
 
     first = check()
     with torch.no_grad():

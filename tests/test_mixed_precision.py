@@ -97,6 +97,18 @@ def test_a_parameter_without_a_gradient_gets_zeros(tiny_data_bin):
     assert grad[: first.numel()].eq(0).all() and grad[first.numel():].eq(1).all()
 
 
+def _resumed_both_ways(data, saved_model: dict, saved_state: dict) -> dict:
+    """Two trainers resumed from one model and optimizer state, with a flat master
+    ("flat") and with per-tensor ones ("per_tensor")."""
+    resumed = {}
+    for name, flags in (("flat", ()), ("per_tensor", ("--fp16-no-flatten-grads",))):
+        trainer, _ = _trainer(data, *flags)
+        trainer.model.load_state_dict(saved_model)
+        trainer.optimizer.load_state_dict(copy.deepcopy(saved_state))  # (as from a file: nothing shared)
+        resumed[name] = trainer
+    return resumed
+
+
 def test_resuming_a_per_tensor_state_into_a_flat_master(tiny_data_bin):
     """An optimizer state saved with per-tensor masters (a ``--bf16`` run before the
     fix) loads into a flat master: Adam's moments joined in the parameters' order, the
@@ -108,12 +120,7 @@ def test_resuming_a_per_tensor_state_into_a_flat_master(tiny_data_bin):
     saved_model, saved_state = run.model.state_dict(), run.optimizer.state_dict()
     per_tensor_moments = [saved_state["state"][i]["exp_avg"].reshape(-1) for i in range(len(saved_state["state"]))]
 
-    resumed = {}
-    for name, flags in (("flat", ()), ("per_tensor", ("--fp16-no-flatten-grads",))):
-        trainer, _ = _trainer(tiny_data_bin, *flags)
-        trainer.model.load_state_dict(saved_model)
-        trainer.optimizer.load_state_dict(copy.deepcopy(saved_state))  # (as from a file: nothing shared)
-        resumed[name] = trainer
+    resumed = _resumed_both_ways(tiny_data_bin, saved_model, saved_state)
     flat_state = resumed["flat"].optimizer.state_dict()["state"][0]
     torch.testing.assert_close(flat_state["exp_avg"], torch.cat(per_tensor_moments), rtol=0, atol=0)
     assert flat_state["step"] == saved_state["state"][0]["step"] == 2
@@ -132,12 +139,7 @@ def test_resuming_a_flat_state_into_per_tensor_masters(tiny_data_bin):
         run.train_step([batch])
     saved_model, saved_state = run.model.state_dict(), run.optimizer.state_dict()
     assert len(saved_state["param_groups"][0]["params"]) == 1
-    resumed = {}
-    for name, flags in (("flat", ()), ("per_tensor", ("--fp16-no-flatten-grads",))):
-        trainer, _ = _trainer(tiny_data_bin, *flags)
-        trainer.model.load_state_dict(saved_model)
-        trainer.optimizer.load_state_dict(copy.deepcopy(saved_state))  # (as from a file: nothing shared)
-        resumed[name] = trainer
+    resumed = _resumed_both_ways(tiny_data_bin, saved_model, saved_state)
     per_tensor = resumed["per_tensor"].optimizer.state_dict()["state"]
     shapes = [p.shape for p in resumed["per_tensor"].model.parameters()]
     assert [tuple(per_tensor[i]["exp_avg"].shape) for i in range(len(shapes))] == [tuple(s) for s in shapes]
