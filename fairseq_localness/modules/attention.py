@@ -256,9 +256,9 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         """``[W_q; W_k; W_v]`` and its bias (zeros for a projection without one), built
         at the search's first step and kept in its ``incremental_state`` (a search's
         parameters do not change; the next search stacks them again, and so does a step
-        after the model moved to another dtype or device). The
-        projections' modules are not called in such a step: forward hooks on them do
-        not run there (as in the stacked products of a full pass)."""
+        after the model moved to another dtype or device). A projection with hooks, or
+        replaced by another module, keeps the step on the other path
+        (:meth:`_beam_step_applies`), where it is called as itself."""
         stacked = self.get_incremental_state(incremental_state, self._QKV)
         weight = self.q_proj.weight
         if not stacked or stacked["weight"].dtype != weight.dtype or stacked["weight"].device != weight.device:
