@@ -166,6 +166,8 @@ def test_the_flat_syncs_equal_fairseqs_own(dtype, device):
 
     from fairseq.optim.fp16_optimizer import FP16Optimizer, _FP16OptimizerMixin
 
+    from fairseq_localness.compat.mixed_precision import _cpu_flat_params
+
     g = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(*shape, generator=g).to(device, dtype))
               for shape in ((3, 4), (5,), (2, 2, 2))]
@@ -174,7 +176,10 @@ def test_the_flat_syncs_equal_fairseqs_own(dtype, device):
     originals = [p.detach().clone() for p in params]
     results = []
     for sync in ("fix", "fairseq"):
-        flat = FP16Optimizer.build_fp32_params(SimpleNamespace(), params, flatten=True)
+        if device == "cpu":  # (fairseq builds no flat fp16 master on a CPU; the fix's bf16 one, for both)
+            flat = _cpu_flat_params(params)
+        else:
+            flat = FP16Optimizer.build_fp32_params(SimpleNamespace(), params, flatten=True)
         (key,) = flat  # the parameters' device index: None on a CPU
         flat[key].grad.fill_(5.0)
         optimizer = SimpleNamespace(fp16_params=params, fp32_params=flat, _needs_sync=True, has_flat_params=True)

@@ -21,8 +21,9 @@ What the fix changes (:func:`patch_mixed_precision`):
 * ``--bf16`` off a TPU flattens as ``--fp16`` does, unless ``--fp16-no-flatten-grads``
   is given, the optimizer is ``composite`` or cannot step flat parameters (fairseq's
   per-tensor masters then, as before);
-* on a CPU the flat master is keyed by the parameters' device index (None) where
-  fairseq asks CUDA for its current device;
+* on a CPU (``--bf16 --cpu``) the flat master is keyed by the parameters' device
+  index (None) where fairseq asks CUDA for its current device (``--fp16`` still needs
+  CUDA, as in fairseq);
 * each sync of a flat master is one ``torch._foreach_copy_`` over all tensors (on CUDA
   a few launches for all of them), and a parameter without a gradient gets a zero
   gradient in one ``torch._foreach_zero_``, as fairseq's copied zeros;
@@ -254,7 +255,8 @@ def patch_mixed_precision():
         return cls(cfg, params, fp32_optimizer, fp32_params, **kwargs)
 
     def build_fp32_params(cls, args, params, flatten=True):
-        if flatten and params and params[0].device.type == "cpu":
+        # (bf16 only: fairseq's --fp16 needs CUDA, and stays refused on a CPU)
+        if flatten and params and params[0].device.type == "cpu" and params[0].dtype == torch.bfloat16:
             return _cpu_flat_params(params)
         return original_fp32_params(cls, args, params, flatten=flatten)
 
