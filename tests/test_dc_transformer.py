@@ -260,8 +260,8 @@ def test_joint_steps_and_the_units_own_beam_search_steps_take_over_each_others_s
 
 
 def test_a_beam_search_step_is_one_attention_of_both_units():
-    """One step without gradients: the two units' queries, keys and values in three
-    products (stacked once, not per step), one product of the queries with the cached
+    """One step without gradients: the two units' queries, keys and values in two
+    products (r's and lc's, stacked once, not per step), one product of the queries with the cached
     keys and one with the values for both units, one softmax; the aggregation and the
     Local Context Unit's product; and a reorder index-selects one joint cache besides
     the unit's window."""
@@ -277,9 +277,27 @@ def test_a_beam_search_step_is_one_attention_of_both_units():
             dc(x, x, x, incremental_state=state)
         with OperatorCalls() as reorder:
             _reorder(dc, state, torch.tensor([4, 3, 2, 1, 0]))
-    assert step.names.count("addmm") == 5 and step.names.count("bmm") == 2 and "cat" in step.names  # (the window's)
+    assert step.names.count("addmm") == 4 and step.names.count("bmm") == 2 and "cat" in step.names  # (the window's)
     assert step.names.count("cat") == 1
     assert reorder.names.count("index_select") == 2
+
+
+def test_a_dc_module_moved_to_another_dtype_during_a_search_steps_on():
+    """A search whose module goes to bfloat16 between two steps steps on: the joint
+    step's stacked weights and the Local Context Unit's follow the parameters' dtype,
+    and the cached keys, values and inputs are taken in the new one."""
+    torch.manual_seed(0)
+    dc = DualContextModule(C, H, kernel_size=2, causal=True).eval()
+    r, state, outs = torch.randn(4, 2, C), {}, []
+    with torch.no_grad():
+        for t in range(4):
+            if t == 2:
+                dc.to(torch.bfloat16)
+                r = r.to(torch.bfloat16)
+            x = r[t : t + 1]
+            outs.append(dc(x, x, x, incremental_state=state)[0])
+        full, _ = dc(r, r, r)
+    torch.testing.assert_close(torch.cat(outs[2:]), full[2:], atol=3e-2, rtol=3e-2)
 
 
 def test_each_search_decodes_with_the_parameters_it_starts_with():

@@ -173,9 +173,10 @@ class LocalContextUnit(nn.Module, IncrementalBuffer):
         W_t]``, each ``2C x C``), so that a step's window is its f inputs side by side
         (one concatenation) instead of an unfolded copy; built at the first step of a
         search and kept in its ``incremental_state`` (a search's parameters do not
-        change)."""
+        change; built again after a change of their dtype or device)."""
         stacked = self.get_incremental_state(incremental_state, self._STEP_WEIGHT)
-        if not stacked:
+        weight = self.conv.weight
+        if not stacked or stacked["weight"].dtype != weight.dtype or stacked["weight"].device != weight.device:
             with torch.no_grad():
                 weight = self.conv.weight.permute(0, 2, 1).reshape(self.conv.out_channels, -1)
             stacked = {"weight": weight}
@@ -191,7 +192,7 @@ class LocalContextUnit(nn.Module, IncrementalBuffer):
         prev = buffer.get("prev_input")
         if prev is None:
             prev = r.new_zeros(bsz, self.left, r.size(2))
-        window = torch.cat([prev.reshape(bsz, -1), r[0]], dim=-1)  # B x f*C, oldest input first
+        window = torch.cat([prev.reshape(bsz, -1).to(r.dtype), r[0]], dim=-1)  # B x f*C, oldest input first
         buffer["prev_input"] = window[:, r.size(2):].view(bsz, self.left, r.size(2))
         self._set_input_buffer(incremental_state, buffer)
         return F.glu(F.linear(window, self._step_weight(incremental_state), self.conv.bias), dim=-1).unsqueeze(0)
@@ -224,7 +225,7 @@ class LocalContextUnit(nn.Module, IncrementalBuffer):
             prev = buffer.get("prev_input")  # B x (f-1) x C
             if prev is None:
                 prev = r.new_zeros(r.size(1), self.left, r.size(2))
-            x = torch.cat([prev.transpose(0, 1), r], dim=0)  # (f-1+T) x B x C
+            x = torch.cat([prev.transpose(0, 1).to(r.dtype), r], dim=0)  # (f-1+T) x B x C
             if self.left > 0:
                 buffer["prev_input"] = x[x.size(0) - self.left :].transpose(0, 1)
                 self._set_input_buffer(incremental_state, buffer)
@@ -255,12 +256,13 @@ class DualContextModule(nn.Module, Observable):
     both FI units as one attention of 2H heads: the local unit's heads first, then the
     global unit's, all with the row's scale ``1/sqrt(Dh)``, its causal keys (every
     cached step) and its padding, so the heads' outputs merge straight into
-    ``[h_l; h_g]`` of eq. 8. Its queries, keys and values are three products with
-    weights stacked once per search (``[W^q_l; W^q_g]`` on r, ``[W^k_g; W^v_g]`` on
-    r, ``[W^k_l; W^v_l]`` on lc), and the two units' keys and values one cache
-    (:meth:`_append_joint`), written and reordered once per step. One step then makes
+    ``[h_l; h_g]`` of eq. 8. Its queries, keys and values are two products with
+    weights stacked once per search (``[W^q_l; W^q_g; W^k_g; W^v_g]`` on r,
+    ``[W^k_l; W^v_l]`` on lc), and the two units' keys and values one cache
+    (:meth:`_append_joint`), written and reordered once per step. One step then made
     16 operator calls where the two units' own steps made 26 (at C = 512, 8 heads, on
-    the CPU, the softmax counted as one call: fairseq's self-attention step makes 10)
+    the CPU, the softmax counted as one call: fairseq's self-attention step makes 10;
+    with three products, before r's two were one)
     and reorders 2 caches instead of 5, where a beam search is bound by the host's
     launches (issue 38: the H200's beam search, 338 ms of CPU time against 22 ms of
     kernels).
@@ -358,7 +360,7 @@ class DualContextModule(nn.Module, Observable):
     # T steps, 2B x 2H x T x Dh) and "padding" (B x T, or None); and the stacked
     # weights of the search (_STACKED, :meth:`_stacked_weights`)
     _JOINT = "joint"
-    _STACKED = ("w_q", "b_q", "w_kv_global", "b_kv_global", "w_kv_local", "b_kv_local")
+    _STACKED = ("w_r", "b_r", "w_kv_local", "b_kv_local")
 
     def _projection_pairs(self) -> Tuple[Tuple[nn.Linear, nn.Linear], ...]:
         """The FI units' projections in the pairs the joint step and pass stack: the
@@ -373,19 +375,22 @@ class DualContextModule(nn.Module, Observable):
         return not torch.is_grad_enabled() and self._plain_step(r, incremental_state, attn_mask)
 
     def _stacked_weights(self) -> Tuple[Tensor, ...]:
-        """``[W^q_l; W^q_g]``, its biases, ``[W^k_g; W^v_g]``, its biases, ``[W^k_l;
-        W^v_l]``, its biases (zeros for a projection without one), built at the first
-        joint step of a search (and after a pass that took the units' own path) and
-        kept in its ``incremental_state``: a search's parameters do not change, and the
-        next search stacks them again (three concatenations per DC layer). The
-        projections' modules are not called in a joint step: forward hooks on them do
-        not run there (as in the stacked products of a full pass)."""
+        """The weights of r's one product, ``[W^q_l; W^q_g; W^k_g; W^v_g]`` (the queries
+        of both units, then the global unit's keys and values), its biases, those of
+        lc's, ``[W^k_l; W^v_l]``, and its biases (zeros for a projection without one),
+        built at the first joint step of a search (and after a pass that took the units'
+        own path, or a change of the parameters' dtype or device) and kept in its
+        ``incremental_state``: a search's parameters do not change, and the next search
+        stacks them again (two concatenations per DC layer). The projections' modules
+        are not called in a joint step: forward hooks on them do not run there (as in
+        the stacked products of a full pass)."""
+        queries, kv_global, kv_local = self._projection_pairs()
         stacked = []
         with torch.no_grad():
-            for pair in self._projection_pairs():
-                stacked.append(torch.cat([proj.weight for proj in pair]))
+            for group in (queries + kv_global, kv_local):
+                stacked.append(torch.cat([proj.weight for proj in group]))
                 stacked.append(torch.cat([proj.weight.new_zeros(proj.out_features) if proj.bias is None else proj.bias
-                                          for proj in pair]))
+                                          for proj in group]))
         return tuple(stacked)
 
     def _joint_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
@@ -397,15 +402,19 @@ class DualContextModule(nn.Module, Observable):
             buffer = self._take_over_caches(incremental_state)
             buffer.update(zip(self._STACKED, self._stacked_weights()))
             self.set_incremental_state(incremental_state, self._JOINT, buffer)
+        weight = self.fi_global.q_proj.weight
+        if buffer["w_r"].dtype != weight.dtype or buffer["w_r"].device != weight.device:
+            buffer.update(zip(self._STACKED, self._stacked_weights()))
         return buffer
 
     def _joint_step(self, r: Tensor, lc: Tensor, key_padding_mask: Optional[Tensor], incremental_state) -> Tensor:
         """``[h_l; h_g]`` (``1 x B x 2C``) of one decoder step: eq. 7 for both FI units
         as one attention of 2H heads over their joint cache (see the class docstring)."""
         buffer = self._joint_buffer(incremental_state)
-        w_q, b_q, w_kv_r, b_kv_r, w_kv_lc, b_kv_lc = (buffer[name] for name in self._STACKED)
-        q = split_heads(F.linear(r, w_q, b_q), 2 * self.num_heads)  # B x 2H x 1 x Dh: [q_l, q_g]
-        k, v, padding = self._append_joint(buffer, F.linear(lc, w_kv_lc, b_kv_lc), F.linear(r, w_kv_r, b_kv_r),
+        w_r, b_r, w_kv_lc, b_kv_lc = (buffer[name] for name in self._STACKED)
+        from_r = F.linear(r, w_r, b_r)  # 1 x B x 4C: [q_l, q_g, k_g, v_g]
+        q = split_heads(from_r[..., : 2 * self.embed_dim], 2 * self.num_heads)  # B x 2H x 1 x Dh: [q_l, q_g]
+        k, v, padding = self._append_joint(buffer, F.linear(lc, w_kv_lc, b_kv_lc), from_r[..., 2 * self.embed_dim:],
                                            key_padding_mask)
         return merge_heads(last_keys_attention(q, k, v, self.fi_global.scaling, used_padding(padding), None))
 
@@ -416,7 +425,7 @@ class DualContextModule(nn.Module, Observable):
         values of all steps (``B x 2H x T x Dh`` each) and their padding (``B x T``)."""
         bsz, heads, head_dim = kv_local.size(1), self.num_heads, self.head_dim
         store, length = buffer.get("kv_store"), 0 if buffer.get("kv") is None else buffer["kv"].size(2)
-        if store is None or store.size(0) <= length:
+        if store is None or store.size(0) <= length or store.dtype != kv_local.dtype:
             store = grown_store(store, None if store is None else store[:length], length + 1,
                                 (2 * bsz, 2 * heads, head_dim), kv_local)
         slot = store[length].view(2, bsz, 2, heads, head_dim)  # (k, v) x B x (local, global) x H x Dh
