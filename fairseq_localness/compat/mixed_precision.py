@@ -69,15 +69,22 @@ def _flat_views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> List[torc
     return views
 
 
+def _by_device(params, trainable_only: bool) -> Dict[Optional[int], list]:
+    """``params`` grouped by device index, in order (fairseq's grouping: its gradient
+    sync takes the trainable ones only, its weight sync all)."""
+    groups: Dict[Optional[int], list] = {}
+    for p in params:
+        if p.requires_grad or not trainable_only:
+            groups.setdefault(p.device.index, []).append(p)
+    return groups
+
+
 def _sync_grads(self):
     """fairseq's gradient sync of a flat master: each device's gradients into its flat
     fp32 gradient, as one multi-tensor copy (zeros for a parameter without one)."""
     if not self._needs_sync:
         return
-    by_device: Dict[Optional[int], list] = {}
-    for p in self.fp16_params:
-        if p.requires_grad:
-            by_device.setdefault(p.device.index, []).append(p)
+    by_device = _by_device(self.fp16_params, trainable_only=True)
     with torch.no_grad():
         for device, flat in self.fp32_params.items():
             params = by_device.get(device, [])
@@ -94,9 +101,7 @@ def _sync_grads(self):
 def _sync_params(self):
     """fairseq's weight sync of a flat master: each device's flat fp32 weights back into
     the model's parameters, as one multi-tensor copy."""
-    by_device: Dict[Optional[int], list] = {}
-    for p in self.fp16_params:
-        by_device.setdefault(p.device.index, []).append(p)
+    by_device = _by_device(self.fp16_params, trainable_only=False)
     with torch.no_grad():
         for device, flat in self.fp32_params.items():
             params = by_device.get(device, [])
@@ -122,6 +127,18 @@ _MAX_STATE_KEYS = 16
 exp_avg, exp_avg_sq and max_exp_avg_sq)."""
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_entries(entries) -> None:
+    """Each parameter's saved state a dict of at most :data:`_MAX_STATE_KEYS` named
+    values, else ValueError."""
+    if not all(isinstance(entry, dict) and len(entry) <= _MAX_STATE_KEYS and all(isinstance(k, str) for k in entry)
+               for entry in entries):
+        raise ValueError(f"a parameter's state is not a dict of at most {_MAX_STATE_KEYS} named values")
+
+
 def _joined_state(state_dict: dict, shapes: Sequence[torch.Size]) -> dict:
     """An optimizer state saved per parameter tensor (``shapes``: the parameters', in
     order) as the state of one flat parameter: each state tensor of its parameter's
@@ -144,16 +161,13 @@ def _joined_state(state_dict: dict, shapes: Sequence[torch.Size]) -> dict:
         raise ValueError(f"the saved optimizer state has {len(ids)} parameter tensors, the model {len(shapes)} "
                          "(resume with --reset-optimizer)")
     entries = [states.get(i, {}) for i in ids]
-    if not all(isinstance(entry, dict) and len(entry) <= _MAX_STATE_KEYS
-               and all(isinstance(key, str) for key in entry) for entry in entries):
-        raise ValueError(f"a parameter's state is not a dict of at most {_MAX_STATE_KEYS} named values")
+    _check_entries(entries)
     joined = {}
     for key in sorted({key for entry in entries for key in entry}):
         values = [entry.get(key) for entry in entries]
         present = [v for v in values if v is not None]
         if key == "step":
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                       or torch.is_tensor(v) and v.dim() == 0 for v in present):
+            if not all(_is_number(v) or torch.is_tensor(v) and v.dim() == 0 for v in present):
                 raise ValueError("its step counts are not numbers")
             joined[key] = max(present, key=float)
         elif all(torch.is_tensor(v) for v in present):
@@ -162,8 +176,7 @@ def _joined_state(state_dict: dict, shapes: Sequence[torch.Size]) -> dict:
             like = present[0]
             joined[key] = torch.cat([(v if v is not None else like.new_zeros(shape)).reshape(-1)
                                      for v, shape in zip(values, shapes)])
-        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present) \
-                and len(set(present)) == 1:
+        elif all(_is_number(v) for v in present) and len(set(present)) == 1:
             joined[key] = present[0]
         else:
             raise ValueError(f"the saved optimizer state {key!r} differs between parameter tensors and cannot be "
@@ -184,8 +197,7 @@ def _split_state(state_dict: dict, shapes: Sequence[torch.Size]) -> dict:
     if not isinstance(pid, int) or isinstance(pid, bool) or not set(states) <= {pid}:
         raise ValueError("its state does not name the parameter of its group")
     entry = states.get(pid, {})
-    if not (isinstance(entry, dict) and len(entry) <= _MAX_STATE_KEYS and all(isinstance(k, str) for k in entry)):
-        raise ValueError(f"its parameter's state is not a dict of at most {_MAX_STATE_KEYS} named values")
+    _check_entries([entry])
     sizes = [shape.numel() for shape in shapes]
     split: List[dict] = [{} for _ in shapes]
     for key, value in entry.items():
@@ -195,7 +207,7 @@ def _split_state(state_dict: dict, shapes: Sequence[torch.Size]) -> dict:
                                  f"{sum(sizes):,}: not of this model")
             for state, part, shape in zip(split, value.split(sizes), shapes):
                 state[key] = part.view(shape)
-        elif (isinstance(value, (int, float)) and not isinstance(value, bool)) or torch.is_tensor(value):
+        elif _is_number(value) or torch.is_tensor(value):
             for state in split:
                 state[key] = value
         else:

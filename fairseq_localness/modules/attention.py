@@ -66,11 +66,12 @@ from fairseq_localness.modules.context import (
 )
 from fairseq_localness.modules.fusion import BranchOutputs, EagerOutputs, Fusion, MergeHeads, SumFusion, split_heads
 from fairseq_localness.modules.incremental import (
-    STEP_DTYPES, IncrementalBuffer, _reordered, append_to_cache, grown_store, joined_padding, used_padding,
+    STEP_DTYPES, IncrementalBuffer, append_to_cache, grown_store, joined_padding, reordered_key_value_rows,
+    search_constants, used_padding,
 )
 from fairseq_localness.modules.kernels.choice import branch_attention, check_impl, fused_windows, use_fast_path
 from fairseq_localness.modules.observe import Observable, probs_key
-from fairseq_localness.modules.projections import stacked_linear, stacks_projections
+from fairseq_localness.modules.projections import stacked_linear, stacked_parameters, stacks_projections
 
 def set_attention_impl(model: nn.Module, impl: str) -> int:
     """Set ``attention_impl`` of every :class:`AttentionCore` in ``model``; returns how
@@ -259,15 +260,9 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         after the model moved to another dtype or device). A projection with hooks, or
         replaced by another module, keeps the step on the other path
         (:meth:`_beam_step_applies`), where it is called as itself."""
-        stacked = self.get_incremental_state(incremental_state, self._QKV)
-        weight = self.q_proj.weight
-        if not stacked or stacked["weight"].dtype != weight.dtype or stacked["weight"].device != weight.device:
-            own = (self.q_proj, self.k_proj, self.v_proj)
-            with torch.no_grad():
-                stacked = {"weight": torch.cat([proj.weight for proj in own]),
-                           "bias": torch.cat([proj.weight.new_zeros(proj.out_features) if proj.bias is None
-                                              else proj.bias for proj in own])}
-            self.set_incremental_state(incremental_state, self._QKV, stacked)
+        own = (self.q_proj, self.k_proj, self.v_proj)
+        stacked = search_constants(self, incremental_state, self._QKV, self.q_proj.weight,
+                                   lambda: dict(zip(("weight", "bias"), stacked_parameters(own))))
         return stacked["weight"], stacked["bias"]
 
     def _kv_store(self, saved, bsz: int, like: Tensor) -> Tuple[Tensor, int]:
@@ -313,8 +308,7 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
             saved.pop(self._KV_STORE)
             return super().reorder_incremental_state(incremental_state, new_order)
         cap, _, bsz, heads, head_dim = store.shape
-        rows = torch.cat([new_order, new_order + bsz])  # the keys' rows, then the values'
-        reordered, _ = _reordered(store.view(cap, 2 * bsz, heads, head_dim), prev_key.size(2), rows)
+        reordered = reordered_key_value_rows(store.view(cap, 2 * bsz, heads, head_dim), prev_key.size(2), new_order)
         store = reordered.view(cap, 2, new_order.numel(), heads, head_dim)
         steps = store[: prev_key.size(2)]
         padding = saved.get("prev_key_padding_mask")

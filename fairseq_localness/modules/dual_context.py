@@ -98,11 +98,14 @@ from fairseq_localness.modules.attention import AttentionCore
 from fairseq_localness.modules.context import causal_mask, query_part
 from fairseq_localness.modules.fusion import merge_heads, split_heads
 from fairseq_localness.modules.incremental import (
-    STEP_DTYPES, IncrementalBuffer, _reordered, _steps_view, attention_step, grown_store, joined_padding, used_padding,
+    STEP_DTYPES, IncrementalBuffer, _steps_view, attention_step, grown_store, joined_padding, reordered_key_value_rows,
+    search_constants, used_padding,
 )
 from fairseq_localness.modules.kernels.sdpa import masked_attention
 from fairseq_localness.modules.kernels.step import last_keys_attention
-from fairseq_localness.modules.projections import stacked_linear, stacked_projection, stacks_projections
+from fairseq_localness.modules.projections import (
+    stacked_linear, stacked_parameters, stacked_projection, stacks_projections,
+)
 from fairseq_localness.modules.observe import QUERY_PADDING, VALID, Observable
 
 HEAD_REDUCTIONS = ("max", "mean", "per_head")
@@ -174,14 +177,9 @@ class LocalContextUnit(nn.Module, IncrementalBuffer):
         (one concatenation) instead of an unfolded copy; built at the first step of a
         search and kept in its ``incremental_state`` (a search's parameters do not
         change; built again after a change of their dtype or device)."""
-        stacked = self.get_incremental_state(incremental_state, self._STEP_WEIGHT)
         weight = self.conv.weight
-        if not stacked or stacked["weight"].dtype != weight.dtype or stacked["weight"].device != weight.device:
-            with torch.no_grad():
-                weight = self.conv.weight.permute(0, 2, 1).reshape(self.conv.out_channels, -1)
-            stacked = {"weight": weight}
-            self.set_incremental_state(incremental_state, self._STEP_WEIGHT, stacked)
-        return stacked["weight"]
+        return search_constants(self, incremental_state, self._STEP_WEIGHT, weight, lambda: {
+            "weight": weight.permute(0, 2, 1).reshape(self.conv.out_channels, -1)})["weight"]
 
     def _step(self, r: Tensor, buffer, incremental_state) -> Tensor:
         """One decoder step without gradients (beam search): ``r`` ``1 x B x C`` ->
@@ -358,9 +356,9 @@ class DualContextModule(nn.Module, Observable):
     # "kv_store" (cap x 2B x 2H x Dh: per step the keys of B rows, then their values;
     # per row the local unit's H heads, then the global unit's), "kv" (its view of the
     # T steps, 2B x 2H x T x Dh) and "padding" (B x T, or None); and the stacked
-    # weights of the search (_STACKED, :meth:`_stacked_weights`)
+    # weights of the search under "joint_weights" (:meth:`_stacked_weights`)
     _JOINT = "joint"
-    _STACKED = ("w_r", "b_r", "w_kv_local", "b_kv_local")
+    _WEIGHTS = "joint_weights"
 
     def _projection_pairs(self) -> Tuple[Tuple[nn.Linear, nn.Linear], ...]:
         """The FI units' projections in the pairs the joint step and pass stack: the
@@ -374,48 +372,40 @@ class DualContextModule(nn.Module, Observable):
         """A step of :meth:`_plain_step` without gradients (beam search): :meth:`_joint_step`."""
         return not torch.is_grad_enabled() and self._plain_step(r, incremental_state, attn_mask)
 
-    def _stacked_weights(self) -> Tuple[Tensor, ...]:
+    def _stacked_weights(self, incremental_state) -> Dict[str, Tensor]:
         """The weights of r's one product, ``[W^q_l; W^q_g; W^k_g; W^v_g]`` (the queries
-        of both units, then the global unit's keys and values), its biases, those of
-        lc's, ``[W^k_l; W^v_l]``, and its biases (zeros for a projection without one),
-        built at the first joint step of a search (and after a pass that took the units'
-        own path, or a change of the parameters' dtype or device) and kept in its
-        ``incremental_state``: a search's parameters do not change, and the next search
-        stacks them again (two concatenations per DC layer). The projections' modules
-        are not called in a joint step: forward hooks on them do not run there (as in
-        the stacked products of a full pass)."""
+        of both units, then the global unit's keys and values) and those of lc's,
+        ``[W^k_l; W^v_l]``, with their biases (zeros for a projection without one),
+        once per search (:func:`~.incremental.search_constants`: two concatenations per
+        DC layer). The projections' modules are not called in a joint step: forward
+        hooks on them do not run there (as in the stacked products of a full pass)."""
         queries, kv_global, kv_local = self._projection_pairs()
-        stacked = []
-        with torch.no_grad():
-            for group in (queries + kv_global, kv_local):
-                stacked.append(torch.cat([proj.weight for proj in group]))
-                stacked.append(torch.cat([proj.weight.new_zeros(proj.out_features) if proj.bias is None else proj.bias
-                                          for proj in group]))
-        return tuple(stacked)
+
+        def build():
+            (w_r, b_r), (w_lc, b_lc) = stacked_parameters(queries + kv_global), stacked_parameters(kv_local)
+            return {"w_r": w_r, "b_r": b_r, "w_kv_local": w_lc, "b_kv_local": b_lc}
+
+        return search_constants(self, incremental_state, self._WEIGHTS, self.fi_global.q_proj.weight, build)
 
     def _joint_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
-        """The joint cache with the search's stacked weights; at the search's first joint
-        step (or the first after a pass that took the units' own path), made from the
-        units' cached steps, if any (:meth:`_take_over_caches`)."""
+        """The joint cache; at the search's first joint step (or the first after a pass
+        that took the units' own path), made from the units' cached steps, if any
+        (:meth:`_take_over_caches`)."""
         buffer = self.get_incremental_state(incremental_state, self._JOINT)
-        if not buffer or self._STACKED[0] not in buffer:
+        if not buffer:
             buffer = self._take_over_caches(incremental_state)
-            buffer.update(zip(self._STACKED, self._stacked_weights()))
             self.set_incremental_state(incremental_state, self._JOINT, buffer)
-        weight = self.fi_global.q_proj.weight
-        if buffer["w_r"].dtype != weight.dtype or buffer["w_r"].device != weight.device:
-            buffer.update(zip(self._STACKED, self._stacked_weights()))
         return buffer
 
     def _joint_step(self, r: Tensor, lc: Tensor, key_padding_mask: Optional[Tensor], incremental_state) -> Tensor:
         """``[h_l; h_g]`` (``1 x B x 2C``) of one decoder step: eq. 7 for both FI units
         as one attention of 2H heads over their joint cache (see the class docstring)."""
-        buffer = self._joint_buffer(incremental_state)
-        w_r, b_r, w_kv_lc, b_kv_lc = (buffer[name] for name in self._STACKED)
-        from_r = F.linear(r, w_r, b_r)  # 1 x B x 4C: [q_l, q_g, k_g, v_g]
+        weights = self._stacked_weights(incremental_state)
+        from_r = F.linear(r, weights["w_r"], weights["b_r"])  # 1 x B x 4C: [q_l, q_g, k_g, v_g]
         q = split_heads(from_r[..., : 2 * self.embed_dim], 2 * self.num_heads)  # B x 2H x 1 x Dh: [q_l, q_g]
-        k, v, padding = self._append_joint(buffer, F.linear(lc, w_kv_lc, b_kv_lc), from_r[..., 2 * self.embed_dim:],
-                                           key_padding_mask)
+        kv_local = F.linear(lc, weights["w_kv_local"], weights["b_kv_local"])
+        k, v, padding = self._append_joint(self._joint_buffer(incremental_state), kv_local,
+                                           from_r[..., 2 * self.embed_dim:], key_padding_mask)
         return merge_heads(last_keys_attention(q, k, v, self.fi_global.scaling, used_padding(padding), None))
 
     def _append_joint(self, buffer: Dict[str, Optional[Tensor]], kv_local: Tensor, kv_global: Tensor,
@@ -474,9 +464,9 @@ class DualContextModule(nn.Module, Observable):
         buffer = self.get_incremental_state(incremental_state, self._JOINT)
         if not buffer or buffer.get("kv") is None:
             return
-        kv = buffer["kv"]
-        rows = torch.cat([new_order, new_order + kv.size(0) // 2])  # the keys' rows, then the values'
-        buffer["kv_store"], buffer["kv"] = _reordered(buffer["kv_store"], kv.size(2), rows)
+        length = buffer["kv"].size(2)
+        buffer["kv_store"] = reordered_key_value_rows(buffer["kv_store"], length, new_order)
+        buffer["kv"] = _steps_view(buffer["kv_store"], length)
         if buffer.get("padding") is not None:
             buffer["padding"] = buffer["padding"].index_select(0, new_order)
         self.set_incremental_state(incremental_state, self._JOINT, buffer)

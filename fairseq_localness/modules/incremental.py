@@ -20,7 +20,7 @@ copies of ``torch.cat`` and the reorder took 58% of its self-attention sublayer'
 time at 256 steps (docs/benchmark_appendix.md, "Dec-DC's beam search at long
 sentences").
 """
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -83,6 +83,30 @@ def _reordered(store: Tensor, length: int, new_order: Tensor) -> Tuple[Tensor, T
     reordered = store.new_empty(store.size(0), new_order.numel(), *store.shape[2:])
     torch.index_select(store[:length], 1, new_order, out=reordered[:length])
     return reordered, _steps_view(reordered, length)
+
+
+def reordered_key_value_rows(store: Tensor, length: int, new_order: Tensor) -> Tensor:
+    """A store of keys and values (``cap x 2B x ...``: per step the keys of the B rows,
+    then their values) with the same room, holding its first ``length`` steps with
+    both halves reordered along the batch (``new_order``, of B' rows: ``cap x 2B' x
+    ...``)."""
+    rows = torch.cat([new_order, new_order + store.size(1) // 2])  # the keys' rows, then the values'
+    return _reordered(store, length, rows)[0]
+
+
+def search_constants(module: nn.Module, incremental_state, key: str, parameter: Tensor,
+                     build: Callable[[], Dict[str, Tensor]]) -> Dict[str, Tensor]:
+    """Tensors that ``build`` makes from ``module``'s parameters (stacked weights of a
+    step's products), made at a search's first step and kept in its
+    ``incremental_state`` under ``key``: a search's parameters do not change, and the
+    next search makes them again; so does a step after ``parameter`` moved to another
+    dtype or device. ``build`` runs without gradients."""
+    made = module.get_incremental_state(incremental_state, key)
+    if not made or any(t.dtype != parameter.dtype or t.device != parameter.device for t in made.values()):
+        with torch.no_grad():
+            made = build()
+        module.set_incremental_state(incremental_state, key, made)
+    return made
 
 
 def grown_store(store: Optional[Tensor], steps: Optional[Tensor], total: int, steps_shape, like: Tensor) -> Tensor:

@@ -83,6 +83,16 @@ class _StackedLinear(torch.autograd.Function):
         return (grad_x, *grad_w, *grad_b)
 
 
+def stacked_parameters(projections: Sequence[nn.Linear]) -> Tuple[Tensor, Tensor]:
+    """The weights of the ``nn.Linear`` modules ``projections`` stacked, and their
+    biases (zeros for a projection without one): the parameters of one product that
+    computes them all, as a tensor of its own (built without gradients by the callers:
+    a beam search's steps)."""
+    return (torch.cat([proj.weight for proj in projections]),
+            torch.cat([proj.weight.new_zeros(proj.out_features) if proj.bias is None else proj.bias
+                       for proj in projections]))
+
+
 def stacked_projection(x: Tensor, projections: Sequence[nn.Linear]) -> Tensor:
     """The outputs of the ``nn.Linear`` modules ``projections`` (each with a bias) on the
     same input ``x`` side by side, ``... x (out_1 + ... + out_n)``, computed as one

@@ -56,12 +56,16 @@ class RelativePositions(nn.Module):
         k = self.max_distance
         return distance.clamp(-k, k) + k
 
+    def _buckets(self, tgt_len: int, src_len: int, device) -> Tensor:
+        """``clip(j - i, K) + K``, ``Tq x Tk`` long, queries bottom-right aligned: a view
+        of a table cached per ``(K, device)`` (index distances, which equal
+        real-position distances for every row that is used:
+        :func:`~.context.distance_table`)."""
+        return distance_table(("shaw_bucket", self.max_distance), self._clipped, tgt_len, src_len, device)
+
     def bucket(self, ctx: AttentionContext) -> Tensor:
-        """``clip(j - i, K) + K``, ``1 x 1 x Tq x Tk`` long: a view of a table cached per
-        ``(K, device)`` (index distances, which equal real-position distances for every
-        row that is used: :func:`~.context.distance_table`)."""
-        key = ("shaw_bucket", self.max_distance)
-        return distance_table(key, self._clipped, ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
+        """The call's buckets (:meth:`_buckets`), ``1 x 1 x Tq x Tk``."""
+        return self._buckets(ctx.tgt_len, ctx.src_len, ctx.q.device)[None, None]
 
     def key_per_distance(self, q_scaled: Tensor) -> Tensor:
         """``q_i w^K_r / sqrt(Dh)`` for every query and bucket r: ``B x H x Tq x R``."""
@@ -108,7 +112,7 @@ class RelativePositions(nn.Module):
         bsz, heads, _, head_dim = q.shape
         src_len = k.size(2)
         rows = bsz * heads
-        buckets = distance_table(("shaw_bucket", self.max_distance), self._clipped, 1, src_len, q.device)[0]
+        buckets = self._buckets(1, src_len, q.device)[0]
         q_rows = (q * scale).reshape(rows, 1, head_dim)
         per_bucket = torch.mm(q_rows.view(rows, head_dim), self.key_embeddings.to(q.dtype).t())  # B*H x R
         key_terms = per_bucket.index_select(1, buckets).unsqueeze(1)  # B*H x 1 x Tk
