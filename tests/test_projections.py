@@ -81,7 +81,7 @@ def _pass(core, x, pad):
                        and saved.append(tuple(t.shape))) or t, lambda t: t):
         out, _ = core(x, x, x, key_padding_mask=pad, need_weights=False)
     core.zero_grad(set_to_none=True)
-    (out * torch.linspace(-1, 1, C, dtype=out.dtype)).sum().backward()
+    (out * torch.linspace(-1, 1, C, dtype=out.dtype, device=out.device)).sum().backward()
     return [out, x.grad] + [p.grad.clone() for p in core.parameters()], saved
 
 
