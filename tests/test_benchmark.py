@@ -460,6 +460,18 @@ def test_profile_and_attention_impl(tmp_path, capsys):
             assert "Self CPU" in text and all(op["op"] in text for op in ops)  # whole names
     assert not any("scaled_dot_product" in op["op"] for op in hysan["profile"]["train"])
     assert {"aten::mm", "aten::addmm", "aten::bmm"} & {op["op"] for op in base["profile"]["train"]}
+    # each attention sublayer's forward calls and host time, by side, kind and class
+    sublayers = {}
+    for result in (base, hysan):
+        text = (out / "profile" / f"{bench_run._slug(result['name'])}.train.txt").read_text()
+        lines = text.split("Attention sublayers' forward calls")[1].strip().splitlines()[1:]
+        sublayers[result["name"]] = {line.split("  calls")[0].strip(): int(line.split("calls")[1].split()[0])
+                                     for line in lines if line.strip()}
+    assert sublayers[base["name"]] == {"encoder self_attn (MultiheadAttention)": 2,
+                                       "decoder self_attn (MultiheadAttention)": 2,
+                                       "decoder encoder_attn (MultiheadAttention)": 2}
+    assert "encoder self_attn (AttentionCore)" in sublayers[hysan["name"]]
+    assert sum(sublayers[hysan["name"]].values()) == 6
 
 
 def test_flex_rows_are_observed_on_the_eager_path_and_timed_on_their_own(tmp_path, capsys, monkeypatch):

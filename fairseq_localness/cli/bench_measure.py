@@ -222,15 +222,64 @@ def _timed(fn, device, clock: str = "wall") -> float:
 
 PROFILE_ROWS = 25
 
+# The profiled passes' ranges around each attention sublayer's forward call (host time)
+SUBLAYER_PREFIX = "sublayer: "
+
+
+@contextlib.contextmanager
+def labelled_sublayers(model):
+    """Within it, every self- and encoder-decoder attention of ``model``'s layers runs its
+    forward call inside a profiler range named ``"sublayer: <side> <kind> (<class>)"``,
+    so that a profile shows each sublayer's host time per call beside the others' (the
+    transformer's fairseq ``MultiheadAttention`` against a model's own)."""
+    handles = []
+    for side in ("encoder", "decoder"):
+        for layer in getattr(getattr(model, side, None), "layers", ()):
+            for kind in ("self_attn", "encoder_attn"):
+                module = getattr(layer, kind, None)
+                if module is None:
+                    continue
+                label = f"{SUBLAYER_PREFIX}{side} {kind} ({type(module).__name__})"
+                ranges = []
+
+                def enter(_module, _args, label=label, ranges=ranges):
+                    ranges.append(torch.profiler.record_function(label))
+                    ranges[-1].__enter__()
+
+                def leave(_module, _args, _output, ranges=ranges):
+                    ranges.pop().__exit__(None, None, None)
+
+                handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _sublayer_lines(events) -> List[str]:
+    """The host time of each labelled sublayer (:func:`labelled_sublayers`): calls, CPU
+    time in all and per call (its own ops and what they called, forward only)."""
+    rows = sorted((e for e in events if e.key.startswith(SUBLAYER_PREFIX)), key=lambda e: e.key)
+    if not rows:
+        return []
+    lines = ["", "Attention sublayers' forward calls, host time (CPU time with their children):", ""]
+    lines += [f"{e.key[len(SUBLAYER_PREFIX):]:60s} calls {e.count:5d}  CPU {e.cpu_time_total / 1000.0:9.3f} ms  "
+              f"per call {e.cpu_time_total / 1000.0 / max(e.count, 1):7.3f} ms" for e in rows]
+    return lines + [""]
+
 
 def profile_pass(name: str, fn, device, out_dir: str) -> Tuple[List[dict], Optional[dict]]:
     """Run ``fn`` once under ``torch.profiler`` and write torch's table of the ops with
     the most self time (device time on a GPU, CPU time on a CPU) to
     ``out_dir/<name>.txt``, each name whole (torch cuts names at 55 characters by
-    default, and autograd's are longer); returns those ops as records (name, calls, self ms,
-    share of the pass's total self time) and, on a GPU, the pass's launches: the CUDA
-    kernels, memory copies and fills it ran (``kernels``) and their summed device time
-    (``device_ms``), else ``None``."""
+    default, and autograd's are longer), followed by the host time of each attention
+    sublayer's forward calls where :func:`labelled_sublayers` labelled them; on a GPU
+    also the ops with the most self CPU time to ``out_dir/<name>.host.txt`` (where a
+    step bound by its host spends that time: launches, compiled calls' wrappers).
+    Returns those ops as records (name, calls, self ms, share of the pass's total self
+    time) and, on a GPU, the pass's launches: the CUDA kernels, memory copies and fills
+    it ran (``kernels``) and their summed device time (``device_ms``), else ``None``."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -244,9 +293,13 @@ def profile_pass(name: str, fn, device, out_dir: str) -> Tuple[List[dict], Optio
     total = sum(t for _, t in self_us) or 1.0
     top = sorted(self_us, key=lambda et: -et[1])[:PROFILE_ROWS]
     os.makedirs(out_dir, exist_ok=True)
+    width = max([55] + [len(e.key) + 4 for e, _ in top])  # (torch keeps 4 of it for a margin)
     with open(os.path.join(out_dir, f"{name}.txt"), "w") as f:
-        width = max([55] + [len(e.key) + 4 for e, _ in top])  # (torch keeps 4 of it for a margin)
         f.write(events.table(sort_by=key, row_limit=PROFILE_ROWS, max_name_column_width=width))
+        f.write("\n".join(_sublayer_lines(events)))
+    if device.type == "cuda":  # where a step bound by its host spends that time
+        with open(os.path.join(out_dir, f"{name}.host.txt"), "w") as f:
+            f.write(events.table(sort_by="self_cpu_time_total", row_limit=PROFILE_ROWS, max_name_column_width=width))
     launches = None
     if device.type == "cuda":
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

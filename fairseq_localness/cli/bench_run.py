@@ -13,7 +13,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from fairseq_localness.cli.bench_measure import _timed, measure_decode_flops, measure_static, observable, profile_pass
+from fairseq_localness.cli.bench_measure import (
+    _timed, labelled_sublayers, measure_decode_flops, measure_static, observable, profile_pass,
+)
 from fairseq_localness.cli.bench_model import DTYPES, _decode, _Toy, _train_step, build, make_batch, make_optimizer
 from fairseq_localness.cli.bench_systems import BASELINE, SYSTEMS, select
 
@@ -210,12 +212,14 @@ def run(args) -> List[Result]:
         if args.profile:
             out_dir = os.path.join(args.output_dir, "profile")
             for name, (model, opt) in measured:
-                passes = {
-                    "train": profile_pass(f"{_slug(name)}.train", lambda: _train_step(model, opt, batch),
-                                          device, out_dir),
-                    "decode": profile_pass(f"{_slug(name)}.decode",
-                                           lambda: _decode(model, task, decode_src, args.decode_len), device, out_dir),
-                }
+                with labelled_sublayers(model):
+                    passes = {
+                        "train": profile_pass(f"{_slug(name)}.train", lambda: _train_step(model, opt, batch),
+                                              device, out_dir),
+                        "decode": profile_pass(f"{_slug(name)}.decode",
+                                               lambda: _decode(model, task, decode_src, args.decode_len), device,
+                                               out_dir),
+                    }
                 results[name].profile = {kind: ops for kind, (ops, _) in passes.items()}
                 results[name].launches = {kind: launches for kind, (_, launches) in passes.items() if launches}
         if device.type == "cuda":
