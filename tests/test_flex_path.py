@@ -168,7 +168,7 @@ def test_one_squeeze_gate_over_stacked_branches_equals_the_gate_per_branch(dtype
         x = stacked.clone().requires_grad_(True)
         fusion.zero_grad()
         logged = {}
-        fusion.log_metric = lambda name, value, *a, **k: logged.__setitem__(name, value.float().item())
+        fusion.log_metrics = lambda names, values, *a, **k: logged.update(zip(names, values.float().tolist()))
         out = fusion(make(x), ctx)
         (out.float() * torch.linspace(-1, 1, C)).sum().backward()
         return out.float(), x.grad.float(), [p.grad.float() for p in fusion.parameters()], logged
@@ -272,11 +272,41 @@ def test_the_fused_call_traces_whole_and_compiles_once_for_every_length(monkeypa
                 out = _run(module, x, "flex", padding)
                 torch.testing.assert_close(out * keep, _run(module, x, "eager", padding) * keep, atol=2e-6, rtol=1e-5)
                 graphs.append(counters["stats"]["unique_graphs"])
-        kinds = sorted(name for name, _, _ in flex.COMPILED)
+        kinds = sorted(name for name, _, _, _ in flex.COMPILED)
     finally:
         torch._dynamo.reset()
     assert kinds == ["_attend", "_attend", "_value_term"]  # the call, the far-left call, the value term
     assert graphs[1:] == [graphs[0]] * 2 and graphs[0] <= 2 * len(kinds), graphs
+
+
+def test_static_shapes_compile_a_graph_per_length_under_kinds_of_their_own(monkeypatch):
+    """``flex.DYNAMIC_SHAPES = False`` (what the GPU probe measures against dynamic
+    shapes): each kind compiles under a code object of its own, named ``..._static``,
+    a graph per length, with the same outputs; switching back takes the dynamic
+    kinds again."""
+    counters = _traced_on_the_cpu(monkeypatch)
+    module = _module("gaussian+shaw", False).eval()
+    monkeypatch.setattr(flex, "DYNAMIC_SHAPES", False)
+    graphs = []
+    try:
+        with torch.no_grad():
+            for T in (9, 12):
+                x = torch.randn(T, B, C)
+                padding = _padding("left", B, T, [T, 5, 2])
+                keep = (~padding).t().unsqueeze(-1).float()
+                out = _run(module, x, "flex", padding)
+                torch.testing.assert_close(out * keep, _run(module, x, "eager", padding) * keep, atol=2e-6, rtol=1e-5)
+                graphs.append(counters["stats"]["unique_graphs"])
+        static = dict(flex.COMPILED)
+        monkeypatch.setattr(flex, "DYNAMIC_SHAPES", True)
+        with torch.no_grad():
+            _run(module, torch.randn(9, B, C), "flex", None)
+    finally:
+        torch._dynamo.reset()
+    assert {dynamic for *_, dynamic in static} == {False} and len(static) == 3
+    assert all(fn._torchdynamo_orig_callable.__name__.endswith("_static") for fn in static.values())
+    assert graphs[1] > graphs[0]  # the second length compiled again
+    assert {dynamic for *_, dynamic in flex.COMPILED} == {False, True}
 
 
 # Every model's attention kinds: the systems of the benchmark at the tiny size.
@@ -372,7 +402,7 @@ def test_the_compiled_graphs_hold_no_tensor_constants(monkeypatch):
             with torch.no_grad():
                 src, src_lengths, prev, _ = random_batch(task, [9, 6, 4], seed=0)
                 model(src, src_lengths, prev)
-        kinds = sorted(name for name, _, _ in flex.COMPILED)
+        kinds = sorted(name for name, _, _, _ in flex.COMPILED)
     finally:
         torch._dynamo.reset()
     assert "_value_term" in kinds and kinds.count("_attend") >= 5, kinds

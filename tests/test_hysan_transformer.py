@@ -242,7 +242,7 @@ def test_gated_sum_recomputed_in_backward_equals_the_plain_computation(gate_bias
                            self_attention=True)
     outs = [torch.randn(2, H, 4, C // H, dtype=dtype, requires_grad=True) for _ in range(3)]
     logged = {}
-    fusion.log_metric = lambda name, value, *a, **k: logged.__setitem__(name, value)
+    fusion.log_metrics = lambda names, values, *a, **k: logged.update(zip(names, values))
     weight = torch.randn(4, 2, C, dtype=dtype)
     fused = fusion(outs, ctx)
     (fused * weight).sum().backward()

@@ -306,8 +306,10 @@ def check_settings(settings: Dict[str, object], file: str, plain: bool = True, b
     command_line_generation(settings, file)
 
 
-METERS = frozenset({"AverageMeter", "SumMeter", "ConcatTensorMeter", "TimeMeter", "StopwatchMeter"})
-"""The meters of fairseq's logging, which its metrics state names by class."""
+METERS = frozenset({"AverageMeter", "SumMeter", "ConcatTensorMeter", "TimeMeter", "StopwatchMeter",
+                    "LocalityMetricMeter"})
+"""The meters of fairseq's logging, which its metrics state names by class, and this
+package's (:class:`~fairseq_localness.modules.observe.LocalityMetricMeter`)."""
 _NUMBER = (int, float)
 
 
@@ -329,6 +331,21 @@ def _number(value, file, where, none=True):
     if isinstance(value, (np.ndarray, np.generic)) and value.size == 1 and value.dtype.kind in "biuf":
         return
     raise MalformedCheckpointError(file, f"its {where} is a {_describe(value)}, not a number")
+
+
+def _locality_meter(state: dict, file: str, where: str):
+    """A :class:`~fairseq_localness.modules.observe.LocalityMetricMeter`'s state: its
+    weighted sum and weight (numbers) and its rounding (a small integer or None)."""
+    if set(state) - {"sum", "weight", "round"} or not {"sum", "weight"} <= set(state):
+        raise MalformedCheckpointError(file, f"its {where} has the entries {sorted(state)}, not a metric meter's "
+                                       "(sum, weight, round)")
+    _number(state["sum"], file, f"{where} sum", none=False)
+    _number(state["weight"], file, f"{where} weight", none=False)
+    rounding = state.get("round")
+    if rounding is not None and not (isinstance(rounding, int) and not isinstance(rounding, bool)
+                                     and 0 <= rounding <= 20):
+        raise MalformedCheckpointError(file, f"its {where} round is {_describe(rounding)}, not an integer "
+                                       "from 0 to 20 or None")
 
 
 def check_structure(state, file: str):
@@ -388,6 +405,10 @@ def check_structure(state, file: str):
         if not ok:
             raise MalformedCheckpointError(file, "its extra_state's metrics are not fairseq's (priority, name, "
                                            f"meter, state) with its own meters ({', '.join(sorted(METERS))})")
+        for name, meters in metrics.items():
+            for _, key, meter, meter_state in meters:
+                if meter == "LocalityMetricMeter":
+                    _locality_meter(meter_state, file, f"extra_state's metrics {name}/{key}")
     check_history(state, file)
 
 

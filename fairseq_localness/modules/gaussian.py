@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_localness.modules.context import AttentionBranch, AttentionContext
-from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, masked_mean
+from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, masked_means
 from fairseq_localness.modules.scores import Description, GaussianScore
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
@@ -239,6 +239,7 @@ class GaussianLocalness(AttentionBranch):
             dt = compute_dtype(ctx)
             keep = ctx.query_keep()
             keep = None if keep is None else keep[:, None]  # B x 1 x Tq
-            offset = centre - ctx.q_pos.unsqueeze(1).to(dt) if ctx.self_attention else centre
-            self.log_metric("centre_offset" if ctx.self_attention else "centre", masked_mean(offset, keep))
-            self.log_metric("window", masked_mean(window, keep))
+            with torch.no_grad():
+                offset = centre - ctx.q_pos.unsqueeze(1).to(dt) if ctx.self_attention else centre
+                names = ("centre_offset" if ctx.self_attention else "centre", "window")
+                self.log_metrics(names, masked_means((offset, window), keep))

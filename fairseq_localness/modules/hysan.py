@@ -85,7 +85,7 @@ from fairseq_localness.modules.context import AttentionContext
 from fairseq_localness.modules.fusion import (
     ConcatFusion, EagerOutputs, Fusion, SumFusion, merge_branches, merge_heads, split_branches, split_heads,
 )
-from fairseq_localness.modules.observe import gate_key, masked_mean
+from fairseq_localness.modules.observe import gate_key, masked_means
 
 SIDES = ("encoder", "decoder")
 FUSIONS = ("sum", "concat", "gated")
@@ -200,8 +200,8 @@ class GatedSumFusion(Fusion):
                 fused, gates = _StackedGatedSum.apply(stacked, *params)
             else:  # beam search: the same forward without the autograd function's bookkeeping
                 fused, _, gates = _stacked_gated_sum(stacked, *params)
-            if want_gates:  # (Tq*L*B) x C -> one Tq x B x C per branch
-                gates = gates.view(stacked.size(3), len(self.names), -1, gates.size(-1)).unbind(1)
+            if want_gates:  # (Tq*L*B) x C -> L x Tq x B x C (a view)
+                gates = gates.view(stacked.size(3), len(self.names), -1, gates.size(-1)).transpose(0, 1)
         else:
             keep_merged = isinstance(outputs, EagerOutputs)
             fused, *gates = _GatedSum.apply(want_gates, keep_merged, f1.weight, f1.bias, f2.weight, f2.bias,
@@ -210,14 +210,20 @@ class GatedSumFusion(Fusion):
             self._observe(gates, ctx)
         return fused
 
-    def _observe(self, gates: Sequence[Tensor], ctx: AttentionContext):
-        """Log and record each branch's gate values (``Tq x B x C`` each)."""
-        keep = ctx.query_keep() if self.logging_metrics else None
-        keep = None if keep is None else keep.t().unsqueeze(-1)  # Tq x B x 1
-        for name, gate in zip(self.names, gates):
-            if self.logging_metrics:
-                self.log_metric(gate_key(name), masked_mean(gate, keep))
-            if self.recording:
+    def _observe(self, gates, ctx: AttentionContext):
+        """Log and record each branch's gate values (``Tq x B x C`` each; ``gates``: one
+        per branch, or all of them as one ``L x Tq x B x C``): the L means over the real
+        tokens and the channels as one :meth:`log_metrics` call."""
+        if self.logging_metrics:
+            keep = ctx.query_keep()
+            keep = None if keep is None else keep.t().unsqueeze(-1)  # Tq x B x 1
+            values = gates
+            if not isinstance(gates, Tensor):  # (the channels averaged first: no copy of the gates)
+                values = torch.stack([gate.sum(-1, keepdim=True, dtype=torch.float32) / gate.size(-1)
+                                      for gate in gates])
+            self.log_metrics([gate_key(name) for name in self.names], masked_means(values, keep))
+        if self.recording:
+            for name, gate in zip(self.names, gates):
                 self.record(gate_key(name), gate.float().mean(-1).t())  # B x Tq
 
 

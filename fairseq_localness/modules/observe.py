@@ -4,12 +4,16 @@ Two channels, both cheap when unused:
 
 * **Metrics.** When :attr:`Observable.logging_metrics` says so (the one policy: the
   module is labelled and the pass is one of its ``metric_passes``, training and/or
-  fairseq's validation), modules call :meth:`Observable.log_metric` with a detached
-  tensor; it goes to fairseq's ``metrics.log_scalar`` under the module's
-  ``metric_prefix`` (set when the model is built, e.g. ``enc1``), so the mean Gaussian
-  centre offset, window, gate, ... of every layer appear in fairseq's training and
-  validation logs. Values stay on the device (fairseq's meters accept tensors), so
-  logging adds no sync.
+  fairseq's validation), modules call :meth:`Observable.log_metrics` with the values
+  of one forward call, detached, as one tensor; they go to fairseq's meters under the
+  module's ``metric_prefix`` (set when the model is built, e.g. ``enc1``), so the mean
+  Gaussian centre offset, window, gate, ... of every layer appear in fairseq's
+  training and validation logs. Values stay on the device, so logging adds no sync,
+  and a call costs one operator (:class:`MetricSums`: its values added to the
+  module's running sums), where a scalar per metric through fairseq's
+  ``AverageMeter`` costs two per metric and per open aggregator (fairseq-train has
+  three open in a training step): on a GPU, launches, which bound a Transformer-base
+  step's speed. fairseq reads the means at its log intervals (:class:`LocalityMetricMeter`).
 * **Recording.** ``with AttentionRecorder(model) as rec:`` makes every observable
   module keep its per-token tensors (centres P, windows D, gates, branch
   distributions) during the forward passes run inside the block; ``rec.records``
@@ -18,8 +22,9 @@ Two channels, both cheap when unused:
   and functions below (:data:`CENTRE`, :func:`probs_key`, ...), shared by the modules
   that record and the analysis tools that read.
 """
+import functools
 from collections import defaultdict
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -110,11 +115,111 @@ class Observable:
     def log_metric(self, name: str, value: Tensor, weight: float = 1.0, round: int = 3):
         """Log a scalar (a 0-d tensor) as ``<metric_prefix>_<name>``; callers check
         :attr:`logging_metrics` first (and skip computing the value otherwise)."""
+        self.log_metrics((name,), value.reshape(1), weight, round)
+
+    def log_metrics(self, names: Sequence[str], values: Tensor, weight: float = 1.0, round: int = 3):
+        """Log ``values[i]`` (``values``: one value per name, a tensor of ``len(names)``)
+        as ``<metric_prefix>_<names[i]>``, each weighted by ``weight`` (a number), in
+        one operator on the device (:class:`MetricSums`); fairseq's logs show each
+        metric's weighted mean over the steps of its interval (:class:`LocalityMetricMeter`).
+        Callers check :attr:`logging_metrics` first."""
         if self.metric_prefix is None:
             return
         from fairseq.logging import metrics
 
-        metrics.log_scalar(f"{self.metric_prefix}_{name}", value.detach().float(), weight, round=round)
+        names = tuple(names)
+        if values.shape != (len(names),):
+            raise ValueError(f"log_metrics: {len(names)} names need a tensor of {len(names)} values, "
+                             f"got shape {tuple(values.shape)}")
+        sums_by_names = self.__dict__.setdefault("_metric_sums", {})
+        sums = sums_by_names.setdefault((bool(getattr(self, "training", False)), names), MetricSums())
+        meter = functools.partial(LocalityMetricMeter, round=round)
+        for index, name in enumerate(names):  # (Python only: each open aggregator's meter notes the sums)
+            metrics.log_custom(meter, f"{self.metric_prefix}_{name}", sums, index, priority=10)
+        sums.add(values.detach(), weight)
+
+
+def _register_meter():
+    """Make :class:`LocalityMetricMeter` restorable from a checkpoint: fairseq's
+    ``MetersDict.load_state_dict`` finds a meter's class by name among
+    ``fairseq.logging.meters``'s globals."""
+    try:
+        from fairseq.logging import meters
+    except ImportError:  # pragma: no cover - fairseq is a dependency
+        return
+    setattr(meters, LocalityMetricMeter.__name__, LocalityMetricMeter)
+
+
+class MetricSums:
+    """The running sums of one module's metrics: ``sum_steps weight * value`` per metric
+    on the device (one ``add_`` per step for all of them) and ``sum_steps weight`` on
+    the host. One per module, training or evaluation mode, and list of names."""
+
+    def __init__(self):
+        self.sums: Optional[Tensor] = None
+        self.weight = 0.0
+
+    def add(self, values: Tensor, weight: float = 1.0):
+        scaled = values.float() if weight == 1.0 else values.float() * weight
+        if self.sums is None:
+            self.sums = scaled.clone() if scaled is values else scaled
+        else:
+            self.sums.add_(scaled)
+        self.weight += float(weight)
+
+
+class LocalityMetricMeter:
+    """A fairseq meter of one metric of a :class:`MetricSums`: the weighted mean of the
+    values added since the meter's first update (after its creation or a reset), as
+    fairseq's ``AverageMeter`` gives it, read from the sums only when fairseq asks
+    (its log intervals, a checkpoint). Its state is two numbers and the rounding, so a
+    checkpoint keeps it (fairseq restores a meter by its class's name in
+    ``fairseq.logging.meters``, where this package registers it)."""
+
+    def __init__(self, round: Optional[int] = None):
+        self.round = round
+        self.reset()
+
+    def reset(self):
+        self.base_sum, self.base_weight = 0.0, 0.0  # (restored from a checkpoint, or a former MetricSums)
+        self.source: Optional[MetricSums] = None
+        self.index = 0
+        self.start: Optional[Tensor] = None
+        self.start_weight = 0.0
+
+    def update(self, sums: MetricSums, index: int):
+        if sums is self.source and index == self.index:
+            return
+        if self.source is not None:  # (the same metric from new sums: keep what the old ones gave)
+            self.base_sum, self.base_weight = self._totals()
+        self.source, self.index = sums, index
+        self.start = None if sums.sums is None else sums.sums[index].clone()  # the sums before this step's
+        self.start_weight = sums.weight
+
+    def _totals(self) -> Tuple[float, float]:
+        if self.source is None or self.source.sums is None:
+            return self.base_sum, self.base_weight
+        added = self.source.sums[self.index] - (0.0 if self.start is None else self.start)
+        return self.base_sum + float(added), self.base_weight + self.source.weight - self.start_weight
+
+    @property
+    def avg(self) -> Optional[float]:
+        total, weight = self._totals()
+        return total / weight if weight > 0 else None
+
+    @property
+    def smoothed_value(self) -> Optional[float]:
+        value = self.avg
+        return value if value is None or self.round is None else round(value, self.round)
+
+    def state_dict(self):
+        total, weight = self._totals()
+        return {"sum": total, "weight": weight, "round": self.round}
+
+    def load_state_dict(self, state_dict):
+        self.reset()
+        self.base_sum, self.base_weight = float(state_dict["sum"]), float(state_dict["weight"])
+        self.round = state_dict.get("round")
 
 
 class AttentionRecorder:
@@ -166,6 +271,24 @@ class AttentionRecorder:
 
 
 @torch.no_grad()
+def masked_means(values, keep: Optional[Tensor]) -> Tensor:
+    """The means of ``values[m]`` (``M x ...``, or a sequence of M tensors of one shape)
+    over the positions where ``keep`` is True (``keep`` broadcasts to each
+    ``values[m]``), as one float32 tensor of M: what :func:`masked_mean` gives for each,
+    in one pass for all (for one :meth:`Observable.log_metrics` call)."""
+    if not isinstance(values, Tensor):
+        values = torch.stack(list(values))
+    if keep is None:
+        return values.reshape(values.size(0), -1).mean(1, dtype=torch.float32)
+    keep = keep.reshape((1,) * (values.dim() - keep.dim()) + tuple(keep.shape))
+    spread = [d for d in range(1, values.dim()) if keep.size(d) == 1 and values.size(d) != 1]
+    per_kept = values.sum(spread, keepdim=True, dtype=torch.float32) if spread else values.float()
+    copies = values[0].numel() // per_kept[0].numel()  # the elements of a value behind each element of keep
+    kept = keep.sum(dtype=torch.float32).clamp(min=1.0 / copies)
+    return (per_kept * keep).sum(list(range(1, values.dim()))).div_(kept * copies)
+
+
+@torch.no_grad()
 def masked_mean(value: Tensor, keep: Optional[Tensor]) -> Tensor:
     """Mean of ``value`` over the positions where ``keep`` is True (``keep`` broadcasts
     to ``value``: e.g. a gate ``Tq x B x C`` and the real tokens ``Tq x B x 1``).
@@ -180,3 +303,6 @@ def masked_mean(value: Tensor, keep: Optional[Tensor]) -> Tensor:
     copies = value.numel() // per_kept.numel()  # the elements of value behind each element of keep
     kept = keep.sum(dtype=torch.float32) * copies
     return (per_kept * keep).sum() / kept.clamp(min=1.0)
+
+
+_register_meter()

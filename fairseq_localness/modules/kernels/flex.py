@@ -180,7 +180,12 @@ def _specialized(q: Tensor) -> tuple:
     return (q.size(1), q.size(0) == 1)
 
 
-# (function name, variant, backend) -> the compiled function (:func:`_compiled`)
+# Whether a kind of call is compiled with dynamic shapes from its first call (see
+# :func:`_compiled`); False compiles a graph per shape, for measuring what dynamic
+# shapes cost the kernels (``scripts/gpu_attention_probe.py --static``).
+DYNAMIC_SHAPES = True
+
+# (function name, variant, backend, dynamic shapes) -> the compiled function (:func:`_compiled`)
 COMPILED = {}
 
 
@@ -199,13 +204,15 @@ def _compiled(key: tuple, backend: str, function=_attend):
     has its own code object and compiles with dynamic shapes from the first call
     (``dynamic=True``).
     """
-    compiled = COMPILED.get((function.__name__, key, backend))
+    dynamic = DYNAMIC_SHAPES
+    compiled = COMPILED.get((function.__name__, key, backend, dynamic))
     if compiled is None:
         name = function.__name__ + "_" + "_".join(str(part) for part in key).replace("torch.", "").replace(".", "_")
+        name += "" if dynamic else "_static"
         code = function.__code__.replace(co_name=name, co_qualname=name)
         copy = types.FunctionType(code, function.__globals__, name, function.__defaults__, function.__closure__)
-        compiled = torch.compile(copy, fullgraph=True, dynamic=True, backend=backend)
-        COMPILED[(function.__name__, key, backend)] = compiled
+        compiled = torch.compile(copy, fullgraph=True, dynamic=dynamic, backend=backend)
+        COMPILED[(function.__name__, key, backend, dynamic)] = compiled
     return compiled
 
 

@@ -1,0 +1,217 @@
+"""One attention sublayer of each system, forward and backward, timed on the host and on
+the device: where a training step bound by its host loses its time.
+
+    python scripts/gpu_attention_probe.py [--systems NAME ...] [--shapes 32x128,8x512]
+        [--variants auto,static,eager] [--dtype bf16] [--size wmt_en_de] [--iters 10]
+        [--out FILE] [--cpu]
+
+For each system of the benchmark (``fairseq-localness-bench --list``; default: the
+transformer and each model's main system) the first encoder and the first decoder
+layer whose self-attention is the model's own (the transformer: its first layers,
+fairseq's ``MultiheadAttention``) are called as fairseq's layers call them (``T x B x
+C`` input, the source's padding on the left in the encoder, the future mask in the
+decoder), forward and backward, at each shape ``B x T``. Per variant of the attention
+path (``--variants``):
+
+* ``auto``: the model as it trains (on CUDA the fused FlexAttention calls, compiled
+  with dynamic shapes);
+* ``static``: the same with the fused calls compiled for each shape
+  (``flex.DYNAMIC_SHAPES = False``);
+* ``eager``: every core on the eager reference path (``attention_impl="eager"``).
+
+Columns: ``host ms``, the time until the Python calls of one forward and backward pass
+return (the launches, the wrappers of compiled calls); ``wall ms``, one pass with the
+device synchronized (median over ``--iters`` passes after 2 warm-ups, which compile);
+on a GPU, ``kernels`` and ``GPU ms`` (the kernels, copies and fills of one profiled
+pass and their summed device time) and the three kernels with the most device time,
+each with its calls and time per call. The transformer's sublayers are the baseline
+of each shape. The table goes to ``--out`` (default: standard output).
+
+On a CPU (``--cpu``, or no GPU) the same runs on the CPU's paths, without the GPU
+columns (for the tests)."""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fairseq_localness.cli import bench_model  # noqa: E402
+from fairseq_localness.cli.bench_systems import BASELINE, SYSTEMS  # noqa: E402
+
+DEFAULT_SYSTEMS = [BASELINE, "localness (query, enc 1-3)", "localness + rel_pos", "hybrid (gate, enc 1-2)",
+                   "hysan e1 (gated)", "enc-dc (f=2)", "dec-dc (f=2)", "full-dc (f=2)"]
+VARIANTS = ("auto", "static", "eager")
+
+
+def _shape(text: str):
+    try:
+        bsz, length = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BxT, e.g. 32x128, got {text!r}") from None
+    if bsz < 1 or length < 2:
+        raise argparse.ArgumentTypeError(f"B >= 1 and T >= 2, got {text!r}")
+    return bsz, length
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="gpu_attention_probe.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, metavar="NAME")
+    p.add_argument("--shapes", default="32x128,8x512", help="comma-separated B x T (default 32x128,8x512)")
+    p.add_argument("--variants", default="auto,static,eager", help="of " + ", ".join(VARIANTS))
+    p.add_argument("--dtype", default="bf16", choices=sorted(bench_model.DTYPES))
+    p.add_argument("--size", default="wmt_en_de", help="the architecture's size suffix (default wmt_en_de)")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--out", default=None, help="write the table here (default: standard output)")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is present")
+    args = p.parse_args(argv)
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        p.error(f"--systems: unknown {', '.join(map(repr, unknown))} (see fairseq-localness-bench --list)")
+    try:
+        args.shapes = [_shape(s) for s in args.shapes.split(",")]
+    except argparse.ArgumentTypeError as error:
+        p.error(f"--shapes: {error}")
+    args.variants = args.variants.split(",")
+    bad = [v for v in args.variants if v not in VARIANTS]
+    if bad:
+        p.error(f"--variants: unknown {', '.join(map(repr, bad))} (allowed: {', '.join(VARIANTS)})")
+    if args.iters < 1:
+        p.error("--iters: at least 1")
+    return args
+
+
+def own_sublayers(model):
+    """``{"encoder": module, "decoder": module}``: each side's first self-attention that
+    is not fairseq's ``MultiheadAttention``, else its first layer's."""
+    from fairseq.modules import MultiheadAttention
+
+    found = {}
+    for side in ("encoder", "decoder"):
+        layers = getattr(model, side).layers
+        own = [layer.self_attn for layer in layers if not isinstance(layer.self_attn, MultiheadAttention)]
+        found[side] = own[0] if own else layers[0].self_attn
+    return found
+
+
+def _inputs(side, bsz, length, dim, device, dtype):
+    x = torch.randn(length, bsz, dim, device=device, dtype=dtype, requires_grad=True)
+    if side == "encoder":  # lengths down to 80% of T, padded on the left as fairseq's source
+        padding = torch.zeros(bsz, length, dtype=torch.bool, device=device)
+        for b in range(bsz):
+            padding[b, : int(0.2 * length * b / max(bsz - 1, 1))] = True
+        return x, padding, None
+    future = torch.triu(torch.full((length, length), float("-inf"), device=device, dtype=dtype), 1)
+    return x, None, future
+
+
+def _pass(module, x, padding, mask, grad):
+    out = module(x, x, x, key_padding_mask=padding, need_weights=False, attn_mask=mask)[0]
+    out.backward(grad)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(module, side, bsz, length, dim, device, dtype, iters):
+    """The sublayer's host and wall times per forward and backward pass (medians), and
+    on a GPU its kernels, their device time and the top three kernels of one pass."""
+    x, padding, mask = _inputs(side, bsz, length, dim, device, dtype)
+    grad = torch.randn_like(x)
+    for _ in range(2):  # warm-up: compiles
+        _pass(module, x, padding, mask, grad)
+    _sync(device)
+    host, wall = [], []
+    for _ in range(iters):
+        _sync(device)
+        start = time.perf_counter()
+        _pass(module, x, padding, mask, grad)
+        host.append(time.perf_counter() - start)
+        _sync(device)
+        wall.append(time.perf_counter() - start)
+    row = dict(host_ms=1000 * statistics.median(host), wall_ms=1000 * statistics.median(wall))
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _pass(module, x, padding, mask, grad)
+            _sync(device)
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        by_name = {}
+        for e in kernels:
+            calls, us = by_name.get(e.name, (0, 0.0))
+            by_name[e.name] = (calls + 1, us + e.time_range.elapsed_us())
+        top = sorted(by_name.items(), key=lambda item: -item[1][1])[:3]
+        row.update(kernels=len(kernels), gpu_ms=sum(us for _, us in by_name.values()) / 1000.0,
+                   top="; ".join(f"{name[:48]} x{calls} {us / calls:.0f} us" for name, (calls, us) in top))
+    return row
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from fairseq_localness.modules.attention import set_attention_impl
+    from fairseq_localness.modules.kernels import flex
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    dtype = bench_model.DTYPES[args.dtype]
+    problem = bench_model.check_dtype(args.dtype, device.type, *(
+        (torch.cuda.get_device_name(), torch.cuda.get_device_capability()) if device.type == "cuda" else ()))
+    if problem:
+        print(f"gpu_attention_probe.py: error: --dtype {args.dtype}: {problem}", file=sys.stderr)
+        return 2
+    task = bench_model._Toy(32000 if args.size.startswith("wmt") else 1000)
+    gpu = device.type == "cuda"
+    head = ["system", "sublayer", "B x T", "variant", "host ms", "wall ms", "host ratio"]
+    head += ["kernels", "GPU ms", "top kernels (calls, time per call)"] if gpu else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = {}
+    systems = [BASELINE] + [s for s in args.systems if s != BASELINE]
+    for name in systems:
+        model_name, options = SYSTEMS[name]
+        _, model = bench_model.build(model_name, args.size, options, task, device, dtype)
+        model.train()
+        for side, module in own_sublayers(model).items():
+            for bsz, length in args.shapes:
+                for variant in (["auto"] if name == BASELINE else args.variants):
+                    set_attention_impl(model, "eager" if variant == "eager" else "auto")
+                    flex.DYNAMIC_SHAPES = variant != "static"
+                    try:
+                        dim = getattr(model, side).embed_tokens.embedding_dim
+                        row = measure(module, side, bsz, length, dim, device, dtype, args.iters)
+                    except Exception as error:  # noqa: BLE001 - reported in the row, the others measured
+                        lines.append(f"| {name} | {side} | {bsz} x {length} | {variant} | failed: "
+                                     f"{type(error).__name__}: {str(error).splitlines()[0][:100] if str(error) else ''} |")
+                        continue
+                    finally:
+                        flex.DYNAMIC_SHAPES = True
+                    key = (side, bsz, length)
+                    if name == BASELINE:
+                        base[key] = row["host_ms"]
+                    cells = [name, f"{side} ({type(module).__name__})", f"{bsz} x {length}", variant,
+                             f"{row['host_ms']:.2f}", f"{row['wall_ms']:.2f}",
+                             f"{row['host_ms'] / base[key]:.2f}" if key in base else "-"]
+                    if gpu:
+                        cells += [str(row["kernels"]), f"{row['gpu_ms']:.2f}", row["top"].replace("|", "/")]
+                    lines.append("| " + " | ".join(cells) + " |")
+                    print(f"{name}, {side}, {bsz} x {length}, {variant}: host {row['host_ms']:.2f} ms, "
+                          f"wall {row['wall_ms']:.2f} ms", file=sys.stderr, flush=True)
+        del model
+    where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if gpu
+             else f"CPU, torch {torch.__version__}")
+    text = f"Attention sublayers, forward and backward, {args.dtype}, {args.size} ({where}):\n\n"
+    text += "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
