@@ -25,7 +25,9 @@ device synchronized (median over ``--iters`` passes after 2 warm-ups, which comp
 on a GPU, ``kernels`` and ``GPU ms`` (the kernels, copies and fills of one profiled
 pass and their summed device time) and the three kernels with the most device time,
 each with its calls and time per call. The transformer's sublayers are the baseline
-of each shape. The table goes to ``--out`` (default: standard output).
+of each shape. Rows go shape by shape, then variant by variant, then system by system;
+the table goes to ``--out`` after every row (so a run stopped by a time limit keeps
+what it measured), else to standard output at the end.
 
 On a CPU (``--cpu``, or no GPU) the same runs on the CPU's paths, without the GPU
 columns (for the tests)."""
@@ -166,26 +168,44 @@ def main(argv=None) -> int:
         return 2
     task = bench_model._Toy(32000 if args.size.startswith("wmt") else 1000)
     gpu = device.type == "cuda"
+    where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if gpu
+             else f"CPU, torch {torch.__version__}")
     head = ["system", "sublayer", "B x T", "variant", "host ms", "wall ms", "host ratio"]
     head += ["kernels", "GPU ms", "top kernels (calls, time per call)"] if gpu else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = {}
+    base, models = {}, {}
     systems = [BASELINE] + [s for s in args.systems if s != BASELINE]
-    for name in systems:
-        model_name, options = SYSTEMS[name]
-        _, model = bench_model.build(model_name, args.size, options, task, device, dtype)
-        model.train()
-        for side, module in own_sublayers(model).items():
-            for bsz, length in args.shapes:
-                for variant in (["auto"] if name == BASELINE else args.variants):
+
+    def write():  # after every row: a run stopped by its time limit keeps what it measured
+        text = f"Attention sublayers, forward and backward, {args.dtype}, {args.size} ({where}):\n\n"
+        text += "\n".join(lines) + "\n"
+        if args.out:
+            with open(args.out + ".partial", "w") as f:
+                f.write(text)
+            os.replace(args.out + ".partial", args.out)
+        return text
+
+    # each shape, then each variant, then each system: the first shape's rows first
+    for bsz, length in args.shapes:
+        for variant in args.variants:
+            for name in systems:
+                if name == BASELINE and variant != args.variants[0]:
+                    continue  # (fairseq's attention has no variants)
+                if name not in models:
+                    model_name, options = SYSTEMS[name]
+                    models[name] = bench_model.build(model_name, args.size, options, task, device, dtype)[1].train()
+                model = models[name]
+                for side, module in own_sublayers(model).items():
                     set_attention_impl(model, "eager" if variant == "eager" else "auto")
                     flex.DYNAMIC_SHAPES = variant != "static"
                     try:
                         dim = getattr(model, side).embed_tokens.embedding_dim
                         row = measure(module, side, bsz, length, dim, device, dtype, args.iters)
                     except Exception as error:  # noqa: BLE001 - reported in the row, the others measured
+                        reason = str(error).splitlines()[0][:100] if str(error) else ""
                         lines.append(f"| {name} | {side} | {bsz} x {length} | {variant} | failed: "
-                                     f"{type(error).__name__}: {str(error).splitlines()[0][:100] if str(error) else ''} |")
+                                     f"{type(error).__name__}: {reason} |")
+                        write()
                         continue
                     finally:
                         flex.DYNAMIC_SHAPES = True
@@ -198,17 +218,11 @@ def main(argv=None) -> int:
                     if gpu:
                         cells += [str(row["kernels"]), f"{row['gpu_ms']:.2f}", row["top"].replace("|", "/")]
                     lines.append("| " + " | ".join(cells) + " |")
+                    write()
                     print(f"{name}, {side}, {bsz} x {length}, {variant}: host {row['host_ms']:.2f} ms, "
                           f"wall {row['wall_ms']:.2f} ms", file=sys.stderr, flush=True)
-        del model
-    where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if gpu
-             else f"CPU, torch {torch.__version__}")
-    text = f"Attention sublayers, forward and backward, {args.dtype}, {args.size} ({where}):\n\n"
-    text += "\n".join(lines) + "\n"
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
+    text = write()
+    if not args.out:
         sys.stdout.write(text)
     return 0
 

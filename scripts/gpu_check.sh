@@ -4,7 +4,7 @@
 # Usage: gpu_check.sh --data-bin DIR --out DIR [--budget SECONDS] [--stages LIST]
 #                     [--systems LIST] [--bench-systems all] [--dtypes LIST]
 #                     [--updates N] [--run-limit SECONDS] [--bench-limit SECONDS]
-#                     [--bench-impls LIST] [--bench-lengths LIST]
+#                     [--bench-impls LIST] [--bench-lengths LIST] [--probe-limit SECONDS]
 #
 # Stages (--stages; the default, train, fits one 10-minute call with its default budget):
 # train  --updates (default 200) updates of fairseq-train (4,096 tokens per batch,
@@ -31,6 +31,11 @@
 #        so that their compiling (minutes, one system after the other, in the benchmark
 #        itself) is done in parallel into torch's and Triton's caches on disk, which the
 #        benchmark then reads.
+# probe  scripts/gpu_attention_probe.py: one attention sublayer of each system (the
+#        transformer and each model's main system), forward and backward, its host and
+#        device time per path (the fused calls with dynamic shapes, with static shapes,
+#        the eager path), in the first of --dtypes, within --probe-limit seconds:
+#        probe.md.
 # tests  the CUDA tests of the attention core, of the fused kernels and of the stacked
 #        projections and of --bf16's flat master (tests/test_attention_core.py,
 #        tests/test_flex_path.py, tests/test_dc_transformer.py, tests/test_projections.py,
@@ -44,7 +49,7 @@
 # system with fused calls had logged no update 38 s after its start, compiling.
 #
 # Results go to OUT (train.md, train.tsv, train/<system>.<dtype>.log, warm/ (the warm-ups' logs),
-# bench-<dtype>/, tests.txt, device.txt and device.err); OUT/gpu_check.tar.gz holds all of them.
+# bench-<dtype>/, probe.md and probe.log, tests.txt, device.txt and device.err); OUT/gpu_check.tar.gz holds all of them.
 #
 # DIR is a fairseq-preprocess'd folder with a joined dictionary (the demo's:
 # scripts/demo.sh, or fairseq-localness-corpus + prepare_bpe.sh + preprocess.sh). On a
@@ -69,7 +74,10 @@ parse_options "$@" <<'EOF'
 --bench-lengths LIST    BENCH_LENGTHS  text         128,512
     the benchmark's sentence lengths (4,096 tokens per training step at each)
 --stages LIST           STAGES         text         -
-    which of train, bench and tests to run, e.g. "bench tests" (default: train)
+    which of train, bench, probe and tests to run, e.g. "bench tests"
+    (default: train); they run in that order: bench, probe, tests, train
+--probe-limit SECONDS   PROBE_LIMIT    int:30       240
+    the time limit of the probe stage
 --systems LIST          SYSTEMS        text         -
     the training runs' systems (default: transformer localness
     localness-relpos hybrid hysan enc-dc dec-dc full-dc)
@@ -121,7 +129,7 @@ declare -A ARCH=(
     [dec-dc]="dc_transformer_iwslt_de_en --dc-mode dec"
     [full-dc]="dc_transformer_iwslt_de_en --dc-mode full"
 )
-each_of --stages stage "$STAGES" train bench tests
+each_of --stages stage "$STAGES" train bench probe tests
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 for s in $SYSTEMS; do
     [[ -n "${ARCH[$s]:-}" ]] || die "--systems: unknown system '$s' (allowed: ${!ARCH[*]})"
@@ -192,6 +200,18 @@ stage bench && for dtype in $DTYPES; do
         || echo "${PROG}: the $dtype benchmark stopped (exit status $?): see bench-$dtype.log" >&2
     tar -C "$OUT_DIR" -czf "$OUT_DIR/bench-$dtype.tar.gz" "bench-$dtype" "bench-$dtype.log" 2>/dev/null || true
 done
+
+# the attention sublayers, per path (probe.md)
+if stage probe; then
+    t=$(capped "$PROBE_LIMIT")
+    if (( t >= 30 )); then
+        echo "${PROG}: attention probe, ${DTYPES%% *} (at most ${t} s)" >&2
+        timeout "$t" "$PY" "$SCRIPTS_DIR/gpu_attention_probe.py" --dtype "${DTYPES%% *}" --out "$OUT_DIR/probe.md" \
+            > "$OUT_DIR/probe.log" 2>&1 || echo "${PROG}: the probe stopped (exit status $?): see probe.log" >&2
+    else
+        echo "${PROG}: no time left for the probe" >&2
+    fi
+fi
 
 # the CUDA tests (beside nothing: the training runs time themselves)
 if stage tests; then

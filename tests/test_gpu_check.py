@@ -105,7 +105,7 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--stages", "bench speed"], "--stages: unknown stage 'speed' (allowed: train bench tests)"),
+    (["--stages", "bench speed"], "--stages: unknown stage 'speed' (allowed: train bench probe tests)"),
     (["--systems", "transformer gpt"], "--systems: unknown system 'gpt'"),
     (["--budget", "10"], "--budget: expected a whole number >= 60, got '10'"),
     (["--bench-systems", "some"], "--bench-systems: expected one of: all; got 'some'"),
@@ -178,6 +178,14 @@ if [[ "$1 $2" == "-m fairseq_localness.cli.benchmark" ]]; then
         done
     fi
     echo "bench-end repeats=$repeats" >> "$STUB_RUNS"
+    exit 0
+fi
+if [[ "$1" == *gpu_attention_probe.py ]]; then
+    args=" $* "
+    out="${args#* --out }"; out="${out%% *}"
+    dtype="${args#* --dtype }"; dtype="${dtype%% *}"
+    echo "probe $dtype" >> "$STUB_RUNS"
+    echo "| system |" > "$out"
     exit 0
 fi
 if [[ "$1" == *gpu_train_probe.py ]]; then
@@ -288,3 +296,45 @@ def test_a_benchmark_limit_too_short_for_a_warm_up_runs_the_benchmark_alone(tmp_
     assert "benchmark, bf16 (at most 35 s)" in proc.stderr
     assert [line.split(" systems=")[0] for line in runs.read_text().splitlines()] == [
         "bench bf16 impls=auto lengths=128,512 repeats=4 profile=yes", "bench-end repeats=4"]
+
+
+def test_the_probe_stage_runs_the_attention_probe_in_the_first_dtype(tmp_path):
+    """``--stages probe``: scripts/gpu_attention_probe.py in the first of --dtypes, its
+    table to OUT/probe.md, within --probe-limit; the benchmark and the training stage
+    do not run."""
+    data, stub, runs = _stub_machine(tmp_path)
+    out = tmp_path / "out"
+    env = {"PYTHON": str(stub), "STUB_RUNS": str(runs), "REAL_PYTHON": sys.executable}
+    proc = run_script("gpu_check.sh", ["--data-bin", data, "--out", out, "--stages", "probe", "--dtypes", "fp16 bf16",
+                                       "--probe-limit", "45", "--budget", "130"], env=env)
+    assert runs.read_text().splitlines() == ["probe fp16"]
+    assert "attention probe, fp16 (at most 45 s)" in proc.stderr
+    assert (out / "probe.md").read_text() == "| system |\n"
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        assert "./probe.md" in tar.getnames()
+
+
+def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path):
+    """The probe itself on the CPU (no GPU columns): the transformer's first encoder and
+    decoder self-attention (fairseq's) and a model's own, each variant, with host and
+    wall times and the ratio to the transformer's; bad options stop with the option named."""
+    out = tmp_path / "probe.md"
+    script = os.path.join(REPO, "scripts", "gpu_attention_probe.py")
+    proc = subprocess.run([sys.executable, script, "--size", "tiny", "--shapes", "2x8", "--iters", "1", "--dtype",
+                           "fp32", "--cpu", "--systems", "hysan e1 (gated)", "--variants", "auto,eager", "--out",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0][:4] == ["| system", "sublayer", "B x T", "variant"]
+    got = [(r[0][2:], r[1], r[3]) for r in rows[1:]]
+    assert got == [("transformer", "encoder (MultiheadAttention)", "auto"),
+                   ("transformer", "decoder (MultiheadAttention)", "auto"),
+                   ("hysan e1 (gated)", "encoder (AttentionCore)", "auto"),
+                   ("hysan e1 (gated)", "decoder (AttentionCore)", "auto"),
+                   ("hysan e1 (gated)", "encoder (AttentionCore)", "eager"),
+                   ("hysan e1 (gated)", "decoder (AttentionCore)", "eager")]
+    assert all(float(r[4]) > 0 and float(r[5]) >= float(r[4]) * 0.9 for r in rows[1:])
+    assert [r[6].rstrip(" |") for r in rows[1:3]] == ["1.00", "1.00"]
+    bad = subprocess.run([sys.executable, script, "--shapes", "32by128", "--cpu"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "--shapes: expected BxT, e.g. 32x128, got '32by128'" in bad.stderr
