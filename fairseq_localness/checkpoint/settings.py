@@ -45,9 +45,11 @@ The settings' strings are remembered with their paths
 """
 import argparse
 import ast
+import math
 from typing import Dict
 
 import numpy as np
+
 import torch
 
 from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError, short_repr
@@ -339,8 +341,18 @@ def _locality_meter(state: dict, file: str, where: str):
     if set(state) - {"sum", "weight", "round"} or not {"sum", "weight"} <= set(state):
         raise MalformedCheckpointError(file, f"its {where} has the entries {sorted(state)}, not a metric meter's "
                                        "(sum, weight, round)")
-    _number(state["sum"], file, f"{where} sum", none=False)
-    _number(state["weight"], file, f"{where} weight", none=False)
+    for entry in ("sum", "weight"):
+        value = state[entry]
+        _number(value, file, f"{where} {entry}", none=False)
+        if isinstance(value, torch.Tensor) and (value.is_complex() or value.device.type == "meta"):
+            raise MalformedCheckpointError(file, f"its {where} {entry} is a {value.dtype} tensor on "
+                                           f"{value.device.type}, not a real number")
+        try:
+            finite = math.isfinite(float(value))
+        except (OverflowError, ValueError, TypeError, RuntimeError):
+            finite = False
+        if not finite:
+            raise MalformedCheckpointError(file, f"its {where} {entry} is not a finite number")
     rounding = state.get("round")
     if rounding is not None and not (isinstance(rounding, int) and not isinstance(rounding, bool)
                                      and 0 <= rounding <= 20):

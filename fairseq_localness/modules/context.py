@@ -26,6 +26,8 @@ Tk = key length, Dh = head dimension.
   :func:`one_row_softmax`). No host synchronisation on accelerators: the test for an
   empty row (:func:`empty_rows`) inspects a mask's values on CPU tensors only.
 """
+import functools
+import weakref
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
@@ -67,6 +69,7 @@ class AttentionContext:
         self.key_padding_mask = key_padding_mask
         self.causal, self.self_attention = causal, self_attention
         self.cache: Dict[str, Optional[Tensor]] = {}
+        self._positions_given = k_pos is not None
         for name, value in (("q_pos", q_pos), ("k_pos", k_pos), ("lengths", lengths)):
             if value is not None:
                 self.cache[name] = value
@@ -77,8 +80,22 @@ class AttentionContext:
     @property
     def k_pos(self) -> Tensor:
         if "k_pos" not in self.cache:
-            self.cache["k_pos"] = real_positions(self.key_padding_mask, self.src_len, self.q.device)
+            padding = self.key_padding_mask
+            self.cache["k_pos"] = (real_positions(None, self.src_len, self.q.device) if padding is None else
+                                   of_mask(padding, "k_pos", lambda: real_positions(padding, self.src_len, None)))
         return self.cache["k_pos"]
+
+    def k_pos_as(self, dtype: torch.dtype) -> Tensor:
+        """:attr:`k_pos` in ``dtype`` (the Gaussian's key positions), shared like it by
+        the layers of a pass (:func:`of_mask`) unless the positions were given."""
+        key = f"k_pos_{dtype}"
+        if key not in self.cache:
+            padding = self.key_padding_mask
+            if padding is None or self._positions_given:
+                self.cache[key] = self.k_pos.to(dtype)
+            else:
+                self.cache[key] = of_mask(padding, ("k_pos", dtype), lambda: self.k_pos.to(dtype))
+        return self.cache[key]
 
     @property
     def q_pos(self) -> Tensor:
@@ -100,7 +117,8 @@ class AttentionContext:
             elif padding is None:
                 lengths = torch.full((1, tgt_len), float(self.src_len), device=self.q.device)
             else:
-                lengths = (~padding).sum(-1, keepdim=True).float().expand(-1, tgt_len)
+                lengths = of_mask(padding, "lengths", lambda: (~padding).sum(-1, keepdim=True).float())
+                lengths = lengths.expand(-1, tgt_len)
             self.cache["lengths"] = lengths
         return self.cache["lengths"]
 
@@ -123,8 +141,27 @@ class AttentionContext:
         ``keep.t().unsqueeze(-1)`` for ``Tq x B x 1``)."""
         if "query_keep" not in self.cache:
             padding = self.query_padding_mask()
-            self.cache["query_keep"] = None if padding is None else ~padding
+            self.cache["query_keep"] = None if padding is None else of_mask(
+                self.key_padding_mask, ("query_keep", self.tgt_len), lambda: ~padding)
         return self.cache["query_keep"]
+
+    def query_weights(self, transposed: bool = False) -> Optional[Tensor]:
+        """The real queries as weights that sum to 1 (``1 / count`` at each, 0 at
+        padding), ``B x Tq`` float32 (``Tq x B`` where ``transposed``), or None when
+        every query is real: a metric's mean over the real tokens is one product with
+        them (:func:`~.observe.weighted_means`). Shared by the layers of a pass."""
+        keep = self.query_keep()
+        if keep is None:
+            return None
+
+        def weights():
+            counts = keep.sum(dtype=torch.float32).clamp(min=1.0)
+            return keep.float().div_(counts)
+
+        made = of_mask(self.key_padding_mask, ("query_weights", self.tgt_len), weights)
+        if transposed:
+            made = of_mask(self.key_padding_mask, ("query_weights_t", self.tgt_len), lambda: made.t().contiguous())
+        return made
 
     def relative_distance(self) -> Tensor:
         """``j - i`` in real positions, ``B' x 1 x Tq x Tk`` (long), computed once per
@@ -202,12 +239,49 @@ def real_positions(key_padding_mask: Optional[Tensor], src_len: int, device) -> 
     """Position of each key among the real (non-padding) tokens, ``B' x Tk`` long.
 
     With left padding ``[pad, pad, a, b]`` gives ``[0, 0, 0, 1]`` (padding slots get 0;
-    they are masked anyway).
+    they are masked anyway). Without padding ``0 .. Tk - 1``, cached per length and
+    device (:func:`_arange`): do not write into it.
     """
     if key_padding_mask is None:
-        return torch.arange(src_len, device=device).unsqueeze(0)
+        return _arange(src_len, torch.device(device))
     real = (~key_padding_mask).long()
     return (real.cumsum(-1) - 1).clamp_(min=0)
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(length: int, device: torch.device) -> Tensor:
+    with torch.inference_mode(False):  # cached: usable by a later pass with gradients
+        return torch.arange(length, device=device).unsqueeze(0)
+
+
+# What :func:`of_mask` computed, per padding mask: id -> (a weak reference to the mask,
+# what the entries depend on besides it, {name: tensor})
+_OF_MASK: Dict[int, tuple] = {}
+
+
+def of_mask(mask: Tensor, name: Hashable, make: Callable[[], Tensor]) -> Tensor:
+    """``make()``, a tensor that depends only on the padding mask ``mask``, computed
+    once per mask and ``name`` and kept while the mask lives.
+
+    fairseq hands each layer of a pass the same padding mask (its encoder's, the
+    source's to every encoder-decoder attention), so what a call derives from it (the
+    real positions, the sentence lengths, the real queries: a few kernels each) is
+    computed by the first layer and read by the others: on a GPU, whose Transformer-base
+    step is bound by its launches, kernels saved. An entry is dropped when its mask is
+    freed, and not used after the mask is written into (its version counter) or in
+    another inference mode; the tensors made are shared: do not write into them."""
+    key = id(mask)
+    state = (mask._version, torch.is_inference_mode_enabled())
+    entry = _OF_MASK.get(key)
+    if entry is None or entry[0]() is not mask or entry[1] != state:
+        ref = weakref.ref(mask, lambda _ref, key=key: _OF_MASK.pop(key, None)
+                          if _OF_MASK.get(key, (None,))[0] is _ref else None)
+        entry = (ref, state, {})
+        _OF_MASK[key] = entry
+    made = entry[2]
+    if name not in made:
+        made[name] = make()
+    return made[name]
 
 
 def build_context(query: Tensor, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], causal: bool,

@@ -53,8 +53,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.context import AttentionBranch, AttentionContext
-from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, masked_means
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext, of_mask
+from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, weighted_means
 from fairseq_localness.modules.scores import Description, GaussianScore
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
@@ -223,7 +223,7 @@ class GaussianLocalness(AttentionBranch):
         if self.min_window == 0:
             sigma = sigma.clamp(min=1e-10)  # only the division is guarded (module docstring)
         self._observe(ctx, centre, window)
-        return Description(scores=(GaussianScore(centre, sigma, ctx.k_pos.to(compute_dtype(ctx))),))
+        return Description(scores=(GaussianScore(centre, sigma, ctx.k_pos_as(compute_dtype(ctx))),))
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         """G of eq. 5, ``B x H x Tq x Tk`` (float32, or float64)."""
@@ -236,10 +236,25 @@ class GaussianLocalness(AttentionBranch):
             self.record(QUERY_POSITION, ctx.q_pos.expand(ctx.bsz, -1))
             self.record(VISIBLE_KEYS, ctx.lengths.expand(ctx.bsz, -1))
         if self.logging_metrics:
-            dt = compute_dtype(ctx)
-            keep = ctx.query_keep()
-            keep = None if keep is None else keep[:, None]  # B x 1 x Tq
-            with torch.no_grad():
-                offset = centre - ctx.q_pos.unsqueeze(1).to(dt) if ctx.self_attention else centre
-                names = ("centre_offset" if ctx.self_attention else "centre", "window")
-                self.log_metrics(names, masked_means((offset, window), keep))
+            weights = ctx.query_weights()
+            weights = None if weights is None else weights[:, None]  # B x 1 x Tq
+            means = weighted_means((centre, window), weights)
+            if ctx.self_attention:  # the centre's offset from its query: the mean position taken off
+                means = means - _mean_query_position(ctx, weights)
+            self.log_metrics(("centre_offset" if ctx.self_attention else "centre", "window"), means)
+
+
+@torch.no_grad()
+def _mean_query_position(ctx: AttentionContext, weights) -> Tensor:
+    """``[mean q_pos, 0]`` over the real queries (``weights``: :meth:`~AttentionContext.query_weights`
+    as ``B x 1 x Tq``, or None), float32: subtracted from the means of the centres and
+    the windows, it makes the first the mean offset ``P_i - i``. Shared by the layers
+    of a pass where there is padding."""
+    def make():
+        positions = ctx.q_pos.to(torch.float32).expand(ctx.bsz, ctx.tgt_len)
+        mean = positions.mean() if weights is None else (positions * weights[:, 0]).sum()
+        return torch.stack([mean, torch.zeros_like(mean)])
+
+    if weights is None:
+        return make()
+    return of_mask(ctx.key_padding_mask, ("mean_query_position", ctx.tgt_len), make)

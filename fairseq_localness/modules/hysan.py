@@ -85,7 +85,7 @@ from fairseq_localness.modules.context import AttentionContext
 from fairseq_localness.modules.fusion import (
     ConcatFusion, EagerOutputs, Fusion, SumFusion, merge_branches, merge_heads, split_branches, split_heads,
 )
-from fairseq_localness.modules.observe import gate_key, masked_means
+from fairseq_localness.modules.observe import gate_key, weighted_means
 
 SIDES = ("encoder", "decoder")
 FUSIONS = ("sum", "concat", "gated")
@@ -215,13 +215,12 @@ class GatedSumFusion(Fusion):
         per branch, or all of them as one ``L x Tq x B x C``): the L means over the real
         tokens and the channels as one :meth:`log_metrics` call."""
         if self.logging_metrics:
-            keep = ctx.query_keep()
-            keep = None if keep is None else keep.t().unsqueeze(-1)  # Tq x B x 1
+            weights = ctx.query_weights(transposed=True)
+            weights = None if weights is None else weights.unsqueeze(-1)  # Tq x B x 1
             values = gates
             if not isinstance(gates, Tensor):  # (the channels averaged first: no copy of the gates)
-                values = torch.stack([gate.sum(-1, keepdim=True, dtype=torch.float32) / gate.size(-1)
-                                      for gate in gates])
-            self.log_metrics([gate_key(name) for name in self.names], masked_means(values, keep))
+                values = torch.stack([gate.mean(-1, keepdim=True, dtype=torch.float32) for gate in gates])
+            self.log_metrics([gate_key(name) for name in self.names], weighted_means(values, weights))
         if self.recording:
             for name, gate in zip(self.names, gates):
                 self.record(gate_key(name), gate.float().mean(-1).t())  # B x Tq

@@ -9,11 +9,11 @@ Two channels, both cheap when unused:
   module's ``metric_prefix`` (set when the model is built, e.g. ``enc1``), so the mean
   Gaussian centre offset, window, gate, ... of every layer appear in fairseq's
   training and validation logs. Values stay on the device, so logging adds no sync,
-  and a call costs one operator (:class:`MetricSums`: its values added to the
-  module's running sums), where a scalar per metric through fairseq's
-  ``AverageMeter`` costs two per metric and per open aggregator (fairseq-train has
-  three open in a training step): on a GPU, launches, which bound a Transformer-base
-  step's speed. fairseq reads the means at its log intervals (:class:`LocalityMetricMeter`).
+  and a call costs one operator per open aggregator (its values added to running
+  sums), where a scalar per metric through fairseq's ``AverageMeter`` costs two per
+  metric and aggregator (fairseq-train has three open in a training step): on a GPU,
+  launches, which bound a Transformer-base step's speed. fairseq reads the means at
+  its log intervals (:class:`LocalityMetricMeter`).
 * **Recording.** ``with AttentionRecorder(model) as rec:`` makes every observable
   module keep its per-token tensors (centres P, windows D, gates, branch
   distributions) during the forward passes run inside the block; ``rec.records``
@@ -22,8 +22,7 @@ Two channels, both cheap when unused:
   and functions below (:data:`CENTRE`, :func:`probs_key`, ...), shared by the modules
   that record and the analysis tools that read.
 """
-import functools
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -119,9 +118,12 @@ class Observable:
 
     def log_metrics(self, names: Sequence[str], values: Tensor, weight: float = 1.0, round: int = 3):
         """Log ``values[i]`` (``values``: one value per name, a tensor of ``len(names)``)
-        as ``<metric_prefix>_<names[i]>``, each weighted by ``weight`` (a number), in
-        one operator on the device (:class:`MetricSums`); fairseq's logs show each
-        metric's weighted mean over the steps of its interval (:class:`LocalityMetricMeter`).
+        as ``<metric_prefix>_<names[i]>``, each weighted by ``weight`` (a number):
+        one operator on the device per open fairseq aggregator (the call's values added
+        to the running sums of that aggregator's meters, :class:`_Sums`), where a
+        scalar per metric through fairseq's ``AverageMeter`` costs two per metric and
+        aggregator; fairseq's logs show each metric's weighted mean over the steps of
+        its interval, as ``AverageMeter`` gives it (:class:`LocalityMetricMeter`).
         Callers check :attr:`logging_metrics` first."""
         if self.metric_prefix is None:
             return
@@ -131,49 +133,66 @@ class Observable:
         if values.shape != (len(names),):
             raise ValueError(f"log_metrics: {len(names)} names need a tensor of {len(names)} values, "
                              f"got shape {tuple(values.shape)}")
-        sums_by_names = self.__dict__.setdefault("_metric_sums", {})
-        sums = sums_by_names.setdefault((bool(getattr(self, "training", False)), names), MetricSums())
-        meter = functools.partial(LocalityMetricMeter, round=round)
-        for index, name in enumerate(names):  # (Python only: each open aggregator's meter notes the sums)
-            metrics.log_custom(meter, f"{self.metric_prefix}_{name}", sums, index, priority=10)
-        sums.add(values.detach(), weight)
+        owners = self.__dict__.setdefault("_metric_owners", {})
+        owner = owners.setdefault((bool(getattr(self, "training", False)), names), object())
+        keys = [f"{self.metric_prefix}_{name}" for name in names]
+        added = []
+        for aggregator in metrics.get_active_aggregators():
+            meters = [_locality_meter(aggregator, key, round) for key in keys]
+            sums = meters[0].sums_of(owner)
+            if sums is None or any(meter.sums_of(owner) is not sums for meter in meters):
+                sums = _Sums(owner, len(names), values.device)  # (a meter started or reset: new sums)
+                for index, meter in enumerate(meters):
+                    meter.attach(sums, index)
+            if all(sums is not other for other in added):
+                added.append(sums)
+        values = values.detach()
+        for sums in added:
+            sums.add(values, weight)
 
 
-def _register_meter():
-    """Make :class:`LocalityMetricMeter` restorable from a checkpoint: fairseq's
-    ``MetersDict.load_state_dict`` finds a meter's class by name among
-    ``fairseq.logging.meters``'s globals."""
-    try:
-        from fairseq.logging import meters
-    except ImportError:  # pragma: no cover - fairseq is a dependency
-        return
-    setattr(meters, LocalityMetricMeter.__name__, LocalityMetricMeter)
+def _locality_meter(aggregator, key: str, round: Optional[int]) -> "LocalityMetricMeter":
+    """The :class:`LocalityMetricMeter` under ``key`` in a fairseq aggregator, made
+    where there is none; one of fairseq's meters there (an ``AverageMeter`` restored
+    from a checkpoint written before this meter existed) is taken over, its sum and
+    count kept."""
+    meter = aggregator.get(key)
+    if isinstance(meter, LocalityMetricMeter):
+        return meter
+    new = LocalityMetricMeter(round)
+    if meter is None:
+        aggregator.add_meter(key, new, priority=10)
+    else:
+        new.base_sum = float(getattr(meter, "sum", 0.0) or 0.0)
+        new.base_weight = float(getattr(meter, "count", 0.0) or 0.0)
+        OrderedDict.__setitem__(aggregator, key, new)  # (its place and priority kept)
+    return new
 
 
-class MetricSums:
-    """The running sums of one module's metrics: ``sum_steps weight * value`` per metric
-    on the device (one ``add_`` per step for all of them) and ``sum_steps weight`` on
-    the host. One per module, training or evaluation mode, and list of names."""
+class _Sums:
+    """Running sums of one module's metrics for the meters of one fairseq aggregator,
+    from the step at which they started: ``sum_steps weight * value`` per metric on the
+    device (float64, one ``add_`` per step for all of them) and ``sum_steps weight``
+    on the host. ``owner`` stands for the module, its mode and its list of names."""
 
-    def __init__(self):
-        self.sums: Optional[Tensor] = None
+    def __init__(self, owner, count: int, device):
+        self.owner = owner
+        with torch.inference_mode(False):  # (added to in validation under inference mode too)
+            self.sums = torch.zeros(count, dtype=torch.float64, device=device)
         self.weight = 0.0
 
     def add(self, values: Tensor, weight: float = 1.0):
-        scaled = values.float() if weight == 1.0 else values.float() * weight
-        if self.sums is None:
-            self.sums = scaled.clone() if scaled is values else scaled
-        else:
-            self.sums.add_(scaled)
+        self.sums.add_(values, alpha=weight)
         self.weight += float(weight)
 
 
 class LocalityMetricMeter:
-    """A fairseq meter of one metric of a :class:`MetricSums`: the weighted mean of the
-    values added since the meter's first update (after its creation or a reset), as
-    fairseq's ``AverageMeter`` gives it, read from the sums only when fairseq asks
-    (its log intervals, a checkpoint). Its state is two numbers and the rounding, so a
-    checkpoint keeps it (fairseq restores a meter by its class's name in
+    """A fairseq meter of one metric logged by :meth:`Observable.log_metrics`: the
+    weighted mean of the values since its start or last reset, as fairseq's
+    ``AverageMeter`` gives it, read from running sums on the device (:class:`_Sums`, one
+    per module that logs the metric) only when fairseq asks (its log intervals, a
+    checkpoint; one host sync per read). Its state is two numbers and the rounding, so
+    a checkpoint keeps it (fairseq restores a meter by its class's name in
     ``fairseq.logging.meters``, where this package registers it)."""
 
     def __init__(self, round: Optional[int] = None):
@@ -181,26 +200,40 @@ class LocalityMetricMeter:
         self.reset()
 
     def reset(self):
-        self.base_sum, self.base_weight = 0.0, 0.0  # (restored from a checkpoint, or a former MetricSums)
-        self.source: Optional[MetricSums] = None
-        self.index = 0
-        self.start: Optional[Tensor] = None
-        self.start_weight = 0.0
+        self.base_sum, self.base_weight = 0.0, 0.0  # (restored from a checkpoint, or taken over)
+        self.sources: List[Tuple[_Sums, int]] = []
 
-    def update(self, sums: MetricSums, index: int):
-        if sums is self.source and index == self.index:
-            return
-        if self.source is not None:  # (the same metric from new sums: keep what the old ones gave)
-            self.base_sum, self.base_weight = self._totals()
-        self.source, self.index = sums, index
-        self.start = None if sums.sums is None else sums.sums[index].clone()  # the sums before this step's
-        self.start_weight = sums.weight
+    def sums_of(self, owner) -> Optional[_Sums]:
+        """The running sums of ``owner`` this meter reads, or None."""
+        for sums, _ in self.sources:
+            if sums.owner is owner:
+                return sums
+        return None
+
+    def attach(self, sums: _Sums, index: int):
+        """Read ``sums[index]`` from now on (in place of the same owner's former sums,
+        whose totals are kept)."""
+        for position, (old, old_index) in enumerate(self.sources):
+            if old.owner is sums.owner:
+                self.base_sum += float(old.sums[old_index])
+                self.base_weight += old.weight
+                del self.sources[position]
+                break
+        self.sources.append((sums, index))
+
+    def update(self, val, n: float = 1):
+        """A value logged under this meter's name by fairseq's ``log_scalar`` (not this
+        package's way, which adds to the sums): counted as ``AverageMeter`` would."""
+        if val is not None:
+            self.base_sum += float(val) * n
+            self.base_weight += n
 
     def _totals(self) -> Tuple[float, float]:
-        if self.source is None or self.source.sums is None:
-            return self.base_sum, self.base_weight
-        added = self.source.sums[self.index] - (0.0 if self.start is None else self.start)
-        return self.base_sum + float(added), self.base_weight + self.source.weight - self.start_weight
+        total, weight = self.base_sum, self.base_weight
+        for sums, index in self.sources:
+            total += float(sums.sums[index])
+            weight += sums.weight
+        return total, weight
 
     @property
     def avg(self) -> Optional[float]:
@@ -220,6 +253,17 @@ class LocalityMetricMeter:
         self.reset()
         self.base_sum, self.base_weight = float(state_dict["sum"]), float(state_dict["weight"])
         self.round = state_dict.get("round")
+
+
+def _register_meter():
+    """Make :class:`LocalityMetricMeter` restorable from a checkpoint: fairseq's
+    ``MetersDict.load_state_dict`` finds a meter's class by name among
+    ``fairseq.logging.meters``'s globals."""
+    try:
+        from fairseq.logging import meters
+    except ImportError:  # pragma: no cover - fairseq is a dependency
+        return
+    setattr(meters, LocalityMetricMeter.__name__, LocalityMetricMeter)
 
 
 class AttentionRecorder:
@@ -271,21 +315,24 @@ class AttentionRecorder:
 
 
 @torch.no_grad()
-def masked_means(values, keep: Optional[Tensor]) -> Tensor:
+def weighted_means(values, weights: Optional[Tensor]) -> Tensor:
     """The means of ``values[m]`` (``M x ...``, or a sequence of M tensors of one shape)
-    over the positions where ``keep`` is True (``keep`` broadcasts to each
-    ``values[m]``), as one float32 tensor of M: what :func:`masked_mean` gives for each,
-    in one pass for all (for one :meth:`Observable.log_metrics` call)."""
+    over the positions weighted by ``weights`` (weights that sum to 1, e.g.
+    :meth:`~.context.AttentionContext.query_weights`, broadcasting to each value; the
+    value is first averaged over the dimensions they broadcast along), as one float32
+    tensor of M; the plain means where ``weights`` is None. With the real tokens'
+    weights ``1 / count`` this is :func:`masked_mean` of each value, in three
+    operators for all (an average, one matrix-vector product, the stacking of a
+    sequence)."""
     if not isinstance(values, Tensor):
         values = torch.stack(list(values))
-    if keep is None:
+    if weights is None:
         return values.reshape(values.size(0), -1).mean(1, dtype=torch.float32)
-    keep = keep.reshape((1,) * (values.dim() - keep.dim()) + tuple(keep.shape))
-    spread = [d for d in range(1, values.dim()) if keep.size(d) == 1 and values.size(d) != 1]
-    per_kept = values.sum(spread, keepdim=True, dtype=torch.float32) if spread else values.float()
-    copies = values[0].numel() // per_kept[0].numel()  # the elements of a value behind each element of keep
-    kept = keep.sum(dtype=torch.float32).clamp(min=1.0 / copies)
-    return (per_kept * keep).sum(list(range(1, values.dim()))).div_(kept * copies)
+    weights = weights.reshape((1,) * (values.dim() - weights.dim()) + tuple(weights.shape))
+    spread = [d for d in range(1, values.dim()) if weights.size(d) == 1 and values.size(d) != 1]
+    per_weight = values.mean(spread, keepdim=True, dtype=torch.float32) if spread else values.float()
+    flat = weights[0].expand(per_weight.shape[1:]).reshape(-1)
+    return torch.mv(per_weight.reshape(per_weight.size(0), -1), flat)
 
 
 @torch.no_grad()
