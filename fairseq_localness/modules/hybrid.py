@@ -74,7 +74,7 @@ from fairseq_localness.modules.branches import global_branch, local_branch
 from fairseq_localness.modules.context import AttentionBranch, AttentionContext
 from fairseq_localness.modules.fusion import ConcatFusion, Fusion, MergeHeads, merge_heads
 from fairseq_localness.modules.gaussian import GaussianWindows
-from fairseq_localness.modules.observe import GATE, REAL_TOKENS, TRAIN, VALID, masked_mean
+from fairseq_localness.modules.observe import GATE, REAL_TOKENS, TRAIN, VALID, weighted_means
 
 GATE_TYPES = ("token", "head")
 NEIGHBOR_WINDOWS = ("query", "layer", "head")
@@ -130,9 +130,9 @@ class GateFusion(Fusion):
             self.record(GATE, g if self.per_head else g[:, 0])
             self.record(REAL_TOKENS, real)
         if self.logging_metrics:
-            keep = ctx.query_keep()
-            keep = None if keep is None else keep[:, None]  # B x 1 x Tq
-            self.log_metric(GATE, masked_mean(g.detach(), keep))
+            weights = ctx.query_weights()
+            weights = None if weights is None else weights[:, None]  # B x 1 x Tq
+            self.log_metrics((GATE,), weighted_means(g.detach().unsqueeze(0), weights))
 
 
 @dataclass
