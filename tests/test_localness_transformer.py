@@ -57,10 +57,17 @@ def _gaussian_reference(module: GaussianLocalness, q, k, kpm, causal):
     return G
 
 
+@pytest.mark.parametrize("at_once", [False, True], ids=["separate", "at_once"])
 @pytest.mark.parametrize("floor", [0.0, 1.0])
 @pytest.mark.parametrize("window", ["fixed", "layer", "query", "head"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_bias_equals_paper_equations_float64(window, causal, floor):
+def test_bias_equals_paper_equations_float64(window, causal, floor, at_once, monkeypatch):
+    """G of eq. 5 against a loop over the paper's equations; ``at_once``: P and D
+    computed together as CUDA computes them (switched on for the CPU)."""
+    from fairseq_localness.modules import projections
+
+    if at_once:
+        monkeypatch.setattr(projections, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
     torch.manual_seed(0)
     C, H = 16, 4
     branch = GaussianLocalness(C, H, window=window, min_window=floor)
@@ -260,3 +267,52 @@ def test_default_layers_are_the_lowest_three_or_all_of_a_shallow_encoder():
     assert localized(deep) == [0, 1, 2]
     shallow, _ = build_model(f"{ARCH}_tiny")  # transformer_tiny: 2 encoder layers
     assert localized(shallow) == [0, 1]
+
+
+@pytest.mark.parametrize("floor", [0.0, 1.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_centre_and_window_at_once_equal_the_separate_products_outputs_and_gradients(causal, floor, monkeypatch):
+    """CUDA's computation of P and D together (one product by [U_p; U_d], one sigmoid,
+    one addcmul; the scales shared by the layers of a pass) gives the outputs and
+    every gradient of the separate one (float64), with padding, and launches fewer
+    operators."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fairseq_localness.modules import projections
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(1)
+    C, H = 16, 4
+    core = AttentionCore(C, H, self_attention=True, causal=causal,
+                         branches=[GaussianLocalness(C, H, window="query", min_window=floor)]).double()
+    x = torch.randn(5, 3, C, dtype=torch.float64)
+    kpm = None if causal else torch.tensor([[False] * 5, [True, True] + [False] * 3, [True] + [False] * 4])
+
+    def run():
+        inputs = x.clone().requires_grad_(True)
+        core.zero_grad(set_to_none=True)
+        ops = Ops()
+        with ops:
+            branch = core.branches[0]
+            q, k, _, padding = core._project(inputs, inputs, inputs, kpm, None, False)
+            centre, window = branch.centre_and_window(core._context(inputs, q, k, padding))
+            (centre * torch.linspace(-1, 1, 5, dtype=centre.dtype) + window.square()).sum().backward()
+        return [centre, window, inputs.grad] + [p.grad for p in core.parameters() if p.grad is not None], ops.count
+
+    monkeypatch.setattr(projections, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))  # as on CUDA
+    with monkeypatch.context() as patch:
+        patch.setattr(GaussianLocalness, "_at_once", lambda self, device: False)
+        separate, separate_ops = run()
+    at_once, at_once_ops = run()
+    assert len(at_once) == len(separate)
+    for a, b in zip(at_once, separate):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    assert at_once_ops <= separate_ops - 8, (at_once_ops, separate_ops)

@@ -348,11 +348,12 @@ def _locality_meter(state: dict, file: str, where: str):
             raise MalformedCheckpointError(file, f"its {where} {entry} is a {value.dtype} tensor on "
                                            f"{value.device.type}, not a real number")
         try:
-            finite = math.isfinite(float(value))
+            number = float(value)
         except (OverflowError, ValueError, TypeError, RuntimeError):
-            finite = False
-        if not finite:
-            raise MalformedCheckpointError(file, f"its {where} {entry} is not a finite number")
+            raise MalformedCheckpointError(file, f"its {where} {entry} is not a number a float holds") from None
+        # (a sum may be NaN or infinite, as fairseq's AverageMeter keeps one after an overflow step)
+        if entry == "weight" and not (math.isfinite(number) and number >= 0):
+            raise MalformedCheckpointError(file, f"its {where} weight is not a finite number >= 0")
     rounding = state.get("round")
     if rounding is not None and not (isinstance(rounding, int) and not isinstance(rounding, bool)
                                      and 0 <= rounding <= 20):

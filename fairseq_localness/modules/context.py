@@ -269,7 +269,10 @@ def of_mask(mask: Tensor, name: Hashable, make: Callable[[], Tensor]) -> Tensor:
     computed by the first layer and read by the others: on a GPU, whose Transformer-base
     step is bound by its launches, kernels saved. An entry is dropped when its mask is
     freed, and not used after the mask is written into (its version counter) or in
-    another inference mode; the tensors made are shared: do not write into them."""
+    another inference mode; a mask made under ``torch.inference_mode`` (which has no
+    version counter) is not kept. The tensors made are shared: do not write into them."""
+    if mask.is_inference():  # (written in place without a version counter: not kept)
+        return make()
     key = id(mask)
     state = (mask._version, torch.is_inference_mode_enabled())
     entry = _OF_MASK.get(key)

@@ -46,6 +46,7 @@ centre token at most, smaller floors allow sharper windows (0.9993 at D = 0.5). 
 ``F = 0`` only the division is guarded: sigma is kept above 1e-10 (G stays finite in
 float32). The ``fixed`` strategy's D is used as given.
 """
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -55,6 +56,7 @@ from torch import Tensor, nn
 
 from fairseq_localness.modules.context import AttentionBranch, AttentionContext, of_mask
 from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, weighted_means
+from fairseq_localness.modules import projections
 from fairseq_localness.modules.scores import Description, GaussianScore
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
@@ -172,6 +174,8 @@ class GaussianLocalness(AttentionBranch):
         q_full = ctx.q.permute(0, 2, 1, 3).reshape(bsz, tgt_len, heads * head_dim)  # B x Tq x C
         lengths = ctx.lengths.unsqueeze(1).to(dt)  # B' x 1 x Tq
         hidden = torch.tanh(self.w_p(q_full)) if self.w_p is not None else None  # B x Tq x C
+        if self._at_once(ctx.q.device):
+            return self._centre_and_window_at_once(ctx, hidden, lengths, dt)
 
         if self.centre == "predicted":
             p = self.u_p(hidden).transpose(1, 2).to(dt)  # B x H x Tq
@@ -194,6 +198,35 @@ class GaussianLocalness(AttentionBranch):
                 z = self.u_d(torch.tanh(self.w_d(key_mean))).transpose(1, 2).to(dt)  # B x H x Tq
             # eq. 6 with the floor: D in (F, max(I, F))
             window = floor + (lengths.clamp(min=floor) - floor) * torch.sigmoid(z)
+        return centre, window
+
+    def _at_once(self, device: torch.device) -> bool:
+        """Whether P and D are computed together (:meth:`_centre_and_window_at_once`):
+        both predicted from ``tanh(W_p Q)`` (eq. 6 and 9), on a device of
+        :data:`~.projections.STACKED_PROJECTION_DEVICES`."""
+        return self.centre == "predicted" and self.window == "query" and \
+            device.type in projections.STACKED_PROJECTION_DEVICES
+
+    def _centre_and_window_at_once(self, ctx: AttentionContext, hidden: Tensor, lengths: Tensor, dt):
+        """P and D of eq. 6 and 9 from the same ``hidden = tanh(W_p Q)``, computed
+        together (on :data:`~.projections.STACKED_PROJECTION_DEVICES`: CUDA): one
+        product by ``[U_p; U_d]``, one sigmoid over both, and ``P = I * sigmoid(p)``,
+        ``D = F + (max(I, F) - F) * sigmoid(z)`` as one ``addcmul`` with the scales
+        ``[I; max(I, F) - F]`` (made once per padding mask for all layers) and offsets
+        ``[0; F]``: five operators forward where the separate computation takes eleven,
+        and fewer backward; the same values up to the products' rounding."""
+        heads, floor = self.u_p.out_features, self.min_window
+        bsz, tgt_len = hidden.shape[:2]
+        logits = nn.functional.linear(hidden, torch.cat([self.u_p.weight, self.u_d.weight]))  # B x Tq x 2H
+        gates = torch.sigmoid(logits.view(bsz, tgt_len, 2, heads).permute(0, 2, 3, 1).to(dt))  # B x 2 x H x Tq
+
+        def scales():
+            return torch.stack([lengths, lengths.clamp(min=floor) - floor], dim=1)  # B' x 2 x 1 x Tq
+
+        padding = ctx.key_padding_mask
+        scale = scales() if padding is None or ctx.causal else of_mask(
+            padding, ("gaussian_scales", floor, dt, ctx.tgt_len), scales)
+        centre, window = torch.addcmul(_offsets(float(floor), dt, gates.device), scale, gates).unbind(1)
         return centre, window
 
     def _key_mean(self, ctx: AttentionContext) -> Tensor:
@@ -255,6 +288,13 @@ def _mean_query_position(ctx: AttentionContext, weights) -> Tensor:
         mean = positions.mean() if weights is None else (positions * weights[:, 0]).sum()
         return torch.stack([mean, torch.zeros_like(mean)])
 
-    if weights is None:
+    if weights is None or ctx._positions_given:
         return make()
     return of_mask(ctx.key_padding_mask, ("mean_query_position", ctx.tgt_len), make)
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets(floor: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[0; F]``, ``2 x 1 x 1``: the offsets of :meth:`GaussianLocalness._centre_and_window_at_once`."""
+    with torch.inference_mode(False):  # cached: usable by a later pass with gradients
+        return torch.tensor([0.0, floor], dtype=dtype, device=device).view(2, 1, 1)
