@@ -254,6 +254,21 @@ def _graphs_per_kind():
             for key, fn in flex.COMPILED.items()}
 
 
+def _flex_equals_eager_at_lengths(module, lengths, counters):
+    """``module``'s fused path (``"flex"``) equals its eager path at each length (left
+    padding), without gradients; returns dynamo's count of graphs after each."""
+    graphs = []
+    with torch.no_grad():
+        for T in lengths:
+            x = torch.randn(T, B, C)
+            padding = _padding("left", B, T, [T, 5, 2])
+            keep = (~padding).t().unsqueeze(-1).float()
+            out = _run(module, x, "flex", padding)
+            torch.testing.assert_close(out * keep, _run(module, x, "eager", padding) * keep, atol=2e-6, rtol=1e-5)
+            graphs.append(counters["stats"]["unique_graphs"])
+    return graphs
+
+
 def test_the_fused_call_traces_whole_and_compiles_once_for_every_length(monkeypatch):
     """The functions CUDA compiles (``flex._attend``, ``flex._value_term``) trace
     without a graph break (``fullgraph=True``), every term present, and new lengths
@@ -262,16 +277,8 @@ def test_the_fused_call_traces_whole_and_compiles_once_for_every_length(monkeypa
     none after."""
     counters = _traced_on_the_cpu(monkeypatch)
     module = _module("gaussian+shaw", False).eval()
-    graphs = []
     try:
-        with torch.no_grad():
-            for T in (9, 12, 15):
-                x = torch.randn(T, B, C)
-                padding = _padding("left", B, T, [T, 5, 2])
-                keep = (~padding).t().unsqueeze(-1).float()
-                out = _run(module, x, "flex", padding)
-                torch.testing.assert_close(out * keep, _run(module, x, "eager", padding) * keep, atol=2e-6, rtol=1e-5)
-                graphs.append(counters["stats"]["unique_graphs"])
+        graphs = _flex_equals_eager_at_lengths(module, (9, 12, 15), counters)
         kinds = sorted(name for name, _, _, _ in flex.COMPILED)
     finally:
         torch._dynamo.reset()
@@ -287,16 +294,8 @@ def test_static_shapes_compile_a_graph_per_length_under_kinds_of_their_own(monke
     counters = _traced_on_the_cpu(monkeypatch)
     module = _module("gaussian+shaw", False).eval()
     monkeypatch.setattr(flex, "DYNAMIC_SHAPES", False)
-    graphs = []
     try:
-        with torch.no_grad():
-            for T in (9, 12):
-                x = torch.randn(T, B, C)
-                padding = _padding("left", B, T, [T, 5, 2])
-                keep = (~padding).t().unsqueeze(-1).float()
-                out = _run(module, x, "flex", padding)
-                torch.testing.assert_close(out * keep, _run(module, x, "eager", padding) * keep, atol=2e-6, rtol=1e-5)
-                graphs.append(counters["stats"]["unique_graphs"])
+        graphs = _flex_equals_eager_at_lengths(module, (9, 12), counters)
         static = dict(flex.COMPILED)
         monkeypatch.setattr(flex, "DYNAMIC_SHAPES", True)
         with torch.no_grad():

@@ -276,18 +276,9 @@ def test_centre_and_window_at_once_equal_the_separate_products_outputs_and_gradi
     one addcmul; the scales shared by the layers of a pass) gives the outputs and
     every gradient of the separate one (float64), with padding, and launches fewer
     operators."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from model_utils import OperatorCalls
 
     from fairseq_localness.modules import projections
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += 1
-            return func(*args, **(kwargs or {}))
 
     torch.manual_seed(1)
     C, H = 16, 4
@@ -299,13 +290,13 @@ def test_centre_and_window_at_once_equal_the_separate_products_outputs_and_gradi
     def run():
         inputs = x.clone().requires_grad_(True)
         core.zero_grad(set_to_none=True)
-        ops = Ops()
+        ops = OperatorCalls()
         with ops:
             branch = core.branches[0]
             q, k, _, padding = core._project(inputs, inputs, inputs, kpm, None, False)
             centre, window = branch.centre_and_window(core._context(inputs, q, k, padding))
             (centre * torch.linspace(-1, 1, 5, dtype=centre.dtype) + window.square()).sum().backward()
-        return [centre, window, inputs.grad] + [p.grad for p in core.parameters() if p.grad is not None], ops.count
+        return [centre, window, inputs.grad] + [p.grad for p in core.parameters() if p.grad is not None], len(ops.names)
 
     monkeypatch.setattr(projections, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))  # as on CUDA
     with monkeypatch.context() as patch:

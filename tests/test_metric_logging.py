@@ -6,9 +6,9 @@ import pickle
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq.logging import meters, metrics
+from model_utils import OperatorCalls
 
 import fairseq_localness  # noqa: F401  (registers the meter)
 from fairseq_localness.checkpoint.errors import MalformedCheckpointError
@@ -18,16 +18,6 @@ from fairseq_localness.modules.observe import LocalityMetricMeter, Observable, m
 
 class _Module(nn.Module, Observable):
     metric_prefix = "enc1"
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _steps(seed=0, count=7):
@@ -72,10 +62,10 @@ def test_one_operator_per_call_and_open_aggregator_whatever_the_metrics():
     with metrics.aggregate(new_root=True), metrics.aggregate("x_ops"), metrics.aggregate("y_ops"):
         module.log_metrics(names, values)
         doubled = values * 2
-        ops = _Ops()
+        ops = OperatorCalls()
         with ops:
             module.log_metrics(names, doubled)
-        theirs = _Ops()
+        theirs = OperatorCalls()
         for name, value in zip(names, values):  # (first calls create the meters)
             metrics.log_scalar(f"z_{name}", value)
         with theirs:
@@ -138,7 +128,7 @@ def test_two_modules_logging_the_same_name_are_averaged_together():
     with metrics.aggregate(new_root=True) as ours:
         first.log_metrics(("a",), torch.tensor([1.0]), 1.0)
         second.log_metrics(("a",), torch.tensor([4.0]), 2.0)
-        ops = _Ops()
+        ops = OperatorCalls()
         with ops:
             first.log_metrics(("a",), torch.tensor([1.0]), 1.0)
             second.log_metrics(("a",), torch.tensor([4.0]), 2.0)
