@@ -732,3 +732,19 @@ def test_cuda_fused_kernel_compiles_once_per_kind_of_call():
     # dynamic shapes from the first call: the branch call and the far-left call, once each
     # (a view's base guard may add one each at the second call), then nothing for a new length
     assert graphs[1:] == [graphs[1]] * 3 and graphs[-1] <= 4, graphs
+
+
+def test_duck_sizing_is_off_inside_a_fused_call_and_restored_after():
+    """``flex._no_duck_sizing()`` turns torch's duck sizing off and restores the setting
+    after it, nested and after an error."""
+    from torch.fx.experimental import _config as fx_config
+
+    before = fx_config.use_duck_shape
+    with pytest.raises(RuntimeError):
+        with flex._no_duck_sizing():
+            assert fx_config.use_duck_shape is False
+            with flex._no_duck_sizing():
+                assert fx_config.use_duck_shape is False
+            assert fx_config.use_duck_shape is False
+            raise RuntimeError("inside")
+    assert fx_config.use_duck_shape is before
