@@ -748,3 +748,37 @@ def test_duck_sizing_is_off_inside_a_fused_call_and_restored_after():
             assert fx_config.use_duck_shape is False
             raise RuntimeError("inside")
     assert fx_config.use_duck_shape is before
+
+
+def test_duck_sizing_switch_keeps_each_threads_own_setting():
+    """The setting is per thread: two threads' calls that interleave each get their
+    own value back."""
+    import threading
+
+    from torch.fx.experimental import _config as fx_config
+
+    entered_a, entered_b, left_a = threading.Event(), threading.Event(), threading.Event()
+    after = {}
+
+    def thread_a():
+        fx_config.use_duck_shape = True
+        with flex._no_duck_sizing():
+            entered_a.set()
+            entered_b.wait(5)
+        left_a.set()
+        after["a"] = fx_config.use_duck_shape
+
+    def thread_b():
+        fx_config.use_duck_shape = False
+        entered_a.wait(5)
+        with flex._no_duck_sizing():
+            entered_b.set()
+            left_a.wait(5)
+        after["b"] = fx_config.use_duck_shape
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert after == {"a": True, "b": False}

@@ -307,3 +307,32 @@ def test_centre_and_window_at_once_equal_the_separate_products_outputs_and_gradi
     for a, b in zip(at_once, separate):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
     assert at_once_ops <= separate_ops - 8, (at_once_ops, separate_ops)
+
+
+def test_lengths_of_the_callers_own_are_not_served_from_the_shared_cache(monkeypatch):
+    """What a pass shares per padding mask (the Gaussian's scales) is not used for a
+    call given lengths of its own, nor made from them for later calls."""
+    from fairseq_localness.modules import projections
+    from fairseq_localness.modules.context import AttentionContext
+
+    monkeypatch.setattr(projections, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(2)
+    C, H = 16, 4
+    branch = GaussianLocalness(C, H, window="query", min_window=1.0).double()
+    pad = torch.tensor([[False] * 5, [True] + [False] * 4])
+    q, k = torch.randn(2, H, 5, C // H, dtype=torch.float64), torch.randn(2, H, 5, C // H, dtype=torch.float64)
+
+    def centre(**given):
+        ctx = AttentionContext(query_input=None, q=q, k=k, key_padding_mask=pad, causal=False, self_attention=True,
+                               **given)
+        return branch.centre_and_window(ctx)[0]
+
+    given = torch.full((2, 5), 3.0, dtype=torch.float64)
+    first = centre(lengths=given)
+    plain = centre()
+    again = centre(lengths=given)
+    monkeypatch.setattr(GaussianLocalness, "_at_once", lambda self, device: False)
+    torch.testing.assert_close(first, centre(lengths=given))
+    torch.testing.assert_close(again, first)
+    torch.testing.assert_close(plain, centre())
+    assert not torch.allclose(first, plain)

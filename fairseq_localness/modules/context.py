@@ -69,7 +69,8 @@ class AttentionContext:
         self.key_padding_mask = key_padding_mask
         self.causal, self.self_attention = causal, self_attention
         self.cache: Dict[str, Optional[Tensor]] = {}
-        self._positions_given = k_pos is not None
+        # positions or lengths of the caller's own: nothing derived from them is shared (of_mask)
+        self._positions_given = any(value is not None for value in (q_pos, k_pos, lengths))
         for name, value in (("q_pos", q_pos), ("k_pos", k_pos), ("lengths", lengths)):
             if value is not None:
                 self.cache[name] = value

@@ -224,7 +224,7 @@ class GaussianLocalness(AttentionBranch):
             return torch.stack([lengths, lengths.clamp(min=floor) - floor], dim=1)  # B' x 2 x 1 x Tq
 
         padding = ctx.key_padding_mask
-        scale = scales() if padding is None or ctx.causal else of_mask(
+        scale = scales() if padding is None or ctx.causal or ctx._positions_given else of_mask(
             padding, ("gaussian_scales", floor, dt, ctx.tgt_len), scales)
         centre, window = torch.addcmul(_offsets(float(floor), dt, gates.device), scale, gates).unbind(1)
         return centre, window

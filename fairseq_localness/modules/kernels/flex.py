@@ -225,35 +225,36 @@ def _kernel(device: torch.device, key: tuple, function=_attend):
 
 class _DuckSizingOff:
     """Within it, torch's duck sizing is off (``torch.fx.experimental._config.
-    use_duck_shape``, private; where torch lacks it, nothing changes). The setting is
-    written and restored directly: the config module's own ``patch`` builds a class
-    per call, which cost a fused call 16 us of its host time (this CPU)."""
+    use_duck_shape``, private, a per-thread setting; where torch lacks it, nothing
+    changes). The setting is written and restored directly, the value it had kept by
+    this object, one per call: the config module's own ``patch`` builds a class per
+    call, which cost a fused call 16 us of its host time (this CPU)."""
 
-    def __init__(self, config):
-        self.config = config
-        self.saved = []
+    __slots__ = ("saved",)
 
     def __enter__(self):
-        if self.config is not None:
-            self.saved.append(self.config.use_duck_shape)
-            self.config.use_duck_shape = False
+        if _fx_config is not None:
+            self.saved = _fx_config.use_duck_shape
+            _fx_config.use_duck_shape = False
         return self
 
     def __exit__(self, *exc):
-        if self.config is not None:
-            self.config.use_duck_shape = self.saved.pop()
+        if _fx_config is not None:
+            _fx_config.use_duck_shape = self.saved
         return False
 
 
 try:  # torch's switch for duck sizing (private; absent: the default, duck sizing on)
     from torch.fx.experimental import _config as _fx_config
-except ImportError:  # pragma: no cover - every torch this package supports has it
+
+    if not hasattr(_fx_config, "use_duck_shape"):  # pragma: no cover - every torch this package supports has it
+        _fx_config = None
+except ImportError:  # pragma: no cover
     _fx_config = None
-_DUCK_SIZING_OFF = _DuckSizingOff(_fx_config if hasattr(_fx_config, "use_duck_shape") else None)
 
 
 def _no_duck_sizing() -> _DuckSizingOff:
-    return _DUCK_SIZING_OFF
+    return _DuckSizingOff()
 
 
 def _call_compiled(compiled, *args):
