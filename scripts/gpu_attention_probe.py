@@ -115,11 +115,6 @@ def _pass(module, x, padding, mask, grad):
     out.backward(grad)
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure(module, side, bsz, length, dim, device, dtype, iters):
     """The sublayer's host and wall times per forward and backward pass (medians), and
     on a GPU its kernels, their device time and the top three kernels of one pass."""
@@ -127,14 +122,14 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
     grad = torch.randn_like(x)
     for _ in range(2):  # warm-up: compiles
         _pass(module, x, padding, mask, grad)
-    _sync(device)
+    bench_model._sync(device)
     host, wall = [], []
     for _ in range(iters):
-        _sync(device)
+        bench_model._sync(device)
         start = time.perf_counter()
         _pass(module, x, padding, mask, grad)
         host.append(time.perf_counter() - start)
-        _sync(device)
+        bench_model._sync(device)
         wall.append(time.perf_counter() - start)
     row = dict(host_ms=1000 * statistics.median(host), wall_ms=1000 * statistics.median(wall))
     if device.type == "cuda":
@@ -142,7 +137,7 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             _pass(module, x, padding, mask, grad)
-            _sync(device)
+            bench_model._sync(device)
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         by_name = {}
         for e in kernels:

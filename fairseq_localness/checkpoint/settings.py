@@ -49,7 +49,6 @@ import math
 from typing import Dict
 
 import numpy as np
-
 import torch
 
 from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError, short_repr
@@ -335,7 +334,7 @@ def _number(value, file, where, none=True):
     raise MalformedCheckpointError(file, f"its {where} is a {_describe(value)}, not a number")
 
 
-def _locality_meter(state: dict, file: str, where: str):
+def _check_locality_meter(state: dict, file: str, where: str):
     """A :class:`~fairseq_localness.modules.observe.LocalityMetricMeter`'s state: its
     weighted sum and weight (numbers) and its rounding (a small integer or None)."""
     if set(state) - {"sum", "weight", "round"} or not {"sum", "weight"} <= set(state):
@@ -421,7 +420,7 @@ def check_structure(state, file: str):
         for name, meters in metrics.items():
             for _, key, meter, meter_state in meters:
                 if meter == "LocalityMetricMeter":
-                    _locality_meter(meter_state, file, f"extra_state's metrics {name}/{key}")
+                    _check_locality_meter(meter_state, file, f"extra_state's metrics {name}/{key}")
     check_history(state, file)
 
 

@@ -86,16 +86,21 @@ class AttentionContext:
                                    of_mask(padding, "k_pos", lambda: real_positions(padding, self.src_len, None)))
         return self.cache["k_pos"]
 
+    def shared(self, name: Hashable, make: Callable[[], Tensor]) -> Tensor:
+        """``make()``, shared through :func:`of_mask` by the layers of a pass that take
+        this call's padding mask; made for this call alone where there is no mask or the
+        call was given positions or lengths of the caller's own (``make`` may read them).
+        ``name`` must say everything else ``make`` depends on (e.g. Tq, a dtype)."""
+        if self.key_padding_mask is None or self._positions_given:
+            return make()
+        return of_mask(self.key_padding_mask, name, make)
+
     def k_pos_as(self, dtype: torch.dtype) -> Tensor:
         """:attr:`k_pos` in ``dtype`` (the Gaussian's key positions), shared like it by
-        the layers of a pass (:func:`of_mask`) unless the positions were given."""
+        the layers of a pass (:meth:`shared`)."""
         key = f"k_pos_{dtype}"
         if key not in self.cache:
-            padding = self.key_padding_mask
-            if padding is None or self._positions_given:
-                self.cache[key] = self.k_pos.to(dtype)
-            else:
-                self.cache[key] = of_mask(padding, ("k_pos", dtype), lambda: self.k_pos.to(dtype))
+            self.cache[key] = self.shared(("k_pos", dtype), lambda: self.k_pos.to(dtype))
         return self.cache[key]
 
     @property

@@ -54,9 +54,9 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.context import AttentionBranch, AttentionContext, of_mask
-from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, weighted_means
 from fairseq_localness.modules import projections
+from fairseq_localness.modules.context import AttentionBranch, AttentionContext
+from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, weighted_means
 from fairseq_localness.modules.scores import Description, GaussianScore
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
@@ -223,9 +223,7 @@ class GaussianLocalness(AttentionBranch):
         def scales():
             return torch.stack([lengths, lengths.clamp(min=floor) - floor], dim=1)  # B' x 2 x 1 x Tq
 
-        padding = ctx.key_padding_mask
-        scale = scales() if padding is None or ctx.causal or ctx._positions_given else of_mask(
-            padding, ("gaussian_scales", floor, dt, ctx.tgt_len), scales)
+        scale = scales() if ctx.causal else ctx.shared(("gaussian_scales", floor, dt, ctx.tgt_len), scales)
         centre, window = torch.addcmul(_offsets(float(floor), dt, gates.device), scale, gates).unbind(1)
         return centre, window
 
@@ -288,9 +286,7 @@ def _mean_query_position(ctx: AttentionContext, weights) -> Tensor:
         mean = positions.mean() if weights is None else (positions * weights[:, 0]).sum()
         return torch.stack([mean, torch.zeros_like(mean)])
 
-    if weights is None or ctx._positions_given:
-        return make()
-    return of_mask(ctx.key_padding_mask, ("mean_query_position", ctx.tgt_len), make)
+    return make() if weights is None else ctx.shared(("mean_query_position", ctx.tgt_len), make)
 
 
 @functools.lru_cache(maxsize=64)

@@ -181,7 +181,7 @@ def _specialized(q: Tensor) -> tuple:
 
 # Whether a kind of call is compiled with dynamic shapes from its first call (see
 # :func:`_compiled`); False compiles a graph per shape, for measuring what dynamic
-# shapes cost the kernels (``scripts/gpu_attention_probe.py --static``).
+# shapes cost the kernels (``scripts/gpu_attention_probe.py``'s ``static`` variant).
 DYNAMIC_SHAPES = True
 
 # (function name, variant, backend, dynamic shapes) -> the compiled function (:func:`_compiled`)
