@@ -4,7 +4,10 @@
 On a CPU, torch runs a flex call's forward pass only (no backward): the cores run it
 with ``attention_impl="flex"`` without gradients, for every branch kind, in float32
 and bfloat16. The CUDA tests (skipped without a GPU) run the fused path that
-``"auto"`` takes there, outputs and gradients, in float32, float16 and bfloat16.
+``"auto"`` takes there, outputs and gradients, in float32, float16 and bfloat16; their
+twins here take CUDA's paths on the CPU (:mod:`~fairseq_localness.modules.kernels.
+emulation`: torch's reference implementation of the fused calls, whose backward pass
+the CPU then runs too), outputs and gradients in float32.
 """
 import pytest
 import torch
@@ -16,7 +19,7 @@ from fairseq_localness.modules.dual_context import DualContextModule
 from fairseq_localness.modules.gaussian import GaussianLocalness
 from fairseq_localness.modules.hybrid import hybrid_attention
 from fairseq_localness.modules.hysan import build_fusion, make_branch
-from fairseq_localness.modules.kernels import flex
+from fairseq_localness.modules.kernels import choice, emulation, flex
 from fairseq_localness.modules.relative_position import RelativePositions
 from fairseq_localness.modules.scores import gaussian_rows
 
@@ -651,12 +654,48 @@ def test_cuda_fused_path_equals_eager_outputs_and_gradients(kind, causal, dtype,
     projections, z of the head strategy, a^K, a^V, gates, the convolution) == the
     eager reference's in float32 (the reference itself runs in float32 from the same
     weights), with padding on either side."""
+    _check_fused_against_eager(kind, causal, dtype, side, "cuda", monkeypatch)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cuda_paths_taken_on_the_cpu_equal_eager_outputs_and_gradients(kind, causal, side, monkeypatch):
+    """The test above's twin, which CI runs: the CPU takes CUDA's paths
+    (:func:`~fairseq_localness.modules.kernels.emulation.cuda_paths_on_cpu`: every
+    branch with anything of its own in one FlexAttention call, in training; HySAN's
+    and the hybrid's windows in one call with one squeeze gate over the stacked
+    branches; the stacked projections; the Dual Contextual module's joint pass),
+    the fused calls by torch's reference implementation, forward and backward: the
+    outputs and every gradient == the eager reference's, float32."""
+    with emulation.cuda_paths_on_cpu():
+        _check_fused_against_eager(kind, causal, torch.float32, side, "cpu", monkeypatch)
+
+
+def test_the_cpu_takes_its_own_paths_again_after_cudas():
+    """Leaving :func:`~fairseq_localness.modules.kernels.emulation.cuda_paths_on_cpu`
+    (also by an error) restores every switch: a trained call on the CPU no longer
+    takes the fused kernel."""
+    from fairseq_localness.modules import dual_context, hysan, projections
+
+    before = (choice.FUSED_DEVICES, projections.STACKED_PROJECTION_DEVICES, dual_context.JOINT_PASS_DEVICES,
+              hysan.BRANCH_LOOP_DEVICES)
+    with pytest.raises(RuntimeError):
+        with emulation.cuda_paths_on_cpu():
+            assert "cpu" in choice.FUSED_DEVICES and "cpu" not in hysan.BRANCH_LOOP_DEVICES
+            raise RuntimeError("inside")
+    assert (choice.FUSED_DEVICES, projections.STACKED_PROJECTION_DEVICES, dual_context.JOINT_PASS_DEVICES,
+            hysan.BRANCH_LOOP_DEVICES) == before
+    assert "cpu" not in choice.FUSED_DEVICES
+
+
+def _check_fused_against_eager(kind, causal, dtype, side, device, monkeypatch):
     T = 37
-    module = _module(kind, causal, device="cuda")
+    module = _module(kind, causal, device=device)
     torch.manual_seed(1)
-    x32 = torch.randn(T, B, C, device="cuda")
-    padding = _padding(side, B, T, [T, 20, 1], device="cuda") if not causal or side == "right" else None
-    keep = torch.ones(T, B, 1, device="cuda") if padding is None else (~padding).t().unsqueeze(-1).float()
+    x32 = torch.randn(T, B, C, device=device)
+    padding = _padding(side, B, T, [T, 20, 1], device=device) if not causal or side == "right" else None
+    keep = torch.ones(T, B, 1, device=device) if padding is None else (~padding).t().unsqueeze(-1).float()
     if causal and padding is not None:
         keep = keep * (~padding).t().unsqueeze(-1).float()
 

@@ -10,5 +10,6 @@
   one fused FlexAttention call (CUDA).
 
 :mod:`.choice` decides which of them computes a branch, and whether a call takes the
-fast path or the eager reference of :mod:`~fairseq_localness.modules.attention`.
+fast path or the eager reference of :mod:`~fairseq_localness.modules.attention`;
+:mod:`.emulation` has the CPU take CUDA's choices, for tests.
 """

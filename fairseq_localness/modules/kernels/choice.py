@@ -221,6 +221,13 @@ EAGER_MAX_KEYS = 64
 # Half and single precision inputs the fast path takes (float64 stays on the reference).
 _SDPA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
+# Devices where a fused kernel (:mod:`.flex`) computes every call with anything of its
+# own, in training too (the rows marked CUDA in the tables above), and where the CPU's
+# rule for several branches over few keys does not apply: CUDA. The CPU joins them
+# only within :func:`~.emulation.cuda_paths_on_cpu` (tests), where torch's reference
+# implementation of FlexAttention computes those calls, forward and backward.
+FUSED_DEVICES = ("cuda",)
+
 
 def check_impl(impl: str) -> None:
     """Raise unless ``impl`` is one of :data:`ATTENTION_IMPLS`."""
@@ -260,7 +267,8 @@ def use_fast_path(
         return False
     if query.dtype not in _SDPA_DTYPES:
         return False
-    if impl == "auto" and branches > 1 and query.dtype == torch.float32 and query.device.type == "cpu":
+    if impl == "auto" and branches > 1 and query.dtype == torch.float32 and query.device.type == "cpu" \
+            and "cpu" not in FUSED_DEVICES:
         if torch.is_grad_enabled() and trainable and (dropout or src_len <= EAGER_MAX_KEYS):
             return False
         if not torch.is_grad_enabled() and query.size(0) > 1 and src_len <= EAGER_MAX_KEYS:
@@ -272,14 +280,15 @@ def use_fast_path(
 
 def _fused_terms(ctx, scale, dropout, rel, impl):
     """The call's own score terms and value term for :func:`~.flex.flex_branch`, where a
-    fused kernel computes this call's branches (CUDA with ``"auto"`` or ``"sdpa"``;
-    ``"flex"`` anywhere, on a CPU without gradients); else None. Not with attention
+    fused kernel computes this call's branches (:data:`FUSED_DEVICES`, CUDA, with
+    ``"auto"`` or ``"sdpa"``; ``"flex"`` anywhere, on a CPU without gradients); else
+    None. Not with attention
     dropout (the fused kernel draws none), nor for one query row (:mod:`.step`), nor
     on CUDA for a head dimension under 16 (:func:`~.flex.supports`: Inductor's kernels
     of the call need 16; the other kernels take those calls)."""
     if dropout is not None or ctx.tgt_len == 1 or not flex.supports(ctx.q):
         return None
-    if ctx.q.device.type == "cuda":
+    if ctx.q.device.type in FUSED_DEVICES:
         if impl not in ("auto", "sdpa", "flex"):
             return None
     elif impl != "flex" or (torch.is_grad_enabled() and ctx.q.requires_grad):
