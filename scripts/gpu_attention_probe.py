@@ -3,7 +3,7 @@ the device: where a training step bound by its host loses its time.
 
     python scripts/gpu_attention_probe.py [--systems NAME ...] [--shapes 32x128,8x512]
         [--variants auto,static,eager] [--dtype bf16] [--size wmt_en_de] [--iters 10]
-        [--out FILE] [--cpu]
+        [--out FILE] [--cpu [--cuda-paths]]
 
 For each system of the benchmark (``fairseq-localness-bench --list``; default: the
 transformer and each model's main system) the first encoder and the first decoder
@@ -22,6 +22,9 @@ path (``--variants``):
 Columns: ``host ms``, the time until the Python calls of one forward and backward pass
 return (the launches, the wrappers of compiled calls); ``wall ms``, one pass with the
 device synchronized (median over ``--iters`` passes after 2 warm-ups, which compile);
+``fused calls``, the fused kernel's calls in the forward pass (each compiled on CUDA,
+each with its own call in the backward pass: one wrapper of a compiled function per
+call, host time on a training step bound by its host);
 on a GPU, ``kernels`` and ``GPU ms`` (the kernels, copies and fills of one profiled
 pass and their summed device time) and the three kernels with the most device time,
 each with its calls and time per call. The transformer's sublayers are the baseline
@@ -30,8 +33,11 @@ the table goes to ``--out`` after every row (so a run stopped by a time limit ke
 what it measured), else to standard output at the end.
 
 On a CPU (``--cpu``, or no GPU) the same runs on the CPU's paths, without the GPU
-columns (for the tests)."""
+columns (for the tests); with ``--cuda-paths``, on the paths CUDA takes
+(:func:`fairseq_localness.modules.kernels.emulation.cuda_paths_on_cpu`, the fused
+calls by torch's reference implementation: their count, not their time)."""
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -43,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fairseq_localness.cli import bench_model  # noqa: E402
 from fairseq_localness.cli.bench_systems import BASELINE, SYSTEMS  # noqa: E402
+from fairseq_localness.modules.kernels import emulation  # noqa: E402
 
 DEFAULT_SYSTEMS = [BASELINE, "localness (query, enc 1-3)", "localness + rel_pos", "hybrid (gate, enc 1-2)",
                    "hysan e1 (gated)", "enc-dc (f=2)", "dec-dc (f=2)", "full-dc (f=2)"]
@@ -69,6 +76,8 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--out", default=None, help="write the table here (default: standard output)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is present")
+    p.add_argument("--cuda-paths", action="store_true",
+                   help="on the CPU, take the paths CUDA takes (the fused calls by torch's reference implementation)")
     args = p.parse_args(argv)
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
@@ -115,9 +124,29 @@ def _pass(module, x, padding, mask, grad):
     out.backward(grad)
 
 
+def _fused_calls(module, x, padding, mask, grad) -> int:
+    """The calls of the fused kernel (``flex._kernel``: one per fused call) in one
+    forward and backward pass's forward pass."""
+    from fairseq_localness.modules.kernels import flex
+
+    original, calls = flex._kernel, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[1:2])
+        return original(*args, **kwargs)
+
+    flex._kernel = counted
+    try:
+        _pass(module, x, padding, mask, grad)
+    finally:
+        flex._kernel = original
+    return len(calls)
+
+
 def measure(module, side, bsz, length, dim, device, dtype, iters):
-    """The sublayer's host and wall times per forward and backward pass (medians), and
-    on a GPU its kernels, their device time and the top three kernels of one pass."""
+    """The sublayer's host and wall times per forward and backward pass (medians), its
+    fused calls, and on a GPU its kernels, their device time and the top three kernels
+    of one pass."""
     x, padding, mask = _inputs(side, bsz, length, dim, device, dtype)
     grad = torch.randn_like(x)
     for _ in range(2):  # warm-up: compiles
@@ -131,7 +160,8 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
         host.append(time.perf_counter() - start)
         bench_model._sync(device)
         wall.append(time.perf_counter() - start)
-    row = dict(host_ms=1000 * statistics.median(host), wall_ms=1000 * statistics.median(wall))
+    row = dict(host_ms=1000 * statistics.median(host), wall_ms=1000 * statistics.median(wall),
+               fused=_fused_calls(module, x, padding, mask, grad))
     if device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
@@ -149,36 +179,10 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
     return row
 
 
-def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
+    """Measure every row of the table (``lines``), writing the table after each."""
     from fairseq_localness.modules.attention import set_attention_impl
     from fairseq_localness.modules.kernels import flex
-
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
-    dtype = bench_model.DTYPES[args.dtype]
-    problem = bench_model.check_dtype(args.dtype, device.type, *(
-        (torch.cuda.get_device_name(), torch.cuda.get_device_capability()) if device.type == "cuda" else ()))
-    if problem:
-        print(f"gpu_attention_probe.py: error: --dtype {args.dtype}: {problem}", file=sys.stderr)
-        return 2
-    task = bench_model._Toy(32000 if args.size.startswith("wmt") else 1000)
-    gpu = device.type == "cuda"
-    where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if gpu
-             else f"CPU, torch {torch.__version__}")
-    head = ["system", "sublayer", "B x T", "variant", "host ms", "wall ms", "host ratio"]
-    head += ["kernels", "GPU ms", "top kernels (calls, time per call)"] if gpu else []
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base, models = {}, {}
-    systems = [BASELINE] + [s for s in args.systems if s != BASELINE]
-
-    def write():  # after every row: a run stopped by its time limit keeps what it measured
-        text = f"Attention sublayers, forward and backward, {args.dtype}, {args.size} ({where}):\n\n"
-        text += "\n".join(lines) + "\n"
-        if args.out:
-            with open(args.out + ".partial", "w") as f:
-                f.write(text)
-            os.replace(args.out + ".partial", args.out)
-        return text
 
     # each shape, then each variant, then each system: the first shape's rows first
     for bsz, length in args.shapes:
@@ -209,13 +213,51 @@ def main(argv=None) -> int:
                         base[key] = row["host_ms"]
                     cells = [name, f"{side} ({type(module).__name__})", f"{bsz} x {length}", variant,
                              f"{row['host_ms']:.2f}", f"{row['wall_ms']:.2f}",
-                             f"{row['host_ms'] / base[key]:.2f}" if key in base else "-"]
+                             f"{row['host_ms'] / base[key]:.2f}" if key in base else "-", str(row["fused"])]
                     if gpu:
                         cells += [str(row["kernels"]), f"{row['gpu_ms']:.2f}", row["top"].replace("|", "/")]
                     lines.append("| " + " | ".join(cells) + " |")
                     write()
                     print(f"{name}, {side}, {bsz} x {length}, {variant}: host {row['host_ms']:.2f} ms, "
                           f"wall {row['wall_ms']:.2f} ms", file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    if args.cuda_paths and device.type != "cpu":
+        print("gpu_attention_probe.py: error: --cuda-paths: only on the CPU (with --cpu where a GPU is present; "
+              "a GPU takes CUDA's paths itself)", file=sys.stderr)
+        return 2
+    dtype = bench_model.DTYPES[args.dtype]
+    problem = bench_model.check_dtype(args.dtype, device.type, *(
+        (torch.cuda.get_device_name(), torch.cuda.get_device_capability()) if device.type == "cuda" else ()))
+    if problem:
+        print(f"gpu_attention_probe.py: error: --dtype {args.dtype}: {problem}", file=sys.stderr)
+        return 2
+    task = bench_model._Toy(32000 if args.size.startswith("wmt") else 1000)
+    gpu = device.type == "cuda"
+    where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if gpu
+             else f"CPU, torch {torch.__version__}" + (", CUDA's paths" if args.cuda_paths else ""))
+    head = ["system", "sublayer", "B x T", "variant", "host ms", "wall ms", "host ratio", "fused calls"]
+    head += ["kernels", "GPU ms", "top kernels (calls, time per call)"] if gpu else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base, models = {}, {}
+    systems = [BASELINE] + [s for s in args.systems if s != BASELINE]
+
+    def write():  # after every row: a run stopped by its time limit keeps what it measured
+        text = f"Attention sublayers, forward and backward, {args.dtype}, {args.size} ({where}):\n\n"
+        text += "\n".join(lines) + "\n"
+        if args.out:
+            with open(args.out + ".partial", "w") as f:
+                f.write(text)
+            os.replace(args.out + ".partial", args.out)
+        return text
+
+    with contextlib.ExitStack() as stack:
+        if args.cuda_paths:
+            stack.enter_context(emulation.cuda_paths_on_cpu())
+        _rows(args, systems, models, task, device, dtype, gpu, base, lines, write)
     text = write()
     if not args.out:
         sys.stdout.write(text)

@@ -273,11 +273,11 @@ def _flex_equals_eager_at_lengths(module, lengths, counters):
 
 
 def test_the_fused_call_traces_whole_and_compiles_once_for_every_length(monkeypatch):
-    """The functions CUDA compiles (``flex._attend``, ``flex._value_term``) trace
-    without a graph break (``fullgraph=True``), every term present, and new lengths
-    with new tensors reuse them: one graph each for the call, the value term's
-    far-left call (which has a block mask) and the value term at the first length,
-    none after."""
+    """The function CUDA compiles for a call with Shaw et al.'s value term
+    (``flex._attend_with_value_term``: the call, the far-left call and the value
+    term, one compiled call) traces without a graph break (``fullgraph=True``), every
+    term present, and new lengths with new tensors reuse it: one graph at the first
+    length, none after."""
     counters = _traced_on_the_cpu(monkeypatch)
     module = _module("gaussian+shaw", False).eval()
     try:
@@ -285,7 +285,7 @@ def test_the_fused_call_traces_whole_and_compiles_once_for_every_length(monkeypa
         kinds = sorted(name for name, _, _, _ in flex.COMPILED)
     finally:
         torch._dynamo.reset()
-    assert kinds == ["_attend", "_attend", "_value_term"]  # the call, the far-left call, the value term
+    assert kinds == ["_attend_with_value_term"]  # the call, the far-left call and the value term in one
     assert graphs[1:] == [graphs[0]] * 2 and graphs[0] <= 2 * len(kinds), graphs
 
 
@@ -305,7 +305,7 @@ def test_static_shapes_compile_a_graph_per_length_under_kinds_of_their_own(monke
             _run(module, torch.randn(9, B, C), "flex", None)
     finally:
         torch._dynamo.reset()
-    assert {dynamic for *_, dynamic in static} == {False} and len(static) == 3
+    assert {dynamic for *_, dynamic in static} == {False} and len(static) == 1
     assert all(fn._torchdynamo_orig_callable.__name__.endswith("_static") for fn in static.values())
     assert graphs[1] > graphs[0]  # the second length compiled again
     assert {dynamic for *_, dynamic in flex.COMPILED} == {False, True}
@@ -407,7 +407,7 @@ def test_the_compiled_graphs_hold_no_tensor_constants(monkeypatch):
         kinds = sorted(name for name, _, _, _ in flex.COMPILED)
     finally:
         torch._dynamo.reset()
-    assert "_value_term" in kinds and kinds.count("_attend") >= 5, kinds
+    assert "_attend_with_value_term" in kinds and kinds.count("_attend") >= 4, kinds
     assert len(graphs) >= len(kinds) and "aten.index.Tensor" in _subgraph_ops(graphs)  # the score functions seen
     assert constants == []
 
@@ -446,6 +446,44 @@ def test_the_compiled_training_graphs_hold_no_tensor_constants(monkeypatch):
     assert len(graphs) == 4 and q.grad is not None and table.grad is not None  # two forward, two backward graphs
     assert "aten.index.Tensor" in _subgraph_ops(graphs)
     assert constants == []
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_a_sublayer_with_shaws_value_term_is_one_compiled_call_forward_and_one_backward(causal, monkeypatch):
+    """Shaw et al.'s call in training as CUDA makes it (the CPU taking CUDA's paths,
+    traced through AOTAutograd as Inductor receives it): the fused call, the far-left
+    call (encoder) and the value term are one compiled function, so one forward and
+    one backward graph per sublayer, holding no tensor constant; its outputs and
+    gradients equal the eager reference's."""
+    import torch._dynamo
+
+    constants, graphs = _recording_constants(monkeypatch)
+    module = _module("gaussian+shaw", causal)
+    T = 11
+    padding = None if causal else _padding("left", B, T, [T, 6, 1])
+    keep = torch.ones(T, B, 1) if padding is None else (~padding).t().unsqueeze(-1).float()
+    torch.manual_seed(2)
+    x = torch.randn(T, B, C)
+
+    def run(impl):
+        inputs = x.clone().requires_grad_(True)
+        module.zero_grad()
+        out = _run(module, inputs, impl, padding) * keep
+        out.pow(2).sum().backward()
+        return [out, inputs.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+
+    try:
+        want = run("eager")
+        with emulation.cuda_paths_on_cpu():
+            got = run("auto")
+        kinds = [name for name, _, _, _ in flex.COMPILED]
+    finally:
+        torch._dynamo.reset()
+    assert kinds == ["_attend_with_value_term"] and len(graphs) == 2, (kinds, len(graphs))
+    assert constants == []
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
 
 
 def test_sublayers_with_other_branch_counts_and_one_sentence_batches_keep_within_the_budget(monkeypatch):

@@ -334,7 +334,17 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
                    ("hysan e1 (gated)", "encoder (AttentionCore)", "eager"),
                    ("hysan e1 (gated)", "decoder (AttentionCore)", "eager")]
     assert all(float(r[4]) > 0 and float(r[5]) >= float(r[4]) * 0.9 for r in rows[1:])
-    assert [r[6].rstrip(" |") for r in rows[1:3]] == ["1.00", "1.00"]
+    assert [r[6] for r in rows[1:3]] == ["1.00", "1.00"]
+    assert [r[7].rstrip(" |") for r in rows[1:]] == ["0"] * 6  # the CPU's own paths: no fused call in training
+    # CUDA's paths taken on the CPU: HySAN's branches are one fused call per sublayer
+    proc = subprocess.run([sys.executable, script, "--size", "tiny", "--shapes", "2x8", "--iters", "1", "--dtype",
+                           "fp32", "--cpu", "--cuda-paths", "--systems", "hysan e1 (gated)", "--variants",
+                           "auto,eager", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert "CUDA's paths" in text.splitlines()[0]
+    assert [r[7].rstrip(" |") for r in rows[1:]] == ["0", "0", "1", "1", "0", "0"]
     bad = subprocess.run([sys.executable, script, "--shapes", "32by128", "--cpu"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--shapes: expected BxT, e.g. 32x128, got '32by128'" in bad.stderr

@@ -53,7 +53,8 @@ pass), a gather of ``B x H x Tq x (2K - 1)``, one more fused call outside causal
 attention, and element-wise work: about a hundred small operations forward and
 backward, which CUDA compiles into a few fused kernels (:func:`_value_term`; Inductor
 for the CPU makes 22 of them, ``tests/test_flex_path.py``); gradients flow through the
-log-sum-exp into the fused call's own backward pass.
+log-sum-exp into the fused call's own backward pass. The calls and the value term are
+one compiled function (:func:`_attend_with_value_term`), called once per sublayer.
 
 No attention dropout (the kernel draws none): :mod:`.choice` sends calls with dropout
 elsewhere. On a CPU, torch (2.13) runs the call's forward pass without compiling
@@ -279,9 +280,9 @@ def _call_compiled(compiled, *args):
         return compiled(*args)
 
 
-# Kinds of call (:func:`variant`, without kernel options) whose backward pass ran out of
-# the GPU's shared memory with the default blocks, and which take SMALL_BLOCKS instead;
-# and the kinds checked (:func:`_fused_call`).
+# Kinds of call (the compiled function's name and :func:`variant`, without kernel options)
+# whose backward pass ran out of the GPU's shared memory with the default blocks, and
+# which take SMALL_BLOCKS instead; and the kinds checked (:func:`_call_kind`).
 SMALL_BLOCKS = TABLE_KERNEL_OPTIONS
 _NEED_SMALL_BLOCKS = set()
 _CHECKED = set()
@@ -289,7 +290,21 @@ _CHECKED = set()
 
 def _fused_call(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse,
                 options, gqa=False):
-    """:func:`_attend` for one call, by the kernel of its kind (:func:`_kernel`).
+    """:func:`_attend` for one call, by the kernel of its kind (:func:`_kernel`,
+    :func:`_call_kind`)."""
+
+    def key_of(options):
+        return variant(q, block_mask, padding, centre, table, bias, return_lse, options, gqa)
+
+    def args_of(options):
+        return (q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse, options,
+                gqa)
+
+    return _call_kind(_attend, q, key_of, args_of, options)
+
+
+def _call_kind(function, q: Tensor, key_of, args_of, options):
+    """``function(*args_of(options))`` by the kernel of its kind ``key_of(options)``.
 
     The first call of a kind with gradients on a device where it is compiled into
     Triton kernels runs once more, forward and backward, on detached copies of its
@@ -298,20 +313,19 @@ def _fused_call(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table
     head dimension of 128 has not been measured), the kind takes :data:`SMALL_BLOCKS`
     from then on, with a warning, instead of failing in the training step's backward
     pass. Any other error is raised."""
-    key = variant(q, block_mask, padding, centre, table, bias, return_lse, options, gqa)
-    if options is None and key not in _NEED_SMALL_BLOCKS and key not in _CHECKED and torch.is_grad_enabled() \
-            and q.device.type in COMPILE_BACKENDS and q.device.type in TRITON_DEVICES:
-        _CHECKED.add(key)
-        args = (q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, return_lse, None, gqa)
-        if not _fits(_kernel(q.device, key), args):
+    key = key_of(options)
+    name = function.__name__
+    if options is None and (name, key) not in _NEED_SMALL_BLOCKS and (name, key) not in _CHECKED \
+            and torch.is_grad_enabled() and q.device.type in COMPILE_BACKENDS and q.device.type in TRITON_DEVICES:
+        _CHECKED.add((name, key))
+        if not _fits(_kernel(q.device, key, function), args_of(None)):
             logger.warning("FlexAttention: a kind of call ran out of shared memory with the default blocks; "
                            "it takes kernel_options=%s from now on", SMALL_BLOCKS)
-            _NEED_SMALL_BLOCKS.add(key)
-    if options is None and key in _NEED_SMALL_BLOCKS:
+            _NEED_SMALL_BLOCKS.add((name, key))
+    if options is None and (name, key) in _NEED_SMALL_BLOCKS:
         options = SMALL_BLOCKS
-        key = variant(q, block_mask, padding, centre, table, bias, return_lse, options, gqa)
-    return _kernel(q.device, key)(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias,
-                                  return_lse, options, gqa)
+        key = key_of(options)
+    return _kernel(q.device, key, function)(*args_of(options))
 
 
 def _fits(function, args) -> bool:
@@ -415,13 +429,17 @@ class _Terms:
             self.bias = bias.expand(bsz, heads, tgt_len, src_len)
         self.padding = padding
 
+    def options(self, q: Tensor):
+        """The kernel options of the call: :data:`TABLE_KERNEL_OPTIONS` with a bucket
+        table on CUDA, else None (the default blocks)."""
+        return TABLE_KERNEL_OPTIONS if (self.table is not None and q.device.type == "cuda") else None
+
     def call(self, q, k, v, scale, window: Window, return_lse: bool):
         tgt_len, src_len = q.size(2), k.size(2)
         block_mask = _block_mask(window.left, window.right, tgt_len, src_len, q.device)
         geometry = _geometry(window.left, window.right, src_len - tgt_len, self.k, q.device)
-        options = TABLE_KERNEL_OPTIONS if (self.table is not None and q.device.type == "cuda") else None
         return _fused_call(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos, self.table,
-                           geometry, self.bias, return_lse, options)
+                           geometry, self.bias, return_lse, self.options(q))
 
 
 def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Description, call_scores=(),
@@ -438,8 +456,7 @@ def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Des
     terms = _Terms(ctx, description, call_scores, ctx.key_padding_mask)
     if value is None:
         return terms.call(ctx.q, ctx.k, v, scale, window, False)
-    out, lse = terms.call(ctx.q, ctx.k, v, scale, window, True)
-    return _with_value_term(ctx, v, scale, terms, window, value, out, lse)
+    return _with_value_term(ctx, v, scale, terms, window, value)
 
 
 @functools.lru_cache(maxsize=256)
@@ -491,25 +508,58 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
 
 
 def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Terms, window: Window,
-                     value: ValueTerm, out: Tensor, lse: Tensor) -> Tensor:
-    """``out`` plus Shaw et al.'s value term, ``sum_r mass_r w^V_r`` with each row's
-    probability mass per bucket ``r = clip(d, -K, K) + K`` (see the module docstring):
-    the far-left call where both far sides are open (a fused call of its own), then
-    :func:`_value_term` (compiled on CUDA, like the fused call, once per kind of call:
-    its two dozen small element-wise, gather and reduction kernels become a few)."""
+                     value: ValueTerm) -> Tensor:
+    """The branch's attention plus Shaw et al.'s value term, ``sum_r mass_r w^V_r``
+    with each row's probability mass per bucket ``r = clip(d, -K, K) + K`` (see the
+    module docstring), as one call of :func:`_attend_with_value_term` (compiled on
+    CUDA once per kind of call, like :func:`_attend`): the fused call with its
+    log-sum-exp, the far-left call where both far sides are open, and
+    :func:`_value_term`'s two dozen small element-wise, gather and reduction
+    operations, which Inductor fuses into a few kernels. One compiled call forward
+    and one backward per sublayer instead of three (two in causal attention): the
+    wrapper of each compiled call is host time, and a GPU's training step is bound by
+    its host (issue 38)."""
     q, k = ctx.q, ctx.k
     tgt_len, src_len, k_clip = ctx.tgt_len, ctx.src_len, value.k
     left_open = window.left is None or window.left >= k_clip
     right_open = window.right is None or window.right >= k_clip
-    far_lse = None
+    block_mask = _block_mask(window.left, window.right, tgt_len, src_len, q.device)
+    geometry = _geometry(window.left, window.right, src_len - tgt_len, terms.k, q.device)
+    far_block_mask = far_geometry = None
     if left_open and right_open:
         far = Window(window.left, -k_clip)
         if not _empty(far, tgt_len, src_len):
-            far_lse = terms.call(q, k, v, scale, far, True)[1]
+            far_block_mask = _block_mask(far.left, far.right, tgt_len, src_len, q.device)
+            far_geometry = _geometry(far.left, far.right, src_len - tgt_len, terms.k, q.device)
     j, valid = _band(tgt_len, src_len, k_clip, window.left, window.right, q.device)  # Tq x (2K - 1) each
-    args = (out, q, k, scale, lse, far_lse, j, valid, terms.centre, terms.coeff, terms.k_pos, terms.table,
-            terms.bias, terms.padding, value.embeddings, left_open, right_open)
-    return _kernel(q.device, _kind(q, args[5:14], (left_open, right_open)), _value_term)(*args)
+
+    def key_of(options):
+        optional = (block_mask, far_geometry, terms.padding, terms.centre, terms.table, terms.bias, options)
+        return _kind(q, optional, (left_open, right_open))
+
+    def args_of(options):
+        return (q, k, v, scale, block_mask, far_block_mask, terms.padding, terms.centre, terms.coeff, terms.k_pos,
+                terms.table, geometry, far_geometry, terms.bias, j, valid, value.embeddings, left_open, right_open,
+                options)
+
+    return _call_kind(_attend_with_value_term, q, key_of, args_of, terms.options(q))
+
+
+def _attend_with_value_term(q, k, v, scale, block_mask, far_block_mask, padding, centre, coeff, k_pos, table,
+                            geometry, far_geometry, bias, j, valid, embeddings, left_open: bool, right_open: bool,
+                            kernel_options):
+    """:func:`_attend` with its log-sum-exp, the log-sum-exp of the far-left call
+    (its window ``d <= -K``: ``far_block_mask`` and ``far_geometry``) where
+    ``far_geometry`` is given, and :func:`_value_term` on them: one function, compiled
+    as one call."""
+    out, lse = _attend(q, k, v, scale, block_mask, padding, centre, coeff, k_pos, table, geometry, bias, True,
+                       kernel_options)
+    far_lse = None
+    if far_geometry is not None:
+        far_lse = _attend(q, k, v, scale, far_block_mask, padding, centre, coeff, k_pos, table, far_geometry, bias,
+                          True, kernel_options)[1]
+    return _value_term(out, q, k, scale, lse, far_lse, j, valid, centre, coeff, k_pos, table, bias, padding,
+                       embeddings, left_open, right_open)
 
 
 def _value_term(out, q, k, scale, lse, far_lse, j, valid, centre, coeff, k_pos, table, bias, padding, embeddings,
