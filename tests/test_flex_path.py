@@ -521,8 +521,8 @@ def test_sublayers_with_other_branch_counts_and_one_sentence_batches_keep_within
 def test_the_value_terms_bookkeeping_compiles_into_a_few_kernels(monkeypatch):
     """Shaw et al.'s value term around the fused call (the band's masses recomputed from
     the log-sum-exp, the far buckets, the product with a^V) is about a hundred small
-    operations forward and backward; CUDA compiles it (``flex._value_term``) so that they become a
-    few fused kernels. Compiled here by Inductor for the CPU: outputs and the gradients
+    operations forward and backward; CUDA compiles it (``flex._value_term``, within
+    ``flex._attend_with_value_term``) so that they become a few fused kernels. Compiled here by Inductor for the CPU: outputs and the gradients
     of every input (``out``, q, k, the log-sum-exps, the centres and coefficients, the
     bucket table, a^V) equal the uncompiled function's, in under 30 generated kernels
     (22 with torch 2.13) against over 30 operations (96)."""
@@ -710,21 +710,33 @@ def test_cuda_paths_taken_on_the_cpu_equal_eager_outputs_and_gradients(kind, cau
         _check_fused_against_eager(kind, causal, torch.float32, side, "cpu", monkeypatch)
 
 
-def test_the_cpu_takes_its_own_paths_again_after_cudas():
+def test_the_cpu_takes_its_own_paths_again_after_cudas(monkeypatch):
     """Leaving :func:`~fairseq_localness.modules.kernels.emulation.cuda_paths_on_cpu`
-    (also by an error) restores every switch: a trained call on the CPU no longer
-    takes the fused kernel."""
+    (also by an error) restores every switch: a trained call on the CPU takes the
+    fused kernel inside and not after, and torch refuses a CPU flex call that needs
+    gradients again."""
+    import torch.nn.attention.flex_attention as torch_flex
+
     from fairseq_localness.modules import dual_context, hysan, projections
 
     before = (choice.FUSED_DEVICES, projections.STACKED_PROJECTION_DEVICES, dual_context.JOINT_PASS_DEVICES,
-              hysan.BRANCH_LOOP_DEVICES)
-    with pytest.raises(RuntimeError):
+              hysan.BRANCH_LOOP_DEVICES, torch_flex._validate_device)
+    module = _module("gaussian-query", False)
+    x = torch.randn(9, B, C, requires_grad=True)
+    calls = _FlexCalls(monkeypatch)
+    with pytest.raises(RuntimeError, match="inside"):
         with emulation.cuda_paths_on_cpu():
             assert "cpu" in choice.FUSED_DEVICES and "cpu" not in hysan.BRANCH_LOOP_DEVICES
+            _run(module, x, "auto", None).sum().backward()
+            assert calls.count == 1
             raise RuntimeError("inside")
     assert (choice.FUSED_DEVICES, projections.STACKED_PROJECTION_DEVICES, dual_context.JOINT_PASS_DEVICES,
-            hysan.BRANCH_LOOP_DEVICES) == before
-    assert "cpu" not in choice.FUSED_DEVICES
+            hysan.BRANCH_LOOP_DEVICES, torch_flex._validate_device) == before
+    _run(module, x, "auto", None).sum().backward()
+    assert calls.count == 1  # the CPU's own kernels took the trained call
+    q = torch.randn(1, 1, 4, 16, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        torch_flex.flex_attention(q, q, q)
 
 
 def _check_fused_against_eager(kind, causal, dtype, side, device, monkeypatch):
@@ -806,9 +818,10 @@ def test_cuda_fused_kernel_compiles_once_per_kind_of_call():
         out = _run(module, x, "auto", _padding("left", B, T, [T, 9, 3], device="cuda"))
         out.sum().backward()
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-    # dynamic shapes from the first call: the branch call and the far-left call, once each
-    # (a view's base guard may add one each at the second call), then nothing for a new length
-    assert graphs[1:] == [graphs[1]] * 3 and graphs[-1] <= 4, graphs
+    # dynamic shapes from the first call: one compiled function for the call, the far-left
+    # call and the value term (a view's base guard may add one graph at the second call),
+    # then nothing for a new length
+    assert graphs[1:] == [graphs[1]] * 3 and graphs[-1] <= 2, graphs
 
 
 def test_duck_sizing_is_off_inside_a_fused_call_and_restored_after():

@@ -15,6 +15,12 @@ duration of a ``with`` block:
 * :data:`~fairseq_localness.modules.hysan.BRANCH_LOOP_DEVICES` (the CPU leaves it):
   HySAN's squeeze gate over all branches of a fused call as one product.
 
+The rules that stay the CPU's own: a head dimension under 16 (which Inductor's CUDA
+kernels do not take, :func:`.flex.supports`) still takes the fused call; Shaw et al.'s
+table gets no kernel options (the CUDA kernel's block sizes); one query row over more
+than :data:`.choice.EAGER_MAX_KEYS` keys, and a call the fused kernel does not take
+(attention dropout), keep the CPU's kernels.
+
 The fused calls run uncompiled on the CPU: torch's reference implementation of
 FlexAttention (``torch.nn.attention.flex_attention``), which computes the scores of
 the score function densely, forward and backward. torch refuses a CPU call that

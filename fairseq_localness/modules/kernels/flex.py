@@ -50,16 +50,18 @@ to ``d <= -K`` (in causal attention, where the far right is empty, it is the res
 the row's mass and no second call is made), and the far right the rest of the row's
 mass. Cost: one float32 ``q k^T`` (``B x H x Tq x Tk``, not kept for the backward
 pass), a gather of ``B x H x Tq x (2K - 1)``, one more fused call outside causal
-attention, and element-wise work: about a hundred small operations forward and
-backward, which CUDA compiles into a few fused kernels (:func:`_value_term`; Inductor
-for the CPU makes 22 of them, ``tests/test_flex_path.py``); gradients flow through the
+attention, and element-wise work (:func:`_value_term`): about a hundred small
+operations forward and backward, which Inductor fuses into a few kernels (for the
+CPU it makes 22 of them, ``tests/test_flex_path.py``); gradients flow through the
 log-sum-exp into the fused call's own backward pass. The calls and the value term are
 one compiled function (:func:`_attend_with_value_term`), called once per sublayer.
 
 No attention dropout (the kernel draws none): :mod:`.choice` sends calls with dropout
 elsewhere. On a CPU, torch (2.13) runs the call's forward pass without compiling
-(its reference implementation) and has no backward pass: :mod:`.choice` takes it there
-only without gradients, which is how the tests run it against the eager reference.
+(its reference implementation) and refuses its backward pass: :mod:`.choice` takes it
+there only without gradients, which is how most tests run it against the eager
+reference; within :func:`~.emulation.cuda_paths_on_cpu` (tests) the CPU takes CUDA's
+paths and the reference implementation's backward pass too.
 """
 import functools
 import logging
@@ -280,9 +282,10 @@ def _call_compiled(compiled, *args):
         return compiled(*args)
 
 
-# Kinds of call (the compiled function's name and :func:`variant`, without kernel options)
-# whose backward pass ran out of the GPU's shared memory with the default blocks, and
-# which take SMALL_BLOCKS instead; and the kinds checked (:func:`_call_kind`).
+# Kinds of call (the compiled function's name and its kind key, :func:`variant` or
+# :func:`_kind`, without kernel options) whose backward pass ran out of the GPU's shared
+# memory with the default blocks, and which take SMALL_BLOCKS instead; and the kinds
+# checked (:func:`_call_kind`).
 SMALL_BLOCKS = TABLE_KERNEL_OPTIONS
 _NEED_SMALL_BLOCKS = set()
 _CHECKED = set()
