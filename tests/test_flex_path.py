@@ -407,7 +407,8 @@ def test_the_compiled_graphs_hold_no_tensor_constants(monkeypatch):
         kinds = sorted(name for name, _, _, _ in flex.COMPILED)
     finally:
         torch._dynamo.reset()
-    assert "_attend_with_value_term" in kinds and kinds.count("_attend") >= 4, kinds
+    assert "_attend_with_value_term" in kinds and kinds.count("_attend") >= 3, kinds
+    assert kinds.count("_attend_windows") >= 3, kinds  # HySAN's encoder and decoder, the hybrid's
     assert len(graphs) >= len(kinds) and "aten.index.Tensor" in _subgraph_ops(graphs)  # the score functions seen
     assert constants == []
 
@@ -708,6 +709,42 @@ def test_cuda_paths_taken_on_the_cpu_equal_eager_outputs_and_gradients(kind, cau
     outputs and every gradient == the eager reference's, float32."""
     with emulation.cuda_paths_on_cpu():
         _check_fused_against_eager(kind, causal, torch.float32, side, "cpu", monkeypatch)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_hysans_gate_runs_within_the_fused_call_and_logs_what_the_eager_path_logs(causal, monkeypatch):
+    """On CUDA's paths HySAN's squeeze gate (eq. 13-14) runs within the one fused call
+    of its branches (``GatedSumFusion.epilogue``): the call computes the gated sum and
+    the gates' means over the real queries, which the fusion logs; in training the
+    logged mean gate of every branch equals the eager path's (to float32 rounding),
+    with padding on the left in the encoder."""
+    from fairseq.logging import metrics
+
+    from fairseq_localness.modules import hysan
+
+    module = _module("hysan", causal)
+    module.fusion.metric_prefix = "enc1"
+    T = 10
+    padding = None if causal else _padding("left", B, T, [T, 6, 1])
+    torch.manual_seed(3)
+    x = torch.randn(T, B, C, requires_grad=True)
+    epilogues = []
+    original = hysan._gated_sum_epilogue
+
+    def spy(*args):
+        epilogues.append(args[-1])  # whether it computes the means
+        return original(*args)
+
+    monkeypatch.setattr(hysan, "_gated_sum_epilogue", spy)
+    logged = {}
+    for impl in ("eager", "auto"):
+        with metrics.aggregate(new_root=True) as agg, emulation.cuda_paths_on_cpu():
+            _run(module, x, impl, padding).sum().backward()
+        logged[impl] = {key: agg[key].avg for key in agg.keys() if key.startswith("enc1_gate_")}
+    assert epilogues == [True]  # the fused path only, with the means
+    assert sorted(logged["auto"]) == sorted(f"enc1_gate_{name}" for name in module.fusion.names)
+    for key, value in logged["eager"].items():
+        assert logged["auto"][key] == pytest.approx(value, rel=1e-5), key
 
 
 def test_the_cpu_takes_its_own_paths_again_after_cudas(monkeypatch):

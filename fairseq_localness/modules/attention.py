@@ -64,7 +64,9 @@ from fairseq_localness.modules.context import (
     build_context,
     safe_masked_softmax,
 )
-from fairseq_localness.modules.fusion import BranchOutputs, EagerOutputs, Fusion, MergeHeads, SumFusion, split_heads
+from fairseq_localness.modules.fusion import (
+    BranchOutputs, EagerOutputs, Fusion, FusedOutput, MergeHeads, SumFusion, split_heads,
+)
 from fairseq_localness.modules.incremental import (
     STEP_DTYPES, IncrementalBuffer, append_to_cache, grown_store, joined_padding, reordered_key_value_rows,
     search_constants, used_padding,
@@ -374,8 +376,10 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
                 soft_bias = key_term if soft_bias is None else soft_bias + key_term
             stacked = fused_windows(ctx, v, self.branches, soft_bias, self.scaling,
                                     self.dropout_module if self._dropout_active() else None,
-                                    self.relative_positions, self.attention_impl)
-            if stacked is not None:  # one fused call for all branches (B x H x L x Tq x Dh)
+                                    self.relative_positions, self.attention_impl, self.fusion.epilogue)
+            if isinstance(stacked, FusedOutput):  # one fused call for all branches and the fusion
+                outputs = stacked
+            elif stacked is not None:  # one fused call for all branches (B x H x L x Tq x Dh)
                 outputs = BranchOutputs(stacked)
             else:  # one kernel call per branch, each with its own mask, bias and dropout
                 outputs = [self._sdpa(ctx, v, branch, base_blocked, soft_bias) for branch in self.branches]

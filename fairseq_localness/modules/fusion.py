@@ -25,7 +25,7 @@ fusion                   ``C'``    output
 
 where ``x_b`` is branch b's output with its heads merged (``Tq x B x C``).
 """
-from typing import List
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +73,17 @@ class BranchOutputs(list):
         self.stacked = stacked
 
 
+class FusedOutput:
+    """What one fused call returns where the fusion ran inside it (its
+    :meth:`Fusion.epilogue`): the fusion's output ``fused`` (``Tq x B x C'``) and its
+    statistics ``stats`` (what it logs, computed in the same call), or None."""
+
+    __slots__ = ("fused", "stats")
+
+    def __init__(self, fused: Tensor, stats: Optional[Tensor]):
+        self.fused, self.stats = fused, stats
+
+
 class EagerOutputs(list):
     """The outputs of L branches computed one by one on the eager path (``B x H x Tq x
     Dh`` each), products that nothing keeps for the backward pass (a matmul keeps its
@@ -99,6 +110,15 @@ class Fusion(nn.Module, Observable):
         """``outputs``: one ``B x H x Tq x Dh`` tensor per branch, in the core's branch
         order; returns ``Tq x B x C'``."""
         raise NotImplementedError
+
+    def epilogue(self, ctx: AttentionContext) -> Optional[Tuple[Callable, tuple, tuple]]:
+        """The fusion as a pure function that a fused call of all branches may compute
+        within itself, compiled with it (:func:`~.kernels.flex.flex_windows`):
+        ``(function, tensors, flags)``, where ``function(stacked, *tensors, *flags)``
+        takes the branches' stacked outputs (``B x H x L x Tq x Dh``) and returns
+        ``(fused, stats)`` (:class:`FusedOutput`; ``flags`` are Python constants of the
+        call); None (the default): the fusion runs on the call's outputs after it."""
+        return None
 
     def project(self, outputs: List[Tensor], ctx: AttentionContext, out_proj: nn.Linear) -> Tensor:
         """The fusion followed by the core's output projection (``C' -> C``). A fusion

@@ -83,7 +83,8 @@ from fairseq_localness.modules.branches import (
 )
 from fairseq_localness.modules.context import AttentionContext
 from fairseq_localness.modules.fusion import (
-    ConcatFusion, EagerOutputs, Fusion, SumFusion, merge_branches, merge_heads, split_branches, split_heads,
+    ConcatFusion, EagerOutputs, Fusion, FusedOutput, SumFusion, merge_branches, merge_heads, split_branches,
+    split_heads,
 )
 from fairseq_localness.modules.observe import gate_key, weighted_means
 
@@ -185,7 +186,26 @@ class GatedSumFusion(Fusion):
     def extra_repr(self) -> str:
         return f"branches={','.join(self.names)}"
 
+    def epilogue(self, ctx: AttentionContext):
+        """The gated sum within the fused call of all branches (:func:`_gated_sum_epilogue`),
+        where the gate would take the stacked outputs whole (a device not in
+        :data:`BRANCH_LOOP_DEVICES`: CUDA) and nothing records the gates: its products
+        and element-wise steps, forward and backward, then run inside the call that
+        Inductor compiles (fused with each other) instead of as some twenty operators of
+        their own per sublayer, and the logged means of the gates come from the same
+        call. Not yet measured on a GPU."""
+        if self.recording or ctx.q.device.type in BRANCH_LOOP_DEVICES:
+            return None
+        means = self.logging_metrics
+        weights = ctx.query_weights(transposed=True) if means else None
+        f1, f2 = self.gate.f1, self.gate.f2
+        return _gated_sum_epilogue, (f1.weight, f1.bias, f2.weight, f2.bias, weights), (means,)
+
     def forward(self, outputs: List[Tensor], ctx: AttentionContext) -> Tensor:
+        if isinstance(outputs, FusedOutput):  # computed within the fused call (:meth:`epilogue`)
+            if outputs.stats is not None and self.logging_metrics:
+                self.log_metrics([gate_key(name) for name in self.names], outputs.stats)
+            return outputs.fused
         assert len(outputs) == len(self.names)
         want_gates = self.logging_metrics or self.recording
         stacked = getattr(outputs, "stacked", None)
@@ -393,6 +413,30 @@ def _stacked_gated_sum(out: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor
     h, g = _gate_of(x, w1, b1, w2, b2)
     count = out.size(2)
     return (x * g).view(tgt_len, count, rows // count, dim).sum(1), h, g
+
+
+def _gated_sum_epilogue(out: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
+                        weights: Optional[Tensor], means: bool):
+    """``sum_b x_b * SG(x_b)`` (eq. 13-14) over the stacked outputs ``out`` of the L
+    branches (``B x H x L x Tq x Dh``), as plain operations for a fused call to compute
+    within itself (:meth:`GatedSumFusion.epilogue`; autograd, or the compiler, derives
+    the backward pass): returns the sum (``Tq x B x C``) and, where ``means``, each
+    branch's mean gate value over the real queries (``weights``: ``Tq x B x 1``,
+    summing to 1, or None where every query is real) and the C channels, float32, not
+    differentiable: what :meth:`GatedSumFusion._observe` logs."""
+    x = merge_branches(out)  # Tq x L*B x C
+    tgt_len, rows, dim = x.shape
+    count = out.size(2)
+    gates = torch.sigmoid(F.linear(torch.relu(F.linear(x, w1, b1)), w2, b2))
+    fused = (x * gates).view(tgt_len, count, rows // count, dim).sum(1)
+    stats = None
+    if means:
+        per_token = gates.detach().view(tgt_len, count, rows // count, dim).mean(-1, dtype=torch.float32)
+        if weights is None:
+            stats = per_token.mean((0, 2))
+        else:
+            stats = (per_token * weights.view(tgt_len, 1, rows // count)).sum((0, 2))
+    return fused, stats
 
 
 def build_fusion(kind: str, embed_dim: int, names: Sequence[str], reduction: int = 16, gate_bias: bool = False):

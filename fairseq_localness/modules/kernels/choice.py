@@ -75,9 +75,11 @@ on a CPU without gradients; no attention dropout, no ``attn_mask`` of the call's
 no Shaw et al. terms, ``Tq > 1``): one FlexAttention call for all of them
 (:func:`fused_windows`, :func:`~.flex.flex_windows`: each branch a group of query
 heads with its window in the block mask), and a fusion that can take the stacked
-outputs whole does (HySAN's squeeze gate: one gate over all branches). On CUDA that
-is one forward and one backward kernel per sublayer instead of one per branch, and
-the gate's few kernels once instead of L times; not yet measured on a GPU.
+outputs whole does (HySAN's squeeze gate: one gate over all branches), on CUDA within
+the same compiled call (the fusion's ``epilogue``: the gate's products, element-wise
+steps and logged means compiled with the branches, forward and backward). On CUDA that
+is one compiled call forward and one backward per sublayer for the branches and the
+gate; not yet measured on a GPU.
 At one query row (an incremental step; no attention dropout, no ``attn_mask`` of the
 call's own, no Shaw et al. terms), several branches that are hard windows alone take
 one product (:func:`~.windows.windows_attention`: the row's energies once, a row per
@@ -311,7 +313,8 @@ def fused_windows(
     dropout: Optional[nn.Module],
     relative_positions: Optional[nn.Module],
     impl: str = "auto",
-) -> Optional[Tensor]:
+    epilogue=None,
+):
     """Several branches on the fast path in one call, ``B x H x L x Tq x Dh``, where
     every branch is a window alone (a
     :class:`~fairseq_localness.modules.scores.Window` and nothing else: HySAN's
@@ -321,7 +324,10 @@ def fused_windows(
     :func:`~.flex.flex_windows`, with at least one window bounded (several global
     branches stay on SDPA) unless ``impl`` is ``"flex"``; several on a CPU without
     gradients over few keys by :func:`_few_keys_windows`; else None (each branch then
-    takes :func:`branch_attention`)."""
+    takes :func:`branch_attention`). ``epilogue``: the fusion's
+    :meth:`~fairseq_localness.modules.fusion.Fusion.epilogue`, which the fused call of
+    :func:`~.flex.flex_windows` asks for and computes within itself where it has one
+    (a :class:`~fairseq_localness.modules.fusion.FusedOutput` is then returned)."""
     if len(branches) < 2 or relative_positions is not None or soft_bias is not None:
         return None
     if ctx.tgt_len == 1:
@@ -338,7 +344,7 @@ def fused_windows(
         windows.append(description.window if description.window is not None else Window(None, None))
     if impl != "flex" and not any(window.bounded for window in windows):
         return None
-    return flex.flex_windows(ctx, v, scale, windows)
+    return flex.flex_windows(ctx, v, scale, windows, epilogue)
 
 
 def _windows_product(ctx: AttentionContext, v: Tensor, branches, scale: float) -> Optional[Tensor]:

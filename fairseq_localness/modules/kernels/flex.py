@@ -484,7 +484,7 @@ def _windows_block_mask(windows: Tuple[Tuple[Optional[int], Optional[int]], ...]
         return create_block_mask(mask_mod, None, heads * len(windows), tgt_len, src_len, device=device)
 
 
-def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequence[Window]) -> Tensor:
+def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequence[Window], epilogue=None):
     """L branches that are windows alone over the same energies (HySAN's directions and
     local windows, Song et al. 2019, eq. 8-12; the hybrid's global and local branches,
     Xu et al. 2019, eq. 1-3) as one FlexAttention call: branch ``b`` is a group of query
@@ -494,20 +494,51 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
 
     One call's launches for L (a forward and a backward kernel, one copy of the
     queries) instead of L calls'; padding in the score function and causality as in
-    :func:`flex_branch`."""
+    :func:`flex_branch`. The call is :func:`_attend_windows`, with the queries' copy
+    per group inside it; where ``epilogue`` (a fusion's
+    :meth:`~fairseq_localness.modules.fusion.Fusion.epilogue`) gives the fusion as a
+    function, that too (HySAN's squeeze gate, eq. 13-14), and a
+    :class:`~fairseq_localness.modules.fusion.FusedOutput` is returned: one compiled
+    call forward and one backward per sublayer for the branches and their fusion."""
     q, k = ctx.q, ctx.k
-    bsz, heads, tgt_len, head_dim = q.shape
+    heads, tgt_len = q.size(1), q.size(2)
     count, src_len = len(windows), k.size(2)
     if ctx.causal:
         windows = [window.causal() for window in windows]
-    grouped = q.unsqueeze(2).expand(bsz, heads, count, tgt_len, head_dim).reshape(bsz, heads * count, tgt_len,
-                                                                                 head_dim)
     block_mask = _windows_block_mask(tuple((w.left, w.right) for w in windows), heads, tgt_len, src_len, q.device)
     geometry = _geometry(None, None, src_len - tgt_len, 0, q.device)
     padding = ctx.key_padding_mask
-    out = _fused_call(grouped, k, v, scale, block_mask, padding, None, None, None, None, geometry, None, False, None,
-                      gqa=True)
-    return out.view(bsz, heads, count, tgt_len, head_dim)
+    spec = epilogue(ctx) if epilogue is not None else None
+    function, tensors, flags = spec if spec is not None else (None, (), ())
+
+    def key_of(options):
+        return _kind(q, (block_mask, padding, options) + tuple(tensors),
+                     (count, getattr(function, "__name__", None)) + tuple(flags))
+
+    def args_of(options):
+        return (q, k, v, scale, block_mask, padding, geometry, options, count, function, tuple(flags), *tensors)
+
+    result = _call_kind(_attend_windows, q, key_of, args_of, None)
+    if function is None:
+        return result
+    from fairseq_localness.modules.fusion import FusedOutput
+
+    return FusedOutput(*result)
+
+
+def _attend_windows(q, k, v, scale, block_mask, padding, geometry, kernel_options, count: int, epilogue,
+                    flags: tuple, *tensors):
+    """:func:`flex_windows`'s call: the queries ``q`` (``B x H x Tq x Dh``) copied into
+    ``count`` groups of heads, one fused call over them, its output as ``B x H x L x Tq
+    x Dh``, and ``epilogue(out, *tensors, *flags)`` on it where ``epilogue`` is given;
+    one function, compiled as one call."""
+    bsz, heads, tgt_len, head_dim = q.shape
+    grouped = q.unsqueeze(2).expand(bsz, heads, count, tgt_len, head_dim).reshape(bsz, heads * count, tgt_len,
+                                                                                 head_dim)
+    out = _attend(grouped, k, v, scale, block_mask, padding, None, None, None, None, geometry, None, False,
+                  kernel_options, True)
+    out = out.view(bsz, heads, count, tgt_len, head_dim)
+    return out if epilogue is None else epilogue(out, *tensors, *flags)
 
 
 def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Terms, window: Window,
