@@ -639,6 +639,78 @@ def test_a_kind_of_call_out_of_shared_memory_takes_small_blocks_from_then_on(mon
     assert calls[-1] is None and len(flex._NEED_SMALL_BLOCKS) == 1
 
 
+@pytest.mark.parametrize("logged", [False, True], ids=["unlogged", "logged"])
+def test_the_shared_memory_check_runs_hysans_call_with_its_gate_whether_logged_or_not(logged, monkeypatch):
+    """The first call of a kind with gradients on a GPU runs once more to check its
+    shared memory (``flex._fits``); HySAN's call with its gate within returns the
+    gated sum and the gates' means, None where nothing logs them (a module without a
+    metric name, as in a test or a script outside fairseq): the check runs either way
+    (the CPU taking CUDA's place and paths, the call traced by dynamo) and the call
+    then equals the eager path."""
+    import torch._dynamo
+
+    monkeypatch.setattr(flex, "TRITON_DEVICES", ("cpu",))
+    monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", "eager")
+    monkeypatch.setattr(flex, "COMPILED", {})
+    monkeypatch.setattr(flex, "_CHECKED", set())
+    monkeypatch.setattr(flex, "_NEED_SMALL_BLOCKS", set())
+    module = _module("hysan", False)
+    if logged:
+        module.fusion.metric_prefix = "enc1"
+    T = 9
+    padding = _padding("left", B, T, [T, 5, 2])
+    x = torch.randn(T, B, C)
+    want = _run(module, x, "eager", padding)
+    torch._dynamo.reset()
+    try:
+        with emulation.cuda_paths_on_cpu():
+            got = _run(module, x.clone().requires_grad_(True), "auto", padding)
+            got.sum().backward()
+    finally:
+        torch._dynamo.reset()
+    assert [name for name, _ in flex._CHECKED] == ["_attend_windows"] and not flex._NEED_SMALL_BLOCKS
+    keep = (~padding).t().unsqueeze(-1).float()
+    torch.testing.assert_close(got * keep, want * keep, atol=2e-6, rtol=1e-5)
+
+
+def test_hysans_compiled_call_keeps_nothing_of_its_gate_for_the_backward_pass(monkeypatch):
+    """HySAN's call with its squeeze gate within, traced in training through
+    AOTAutograd with the partitioner Inductor uses: the forward graph keeps for the
+    backward pass what the fused call itself needs (the queries' copy per group, k, v,
+    its output and log-sum-exp) and the gate's weights, but nothing of the gate's own
+    of a token's width (the merged heads ``Tq x L*B x C``, the gates, the bottleneck
+    ``C/r``): those are recomputed in the backward pass from the call's output."""
+    import torch._dynamo
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    kept = []
+
+    def forward_compiler(gm, example_inputs):
+        outputs = [node for node in gm.graph.nodes if node.op == "output"][0].args[0]
+        kept.extend(node.meta.get("val") for node in outputs if node is not None and hasattr(node, "meta"))
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+                           partition_fn=min_cut_rematerialization_partition)
+    _traced_on_the_cpu(monkeypatch, backend)
+    module = _module("hysan", False)
+    module.fusion.metric_prefix = "enc1"
+    T = 9
+    padding = _padding("left", B, T, [T, 5, 2])
+    try:
+        with emulation.cuda_paths_on_cpu():
+            _run(module, torch.randn(T, B, C, requires_grad=True), "auto", padding).sum().backward()
+    finally:
+        torch._dynamo.reset()
+    tensors = [t for t in kept if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    assert tensors, kept
+    count = len(module.fusion.names)
+    gate_rows = (T, count * B)  # the merged heads', the gates' and the bottleneck's leading sizes
+    assert not [tuple(t.shape) for t in tensors if tuple(t.shape[:2]) == gate_rows], [tuple(t.shape) for t in tensors]
+
+
 def test_any_other_error_of_the_check_is_raised(monkeypatch):
     _stand_in_gpu(monkeypatch)
     monkeypatch.setattr(_FailsInBackward, "message", "CUDA error: an illegal memory access was encountered")
@@ -711,13 +783,14 @@ def test_cuda_paths_taken_on_the_cpu_equal_eager_outputs_and_gradients(kind, cau
         _check_fused_against_eager(kind, causal, torch.float32, side, "cpu", monkeypatch)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
-def test_hysans_gate_runs_within_the_fused_call_and_logs_what_the_eager_path_logs(causal, monkeypatch):
+@pytest.mark.parametrize("causal,side", [(False, "left"), (True, None), (True, "right")],
+                         ids=["encoder", "decoder", "decoder-padded"])
+def test_hysans_gate_runs_within_the_fused_call_and_logs_what_the_eager_path_logs(causal, side, monkeypatch):
     """On CUDA's paths HySAN's squeeze gate (eq. 13-14) runs within the one fused call
     of its branches (``GatedSumFusion.epilogue``): the call computes the gated sum and
     the gates' means over the real queries, which the fusion logs; in training the
     logged mean gate of every branch equals the eager path's (to float32 rounding),
-    with padding on the left in the encoder."""
+    with padding on the left in the encoder and on the right in the decoder."""
     from fairseq.logging import metrics
 
     from fairseq_localness.modules import hysan
@@ -725,7 +798,7 @@ def test_hysans_gate_runs_within_the_fused_call_and_logs_what_the_eager_path_log
     module = _module("hysan", causal)
     module.fusion.metric_prefix = "enc1"
     T = 10
-    padding = None if causal else _padding("left", B, T, [T, 6, 1])
+    padding = None if side is None else _padding(side, B, T, [T, 6, 1])
     torch.manual_seed(3)
     x = torch.randn(T, B, C, requires_grad=True)
     epilogues = []
@@ -741,8 +814,8 @@ def test_hysans_gate_runs_within_the_fused_call_and_logs_what_the_eager_path_log
         with metrics.aggregate(new_root=True) as agg, emulation.cuda_paths_on_cpu():
             _run(module, x, impl, padding).sum().backward()
         logged[impl] = {key: agg[key].avg for key in agg.keys() if key.startswith("enc1_gate_")}
-    assert epilogues == [True]  # the fused path only, with the means
-    assert sorted(logged["auto"]) == sorted(f"enc1_gate_{name}" for name in module.fusion.names)
+    assert epilogues == [True, True]  # the fused path only, with the means; recomputed in the backward pass
+    assert sorted(logged["auto"]) == sorted(logged["eager"]) == sorted(f"enc1_gate_{n}" for n in module.fusion.names)
     for key, value in logged["eager"].items():
         assert logged["auto"][key] == pytest.approx(value, rel=1e-5), key
 

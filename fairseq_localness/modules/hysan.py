@@ -91,7 +91,8 @@ from fairseq_localness.modules.observe import gate_key, weighted_means
 SIDES = ("encoder", "decoder")
 FUSIONS = ("sum", "concat", "gated")
 # Devices where the gated sum loops over the branches of a fused call's stacked output
-# instead of gating all of them as one product (:meth:`GatedSumFusion.forward`).
+# instead of gating all of them as one product within the call
+# (:meth:`GatedSumFusion.epilogue`, :meth:`GatedSumFusion.forward`).
 BRANCH_LOOP_DEVICES = ("cpu",)
 
 # Fixed branch names per side; ``local<k>`` (k >= 1) is allowed on both sides.
@@ -421,9 +422,11 @@ def _gated_sum_epilogue(out: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tenso
     branches (``B x H x L x Tq x Dh``), as plain operations for a fused call to compute
     within itself (:meth:`GatedSumFusion.epilogue`; autograd, or the compiler, derives
     the backward pass): returns the sum (``Tq x B x C``) and, where ``means``, each
-    branch's mean gate value over the real queries (``weights``: ``Tq x B x 1``,
-    summing to 1, or None where every query is real) and the C channels, float32, not
-    differentiable: what :meth:`GatedSumFusion._observe` logs."""
+    branch's mean gate value over the real queries (``weights``: ``Tq x B``, summing to
+    1, or None where every query is real) and the C channels, float32, not
+    differentiable: what :meth:`GatedSumFusion._observe` logs. Within a call with
+    gradients it runs under activation checkpointing (:func:`~.kernels.flex._attend_windows`):
+    the backward pass recomputes it from ``out``."""
     x = merge_branches(out)  # Tq x L*B x C
     tgt_len, rows, dim = x.shape
     count = out.size(2)

@@ -13,7 +13,8 @@ duration of a ``with`` block:
 * :data:`~fairseq_localness.modules.dual_context.JOINT_PASS_DEVICES`: the Dual
   Contextual module's two FI units as one call;
 * :data:`~fairseq_localness.modules.hysan.BRANCH_LOOP_DEVICES` (the CPU leaves it):
-  HySAN's squeeze gate over all branches of a fused call as one product.
+  HySAN's squeeze gate over all branches as one product, within the fused call of the
+  branches (:meth:`~fairseq_localness.modules.hysan.GatedSumFusion.epilogue`).
 
 The rules that stay the CPU's own: a head dimension under 16 (which Inductor's CUDA
 kernels do not take, :func:`.flex.supports`) still takes the fused call; Shaw et al.'s

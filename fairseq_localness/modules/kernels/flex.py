@@ -29,7 +29,9 @@ How it is called, and why (the pitfalls met on an H200, issue 38):
   compiled graph, and a graph with constants on the GPU is one that AOTAutograd cannot
   cache on disk: the H200 logged "unable to serialize" for every graph, so every new
   process compiled each kind again, 8-24 s each); here only the presence of each term
-  (``None`` or not), the dtypes and the grad mode select a compiled graph, each kind
+  (``None`` or not), the dtypes, the grad mode and a call's Python constants (the
+  number of branches of :func:`flex_windows`, its fusion's function and flags) select
+  a compiled graph, each kind
   under its own code object (one rel_pos model reached dynamo's limit of 8 graphs
   per code object, past which a ``fullgraph=True`` call raises), with dynamic shapes
   from the first call.
@@ -70,6 +72,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from fairseq_localness.modules.context import AttentionContext
 from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore, ValueTerm, Window
@@ -173,8 +176,10 @@ def _kind(q: Tensor, optional, flags) -> tuple:
 
 def _specialized(q: Tensor) -> tuple:
     """The sizes of ``q`` (``B x H x Tq x Dh``) that dynamo compiles a graph of their
-    own for even with dynamic shapes: the query heads ``H`` (``H L`` with grouped heads:
-    HySAN's and the hybrid's sublayers differ in L), and a batch of one sentence (its
+    own for even with dynamic shapes: the query heads ``H`` (``H L`` with grouped heads
+    given to :func:`_attend`; :func:`flex_windows` groups them within its call and puts
+    L in its kind's flags: HySAN's and the hybrid's sublayers differ in L), and a batch
+    of one sentence (its
     0/1 specialization). Part of a kind's key, they give each such graph a budget of
     its own: under one code object, HySAN sublayers of 2 to 5 branches, each with a
     batch of 3 sentences and of 1, reached dynamo's limit of 8 graphs (with
@@ -340,7 +345,7 @@ def _fits(function, args) -> bool:
     try:
         result = function(*copies)
         outputs = result if isinstance(result, tuple) else (result,)
-        total = sum(out.float().sum() for out in outputs if out.requires_grad)
+        total = sum(out.float().sum() for out in outputs if isinstance(out, Tensor) and out.requires_grad)
         if isinstance(total, Tensor):
             total.backward()
         return True
@@ -538,7 +543,17 @@ def _attend_windows(q, k, v, scale, block_mask, padding, geometry, kernel_option
     out = _attend(grouped, k, v, scale, block_mask, padding, None, None, None, None, geometry, None, False,
                   kernel_options, True)
     out = out.view(bsz, heads, count, tgt_len, head_dim)
-    return out if epilogue is None else epilogue(out, *tensors, *flags)
+    if epilogue is None:
+        return out
+    if not torch.is_grad_enabled():
+        return epilogue(out, *tensors, *flags)
+    # the epilogue's own activations (HySAN's merged heads, bottleneck and gates) are
+    # recomputed in the backward pass from ``out``, which the call keeps for its own
+    # backward pass anyway: nothing of the epilogue's is kept for that pass (traced by
+    # AOTAutograd with the partitioner Inductor uses, without the checkpoint the forward
+    # graph kept the merged heads, the bottleneck and the gates, 2 C + C/r values per
+    # token and branch; ``tests/test_flex_path.py``)
+    return checkpoint(epilogue, out, *tensors, *flags, use_reentrant=False)
 
 
 def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Terms, window: Window,
