@@ -679,17 +679,22 @@ def test_hysans_compiled_call_keeps_nothing_of_its_gate_for_the_backward_pass(mo
     backward pass what the fused call itself needs (the queries' copy per group, k, v,
     its output and log-sum-exp) and the gate's weights, but nothing of the gate's own
     of a token's width (the merged heads ``Tq x L*B x C``, the gates, the bottleneck
-    ``C/r``): those are recomputed in the backward pass from the call's output."""
+    ``C/r``): those are recomputed in the backward pass from the call's output. The
+    graph holds no tensor constant."""
     import torch._dynamo
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    kept = []
+    kept, constants = [], []
 
     def forward_compiler(gm, example_inputs):
         outputs = [node for node in gm.graph.nodes if node.op == "output"][0].args[0]
         kept.extend(node.meta.get("val") for node in outputs if node is not None and hasattr(node, "meta"))
+        for module in gm.modules():
+            for node in module.graph.nodes if isinstance(module, torch.fx.GraphModule) else ():
+                if node.op == "get_attr" and isinstance(getattr(module, node.target), torch.Tensor):
+                    constants.append(node.target)
         return make_boxed_func(gm.forward)
 
     backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
@@ -706,6 +711,7 @@ def test_hysans_compiled_call_keeps_nothing_of_its_gate_for_the_backward_pass(mo
         torch._dynamo.reset()
     tensors = [t for t in kept if isinstance(t, torch.Tensor) and t.is_floating_point()]
     assert tensors, kept
+    assert constants == []  # (as every other kind of call: see the tests of tensor constants above)
     count = len(module.fusion.names)
     gate_rows = (T, count * B)  # the merged heads', the gates' and the bottleneck's leading sizes
     assert not [tuple(t.shape) for t in tensors if tuple(t.shape[:2]) == gate_rows], [tuple(t.shape) for t in tensors]
