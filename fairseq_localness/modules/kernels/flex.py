@@ -499,17 +499,22 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
 
     One call's launches for L (a forward and a backward kernel, one copy of the
     queries) instead of L calls'; padding in the score function and causality as in
-    :func:`flex_branch`. The call is :func:`_attend_windows`, with the queries' copy
-    per group inside it; where ``epilogue`` (a fusion's
+    :func:`flex_branch`. The call is :func:`_attend_windows`; where ``epilogue`` (a
+    fusion's
     :meth:`~fairseq_localness.modules.fusion.Fusion.epilogue`) gives the fusion as a
     function, that too (HySAN's squeeze gate, eq. 13-14), and a
     :class:`~fairseq_localness.modules.fusion.FusedOutput` is returned: one compiled
     call forward and one backward per sublayer for the branches and their fusion."""
     q, k = ctx.q, ctx.k
-    heads, tgt_len = q.size(1), q.size(2)
+    bsz, heads, tgt_len, head_dim = q.shape
     count, src_len = len(windows), k.size(2)
     if ctx.causal:
         windows = [window.causal() for window in windows]
+    # the queries' copy per group, made outside the compiled call: Inductor's lowering of
+    # the call for the CPU reads its queries' layout as four sizes, which a copy made
+    # within the call (an expanded view) does not have
+    grouped = q.unsqueeze(2).expand(bsz, heads, count, tgt_len, head_dim).reshape(bsz, heads * count, tgt_len,
+                                                                                 head_dim)
     block_mask = _windows_block_mask(tuple((w.left, w.right) for w in windows), heads, tgt_len, src_len, q.device)
     geometry = _geometry(None, None, src_len - tgt_len, 0, q.device)
     padding = ctx.key_padding_mask
@@ -517,13 +522,13 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
     function, tensors, flags = spec if spec is not None else (None, (), ())
 
     def key_of(options):
-        return _kind(q, (block_mask, padding, options) + tuple(tensors),
+        return _kind(grouped, (block_mask, padding, options) + tuple(tensors),
                      (count, getattr(function, "__name__", None)) + tuple(flags))
 
     def args_of(options):
-        return (q, k, v, scale, block_mask, padding, geometry, options, count, function, tuple(flags), *tensors)
+        return (grouped, k, v, scale, block_mask, padding, geometry, options, function, tuple(flags), *tensors)
 
-    result = _call_kind(_attend_windows, q, key_of, args_of, None)
+    result = _call_kind(_attend_windows, grouped, key_of, args_of, None)
     if function is None:
         return result
     from fairseq_localness.modules.fusion import FusedOutput
@@ -531,18 +536,17 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
     return FusedOutput(*result)
 
 
-def _attend_windows(q, k, v, scale, block_mask, padding, geometry, kernel_options, count: int, epilogue,
-                    flags: tuple, *tensors):
-    """:func:`flex_windows`'s call: the queries ``q`` (``B x H x Tq x Dh``) copied into
-    ``count`` groups of heads, one fused call over them, its output as ``B x H x L x Tq
-    x Dh``, and ``epilogue(out, *tensors, *flags)`` on it where ``epilogue`` is given;
-    one function, compiled as one call."""
-    bsz, heads, tgt_len, head_dim = q.shape
-    grouped = q.unsqueeze(2).expand(bsz, heads, count, tgt_len, head_dim).reshape(bsz, heads * count, tgt_len,
-                                                                                 head_dim)
+def _attend_windows(grouped, k, v, scale, block_mask, padding, geometry, kernel_options, epilogue, flags: tuple,
+                    *tensors):
+    """:func:`flex_windows`'s call: one fused call over the queries' groups of heads
+    ``grouped`` (``B x H*L x Tq x Dh``), its output as ``B x H x L x Tq x Dh``, and
+    ``epilogue(out, *tensors, *flags)`` on it where ``epilogue`` is given; one
+    function, compiled as one call."""
+    bsz, grouped_heads, tgt_len, head_dim = grouped.shape
+    heads = k.size(1)
     out = _attend(grouped, k, v, scale, block_mask, padding, None, None, None, None, geometry, None, False,
                   kernel_options, True)
-    out = out.view(bsz, heads, count, tgt_len, head_dim)
+    out = out.view(bsz, heads, grouped_heads // heads, tgt_len, head_dim)
     if epilogue is None:
         return out
     if not torch.is_grad_enabled():
