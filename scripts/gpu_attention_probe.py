@@ -2,7 +2,7 @@
 the device: where a training step bound by its host loses its time.
 
     python scripts/gpu_attention_probe.py [--systems NAME ...] [--shapes 32x128,8x512]
-        [--variants auto,static,eager] [--dtype bf16] [--size wmt_en_de] [--iters 10]
+        [--variants auto,static,eager,apart] [--dtype bf16] [--size wmt_en_de] [--iters 10]
         [--out FILE] [--cpu [--cuda-paths]]
 
 For each system of the benchmark (``fairseq-localness-bench --list``; default: the
@@ -17,7 +17,10 @@ path (``--variants``):
   with dynamic shapes);
 * ``static``: the same with the fused calls compiled for each shape
   (``flex.DYNAMIC_SHAPES = False``);
-* ``eager``: every core on the eager reference path (``attention_impl="eager"``).
+* ``eager``: every core on the eager reference path (``attention_impl="eager"``);
+* ``apart``: as ``auto`` with every fusion after the fused call instead of within it
+  (``flex.EPILOGUE_DEVICES`` empty: HySAN's squeeze gate as operators of its own);
+  only for the sublayers whose fusion can run within the call.
 
 Columns: ``host ms``, the time until the Python calls of one forward and backward pass
 return (the launches, the wrappers of compiled calls); ``wall ms``, one pass with the
@@ -53,7 +56,7 @@ from fairseq_localness.modules.kernels import emulation  # noqa: E402
 
 DEFAULT_SYSTEMS = [BASELINE, "localness (query, enc 1-3)", "localness + rel_pos", "hybrid (gate, enc 1-2)",
                    "hysan e1 (gated)", "enc-dc (f=2)", "dec-dc (f=2)", "full-dc (f=2)"]
-VARIANTS = ("auto", "static", "eager")
+VARIANTS = ("auto", "static", "eager", "apart")
 
 
 def _shape(text: str):
@@ -70,7 +73,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="gpu_attention_probe.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, metavar="NAME")
     p.add_argument("--shapes", default="32x128,8x512", help="comma-separated B x T (default 32x128,8x512)")
-    p.add_argument("--variants", default="auto,static,eager", help="of " + ", ".join(VARIANTS))
+    p.add_argument("--variants", default="auto,static,eager,apart", help="of " + ", ".join(VARIANTS))
     p.add_argument("--dtype", default="bf16", choices=sorted(bench_model.DTYPES))
     p.add_argument("--size", default="wmt_en_de", help="the architecture's size suffix (default wmt_en_de)")
     p.add_argument("--iters", type=int, default=10)
@@ -179,6 +182,14 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
     return row
 
 
+def _has_epilogue(module) -> bool:
+    """Whether ``module``'s fusion can run within the fused call of its branches."""
+    from fairseq_localness.modules.fusion import Fusion
+
+    fusion = getattr(module, "fusion", None)
+    return fusion is not None and type(fusion).epilogue is not Fusion.epilogue
+
+
 def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
     """Measure every row of the table (``lines``), writing the table after each."""
     from fairseq_localness.modules.attention import set_attention_impl
@@ -195,8 +206,13 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
                     models[name] = bench_model.build(model_name, args.size, options, task, device, dtype)[1].train()
                 model = models[name]
                 for side, module in own_sublayers(model).items():
+                    if variant == "apart" and not _has_epilogue(module):
+                        continue  # (the same as auto)
                     set_attention_impl(model, "eager" if variant == "eager" else "auto")
                     flex.DYNAMIC_SHAPES = variant != "static"
+                    epilogues = flex.EPILOGUE_DEVICES
+                    if variant == "apart":
+                        flex.EPILOGUE_DEVICES = ()
                     try:
                         dim = getattr(model, side).embed_tokens.embedding_dim
                         row = measure(module, side, bsz, length, dim, device, dtype, args.iters)
@@ -208,6 +224,7 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
                         continue
                     finally:
                         flex.DYNAMIC_SHAPES = True
+                        flex.EPILOGUE_DEVICES = epilogues
                     key = (side, bsz, length)
                     if name == BASELINE:
                         base[key] = row["host_ms"]

@@ -34,8 +34,8 @@
 # probe  scripts/gpu_attention_probe.py: one attention sublayer of each system (the
 #        transformer and each model's main system), forward and backward, its host and
 #        device time per path (the fused calls with dynamic shapes, with static shapes,
-#        the eager path), in the first of --dtypes, within --probe-limit seconds:
-#        probe.md.
+#        the eager path, HySAN's gate after its fused call instead of within it), in
+#        the first of --dtypes, within --probe-limit seconds: probe.md.
 # tests  the CUDA tests of the attention core, of the fused kernels and of the stacked
 #        projections and of --bf16's flat master (tests/test_attention_core.py,
 #        tests/test_flex_path.py, tests/test_dc_transformer.py, tests/test_projections.py,

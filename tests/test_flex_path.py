@@ -836,7 +836,7 @@ def test_the_cpu_takes_its_own_paths_again_after_cudas(monkeypatch):
     from fairseq_localness.modules import dual_context, hysan, projections
 
     before = (choice.FUSED_DEVICES, projections.STACKED_PROJECTION_DEVICES, dual_context.JOINT_PASS_DEVICES,
-              hysan.BRANCH_LOOP_DEVICES, torch_flex._validate_device)
+              hysan.BRANCH_LOOP_DEVICES, flex.EPILOGUE_DEVICES, torch_flex._validate_device)
     module = _module("gaussian-query", False)
     x = torch.randn(9, B, C, requires_grad=True)
     calls = _FlexCalls(monkeypatch)
@@ -847,7 +847,7 @@ def test_the_cpu_takes_its_own_paths_again_after_cudas(monkeypatch):
             assert calls.count == 1
             raise RuntimeError("inside")
     assert (choice.FUSED_DEVICES, projections.STACKED_PROJECTION_DEVICES, dual_context.JOINT_PASS_DEVICES,
-            hysan.BRANCH_LOOP_DEVICES, torch_flex._validate_device) == before
+            hysan.BRANCH_LOOP_DEVICES, flex.EPILOGUE_DEVICES, torch_flex._validate_device) == before
     _run(module, x, "auto", None).sum().backward()
     assert calls.count == 1  # the CPU's own kernels took the trained call
     q = torch.randn(1, 1, 4, 16, requires_grad=True)

@@ -12,6 +12,7 @@ duration of a ``with`` block:
   projections of one input as one product (and Yang et al.'s P and D together);
 * :data:`~fairseq_localness.modules.dual_context.JOINT_PASS_DEVICES`: the Dual
   Contextual module's two FI units as one call;
+* :data:`.flex.EPILOGUE_DEVICES`: a fusion within the fused call of the branches;
 * :data:`~fairseq_localness.modules.hysan.BRANCH_LOOP_DEVICES` (the CPU leaves it):
   HySAN's squeeze gate over all branches as one product, within the fused call of the
   branches (:meth:`~fairseq_localness.modules.hysan.GatedSumFusion.epilogue`).
@@ -54,10 +55,11 @@ def cuda_paths_on_cpu():
     """Within it, a CPU takes the paths that CUDA takes (the module docstring); the
     switches are restored on leaving, also on an error."""
     from fairseq_localness.modules import dual_context, hysan, projections
-    from fairseq_localness.modules.kernels import choice
+    from fairseq_localness.modules.kernels import choice, flex
 
     switches = [
         (choice, "FUSED_DEVICES", choice.FUSED_DEVICES + ("cpu",)),
+        (flex, "EPILOGUE_DEVICES", flex.EPILOGUE_DEVICES + ("cpu",)),
         (projections, "STACKED_PROJECTION_DEVICES", projections.STACKED_PROJECTION_DEVICES + ("cpu",)),
         (dual_context, "JOINT_PASS_DEVICES", dual_context.JOINT_PASS_DEVICES + ("cpu",)),
         (hysan, "BRANCH_LOOP_DEVICES", tuple(d for d in hysan.BRANCH_LOOP_DEVICES if d != "cpu")),

@@ -192,6 +192,12 @@ def _specialized(q: Tensor) -> tuple:
 # shapes cost the kernels (``scripts/gpu_attention_probe.py``'s ``static`` variant).
 DYNAMIC_SHAPES = True
 
+# Devices where a fusion's epilogue (:meth:`~fairseq_localness.modules.fusion.Fusion.epilogue`)
+# runs within the fused call of the branches (:func:`flex_windows`): CUDA, where each
+# operator outside a compiled call is a launch of its own. Elsewhere, and with it empty
+# (``scripts/gpu_attention_probe.py``'s ``apart`` variant), the fusion runs after the call.
+EPILOGUE_DEVICES = ("cuda",)
+
 # (function name, variant, backend, dynamic shapes) -> the compiled function (:func:`_compiled`)
 COMPILED = {}
 
@@ -518,7 +524,7 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
     block_mask = _windows_block_mask(tuple((w.left, w.right) for w in windows), heads, tgt_len, src_len, q.device)
     geometry = _geometry(None, None, src_len - tgt_len, 0, q.device)
     padding = ctx.key_padding_mask
-    spec = epilogue(ctx) if epilogue is not None else None
+    spec = epilogue(ctx) if epilogue is not None and q.device.type in EPILOGUE_DEVICES else None
     function, tensors, flags = spec if spec is not None else (None, (), ())
 
     def key_of(options):
