@@ -336,3 +336,36 @@ def test_lengths_of_the_callers_own_are_not_served_from_the_shared_cache(monkeyp
     torch.testing.assert_close(again, first)
     torch.testing.assert_close(plain, centre())
     assert not torch.allclose(first, plain)
+
+
+def test_calls_without_padding_share_what_they_derive_from_their_lengths():
+    """Without a padding mask what a call derives from its positions and lengths (the
+    Gaussian's key positions, scales and mean query position, the lengths) is made
+    once per lengths, kind of attention and inference mode and shared by the calls
+    after it (fairseq's length-sorted batches often have no padding); other lengths,
+    causal attention, inference mode and positions given by the caller get their own,
+    each equal to what the call alone makes."""
+    from fairseq_localness.modules import context
+    from fairseq_localness.modules.context import AttentionContext
+
+    def ctx(T=5, causal=False, **given):
+        q = torch.randn(2, 4, T, 4)
+        return AttentionContext(query_input=None, q=q, k=q, key_padding_mask=None, causal=causal,
+                                self_attention=True, **given)
+
+    def make():
+        made.append(1)
+        return torch.arange(3.0)
+
+    made = []
+    first, second = ctx().shared("x", make), ctx().shared("x", make)
+    assert first is second and len(made) == 1
+    assert ctx(T=6).shared("x", make) is not first and ctx(causal=True).shared("x", make) is not first
+    with torch.inference_mode():
+        assert ctx().shared("x", make) is not first
+    assert ctx(lengths=torch.full((1, 5), 5.0)).shared("x", make) is not first
+    assert len(made) == 5
+    assert ctx().lengths is ctx().lengths and ctx().lengths.tolist() == [[5.0] * 5]
+    assert ctx().k_pos_as(torch.float32) is ctx().k_pos_as(torch.float32)
+    context._UNPADDED.clear()
+    assert ctx().shared("x", make) is not first  # (a cleared cache makes it again)

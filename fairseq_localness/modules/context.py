@@ -88,11 +88,16 @@ class AttentionContext:
 
     def shared(self, name: Hashable, make: Callable[[], Tensor]) -> Tensor:
         """``make()``, shared through :func:`of_mask` by the layers of a pass that take
-        this call's padding mask; made for this call alone where there is no mask or the
-        call was given positions or lengths of the caller's own (``make`` may read them).
+        this call's padding mask; without a mask, by every call of the same lengths,
+        kind of attention and device (:func:`_unpadded`: the positions and lengths are
+        then those of the lengths alone); made for this call alone where the call was
+        given positions or lengths of the caller's own (``make`` may read them).
         ``name`` must say everything else ``make`` depends on (e.g. Tq, a dtype)."""
-        if self.key_padding_mask is None or self._positions_given:
+        if self._positions_given:
             return make()
+        if self.key_padding_mask is None:
+            return _unpadded((name, self.tgt_len, self.src_len, self.self_attention, self.causal, self.q.device),
+                             make)
         return of_mask(self.key_padding_mask, name, make)
 
     def k_pos_as(self, dtype: torch.dtype) -> Tensor:
@@ -121,7 +126,8 @@ class AttentionContext:
             if self.causal:
                 lengths = (self.q_pos + 1).float()
             elif padding is None:
-                lengths = torch.full((1, tgt_len), float(self.src_len), device=self.q.device)
+                lengths = _unpadded(("lengths", tgt_len, self.src_len, self.q.device),
+                                    lambda: torch.full((1, tgt_len), float(self.src_len), device=self.q.device))
             else:
                 lengths = of_mask(padding, "lengths", lambda: (~padding).sum(-1, keepdim=True).float())
                 lengths = lengths.expand(-1, tgt_len)
@@ -291,6 +297,28 @@ def of_mask(mask: Tensor, name: Hashable, make: Callable[[], Tensor]) -> Tensor:
     if name not in made:
         made[name] = make()
     return made[name]
+
+
+# What :func:`_unpadded` computed: (key, inference mode) -> tensor, at most _UNPADDED_SIZE
+_UNPADDED: Dict[Hashable, Tensor] = {}
+_UNPADDED_SIZE = 512
+
+
+def _unpadded(key: Hashable, make: Callable[[], Tensor]) -> Tensor:
+    """``make()``, a tensor that depends only on ``key`` (lengths, the kind of attention,
+    a device, a name: calls without a padding mask), computed once per key and
+    inference mode and kept (the entries of a process's first ``_UNPADDED_SIZE`` keys:
+    then it starts again). fairseq sorts its batches by length, so many have no
+    padding: what the layers derive from their positions then costs its kernels once
+    per shape instead of once per layer and step. The tensors made are shared: do not
+    write into them."""
+    key = (key, torch.is_inference_mode_enabled())
+    made = _UNPADDED.get(key)
+    if made is None:
+        if len(_UNPADDED) >= _UNPADDED_SIZE:
+            _UNPADDED.clear()
+        made = _UNPADDED[key] = make()
+    return made
 
 
 def build_context(query: Tensor, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], causal: bool,

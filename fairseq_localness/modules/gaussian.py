@@ -280,13 +280,13 @@ def _mean_query_position(ctx: AttentionContext, weights) -> Tensor:
     """``[mean q_pos, 0]`` over the real queries (``weights``: :meth:`~AttentionContext.query_weights`
     as ``B x 1 x Tq``, or None), float32: subtracted from the means of the centres and
     the windows, it makes the first the mean offset ``P_i - i``. Shared by the layers
-    of a pass where there is padding."""
+    of a pass (:meth:`~AttentionContext.shared`)."""
     def make():
         positions = ctx.q_pos.to(torch.float32).expand(ctx.bsz, ctx.tgt_len)
         mean = positions.mean() if weights is None else (positions * weights[:, 0]).sum()
         return torch.stack([mean, torch.zeros_like(mean)])
 
-    return make() if weights is None else ctx.shared(("mean_query_position", ctx.tgt_len), make)
+    return ctx.shared(("mean_query_position", ctx.tgt_len), make)
 
 
 @functools.lru_cache(maxsize=64)
