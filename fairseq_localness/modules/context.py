@@ -28,6 +28,7 @@ Tk = key length, Dh = head dimension.
 """
 import functools
 import weakref
+from collections import OrderedDict
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
@@ -127,7 +128,8 @@ class AttentionContext:
                 lengths = (self.q_pos + 1).float()
             elif padding is None:
                 lengths = _unpadded(("lengths", tgt_len, self.src_len, self.q.device),
-                                    lambda: torch.full((1, tgt_len), float(self.src_len), device=self.q.device))
+                                    lambda: torch.full((1, tgt_len), float(self.src_len), dtype=torch.float32,
+                                                       device=self.q.device))
             else:
                 lengths = of_mask(padding, "lengths", lambda: (~padding).sum(-1, keepdim=True).float())
                 lengths = lengths.expand(-1, tgt_len)
@@ -299,25 +301,29 @@ def of_mask(mask: Tensor, name: Hashable, make: Callable[[], Tensor]) -> Tensor:
     return made[name]
 
 
-# What :func:`_unpadded` computed: (key, inference mode) -> tensor, at most _UNPADDED_SIZE
-_UNPADDED: Dict[Hashable, Tensor] = {}
-_UNPADDED_SIZE = 512
+# What :func:`_unpadded` computed: (key, inference mode) -> tensor, the _UNPADDED_SIZE
+# most recently used
+_UNPADDED: "OrderedDict[Hashable, Tensor]" = OrderedDict()
+_UNPADDED_SIZE = 2048
 
 
 def _unpadded(key: Hashable, make: Callable[[], Tensor]) -> Tensor:
     """``make()``, a tensor that depends only on ``key`` (lengths, the kind of attention,
     a device, a name: calls without a padding mask), computed once per key and
-    inference mode and kept (the entries of a process's first ``_UNPADDED_SIZE`` keys:
-    then it starts again). fairseq sorts its batches by length, so many have no
-    padding: what the layers derive from their positions then costs its kernels once
-    per shape instead of once per layer and step. The tensors made are shared: do not
-    write into them."""
+    inference mode, without gradients, and kept (the ``_UNPADDED_SIZE`` most recently
+    used). fairseq sorts its batches by length, so many have no padding: what the
+    layers derive from their positions then costs its kernels once per shape instead
+    of once per layer and step. The tensors made are shared: do not write into them."""
     key = (key, torch.is_inference_mode_enabled())
     made = _UNPADDED.get(key)
     if made is None:
-        if len(_UNPADDED) >= _UNPADDED_SIZE:
-            _UNPADDED.clear()
-        made = _UNPADDED[key] = make()
+        with torch.no_grad():
+            made = make()
+        _UNPADDED[key] = made
+        if len(_UNPADDED) > _UNPADDED_SIZE:
+            _UNPADDED.popitem(last=False)
+    else:
+        _UNPADDED.move_to_end(key)
     return made
 
 

@@ -286,7 +286,10 @@ class AttentionRecorder:
         if name in current:  # a new forward call of the same module
             self.records[module_name].append(current)
             current = self._open[module_name] = {}
-        current[name] = value.detach().float().cpu()
+        kept = value.detach().float().cpu()
+        if kept.data_ptr() == value.data_ptr():  # a float tensor on the CPU: a copy, not the model's own
+            kept = kept.clone()
+        current[name] = kept
 
     def calls(self, module: Observable) -> List[Dict[str, Tensor]]:
         """What ``module`` (a module of the recorded model) recorded, one dict per
