@@ -212,7 +212,7 @@ class GaussianLocalness(AttentionBranch):
         together (on :data:`~.projections.STACKED_PROJECTION_DEVICES`: CUDA): one
         product by ``[U_p; U_d]``, one sigmoid over both, and ``P = I * sigmoid(p)``,
         ``D = F + (max(I, F) - F) * sigmoid(z)`` as one ``addcmul`` with the scales
-        ``[I; max(I, F) - F]`` (made once per padding mask for all layers) and offsets
+        ``[I; max(I, F) - F]`` (shared by the layers, :meth:`AttentionContext.shared`) and offsets
         ``[0; F]``: five operators forward where the separate computation takes eleven,
         and fewer backward; the same values up to the products' rounding."""
         heads, floor = self.u_p.out_features, self.min_window

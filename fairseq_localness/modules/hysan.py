@@ -90,9 +90,9 @@ from fairseq_localness.modules.observe import gate_key, weighted_means
 
 SIDES = ("encoder", "decoder")
 FUSIONS = ("sum", "concat", "gated")
-# Devices where the gated sum loops over the branches of a fused call's stacked output
-# instead of gating all of them as one product within the call
-# (:meth:`GatedSumFusion.epilogue`, :meth:`GatedSumFusion.forward`).
+# Devices where the gated sum after a fused call loops over the branches of its stacked
+# output instead of gating all of them as one product (:meth:`GatedSumFusion.forward`;
+# within the call, :meth:`GatedSumFusion.epilogue`, where ``flex.EPILOGUE_DEVICES`` says).
 BRANCH_LOOP_DEVICES = ("cpu",)
 
 # Fixed branch names per side; ``local<k>`` (k >= 1) is allowed on both sides.
@@ -188,14 +188,13 @@ class GatedSumFusion(Fusion):
         return f"branches={','.join(self.names)}"
 
     def epilogue(self, ctx: AttentionContext):
-        """The gated sum within the fused call of all branches (:func:`_gated_sum_epilogue`),
-        where the gate would take the stacked outputs whole (a device not in
-        :data:`BRANCH_LOOP_DEVICES`: CUDA) and nothing records the gates: its products
-        and element-wise steps, forward and backward, then run inside the call that
-        Inductor compiles (fused with each other) instead of as some twenty operators of
-        their own per sublayer, and the logged means of the gates come from the same
-        call. Not yet measured on a GPU."""
-        if self.recording or ctx.q.device.type in BRANCH_LOOP_DEVICES:
+        """The gated sum within the fused call of all branches (:func:`_gated_sum_epilogue`;
+        the call asks for it on the devices of ``flex.EPILOGUE_DEVICES``: CUDA), where
+        nothing records the gates: its products and element-wise steps, forward and
+        backward, then run inside the call that Inductor compiles (fused with each
+        other) instead of as some twenty operators of their own per sublayer, and the
+        logged means of the gates come from the same call. Not yet measured on a GPU."""
+        if self.recording:
             return None
         means = self.logging_metrics
         weights = ctx.query_weights(transposed=True) if means else None

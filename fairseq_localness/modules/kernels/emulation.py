@@ -14,8 +14,7 @@ duration of a ``with`` block:
   Contextual module's two FI units as one call;
 * :data:`.flex.EPILOGUE_DEVICES`: a fusion within the fused call of the branches;
 * :data:`~fairseq_localness.modules.hysan.BRANCH_LOOP_DEVICES` (the CPU leaves it):
-  HySAN's squeeze gate over all branches as one product, within the fused call of the
-  branches (:meth:`~fairseq_localness.modules.hysan.GatedSumFusion.epilogue`).
+  HySAN's squeeze gate after a fused call over all branches as one product.
 
 The rules that stay the CPU's own: a head dimension under 16 (which Inductor's CUDA
 kernels do not take, :func:`.flex.supports`) still takes the fused call; Shaw et al.'s

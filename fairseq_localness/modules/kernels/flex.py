@@ -31,8 +31,7 @@ How it is called, and why (the pitfalls met on an H200, issue 38):
   process compiled each kind again, 8-24 s each); here only the presence of each term
   (``None`` or not), the dtypes, the grad mode and a call's Python constants (the
   number of branches of :func:`flex_windows`, its fusion's function and flags) select
-  a compiled graph, each kind
-  under its own code object (one rel_pos model reached dynamo's limit of 8 graphs
+  a compiled graph, each kind under its own code object (one rel_pos model reached dynamo's limit of 8 graphs
   per code object, past which a ``fullgraph=True`` call raises), with dynamic shapes
   from the first call.
 * A captured tensor that needs gradients is indexed once per score: ``P[b, h, q]``
@@ -75,6 +74,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from fairseq_localness.modules.context import AttentionContext
+from fairseq_localness.modules.fusion import FusedOutput
 from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore, ValueTerm, Window
 
 try:
@@ -177,9 +177,8 @@ def _kind(q: Tensor, optional, flags) -> tuple:
 def _specialized(q: Tensor) -> tuple:
     """The sizes of ``q`` (``B x H x Tq x Dh``) that dynamo compiles a graph of their
     own for even with dynamic shapes: the query heads ``H`` (``H L`` with grouped heads
-    given to :func:`_attend`; :func:`flex_windows` groups them within its call and puts
-    L in its kind's flags: HySAN's and the hybrid's sublayers differ in L), and a batch
-    of one sentence (its
+    given to :func:`_attend`; :func:`flex_windows` also puts L in its kind's flags:
+    HySAN's and the hybrid's sublayers differ in L), and a batch of one sentence (its
     0/1 specialization). Part of a kind's key, they give each such graph a budget of
     its own: under one code object, HySAN sublayers of 2 to 5 branches, each with a
     batch of 3 sentences and of 1, reached dynamo's limit of 8 graphs (with
@@ -448,10 +447,13 @@ class _Terms:
         table on CUDA, else None (the default blocks)."""
         return TABLE_KERNEL_OPTIONS if (self.table is not None and q.device.type == "cuda") else None
 
+    def window(self, window: Window, tgt_len: int, src_len: int, device: torch.device):
+        """The block mask and the geometry of ``window`` for a call of these terms."""
+        return (_block_mask(window.left, window.right, tgt_len, src_len, device),
+                _geometry(window.left, window.right, src_len - tgt_len, self.k, device))
+
     def call(self, q, k, v, scale, window: Window, return_lse: bool):
-        tgt_len, src_len = q.size(2), k.size(2)
-        block_mask = _block_mask(window.left, window.right, tgt_len, src_len, q.device)
-        geometry = _geometry(window.left, window.right, src_len - tgt_len, self.k, q.device)
+        block_mask, geometry = self.window(window, q.size(2), k.size(2), q.device)
         return _fused_call(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos, self.table,
                            geometry, self.bias, return_lse, self.options(q))
 
@@ -506,9 +508,8 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
     One call's launches for L (a forward and a backward kernel, one copy of the
     queries) instead of L calls'; padding in the score function and causality as in
     :func:`flex_branch`. The call is :func:`_attend_windows`; where ``epilogue`` (a
-    fusion's
-    :meth:`~fairseq_localness.modules.fusion.Fusion.epilogue`) gives the fusion as a
-    function, that too (HySAN's squeeze gate, eq. 13-14), and a
+    fusion's :meth:`~fairseq_localness.modules.fusion.Fusion.epilogue`) gives the
+    fusion as a function, that too (HySAN's squeeze gate, eq. 13-14), and a
     :class:`~fairseq_localness.modules.fusion.FusedOutput` is returned: one compiled
     call forward and one backward per sublayer for the branches and their fusion."""
     q, k = ctx.q, ctx.k
@@ -535,11 +536,7 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
         return (grouped, k, v, scale, block_mask, padding, geometry, options, function, tuple(flags), *tensors)
 
     result = _call_kind(_attend_windows, grouped, key_of, args_of, None)
-    if function is None:
-        return result
-    from fairseq_localness.modules.fusion import FusedOutput
-
-    return FusedOutput(*result)
+    return result if function is None else FusedOutput(*result)
 
 
 def _attend_windows(grouped, k, v, scale, block_mask, padding, geometry, kernel_options, epilogue, flags: tuple,
@@ -582,14 +579,12 @@ def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Ter
     tgt_len, src_len, k_clip = ctx.tgt_len, ctx.src_len, value.k
     left_open = window.left is None or window.left >= k_clip
     right_open = window.right is None or window.right >= k_clip
-    block_mask = _block_mask(window.left, window.right, tgt_len, src_len, q.device)
-    geometry = _geometry(window.left, window.right, src_len - tgt_len, terms.k, q.device)
+    block_mask, geometry = terms.window(window, tgt_len, src_len, q.device)
     far_block_mask = far_geometry = None
     if left_open and right_open:
         far = Window(window.left, -k_clip)
         if not _empty(far, tgt_len, src_len):
-            far_block_mask = _block_mask(far.left, far.right, tgt_len, src_len, q.device)
-            far_geometry = _geometry(far.left, far.right, src_len - tgt_len, terms.k, q.device)
+            far_block_mask, far_geometry = terms.window(far, tgt_len, src_len, q.device)
     j, valid = _band(tgt_len, src_len, k_clip, window.left, window.right, q.device)  # Tq x (2K - 1) each
 
     def key_of(options):
