@@ -18,9 +18,10 @@ path (``--variants``):
 * ``static``: the same with the fused calls compiled for each shape
   (``flex.DYNAMIC_SHAPES = False``);
 * ``eager``: every core on the eager reference path (``attention_impl="eager"``);
-* ``apart``: as ``auto`` with every fusion after the fused call instead of within it
-  (``flex.EPILOGUE_DEVICES`` empty: HySAN's squeeze gate as operators of its own);
-  only for the sublayers whose fusion can run within the call.
+* ``apart``: as ``auto`` with every fusion after the fused call and every score
+  term's prologue before it, instead of within it (``flex.EPILOGUE_DEVICES`` and
+  ``flex.PROLOGUE_DEVICES`` empty: HySAN's squeeze gate, Yang et al.'s predicted
+  centres and windows as operators of their own); only for the sublayers with either.
 
 Columns: ``host ms``, the time until the Python calls of one forward and backward pass
 return (the launches, the wrappers of compiled calls); ``wall ms``, one pass with the
@@ -182,12 +183,18 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
     return row
 
 
-def _has_epilogue(module) -> bool:
-    """Whether ``module``'s fusion can run within the fused call of its branches."""
+def _has_part_within(module) -> bool:
+    """Whether something of ``module``'s can run within its fused call: its fusion (an
+    epilogue, HySAN's squeeze gate) or a score term's prologue (Yang et al.'s centres
+    and windows predicted from the queries, eq. 6-9)."""
     from fairseq_localness.modules.fusion import Fusion
+    from fairseq_localness.modules.gaussian import GaussianLocalness
 
     fusion = getattr(module, "fusion", None)
-    return fusion is not None and type(fusion).epilogue is not Fusion.epilogue
+    if fusion is not None and type(fusion).epilogue is not Fusion.epilogue:
+        return True
+    return any(isinstance(m, GaussianLocalness) and m.centre == "predicted" and m.window == "query"
+               for m in module.modules())
 
 
 def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
@@ -206,13 +213,13 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
                     models[name] = bench_model.build(model_name, args.size, options, task, device, dtype)[1].train()
                 model = models[name]
                 for side, module in own_sublayers(model).items():
-                    if variant == "apart" and not _has_epilogue(module):
+                    if variant == "apart" and not _has_part_within(module):
                         continue  # (the same as auto)
                     set_attention_impl(model, "eager" if variant == "eager" else "auto")
                     flex.DYNAMIC_SHAPES = variant != "static"
-                    epilogues = flex.EPILOGUE_DEVICES
+                    epilogues, prologues = flex.EPILOGUE_DEVICES, flex.PROLOGUE_DEVICES
                     if variant == "apart":
-                        flex.EPILOGUE_DEVICES = ()
+                        flex.EPILOGUE_DEVICES = flex.PROLOGUE_DEVICES = ()
                     try:
                         dim = getattr(model, side).embed_tokens.embedding_dim
                         row = measure(module, side, bsz, length, dim, device, dtype, args.iters)
@@ -224,7 +231,7 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
                         continue
                     finally:
                         flex.DYNAMIC_SHAPES = True
-                        flex.EPILOGUE_DEVICES = epilogues
+                        flex.EPILOGUE_DEVICES, flex.PROLOGUE_DEVICES = epilogues, prologues
                     key = (side, bsz, length)
                     if name == BASELINE:
                         base[key] = row["host_ms"]

@@ -9,6 +9,8 @@ twins here take CUDA's paths on the CPU (:mod:`~fairseq_localness.modules.kernel
 emulation`: torch's reference implementation of the fused calls, whose backward pass
 the CPU then runs too), outputs and gradients in float32.
 """
+import contextlib
+
 import pytest
 import torch
 
@@ -244,9 +246,40 @@ def _traced_on_the_cpu(monkeypatch, backend="eager"):
 
     monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", backend)
     monkeypatch.setattr(flex, "COMPILED", {})
+    monkeypatch.setattr(flex, "_PROLOGUE_CHECKED", set())
+    monkeypatch.setattr(flex, "_PROLOGUE_OUTSIDE", set())
+    _buffer_gradients_as_compiled(monkeypatch)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     return torch._dynamo.utils.counters
+
+
+def _buffer_gradients_as_compiled(monkeypatch):
+    """torch's reference implementation of the fused backward pass (what a CPU runs
+    for a traced graph) gives a score function's captured tensor a gradient where that
+    tensor requires one at run time; a compiled kernel (Inductor's) where the traced
+    joint graph of the score function gives one. For a tensor computed within the
+    compiled call (a prologue's P and sigma) the two differ: in the backward graph it
+    is a saved activation, which requires none. Here the reference decides as the
+    compiled kernel does, from the joint graph."""
+    import sys
+
+    import torch._higher_order_ops.flex_attention  # noqa: F401 - the module, below by name
+    from torch._C import DispatchKey
+
+    hop = sys.modules["torch._higher_order_ops.flex_attention"].flex_attention_backward
+    reference = hop.py_kernels[DispatchKey.CompositeExplicitAutograd]
+
+    def backward(*args):
+        args = list(args)
+        outputs = next(node for node in args[8].graph.nodes if node.op == "output").args[0]  # the joint graph's
+        args[12] = tuple(  # the captured tensors, where the joint graph gives a gradient
+            b.detach().requires_grad_(True) if isinstance(b, torch.Tensor) and g is not None and not b.requires_grad
+            else b for b, g in zip(args[12], outputs[5:]))
+        return reference(*args)
+
+    monkeypatch.setitem(hop.py_kernels, DispatchKey.CompositeExplicitAutograd, backward)
+    monkeypatch.setattr(hop, "_dispatch_cache", {})
 
 
 def _graphs_per_kind():
@@ -450,16 +483,18 @@ def test_the_compiled_training_graphs_hold_no_tensor_constants(monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
-def test_a_sublayer_with_shaws_value_term_is_one_compiled_call_forward_and_one_backward(causal, monkeypatch):
+@pytest.mark.parametrize("kind", ["gaussian+shaw", "gaussian-query"])
+def test_a_gaussian_sublayer_is_one_compiled_call_forward_and_one_backward(kind, causal, monkeypatch):
     """Shaw et al.'s call in training as CUDA makes it (the CPU taking CUDA's paths,
-    traced through AOTAutograd as Inductor receives it): the fused call, the far-left
-    call (encoder) and the value term are one compiled function, so one forward and
-    one backward graph per sublayer, holding no tensor constant; its outputs and
-    gradients equal the eager reference's."""
+    traced through AOTAutograd as Inductor receives it): Yang et al.'s P and sigma
+    (their prologue: eq. 6-9), the fused call, the far-left call (encoder) and the
+    value term are one compiled function, so one forward and one backward graph per
+    sublayer, holding no tensor constant; its outputs and gradients equal the eager
+    reference's. The same for the Gaussian alone: its prologue and the call."""
     import torch._dynamo
 
     constants, graphs = _recording_constants(monkeypatch)
-    module = _module("gaussian+shaw", causal)
+    module = _module(kind, causal)
     T = 11
     padding = None if causal else _padding("left", B, T, [T, 6, 1])
     keep = torch.ones(T, B, 1) if padding is None else (~padding).t().unsqueeze(-1).float()
@@ -480,7 +515,10 @@ def test_a_sublayer_with_shaws_value_term_is_one_compiled_call_forward_and_one_b
         kinds = [name for name, _, _, _ in flex.COMPILED]
     finally:
         torch._dynamo.reset()
-    assert kinds == ["_attend_with_value_term"] and len(graphs) == 2, (kinds, len(graphs))
+    assert kinds == ["_attend_after_prologue"] and len(graphs) == 2, (kinds, len(graphs))
+    assert not flex._PROLOGUE_OUTSIDE and len(flex._PROLOGUE_CHECKED) == 1
+    forward_ops = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    assert {"aten.tanh.default", "aten.sigmoid.default"} <= forward_ops  # the prologue, within the call
     assert constants == []
     assert len(got) == len(want)
     for a, b in zip(got, want):
@@ -666,9 +704,12 @@ def test_the_shared_memory_check_runs_hysans_call_with_its_gate_whether_logged_o
         with emulation.cuda_paths_on_cpu():
             got = _run(module, x.clone().requires_grad_(True), "auto", padding)
             got.sum().backward()
+        graphs = _graphs_per_kind()
     finally:
         torch._dynamo.reset()
     assert [name for name, _ in flex._CHECKED] == ["_attend_windows"] and not flex._NEED_SMALL_BLOCKS
+    # the check's copies of the gate's parameters are parameters: the kind compiled once
+    assert [count for (name, *_), count in graphs.items() if name == "_attend_windows"] == [1], graphs
     keep = (~padding).t().unsqueeze(-1).float()
     torch.testing.assert_close(got * keep, want * keep, atol=2e-6, rtol=1e-5)
 
@@ -824,6 +865,121 @@ def test_hysans_gate_runs_within_the_fused_call_and_logs_what_the_eager_path_log
     assert sorted(logged["auto"]) == sorted(logged["eager"]) == sorted(f"enc1_gate_{n}" for n in module.fusion.names)
     for key, value in logged["eager"].items():
         assert logged["auto"][key] == pytest.approx(value, rel=1e-5), key
+
+
+@pytest.mark.parametrize("causal,side", [(False, "left"), (True, None), (True, "right")],
+                         ids=["encoder", "decoder", "decoder-padded"])
+def test_the_gaussians_prologue_runs_within_the_fused_call_and_logs_what_the_eager_path_logs(causal, side,
+                                                                                             monkeypatch):
+    """On CUDA's paths Yang et al.'s P and sigma (eq. 6-9) are computed within the
+    fused call that reads them (``flex._attend_after_prologue``), with the means the
+    branch logs: in training the logged mean centre offset and window equal the eager
+    path's (to float32 rounding), with padding on the left in the encoder and on the
+    right in the decoder; the prologue runs once per pass."""
+    from fairseq.logging import metrics
+
+    from fairseq_localness.modules import gaussian
+
+    module = _module("gaussian-query", causal)
+    branch = module.branches[0]
+    branch.metric_prefix = "enc1"
+    T = 10
+    padding = None if side is None else _padding(side, B, T, [T, 6, 1])
+    torch.manual_seed(3)
+    x = torch.randn(T, B, C, requires_grad=True)
+    prologues, within = [], []
+    original, call = gaussian.predicted_gaussian, flex._attend_after_prologue
+
+    def spy(*args):
+        prologues.append(args[-1])  # whether it computes the means
+        return original(*args)
+
+    def spy_call(*args):
+        within.append(args[3].__name__)
+        return call(*args)
+
+    monkeypatch.setattr(gaussian, "predicted_gaussian", spy)
+    monkeypatch.setattr(flex, "_attend_after_prologue", spy_call)
+    logged = {}
+    for impl in ("eager", "auto"):  # the eager reference on the CPU's own paths, without the prologue
+        with metrics.aggregate(new_root=True) as agg, \
+                emulation.cuda_paths_on_cpu() if impl == "auto" else contextlib.nullcontext():
+            _run(module, x, impl, padding).sum().backward()
+        logged[impl] = {key: agg[key].avg for key in agg.keys() if key.startswith("enc1_")}
+    assert prologues == [True] and within == ["spy"]  # the fused path only, within its call
+    assert sorted(logged["auto"]) == sorted(logged["eager"]) == ["enc1_centre_offset", "enc1_window"]
+    for key, value in logged["eager"].items():
+        assert logged["auto"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_a_call_whose_prologue_gets_no_gradient_computes_it_before_the_call(monkeypatch, caplog):
+    """The first call of a kind with a prologue within runs once more, forward and
+    backward, where it is compiled: where the prologue's tensors get no gradient (as
+    torch's reference implementation of the backward pass gives none to a captured
+    tensor computed within a traced call), the kind computes its prologue before the
+    call from then on, with a warning, and its outputs and gradients still equal the
+    eager reference's; the check runs once per kind."""
+    import logging
+
+    import torch._dynamo
+
+    monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", "aot_eager")
+    monkeypatch.setattr(flex, "COMPILED", {})
+    monkeypatch.setattr(flex, "_PROLOGUE_CHECKED", set())
+    monkeypatch.setattr(flex, "_PROLOGUE_OUTSIDE", set())
+    module = _module("gaussian-query", False)
+    T = 9
+    padding = _padding("left", B, T, [T, 5, 2])
+    keep = (~padding).t().unsqueeze(-1).float()
+    x = torch.randn(T, B, C)
+
+    def run(impl):
+        inputs = x.clone().requires_grad_(True)
+        module.zero_grad()
+        out = _run(module, inputs, impl, padding) * keep
+        out.pow(2).sum().backward()
+        return [out, inputs.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+
+    want = run("eager")
+    torch._dynamo.reset()
+    try:
+        with emulation.cuda_paths_on_cpu(), caplog.at_level(logging.WARNING, logger=flex.__name__):
+            got = [run("auto") for _ in range(2)]
+    finally:
+        torch._dynamo.reset()
+    assert len(flex._PROLOGUE_CHECKED) == 1 and flex._PROLOGUE_OUTSIDE == flex._PROLOGUE_CHECKED
+    assert sum("did not reach the prologue's tensors" in r.getMessage() for r in caplog.records) == 1
+    assert sorted(name for name, *_ in flex.COMPILED) == ["_attend", "_attend_after_prologue"]
+    for each in got:
+        assert len(each) == len(want)
+        for a, b in zip(each, want):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_a_gaussian_given_by_its_prologue_is_computed_once_when_read():
+    """A :class:`~fairseq_localness.modules.scores.GaussianScore` given by a prologue
+    computes P and sigma when first read, reports the prologue's stats then, once; one
+    given neither tensors nor a prologue is refused."""
+    from fairseq_localness.modules.scores import GaussianScore, Prologue
+
+    runs, reports = [], []
+    q = torch.randn(2, 3, 4, 8)
+
+    def prologue(q, offset, flag):
+        runs.append(flag)
+        centre = q.sum(-1) + offset
+        return centre, centre.abs() + 1, torch.stack([centre.mean(), offset])
+
+    term = GaussianScore.predicted(Prologue(prologue, q, (torch.tensor(0.5),), ("flag",), reports.append),
+                                   torch.arange(4.0).expand(2, 4))
+    assert not term.computed and runs == []
+    torch.testing.assert_close(term.centre, q.sum(-1) + 0.5)
+    dense = term.dense()
+    torch.testing.assert_close(term.sigma, (q.sum(-1) + 0.5).abs() + 1)
+    torch.testing.assert_close(term.coefficient(), -0.5 / term.sigma ** 2)
+    assert term.computed and runs == ["flag"] and len(reports) == 1 and dense.shape == (2, 3, 4, 4)
+    with pytest.raises(ValueError, match="centre and a sigma, or a prologue"):
+        GaussianScore(None, torch.ones(1), torch.ones(1))
 
 
 def test_the_cpu_takes_its_own_paths_again_after_cudas(monkeypatch):

@@ -338,16 +338,23 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
     assert [r[7].rstrip(" |") for r in rows[1:]] == ["0"] * 6  # the CPU's own paths: no fused call in training
     # CUDA's paths taken on the CPU: HySAN's branches are one fused call per sublayer
     proc = subprocess.run([sys.executable, script, "--size", "tiny", "--shapes", "2x8", "--iters", "1", "--dtype",
-                           "fp32", "--cpu", "--cuda-paths", "--systems", "hysan e1 (gated)", "--variants",
-                           "auto,eager,apart", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "fp32", "--cpu", "--cuda-paths", "--systems", "hysan e1 (gated)",
+                           "localness (query, enc 1-3)", "--variants", "auto,eager,apart", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
     assert "CUDA's paths" in text.splitlines()[0]
-    assert [(r[0][2:], r[3], r[7].rstrip(" |")) for r in rows[1:]] == [
-        ("transformer", "auto", "0"), ("transformer", "auto", "0"), ("hysan e1 (gated)", "auto", "1"),
-        ("hysan e1 (gated)", "auto", "1"), ("hysan e1 (gated)", "eager", "0"), ("hysan e1 (gated)", "eager", "0"),
-        ("hysan e1 (gated)", "apart", "1"), ("hysan e1 (gated)", "apart", "1")]  # the gate after the call
+    hysan, localness = "hysan e1 (gated)", "localness (query, enc 1-3)"
+    assert [(r[0][2:], r[1].split()[0], r[3], r[7].rstrip(" |")) for r in rows[1:]] == [
+        ("transformer", "encoder", "auto", "0"), ("transformer", "decoder", "auto", "0"),
+        (hysan, "encoder", "auto", "1"), (hysan, "decoder", "auto", "1"),
+        (localness, "encoder", "auto", "1"), (localness, "decoder", "auto", "0"),
+        (hysan, "encoder", "eager", "0"), (hysan, "decoder", "eager", "0"),
+        (localness, "encoder", "eager", "0"), (localness, "decoder", "eager", "0"),
+        # the gate after the call, the Gaussian's centres and windows before it; nothing of the kind
+        # in localness's decoder (fairseq's attention)
+        (hysan, "encoder", "apart", "1"), (hysan, "decoder", "apart", "1"), (localness, "encoder", "apart", "1")]
     bad = subprocess.run([sys.executable, script, "--shapes", "32by128", "--cpu"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--shapes: expected BxT, e.g. 32x128, got '32by128'" in bad.stderr

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 from fairseq_localness.modules import projections
 from fairseq_localness.modules.context import AttentionBranch, AttentionContext
 from fairseq_localness.modules.observe import CENTRE, QUERY_POSITION, VISIBLE_KEYS, WINDOW, weighted_means
-from fairseq_localness.modules.scores import Description, GaussianScore
+from fairseq_localness.modules.scores import Description, GaussianScore, Prologue
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
 CENTRE_MODES = ("predicted", "self")
@@ -169,13 +169,13 @@ class GaussianLocalness(AttentionBranch):
     # -------------------------------------------------------------- eq. 6-11
     def centre_and_window(self, ctx: AttentionContext):
         """P and D of eq. 6/10/11, each ``B x H x Tq`` (float32, or float64)."""
+        if self._at_once(ctx.q.device):
+            return _centre_and_window(ctx.q, *self._at_once_inputs(ctx))
         dt = compute_dtype(ctx)
         bsz, heads, tgt_len, head_dim = ctx.q.shape
         q_full = ctx.q.permute(0, 2, 1, 3).reshape(bsz, tgt_len, heads * head_dim)  # B x Tq x C
         lengths = ctx.lengths.unsqueeze(1).to(dt)  # B' x 1 x Tq
         hidden = torch.tanh(self.w_p(q_full)) if self.w_p is not None else None  # B x Tq x C
-        if self._at_once(ctx.q.device):
-            return self._centre_and_window_at_once(ctx, hidden, lengths, dt)
 
         if self.centre == "predicted":
             p = self.u_p(hidden).transpose(1, 2).to(dt)  # B x H x Tq
@@ -201,31 +201,38 @@ class GaussianLocalness(AttentionBranch):
         return centre, window
 
     def _at_once(self, device: torch.device) -> bool:
-        """Whether P and D are computed together (:meth:`_centre_and_window_at_once`):
+        """Whether P and D are computed together (:func:`_centre_and_window`):
         both predicted from ``tanh(W_p Q)`` (eq. 6 and 9), on a device of
         :data:`~.projections.STACKED_PROJECTION_DEVICES`."""
         return self.centre == "predicted" and self.window == "query" and \
             device.type in projections.STACKED_PROJECTION_DEVICES
 
-    def _centre_and_window_at_once(self, ctx: AttentionContext, hidden: Tensor, lengths: Tensor, dt):
-        """P and D of eq. 6 and 9 from the same ``hidden = tanh(W_p Q)``, computed
-        together (on :data:`~.projections.STACKED_PROJECTION_DEVICES`: CUDA): one
-        product by ``[U_p; U_d]``, one sigmoid over both, and ``P = I * sigmoid(p)``,
-        ``D = F + (max(I, F) - F) * sigmoid(z)`` as one ``addcmul`` with the scales
-        ``[I; max(I, F) - F]`` (shared by the layers, :meth:`AttentionContext.shared`) and offsets
-        ``[0; F]``: five operators forward where the separate computation takes eleven,
-        and fewer backward; the same values up to the products' rounding."""
-        heads, floor = self.u_p.out_features, self.min_window
-        bsz, tgt_len = hidden.shape[:2]
-        logits = nn.functional.linear(hidden, torch.cat([self.u_p.weight, self.u_d.weight]))  # B x Tq x 2H
-        gates = torch.sigmoid(logits.view(bsz, tgt_len, 2, heads).permute(0, 2, 3, 1).to(dt))  # B x 2 x H x Tq
+    def _at_once_inputs(self, ctx: AttentionContext) -> tuple:
+        """The tensors of :func:`_centre_and_window` besides the queries: ``W_p``,
+        ``U_p``, ``U_d``, the scales ``[I; max(I, F) - F]`` (``B' x 2 x 1 x Tq``, shared
+        by the layers of a pass, :meth:`AttentionContext.shared`) and the offsets
+        ``[0; F]``."""
+        dt, floor = compute_dtype(ctx), self.min_window
 
         def scales():
-            return torch.stack([lengths, lengths.clamp(min=floor) - floor], dim=1)  # B' x 2 x 1 x Tq
+            lengths = ctx.lengths.unsqueeze(1).to(dt)  # B' x 1 x Tq
+            return torch.stack([lengths, lengths.clamp(min=floor) - floor], dim=1)
 
         scale = scales() if ctx.causal else ctx.shared(("gaussian_scales", floor, dt, ctx.tgt_len), scales)
-        centre, window = torch.addcmul(_offsets(float(floor), dt, gates.device), scale, gates).unbind(1)
-        return centre, window
+        return self.w_p.weight, self.u_p.weight, self.u_d.weight, scale, _offsets(float(floor), dt, ctx.q.device)
+
+    def _prologue(self, ctx: AttentionContext) -> Prologue:
+        """P and sigma of eq. 5-9, and the means the branch logs, as a
+        :class:`~.scores.Prologue` of the queries (:func:`predicted_gaussian`)."""
+        weights = position = None
+        logging = self.logging_metrics
+        if logging:
+            weights = ctx.query_weights()
+            weights = None if weights is None else weights[:, None]  # B x 1 x Tq
+            position = _mean_query_position(ctx, weights) if ctx.self_attention else None
+        tensors = self._at_once_inputs(ctx) + (weights, position)
+        return Prologue(predicted_gaussian, ctx.q, tensors, (self.min_window == 0, logging),
+                        functools.partial(self.log_metrics, self._metric_names(ctx)))
 
     def _key_mean(self, ctx: AttentionContext) -> Tensor:
         """Mean of the keys each query sees (eq. 8's mean(K)), ``B x Tq x C``."""
@@ -249,12 +256,14 @@ class GaussianLocalness(AttentionBranch):
         observed once per call. The kernels evaluate it per block of queries
         (:mod:`.kernels.recompute`) or inside a fused kernel (:mod:`.kernels.flex`), so
         no ``B x H x Tq x Tk`` bias is kept for the backward pass."""
+        k_pos = ctx.k_pos_as(compute_dtype(ctx))
+        if self._at_once(ctx.q.device) and not self.recording:
+            # P and D from the queries where they are needed: within a fused call that
+            # takes the prologue (:data:`.kernels.flex.PROLOGUE_DEVICES`), else when read
+            return Description(scores=(GaussianScore.predicted(self._prologue(ctx), k_pos),))
         centre, window = self.centre_and_window(ctx)
-        sigma = window / 2.0
-        if self.min_window == 0:
-            sigma = sigma.clamp(min=1e-10)  # only the division is guarded (module docstring)
         self._observe(ctx, centre, window)
-        return Description(scores=(GaussianScore(centre, sigma, ctx.k_pos_as(compute_dtype(ctx))),))
+        return Description(scores=(GaussianScore(centre, _sigma(window, self.min_window == 0), k_pos),))
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         """G of eq. 5, ``B x H x Tq x Tk`` (float32, or float64)."""
@@ -269,10 +278,62 @@ class GaussianLocalness(AttentionBranch):
         if self.logging_metrics:
             weights = ctx.query_weights()
             weights = None if weights is None else weights[:, None]  # B x 1 x Tq
-            means = weighted_means((centre, window), weights)
-            if ctx.self_attention:  # the centre's offset from its query: the mean position taken off
-                means = means - _mean_query_position(ctx, weights)
-            self.log_metrics(("centre_offset" if ctx.self_attention else "centre", "window"), means)
+            position = _mean_query_position(ctx, weights) if ctx.self_attention else None
+            self.log_metrics(self._metric_names(ctx), _metric_means(centre, window, weights, position))
+
+    @staticmethod
+    def _metric_names(ctx: AttentionContext) -> tuple:
+        """The names of the means the branch logs: in self-attention the centre's
+        offset from its query (the mean query position taken off), else the centre; and
+        the window."""
+        return ("centre_offset" if ctx.self_attention else "centre", "window")
+
+
+def _centre_and_window(q: Tensor, w_p: Tensor, u_p: Tensor, u_d: Tensor, scale: Tensor, offsets: Tensor):
+    """P and D of eq. 6, 7 and 9 (with the floor, module docstring), each ``B x H x
+    Tq`` in float32 (float64 for float64 queries), from the same ``hidden = tanh(W_p
+    Q)``: one product by ``[U_p; U_d]``, one sigmoid over both, and ``P = I *
+    sigmoid(p)``, ``D = F + (max(I, F) - F) * sigmoid(z)`` as one ``addcmul`` with the
+    scales ``[I; max(I, F) - F]`` and offsets ``[0; F]``
+    (:meth:`GaussianLocalness._at_once_inputs`): five operators forward where the
+    separate computation takes eleven, and fewer backward; the same values up to the
+    products' rounding. ``q``: ``B x H x Tq x Dh``, before the ``1/sqrt(Dh)`` scaling."""
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    bsz, heads, tgt_len, head_dim = q.shape
+    q_full = q.permute(0, 2, 1, 3).reshape(bsz, tgt_len, heads * head_dim)  # B x Tq x C
+    hidden = torch.tanh(nn.functional.linear(q_full, w_p))  # B x Tq x C
+    logits = nn.functional.linear(hidden, torch.cat([u_p, u_d]))  # B x Tq x 2H
+    gates = torch.sigmoid(logits.view(bsz, tgt_len, 2, u_p.size(0)).permute(0, 2, 3, 1).to(dt))  # B x 2 x H x Tq
+    centre, window = torch.addcmul(offsets, scale, gates).unbind(1)
+    return centre, window
+
+
+def predicted_gaussian(q: Tensor, w_p: Tensor, u_p: Tensor, u_d: Tensor, scale: Tensor, offsets: Tensor,
+                       weights: Optional[Tensor], position: Optional[Tensor], unfloored: bool, metrics: bool):
+    """The prologue of a predicted Gaussian (:class:`~.scores.Prologue`): P and sigma =
+    D / 2 of eq. 5-9 from the queries ``q`` (:func:`_centre_and_window`), and where
+    ``metrics`` the means the branch logs (:meth:`GaussianLocalness._observe`'s, from
+    the query weights ``weights`` and the mean query position ``position``, either
+    None), else None. ``unfloored``: F = 0, where only the division is guarded. One
+    function of its inputs, for a fused call to compute within itself
+    (:mod:`.kernels.flex`)."""
+    centre, window = _centre_and_window(q, w_p, u_p, u_d, scale, offsets)
+    stats = _metric_means(centre.detach(), window.detach(), weights, position) if metrics else None
+    return centre, _sigma(window, unfloored), stats
+
+
+def _sigma(window: Tensor, unfloored: bool) -> Tensor:
+    """sigma = D / 2 (eq. 5); with F = 0 kept above 1e-10: only the division is guarded
+    (module docstring)."""
+    sigma = window / 2.0
+    return sigma.clamp(min=1e-10) if unfloored else sigma
+
+
+def _metric_means(centre: Tensor, window: Tensor, weights: Optional[Tensor], position: Optional[Tensor]) -> Tensor:
+    """The means of P and D over the real queries (``weights``, ``B x 1 x Tq``, or None:
+    all real), the mean query position ``[mean q_pos, 0]`` taken off where given."""
+    means = weighted_means((centre, window), weights)
+    return means if position is None else means - position
 
 
 @torch.no_grad()
@@ -291,6 +352,6 @@ def _mean_query_position(ctx: AttentionContext, weights) -> Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _offsets(floor: float, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``[0; F]``, ``2 x 1 x 1``: the offsets of :meth:`GaussianLocalness._centre_and_window_at_once`."""
+    """``[0; F]``, ``2 x 1 x 1``: the offsets of :func:`_centre_and_window`."""
     with torch.inference_mode(False):  # cached: usable by a later pass with gradients
         return torch.tensor([0.0, floor], dtype=dtype, device=device).view(2, 1, 1)

@@ -34,7 +34,7 @@ or mask exactly, and the kernels evaluate it their own way: per block of query r
 (:mod:`.kernels.flex`).
 """
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -68,6 +68,24 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Prologue:
+    """A score term's tensors as a function of the call's queries, for a fused call to
+    compute within itself: ``function(q, *tensors, *flags)`` gives ``(centre, sigma,
+    stats)`` (:class:`GaussianScore`'s), ``stats`` a tensor of what the branch logs or
+    None, which ``report`` takes. ``q`` is the branch's queries (``B x H x Tq x Dh``);
+    ``flags`` are Python constants."""
+
+    function: Callable
+    q: Tensor
+    tensors: Tuple[Optional[Tensor], ...]
+    flags: Tuple[object, ...]
+    report: Callable[[Tensor], None]
+
+    def run(self, q: Tensor):
+        """``(centre, sigma, stats)`` for the queries ``q``."""
+        return self.function(q, *self.tensors, *self.flags)
+
+
 class GaussianScore:
     """Yang et al. (2018), eq. 5: ``G = -(k_pos[b, kv_idx] - P[b, h, q_idx])^2 /
     (2 sigma[b, h, q_idx]^2)``.
@@ -75,11 +93,44 @@ class GaussianScore:
     ``centre`` P and ``sigma`` (= D / 2) are ``B x H x Tq`` (float32, or float64);
     ``k_pos``, the real key positions, ``B' x Tk`` in their dtype. A fused kernel gets
     ``coeff = -1 / (2 sigma^2)`` computed outside its score function
-    (:meth:`coefficient`), so it reads two captured tensors per query, once each."""
+    (:meth:`coefficient`), so it reads two captured tensors per query, once each.
 
-    centre: Tensor
-    sigma: Tensor
-    k_pos: Tensor
+    Given as a :class:`Prologue` instead (:meth:`predicted`), P and sigma are computed
+    when first read, outside any kernel, and the prologue's stats reported then; a
+    fused call that takes the prologue (:mod:`.kernels.flex`) computes them within
+    itself instead, and they are never read outside it."""
+
+    def __init__(self, centre: Optional[Tensor], sigma: Optional[Tensor], k_pos: Tensor,
+                 prologue: Optional[Prologue] = None):
+        if prologue is None and (centre is None or sigma is None):
+            raise ValueError("GaussianScore needs a centre and a sigma, or a prologue that computes them")
+        self._centre, self._sigma, self.k_pos, self.prologue = centre, sigma, k_pos, prologue
+
+    @classmethod
+    def predicted(cls, prologue: Prologue, k_pos: Tensor) -> "GaussianScore":
+        """The term whose P and sigma ``prologue`` computes."""
+        return cls(None, None, k_pos, prologue)
+
+    @property
+    def computed(self) -> bool:
+        """Whether P and sigma exist as tensors (given, or their prologue run)."""
+        return self._centre is not None
+
+    def _compute(self):
+        if self._centre is None:
+            self._centre, self._sigma, stats = self.prologue.run(self.prologue.q)
+            if stats is not None:
+                self.prologue.report(stats)
+
+    @property
+    def centre(self) -> Tensor:
+        self._compute()
+        return self._centre
+
+    @property
+    def sigma(self) -> Tensor:
+        self._compute()
+        return self._sigma
 
     def dense(self) -> Tensor:
         """G, ``B x H x Tq x Tk`` (the eager reference's bias)."""
@@ -94,7 +145,12 @@ class GaussianScore:
 
     def coefficient(self) -> Tensor:
         """``-1 / (2 sigma^2)``, ``B x H x Tq``."""
-        return -0.5 / (self.sigma * self.sigma)
+        return gaussian_coefficient(self.sigma)
+
+
+def gaussian_coefficient(sigma: Tensor) -> Tensor:
+    """``-1 / (2 sigma^2)``: :class:`GaussianScore`'s coefficient of ``d^2``."""
+    return -0.5 / (sigma * sigma)
 
 
 def gaussian_rows(inputs, i0: int, i1: int) -> Tensor:

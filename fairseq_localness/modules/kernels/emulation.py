@@ -13,6 +13,8 @@ duration of a ``with`` block:
 * :data:`~fairseq_localness.modules.dual_context.JOINT_PASS_DEVICES`: the Dual
   Contextual module's two FI units as one call;
 * :data:`.flex.EPILOGUE_DEVICES`: a fusion within the fused call of the branches;
+* :data:`.flex.PROLOGUE_DEVICES`: a score term's prologue (Yang et al.'s P and sigma)
+  within the fused call that reads it;
 * :data:`~fairseq_localness.modules.hysan.BRANCH_LOOP_DEVICES` (the CPU leaves it):
   HySAN's squeeze gate after a fused call over all branches as one product.
 
@@ -59,6 +61,7 @@ def cuda_paths_on_cpu():
     switches = [
         (choice, "FUSED_DEVICES", choice.FUSED_DEVICES + ("cpu",)),
         (flex, "EPILOGUE_DEVICES", flex.EPILOGUE_DEVICES + ("cpu",)),
+        (flex, "PROLOGUE_DEVICES", flex.PROLOGUE_DEVICES + ("cpu",)),
         (projections, "STACKED_PROJECTION_DEVICES", projections.STACKED_PROJECTION_DEVICES + ("cpu",)),
         (dual_context, "JOINT_PASS_DEVICES", dual_context.JOINT_PASS_DEVICES + ("cpu",)),
         (hysan, "BRANCH_LOOP_DEVICES", tuple(d for d in hysan.BRANCH_LOOP_DEVICES if d != "cpu")),

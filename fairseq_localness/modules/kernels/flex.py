@@ -75,7 +75,8 @@ from torch.utils.checkpoint import checkpoint
 
 from fairseq_localness.modules.context import AttentionContext
 from fairseq_localness.modules.fusion import FusedOutput
-from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore, ValueTerm, Window
+from fairseq_localness.modules.scores import (BucketScore, Description, GaussianScore, ValueTerm, Window,
+                                              gaussian_coefficient)
 
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -196,6 +197,13 @@ DYNAMIC_SHAPES = True
 # operator outside a compiled call is a launch of its own. Elsewhere, and with it empty
 # (``scripts/gpu_attention_probe.py``'s ``apart`` variant), the fusion runs after the call.
 EPILOGUE_DEVICES = ("cuda",)
+
+# Devices where a score term's prologue (:class:`~fairseq_localness.modules.scores.Prologue`:
+# Yang et al.'s P and sigma predicted from the queries, and the means the branch logs)
+# runs within the fused call that reads the term (:func:`_attend_after_prologue`): CUDA,
+# where each operator outside a compiled call is a launch of its own. Elsewhere the
+# term's tensors are computed before the call, as every other kernel reads them.
+PROLOGUE_DEVICES = ("cuda",)
 
 # (function name, variant, backend, dynamic shapes) -> the compiled function (:func:`_compiled`)
 COMPILED = {}
@@ -345,8 +353,7 @@ def _fits(function, args) -> bool:
     """Whether ``function(*args)`` runs forward and backward (on detached copies of the
     float tensors, those that need gradients again needing them) without running out of
     the GPU's shared memory; any other error is raised."""
-    copies = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, Tensor) and a.is_floating_point() else a
-              for a in args]
+    copies = _detached_copies(args)
     try:
         result = function(*copies)
         outputs = result if isinstance(result, tuple) else (result,)
@@ -358,6 +365,15 @@ def _fits(function, args) -> bool:
         if _out_of_shared_memory(error):
             return False
         raise
+
+
+def _detached_copies(args) -> list:
+    """``args`` with each float tensor detached, needing gradients where it did; a
+    parameter stays a parameter (``nn.Parameter``): dynamo guards an input's type, so
+    a plain tensor in a parameter's place would compile the kind a second time."""
+    return [(torch.nn.Parameter(a.detach(), requires_grad=a.requires_grad) if isinstance(a, torch.nn.Parameter)
+             else a.detach().requires_grad_(a.requires_grad)) if isinstance(a, Tensor) and a.is_floating_point() else a
+            for a in args]
 
 
 def _out_of_shared_memory(error: BaseException) -> bool:
@@ -419,12 +435,16 @@ class _Terms:
 
     def __init__(self, ctx: AttentionContext, description: Description, call_scores, padding):
         bsz, heads, tgt_len, src_len = ctx.bsz, ctx.num_heads, ctx.tgt_len, ctx.src_len
-        self.centre = self.coeff = self.k_pos = self.table = self.bias = None
+        self.centre = self.coeff = self.k_pos = self.table = self.bias = self.prologue = self.gaussian = None
         self.k = 0
         dense = []
         for term in tuple(description.scores) + tuple(call_scores):
-            if isinstance(term, GaussianScore) and self.centre is None:
-                self.centre, self.coeff = term.centre, term.coefficient()
+            if isinstance(term, GaussianScore) and self.gaussian is None:
+                self.gaussian = term
+                if term.prologue is not None and not term.computed and ctx.q.device.type in PROLOGUE_DEVICES:
+                    self.prologue = term.prologue  # P and sigma computed within the call (:meth:`run`)
+                else:
+                    self.centre, self.coeff = term.centre, term.coefficient()
                 self.k_pos = term.k_pos.expand(bsz, src_len)
             elif isinstance(term, BucketScore) and self.table is None:
                 self.table, self.k = term.table, term.k
@@ -434,7 +454,8 @@ class _Terms:
                 dense.append(term.dense())
         if description.mask is not None:
             mask = description.mask
-            dense.append(torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(mask, float("-inf")))
+            blocked = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+            dense.append(blocked.masked_fill_(mask, float("-inf")))
         if dense:
             bias = dense[0]
             for term in dense[1:]:
@@ -454,8 +475,109 @@ class _Terms:
 
     def call(self, q, k, v, scale, window: Window, return_lse: bool):
         block_mask, geometry = self.window(window, q.size(2), k.size(2), q.device)
-        return _fused_call(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos, self.table,
-                           geometry, self.bias, return_lse, self.options(q))
+
+        def key_of(options):
+            return variant(q, block_mask, self.padding, self.centre, self.table, self.bias, return_lse, options)
+
+        def args_of(options):
+            return (q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos, self.table,
+                    geometry, self.bias, return_lse, options)
+
+        return self.run(_attend, 6, q, key_of, args_of, self.options(q))
+
+    def run(self, function, centre_at: int, q, key_of, args_of, options):
+        """``function(*args_of(options))`` by the kernel of its kind (:func:`_call_kind`);
+        with the terms' prologue, that prologue first, within the same compiled call
+        (:func:`_attend_after_prologue`: P and ``-1 / (2 sigma^2)`` go in at positions
+        ``centre_at`` and ``centre_at + 1`` of the arguments), and the stats it gives
+        reported to its branch. A kind of call whose gradients did not reach the
+        prologue's tensors (:func:`_prologue_learns`) computes the prologue before the
+        call instead."""
+        prologue = self.prologue
+        if prologue is None:
+            return _call_kind(function, q, key_of, args_of, options)
+
+        def prologue_key(options):
+            present = tuple(t is not None for t in prologue.tensors)
+            return key_of(options) + (function.__name__, prologue.function.__name__) + present + prologue.flags
+
+        def prologue_args(options):
+            args = args_of(options)
+            return (function, centre_at, len(args), prologue.function, prologue.flags, *args, *prologue.tensors)
+
+        kind = prologue_key(options)
+        if kind not in _PROLOGUE_CHECKED and torch.is_grad_enabled() and q.device.type in COMPILE_BACKENDS:
+            _PROLOGUE_CHECKED.add(kind)
+            learns = None
+            for blocks in ((options,) if options is not None else (None, SMALL_BLOCKS)):
+                if learns is None:  # None: out of shared memory (:func:`_call_kind` then takes SMALL_BLOCKS)
+                    learns = _prologue_learns(_kernel(q.device, prologue_key(blocks), _attend_after_prologue),
+                                              prologue_args(blocks), len(prologue.tensors))
+            if not learns:
+                logger.warning("FlexAttention: the gradients of a kind of call with a score term's prologue within "
+                               "it did not reach the prologue's tensors; that kind computes the prologue before the "
+                               "call from now on")
+                _PROLOGUE_OUTSIDE.add(kind)
+        if kind in _PROLOGUE_OUTSIDE:
+            self.prologue = None
+            self.centre, self.coeff = self.gaussian.centre, self.gaussian.coefficient()
+            return _call_kind(function, q, key_of, args_of, options)
+        result, stats = _call_kind(_attend_after_prologue, q, prologue_key, prologue_args, options)
+        if stats is not None:
+            prologue.report(stats)
+        return result
+
+
+# Kinds of call with a prologue within (:meth:`_Terms.run`) checked, and those whose
+# check failed, which compute the prologue before the call.
+_PROLOGUE_CHECKED = set()
+_PROLOGUE_OUTSIDE = set()
+
+
+def _attend_after_prologue(function, centre_at: int, count: int, prologue, flags: tuple, *inputs):
+    """``function(*args)`` for the first ``count`` of ``inputs``, with P and ``-1 / (2
+    sigma^2)`` at ``centre_at`` and ``centre_at + 1`` computed first by ``prologue(q,
+    *tensors, *flags)`` (``q`` the first argument, ``tensors`` the rest of ``inputs``;
+    :class:`~fairseq_localness.modules.scores.Prologue`): one function, compiled as one
+    call, so that the prologue's products and element-wise steps (Yang et al.'s eq. 6-9
+    and the means the branch logs) run within the call instead of before it. Returns
+    ``(function's result, the prologue's stats)``."""
+    args, tensors = inputs[:count], inputs[count:]
+    centre, sigma, stats = prologue(args[0], *tensors, *flags)
+    args = args[:centre_at] + (centre, gaussian_coefficient(sigma)) + args[centre_at + 2:]
+    return function(*args), stats
+
+
+def _prologue_learns(function, args, count: int) -> Optional[bool]:
+    """Whether ``function(*args)`` (:func:`_attend_after_prologue`, compiled) runs
+    forward and backward on detached copies of the float tensors (those that need
+    gradients again needing them) and gives each of its last ``count`` arguments (the
+    prologue's tensors) that needs gradients a finite gradient that is not all zero.
+
+    What this guards: the score function's captured P and sigma are computed within the
+    compiled call, not given to it, and torch's reference implementation of the fused
+    backward pass decides at run time from ``requires_grad`` whether a captured
+    tensor gets a gradient, which a tensor computed within the call no longer has at
+    that point (traced through AOTAutograd on a CPU: the backward graph then adds
+    None and raises). A call that raises here, or whose prologue gets no gradient,
+    takes the prologue outside. None: it ran out of the GPU's shared memory (the
+    caller checks again with :data:`SMALL_BLOCKS`)."""
+    copies = _detached_copies(args)
+    learned = [c for c in copies[len(copies) - count:] if isinstance(c, Tensor) and c.requires_grad]
+    try:
+        result, _ = function(*copies)
+        outputs = result if isinstance(result, tuple) else (result,)
+        total = sum(out.float().square().sum() for out in outputs if isinstance(out, Tensor) and out.requires_grad)
+        if isinstance(total, Tensor):
+            total.backward()
+    except Exception as error:  # noqa: BLE001 - any failure of the prologue within the call sends it outside
+        if _out_of_shared_memory(error):
+            return None
+        logger.warning("FlexAttention: a call with its prologue within failed its check: %s: %s",
+                       type(error).__name__, error)
+        return False
+    return all(c.grad is not None and bool(torch.isfinite(c.grad).all()) and bool(c.grad.ne(0).any())
+               for c in learned)
 
 
 def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Description, call_scores=(),
@@ -596,7 +718,7 @@ def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Ter
                 terms.table, geometry, far_geometry, terms.bias, j, valid, value.embeddings, left_open, right_open,
                 options)
 
-    return _call_kind(_attend_with_value_term, q, key_of, args_of, terms.options(q))
+    return terms.run(_attend_with_value_term, 7, q, key_of, args_of, terms.options(q))
 
 
 def _attend_with_value_term(q, k, v, scale, block_mask, far_block_mask, padding, centre, coeff, k_pos, table,
