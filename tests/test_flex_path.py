@@ -229,7 +229,7 @@ def test_descriptions_evaluate_to_the_eager_bias_and_mask():
     score = GaussianLocalness(C, H).describe(ctx).scores[0]
     torch.testing.assert_close(gaussian_rows((score.centre, score.sigma, score.k_pos), 2, 7), score.dense()[:, :, 2:7])
     rel = RelativePositions(C // H, 3)
-    key, value = rel.describe(q * 0.5)
+    key, value = rel.describe(q, 0.5)
     torch.testing.assert_close(key.dense(T), rel.key_scores(q * 0.5, ctx))
     assert value.k == 3 and value.embeddings is rel.value_embeddings
     window = WindowBranch(2, 1, "w")
@@ -254,14 +254,16 @@ def _traced_on_the_cpu(monkeypatch, backend="eager"):
     return torch._dynamo.utils.counters
 
 
-def _buffer_gradients_as_compiled(monkeypatch):
+def _buffer_gradients_as_compiled(monkeypatch, dropped=None):
     """torch's reference implementation of the fused backward pass (what a CPU runs
     for a traced graph) gives a score function's captured tensor a gradient where that
     tensor requires one at run time; a compiled kernel (Inductor's) where the traced
     joint graph of the score function gives one. For a tensor computed within the
     compiled call (a prologue's P and sigma) the two differ: in the backward graph it
     is a saved activation, which requires none. Here the reference decides as the
-    compiled kernel does, from the joint graph."""
+    compiled kernel does, from the joint graph; where ``dropped()`` is true, it gives
+    such tensors zeros instead (a compiler that dropped their gradients without a
+    word)."""
     import sys
 
     import torch._higher_order_ops.flex_attention  # noqa: F401 - the module, below by name
@@ -273,10 +275,13 @@ def _buffer_gradients_as_compiled(monkeypatch):
     def backward(*args):
         args = list(args)
         outputs = next(node for node in args[8].graph.nodes if node.op == "output").args[0]  # the joint graph's
-        args[12] = tuple(  # the captured tensors, where the joint graph gives a gradient
-            b.detach().requires_grad_(True) if isinstance(b, torch.Tensor) and g is not None and not b.requires_grad
-            else b for b, g in zip(args[12], outputs[5:]))
-        return reference(*args)
+        made = [isinstance(b, torch.Tensor) and g is not None and not b.requires_grad
+                for b, g in zip(args[12], outputs[5:])]  # the captured tensors computed within the call
+        args[12] = tuple(b.detach().requires_grad_(True) if m else b for b, m in zip(args[12], made))
+        grad_q, grad_k, grad_v, grad_buffers = reference(*args)
+        if dropped is not None and dropped():
+            grad_buffers = tuple(torch.zeros_like(g) if m else g for g, m in zip(grad_buffers, made))
+        return grad_q, grad_k, grad_v, grad_buffers
 
     monkeypatch.setitem(hop.py_kernels, DispatchKey.CompositeExplicitAutograd, backward)
     monkeypatch.setattr(hop, "_dispatch_cache", {})
@@ -483,14 +488,15 @@ def test_the_compiled_training_graphs_hold_no_tensor_constants(monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
-@pytest.mark.parametrize("kind", ["gaussian+shaw", "gaussian-query"])
-def test_a_gaussian_sublayer_is_one_compiled_call_forward_and_one_backward(kind, causal, monkeypatch):
+@pytest.mark.parametrize("kind", ["gaussian+shaw", "gaussian-query", "shaw-key-value"])
+def test_a_sublayer_with_learned_terms_is_one_compiled_call_forward_and_one_backward(kind, causal, monkeypatch):
     """Shaw et al.'s call in training as CUDA makes it (the CPU taking CUDA's paths,
     traced through AOTAutograd as Inductor receives it): Yang et al.'s P and sigma
-    (their prologue: eq. 6-9), the fused call, the far-left call (encoder) and the
-    value term are one compiled function, so one forward and one backward graph per
-    sublayer, holding no tensor constant; its outputs and gradients equal the eager
-    reference's. The same for the Gaussian alone: its prologue and the call."""
+    (their prologue: eq. 6-9), Shaw et al.'s key term (its table, eq. 4), the fused
+    call, the far-left call (encoder) and the value term are one compiled function, so
+    one forward and one backward graph per sublayer, holding no tensor constant; its
+    outputs and gradients equal the eager reference's. The same for the Gaussian
+    alone and for Shaw et al.'s terms alone."""
     import torch._dynamo
 
     constants, graphs = _recording_constants(monkeypatch)
@@ -517,8 +523,12 @@ def test_a_gaussian_sublayer_is_one_compiled_call_forward_and_one_backward(kind,
         torch._dynamo.reset()
     assert kinds == ["_attend_after_prologue"] and len(graphs) == 2, (kinds, len(graphs))
     assert not flex._PROLOGUE_OUTSIDE and len(flex._PROLOGUE_CHECKED) == 1
+    within = {"gaussian+shaw": ["predicted_gaussian", "key_term"], "gaussian-query": ["predicted_gaussian"],
+              "shaw-key-value": ["key_term"]}[kind]
+    assert [named[0] for named in next(iter(flex.COMPILED))[1][-1]] == within
     forward_ops = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
-    assert {"aten.tanh.default", "aten.sigmoid.default"} <= forward_ops  # the prologue, within the call
+    # the prologues, within the call: the Gaussian's tanh and sigmoid, the key term's product
+    assert ({"aten.tanh.default", "aten.sigmoid.default"} <= forward_ops) == ("predicted_gaussian" in within)
     assert constants == []
     assert len(got) == len(want)
     for a, b in zip(got, want):
@@ -895,7 +905,7 @@ def test_the_gaussians_prologue_runs_within_the_fused_call_and_logs_what_the_eag
         return original(*args)
 
     def spy_call(*args):
-        within.append(args[3].__name__)
+        within.extend(spec[0].__name__ for spec in args[2])  # the prologues of the call
         return call(*args)
 
     monkeypatch.setattr(gaussian, "predicted_gaussian", spy)
@@ -906,19 +916,21 @@ def test_the_gaussians_prologue_runs_within_the_fused_call_and_logs_what_the_eag
                 emulation.cuda_paths_on_cpu() if impl == "auto" else contextlib.nullcontext():
             _run(module, x, impl, padding).sum().backward()
         logged[impl] = {key: agg[key].avg for key in agg.keys() if key.startswith("enc1_")}
+        assert {agg[key]._totals()[1] for key in logged[impl]} == {1.0}, impl  # logged once, weight 1
     assert prologues == [True] and within == ["spy"]  # the fused path only, within its call
     assert sorted(logged["auto"]) == sorted(logged["eager"]) == ["enc1_centre_offset", "enc1_window"]
     for key, value in logged["eager"].items():
         assert logged["auto"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
-def test_a_call_whose_prologue_gets_no_gradient_computes_it_before_the_call(monkeypatch, caplog):
+@pytest.mark.parametrize("kind", ["gaussian-query", "gaussian+shaw"])
+def test_a_call_whose_prologue_gets_no_gradient_computes_it_before_the_call(kind, monkeypatch, caplog):
     """The first call of a kind with a prologue within runs once more, forward and
-    backward, where it is compiled: where the prologue's tensors get no gradient (as
-    torch's reference implementation of the backward pass gives none to a captured
-    tensor computed within a traced call), the kind computes its prologue before the
-    call from then on, with a warning, and its outputs and gradients still equal the
-    eager reference's; the check runs once per kind."""
+    backward, compiled and not, where it is compiled: where the prologues' tensors get
+    no gradient (as torch's reference implementation of the backward pass gives none to
+    a captured tensor computed within a traced call), the kind computes its prologues
+    before the call from then on, with a warning, and its outputs and gradients still
+    equal the eager reference's; the check runs once per kind."""
     import logging
 
     import torch._dynamo
@@ -927,7 +939,7 @@ def test_a_call_whose_prologue_gets_no_gradient_computes_it_before_the_call(monk
     monkeypatch.setattr(flex, "COMPILED", {})
     monkeypatch.setattr(flex, "_PROLOGUE_CHECKED", set())
     monkeypatch.setattr(flex, "_PROLOGUE_OUTSIDE", set())
-    module = _module("gaussian-query", False)
+    module = _module(kind, False)
     T = 9
     padding = _padding("left", B, T, [T, 5, 2])
     keep = (~padding).t().unsqueeze(-1).float()
@@ -948,19 +960,88 @@ def test_a_call_whose_prologue_gets_no_gradient_computes_it_before_the_call(monk
     finally:
         torch._dynamo.reset()
     assert len(flex._PROLOGUE_CHECKED) == 1 and flex._PROLOGUE_OUTSIDE == flex._PROLOGUE_CHECKED
-    assert sum("did not reach the prologue's tensors" in r.getMessage() for r in caplog.records) == 1
-    assert sorted(name for name, *_ in flex.COMPILED) == ["_attend", "_attend_after_prologue"]
+    assert sum("failed its check (RuntimeError" in r.getMessage() for r in caplog.records) == 1
+    inner = "_attend" if kind == "gaussian-query" else "_attend_with_value_term"
+    assert sorted(name for name, *_ in flex.COMPILED) == sorted([inner, "_attend_after_prologue"])
     for each in got:
         assert len(each) == len(want)
         for a, b in zip(each, want):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
 
 
-def test_a_gaussian_given_by_its_prologue_is_computed_once_when_read():
-    """A :class:`~fairseq_localness.modules.scores.GaussianScore` given by a prologue
-    computes P and sigma when first read, reports the prologue's stats then, once; one
-    given neither tensors nor a prologue is refused."""
-    from fairseq_localness.modules.scores import GaussianScore, Prologue
+def test_a_gradient_that_is_rightly_zero_passes_the_prologues_check(monkeypatch):
+    """A window held at its floor (F above every real length: D = F whatever U_d
+    gives) gives U_d a gradient of zero, in the compiled call and in the reference
+    alike: the kind keeps its prologue within the call (the check compares with the
+    reference, not with zero)."""
+    import torch._dynamo
+
+    _traced_on_the_cpu(monkeypatch, "aot_eager")
+    module = AttentionCore(C, H, self_attention=True, branches=[GaussianLocalness(C, H, min_window=64.0)])
+    x = torch.randn(9, B, C, requires_grad=True)
+    try:
+        with emulation.cuda_paths_on_cpu():
+            _run(module, x, "auto", None).sum().backward()
+    finally:
+        torch._dynamo.reset()
+    assert len(flex._PROLOGUE_CHECKED) == 1 and not flex._PROLOGUE_OUTSIDE
+    u_d = module.branches[0].u_d.weight.grad
+    assert u_d is not None and not u_d.any() and module.branches[0].u_p.weight.grad.any()
+
+
+def test_a_compiled_call_that_drops_the_prologues_gradients_is_told_apart(monkeypatch, caplog):
+    """Where the compiled backward pass gives the captured P and coefficient zeros
+    instead of their gradients (without an error), the check's comparison with the
+    reference tells it: the kind computes its prologue before the call, and the
+    training step's gradients equal the eager reference's."""
+    import logging
+
+    import torch._dynamo
+
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    compiled_backward = []  # non-empty while a compiled backward graph runs
+
+    def backward_compiler(gm, _):
+        def run(*args):
+            compiled_backward.append(True)
+            try:
+                return gm.forward(*args)
+            finally:
+                compiled_backward.pop()
+
+        return make_boxed_func(run)
+
+    _traced_on_the_cpu(monkeypatch, aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+                                                 bw_compiler=backward_compiler))
+    _buffer_gradients_as_compiled(monkeypatch, dropped=lambda: bool(compiled_backward))
+    module = _module("gaussian-query", False)
+    x = torch.randn(9, B, C)
+
+    def run(impl):
+        inputs = x.clone().requires_grad_(True)
+        module.zero_grad()
+        _run(module, inputs, impl, None).pow(2).sum().backward()
+        return [inputs.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+
+    want = run("eager")
+    try:
+        with emulation.cuda_paths_on_cpu(), caplog.at_level(logging.WARNING, logger=flex.__name__):
+            got = run("auto")
+    finally:
+        torch._dynamo.reset()
+    assert flex._PROLOGUE_OUTSIDE == flex._PROLOGUE_CHECKED and len(flex._PROLOGUE_CHECKED) == 1
+    assert any("differs from the reference's" in r.getMessage() for r in caplog.records)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_a_term_given_by_its_prologue_is_computed_once_when_read():
+    """A score term given by a prologue (a Gaussian's P and sigma, Shaw et al.'s table)
+    computes its tensors when first read, and reports the prologue's stats then, once;
+    a term given neither its tensors nor a prologue is refused."""
+    from fairseq_localness.modules.scores import BucketScore, GaussianScore, Prologue
 
     runs, reports = [], []
     q = torch.randn(2, 3, 4, 8)
@@ -968,7 +1049,7 @@ def test_a_gaussian_given_by_its_prologue_is_computed_once_when_read():
     def prologue(q, offset, flag):
         runs.append(flag)
         centre = q.sum(-1) + offset
-        return centre, centre.abs() + 1, torch.stack([centre.mean(), offset])
+        return (centre, centre.abs() + 1), torch.stack([centre.mean(), offset])
 
     term = GaussianScore.predicted(Prologue(prologue, q, (torch.tensor(0.5),), ("flag",), reports.append),
                                    torch.arange(4.0).expand(2, 4))
@@ -978,8 +1059,12 @@ def test_a_gaussian_given_by_its_prologue_is_computed_once_when_read():
     torch.testing.assert_close(term.sigma, (q.sum(-1) + 0.5).abs() + 1)
     torch.testing.assert_close(term.coefficient(), -0.5 / term.sigma ** 2)
     assert term.computed and runs == ["flag"] and len(reports) == 1 and dense.shape == (2, 3, 4, 4)
-    with pytest.raises(ValueError, match="centre and a sigma, or a prologue"):
+    table = BucketScore(None, 1, Prologue(lambda q, w: ((q @ w,), None), q, (torch.randn(8, 3),), ()))
+    assert not table.computed and table.dense(4).shape == (2, 3, 4, 4) and table.table.shape == (2, 3, 4, 3)
+    with pytest.raises(ValueError, match="GaussianScore needs its tensors, or a prologue"):
         GaussianScore(None, torch.ones(1), torch.ones(1))
+    with pytest.raises(ValueError, match="BucketScore needs its tensors, or a prologue"):
+        BucketScore(None, 2)
 
 
 def test_the_cpu_takes_its_own_paths_again_after_cudas(monkeypatch):

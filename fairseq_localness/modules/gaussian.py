@@ -297,7 +297,10 @@ def _centre_and_window(q: Tensor, w_p: Tensor, u_p: Tensor, u_d: Tensor, scale: 
     scales ``[I; max(I, F) - F]`` and offsets ``[0; F]``
     (:meth:`GaussianLocalness._at_once_inputs`): five operators forward where the
     separate computation takes eleven, and fewer backward; the same values up to the
-    products' rounding. ``q``: ``B x H x Tq x Dh``, before the ``1/sqrt(Dh)`` scaling."""
+    products' rounding. ``q``: ``B x H x Tq x Dh``, before the ``1/sqrt(Dh)`` scaling.
+    The products are of the weights (``F.linear``), not of the ``nn.Linear`` modules: a
+    function of tensors, which a fused call computes within itself; hooks on
+    ``w_p``, ``u_p`` and ``u_d`` do not run on this path."""
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     bsz, heads, tgt_len, head_dim = q.shape
     q_full = q.permute(0, 2, 1, 3).reshape(bsz, tgt_len, heads * head_dim)  # B x Tq x C
@@ -310,8 +313,9 @@ def _centre_and_window(q: Tensor, w_p: Tensor, u_p: Tensor, u_d: Tensor, scale: 
 
 def predicted_gaussian(q: Tensor, w_p: Tensor, u_p: Tensor, u_d: Tensor, scale: Tensor, offsets: Tensor,
                        weights: Optional[Tensor], position: Optional[Tensor], unfloored: bool, metrics: bool):
-    """The prologue of a predicted Gaussian (:class:`~.scores.Prologue`): P and sigma =
-    D / 2 of eq. 5-9 from the queries ``q`` (:func:`_centre_and_window`), and where
+    """The prologue of a predicted Gaussian (:class:`~.scores.Prologue`): ``((P, sigma),
+    stats)``, P and sigma = D / 2 of eq. 5-9 from the queries ``q``
+    (:func:`_centre_and_window`), and as ``stats`` where
     ``metrics`` the means the branch logs (:meth:`GaussianLocalness._observe`'s, from
     the query weights ``weights`` and the mean query position ``position``, either
     None), else None. ``unfloored``: F = 0, where only the division is guarded. One
@@ -319,7 +323,7 @@ def predicted_gaussian(q: Tensor, w_p: Tensor, u_p: Tensor, u_d: Tensor, scale: 
     (:mod:`.kernels.flex`)."""
     centre, window = _centre_and_window(q, w_p, u_p, u_d, scale, offsets)
     stats = _metric_means(centre.detach(), window.detach(), weights, position) if metrics else None
-    return centre, _sigma(window, unfloored), stats
+    return (centre, _sigma(window, unfloored)), stats
 
 
 def _sigma(window: Tensor, unfloored: bool) -> Tensor:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_localness.modules.context import AttentionContext, distance_table, one_row_softmax
-from fairseq_localness.modules.scores import BucketScore, ValueTerm
+from fairseq_localness.modules.scores import BucketScore, Prologue, ValueTerm
 
 
 class RelativePositions(nn.Module):
@@ -69,12 +69,14 @@ class RelativePositions(nn.Module):
 
     def key_per_distance(self, q_scaled: Tensor) -> Tensor:
         """``q_i w^K_r / sqrt(Dh)`` for every query and bucket r: ``B x H x Tq x R``."""
-        return torch.matmul(q_scaled, self.key_embeddings.to(q_scaled.dtype).t())
+        return _key_per_distance(q_scaled, self.key_embeddings)
 
-    def describe(self, q_scaled: Tensor) -> Tuple[BucketScore, Optional[ValueTerm]]:
-        """The key term as a score term (``table[b, h, q, clip(d, -K, K) + K]``) and the
-        value term, as data for the fused kernels (:mod:`.scores`)."""
-        key = BucketScore(self.key_per_distance(q_scaled), self.max_distance)
+    def describe(self, q: Tensor, scale: float) -> Tuple[BucketScore, Optional[ValueTerm]]:
+        """The key term as a score term (``table[b, h, q, clip(d, -K, K) + K]``, its
+        table given by a prologue of the unscaled queries ``q``, :func:`key_term`, which
+        a fused call may compute within itself) and the value term, as data for the
+        fused kernels (:mod:`.scores`)."""
+        key = BucketScore(None, self.max_distance, Prologue(key_term, q, (self.key_embeddings,), (scale,)))
         value = None if self.value_embeddings is None else ValueTerm(self.value_embeddings, self.max_distance)
         return key, value
 
@@ -125,3 +127,15 @@ class RelativePositions(nn.Module):
         value_term = torch.mm(summed, self.value_embeddings.to(probs.dtype)).to(v.dtype)  # B*H x Dh
         out = torch.baddbmm(value_term.unsqueeze(1), probs.to(v.dtype), values)
         return out.view(bsz, heads, 1, head_dim)
+
+
+def _key_per_distance(q_scaled: Tensor, key_embeddings: Tensor) -> Tensor:
+    """``q_i w^K_r / sqrt(Dh)`` for every query and bucket r: ``B x H x Tq x R``."""
+    return torch.matmul(q_scaled, key_embeddings.to(q_scaled.dtype).t())
+
+
+def key_term(q: Tensor, key_embeddings: Tensor, scale: float):
+    """The prologue of Shaw et al.'s key term (:class:`~.scores.Prologue`): ``((table,),
+    None)``, the table ``q_i w^K_r * scale`` (eq. 4, ``scale = 1 / sqrt(Dh)``) of the
+    unscaled queries ``q``."""
+    return (_key_per_distance(q * scale, key_embeddings),), None

@@ -70,41 +70,62 @@ class Window:
 @dataclass(frozen=True)
 class Prologue:
     """A score term's tensors as a function of the call's queries, for a fused call to
-    compute within itself: ``function(q, *tensors, *flags)`` gives ``(centre, sigma,
-    stats)`` (:class:`GaussianScore`'s), ``stats`` a tensor of what the branch logs or
-    None, which ``report`` takes. ``q`` is the branch's queries (``B x H x Tq x Dh``);
-    ``flags`` are Python constants."""
+    compute within itself: ``function(q, *tensors, *flags)`` gives ``(values, stats)``,
+    ``values`` the term's tensors (:class:`GaussianScore`'s P and sigma,
+    :class:`BucketScore`'s table) and ``stats`` a tensor of what the branch logs, or
+    None; ``report`` takes the stats. ``q`` is the branch's queries (``B x H x Tq x
+    Dh``, unscaled); ``flags`` are Python constants."""
 
     function: Callable
     q: Tensor
     tensors: Tuple[Optional[Tensor], ...]
     flags: Tuple[object, ...]
-    report: Callable[[Tensor], None]
+    report: Optional[Callable[[Tensor], None]] = None
 
     def run(self, q: Tensor):
-        """``(centre, sigma, stats)`` for the queries ``q``."""
+        """``(values, stats)`` for the queries ``q``."""
         return self.function(q, *self.tensors, *self.flags)
 
 
-class GaussianScore:
+class _Given:
+    """A score term whose tensors are given, or computed by a :class:`Prologue` when
+    first read (outside any kernel, the prologue's stats reported then); a fused call
+    that takes the prologue (:mod:`.kernels.flex`) computes them within itself
+    instead, and they are never read outside it."""
+
+    def __init__(self, values: Optional[tuple], prologue: Optional[Prologue]):
+        if prologue is None and (values is None or any(v is None for v in values)):
+            raise ValueError(f"{type(self).__name__} needs its tensors, or a prologue that computes them")
+        self._values, self.prologue = values, prologue
+
+    @property
+    def computed(self) -> bool:
+        """Whether the term's tensors exist (given, or their prologue run)."""
+        return self._values is not None
+
+    def values(self) -> tuple:
+        """The term's tensors, computed by the prologue on first reading."""
+        if self._values is None:
+            self._values, stats = self.prologue.run(self.prologue.q)
+            if stats is not None and self.prologue.report is not None:
+                self.prologue.report(stats)
+        return self._values
+
+
+class GaussianScore(_Given):
     """Yang et al. (2018), eq. 5: ``G = -(k_pos[b, kv_idx] - P[b, h, q_idx])^2 /
     (2 sigma[b, h, q_idx]^2)``.
 
     ``centre`` P and ``sigma`` (= D / 2) are ``B x H x Tq`` (float32, or float64);
     ``k_pos``, the real key positions, ``B' x Tk`` in their dtype. A fused kernel gets
     ``coeff = -1 / (2 sigma^2)`` computed outside its score function
-    (:meth:`coefficient`), so it reads two captured tensors per query, once each.
-
-    Given as a :class:`Prologue` instead (:meth:`predicted`), P and sigma are computed
-    when first read, outside any kernel, and the prologue's stats reported then; a
-    fused call that takes the prologue (:mod:`.kernels.flex`) computes them within
-    itself instead, and they are never read outside it."""
+    (:meth:`coefficient`), so it reads two captured tensors per query, once each. P
+    and sigma may be given by a :class:`Prologue` instead (:meth:`predicted`)."""
 
     def __init__(self, centre: Optional[Tensor], sigma: Optional[Tensor], k_pos: Tensor,
                  prologue: Optional[Prologue] = None):
-        if prologue is None and (centre is None or sigma is None):
-            raise ValueError("GaussianScore needs a centre and a sigma, or a prologue that computes them")
-        self._centre, self._sigma, self.k_pos, self.prologue = centre, sigma, k_pos, prologue
+        super().__init__(None if centre is None and sigma is None else (centre, sigma), prologue)
+        self.k_pos = k_pos
 
     @classmethod
     def predicted(cls, prologue: Prologue, k_pos: Tensor) -> "GaussianScore":
@@ -112,25 +133,12 @@ class GaussianScore:
         return cls(None, None, k_pos, prologue)
 
     @property
-    def computed(self) -> bool:
-        """Whether P and sigma exist as tensors (given, or their prologue run)."""
-        return self._centre is not None
-
-    def _compute(self):
-        if self._centre is None:
-            self._centre, self._sigma, stats = self.prologue.run(self.prologue.q)
-            if stats is not None:
-                self.prologue.report(stats)
-
-    @property
     def centre(self) -> Tensor:
-        self._compute()
-        return self._centre
+        return self.values()[0]
 
     @property
     def sigma(self) -> Tensor:
-        self._compute()
-        return self._sigma
+        return self.values()[1]
 
     def dense(self) -> Tensor:
         """G, ``B x H x Tq x Tk`` (the eager reference's bias)."""
@@ -147,6 +155,11 @@ class GaussianScore:
         """``-1 / (2 sigma^2)``, ``B x H x Tq``."""
         return gaussian_coefficient(self.sigma)
 
+    @staticmethod
+    def call_values(centre: Tensor, sigma: Tensor) -> Tuple[Tensor, Tensor]:
+        """What a fused call reads of the term: P and ``-1 / (2 sigma^2)``."""
+        return centre, gaussian_coefficient(sigma)
+
 
 def gaussian_coefficient(sigma: Tensor) -> Tensor:
     """``-1 / (2 sigma^2)``: :class:`GaussianScore`'s coefficient of ``d^2``."""
@@ -161,13 +174,18 @@ def gaussian_rows(inputs, i0: int, i1: int) -> Tensor:
     return (d * d) * (-0.5 / (sigma * sigma))
 
 
-@dataclass(frozen=True)
-class BucketScore:
+class BucketScore(_Given):
     """Shaw et al. (2018), eq. 4's key term: ``table[b, h, q_idx, clip(d, -K, K) + K]``,
-    ``table`` = ``q_i w^K_r / sqrt(Dh)`` (``B x H x Tq x R``)."""
+    ``table`` = ``q_i w^K_r / sqrt(Dh)`` (``B x H x Tq x R``), given or computed by a
+    :class:`Prologue`."""
 
-    table: Tensor
-    k: int
+    def __init__(self, table: Optional[Tensor], k: int, prologue: Optional[Prologue] = None):
+        super().__init__(None if table is None else (table,), prologue)
+        self.k = k
+
+    @property
+    def table(self) -> Tensor:
+        return self.values()[0]
 
     def bucket(self, tgt_len: int, src_len: int, device) -> Tensor:
         """``clip(d, -K, K) + K``, ``Tq x Tk`` (long)."""
@@ -178,6 +196,11 @@ class BucketScore:
         """The term for every pair, ``B x H x Tq x Tk``."""
         index = self.bucket(self.table.size(-2), src_len, self.table.device)
         return torch.gather(self.table, -1, index.expand(*self.table.shape[:-1], src_len))
+
+    @staticmethod
+    def call_values(table: Tensor) -> Tuple[Tensor]:
+        """What a fused call reads of the term: the table."""
+        return (table,)
 
 
 @dataclass(frozen=True)

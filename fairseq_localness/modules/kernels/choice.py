@@ -299,7 +299,7 @@ def _fused_terms(ctx, scale, dropout, rel, impl):
         return None  # an attn_mask of the caller's own: the dense kernels take its mask
     scores, value = [], None
     if rel is not None:
-        key, value = rel.describe(ctx.q * scale)
+        key, value = rel.describe(ctx.q, scale)
         scores.append(key)
     return tuple(scores), value
 

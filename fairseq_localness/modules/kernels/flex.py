@@ -35,7 +35,12 @@ How it is called, and why (the pitfalls met on an H200, issue 38):
   per code object, past which a ``fullgraph=True`` call raises), with dynamic shapes
   from the first call.
 * A captured tensor that needs gradients is indexed once per score: ``P[b, h, q]``
-  and ``c[b, h, q]`` once each, ``c = -1 / (2 sigma^2)`` computed outside.
+  and ``c[b, h, q]`` once each, ``c = -1 / (2 sigma^2)`` computed outside the score
+  function.
+* On CUDA the captured tensors of a term given by a prologue (Yang et al.'s P and c
+  from the queries, eq. 6-9; Shaw et al.'s table, eq. 4) are computed within the same
+  compiled call, before the fused call (:func:`_attend_after_prologue`), each kind
+  checked once against torch's reference implementation (:func:`_prologue_problem`).
 * The backward pass of a table bias runs out of shared memory with the default
   blocks: a call with Shaw et al.'s table passes :data:`TABLE_KERNEL_OPTIONS`.
 * Block masks depend only on the window and the lengths, never on the batch: they are
@@ -75,8 +80,7 @@ from torch.utils.checkpoint import checkpoint
 
 from fairseq_localness.modules.context import AttentionContext
 from fairseq_localness.modules.fusion import FusedOutput
-from fairseq_localness.modules.scores import (BucketScore, Description, GaussianScore, ValueTerm, Window,
-                                              gaussian_coefficient)
+from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore, ValueTerm, Window
 
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -431,23 +435,25 @@ def _empty(window: Window, tgt_len: int, src_len: int) -> bool:
 
 
 class _Terms:
-    """The score terms of one call, as the arguments of :func:`_attend`."""
+    """The score terms of one call, as the arguments of :func:`_attend`; a term given by
+    a prologue (:class:`~fairseq_localness.modules.scores.Prologue`) on a device of
+    :data:`PROLOGUE_DEVICES` is computed within the call (:meth:`run`)."""
 
     def __init__(self, ctx: AttentionContext, description: Description, call_scores, padding):
         bsz, heads, tgt_len, src_len = ctx.bsz, ctx.num_heads, ctx.tgt_len, ctx.src_len
-        self.centre = self.coeff = self.k_pos = self.table = self.bias = self.prologue = self.gaussian = None
+        self.centre = self.coeff = self.k_pos = self.table = self.bias = None
         self.k = 0
+        self.within = []  # (slot, term): the terms whose prologue runs within the call
+        self.has_table = False
         dense = []
+        within = ctx.q.device.type in PROLOGUE_DEVICES
         for term in tuple(description.scores) + tuple(call_scores):
-            if isinstance(term, GaussianScore) and self.gaussian is None:
-                self.gaussian = term
-                if term.prologue is not None and not term.computed and ctx.q.device.type in PROLOGUE_DEVICES:
-                    self.prologue = term.prologue  # P and sigma computed within the call (:meth:`run`)
-                else:
-                    self.centre, self.coeff = term.centre, term.coefficient()
+            if isinstance(term, GaussianScore) and self.k_pos is None:
+                self._take("centre", term, within)
                 self.k_pos = term.k_pos.expand(bsz, src_len)
-            elif isinstance(term, BucketScore) and self.table is None:
-                self.table, self.k = term.table, term.k
+            elif isinstance(term, BucketScore) and not self.has_table:
+                self.has_table, self.k = True, term.k
+                self._take("table", term, within)
             elif isinstance(term, BucketScore):
                 dense.append(term.dense(src_len))
             else:
@@ -463,10 +469,27 @@ class _Terms:
             self.bias = bias.expand(bsz, heads, tgt_len, src_len)
         self.padding = padding
 
+    def _take(self, slot: str, term, within: bool):
+        """The term in its slot of the call's arguments (``"centre"``: P and the
+        coefficient; ``"table"``): within the call where it has a prologue not yet run
+        and ``within`` says so, else its tensors."""
+        if within and term.prologue is not None and not term.computed:
+            self.within.append((slot, term))
+        elif slot == "centre":
+            self.centre, self.coeff = term.call_values(*term.values())
+        else:
+            (self.table,) = term.call_values(*term.values())
+
+    def _outside(self):
+        """Every term's tensors computed before the call (their prologues run here)."""
+        within, self.within = self.within, []
+        for slot, term in within:
+            self._take(slot, term, False)
+
     def options(self, q: Tensor):
         """The kernel options of the call: :data:`TABLE_KERNEL_OPTIONS` with a bucket
         table on CUDA, else None (the default blocks)."""
-        return TABLE_KERNEL_OPTIONS if (self.table is not None and q.device.type == "cuda") else None
+        return TABLE_KERNEL_OPTIONS if (self.has_table and q.device.type == "cuda") else None
 
     def window(self, window: Window, tgt_len: int, src_len: int, device: torch.device):
         """The block mask and the geometry of ``window`` for a call of these terms."""
@@ -475,6 +498,9 @@ class _Terms:
 
     def call(self, q, k, v, scale, window: Window, return_lse: bool):
         block_mask, geometry = self.window(window, q.size(2), k.size(2), q.device)
+        if not self.within:
+            return _fused_call(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos,
+                               self.table, geometry, self.bias, return_lse, self.options(q))
 
         def key_of(options):
             return variant(q, block_mask, self.padding, self.centre, self.table, self.bias, return_lse, options)
@@ -483,48 +509,53 @@ class _Terms:
             return (q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos, self.table,
                     geometry, self.bias, return_lse, options)
 
-        return self.run(_attend, 6, q, key_of, args_of, self.options(q))
+        return self.run(_attend, {"centre": 6, "table": 9}, q, key_of, args_of, self.options(q))
 
-    def run(self, function, centre_at: int, q, key_of, args_of, options):
+    def run(self, function, slots: dict, q, key_of, args_of, options):
         """``function(*args_of(options))`` by the kernel of its kind (:func:`_call_kind`);
-        with the terms' prologue, that prologue first, within the same compiled call
-        (:func:`_attend_after_prologue`: P and ``-1 / (2 sigma^2)`` go in at positions
-        ``centre_at`` and ``centre_at + 1`` of the arguments), and the stats it gives
-        reported to its branch. A kind of call whose gradients did not reach the
-        prologue's tensors (:func:`_prologue_learns`) computes the prologue before the
-        call instead."""
-        prologue = self.prologue
-        if prologue is None:
+        with terms whose prologue runs within the call, those prologues first, in the
+        same compiled call (:func:`_attend_after_prologue`; ``slots``: the position of
+        each slot's first argument, ``"centre"`` and ``"table"``), and the stats they
+        give reported to their branches. A kind of call that fails its check, once, the
+        first call with gradients where it is compiled (:func:`_prologue_problem`: its
+        outputs and gradients against the reference's), computes the prologues before
+        the call instead."""
+        within = self.within
+        if not within:
             return _call_kind(function, q, key_of, args_of, options)
+        prologues = [term.prologue for _, term in within]
+        specs = tuple((p.function, p.flags, len(p.tensors), slots[slot], type(term).call_values)
+                      for p, (slot, term) in zip(prologues, within))
+        tensors = tuple(t for p in prologues for t in p.tensors)
 
         def prologue_key(options):
-            present = tuple(t is not None for t in prologue.tensors)
-            return key_of(options) + (function.__name__, prologue.function.__name__) + present + prologue.flags
+            named = tuple((fn.__name__, flags, tuple(t is not None for t in p.tensors), at)
+                          for (fn, flags, _, at, _), p in zip(specs, prologues))
+            return key_of(options) + (function.__name__, named)
 
         def prologue_args(options):
             args = args_of(options)
-            return (function, centre_at, len(args), prologue.function, prologue.flags, *args, *prologue.tensors)
+            return (function, len(args), specs, *args, *tensors)
 
         kind = prologue_key(options)
         if kind not in _PROLOGUE_CHECKED and torch.is_grad_enabled() and q.device.type in COMPILE_BACKENDS:
             _PROLOGUE_CHECKED.add(kind)
-            learns = None
             for blocks in ((options,) if options is not None else (None, SMALL_BLOCKS)):
-                if learns is None:  # None: out of shared memory (:func:`_call_kind` then takes SMALL_BLOCKS)
-                    learns = _prologue_learns(_kernel(q.device, prologue_key(blocks), _attend_after_prologue),
-                                              prologue_args(blocks), len(prologue.tensors))
-            if not learns:
-                logger.warning("FlexAttention: the gradients of a kind of call with a score term's prologue within "
-                               "it did not reach the prologue's tensors; that kind computes the prologue before the "
-                               "call from now on")
+                problem = _prologue_problem(_kernel(q.device, prologue_key(blocks), _attend_after_prologue),
+                                            prologue_args(blocks))
+                if problem != _SHARED_MEMORY:  # (with the default blocks :func:`_call_kind` takes SMALL_BLOCKS)
+                    break
+            if problem is not None:
+                logger.warning("FlexAttention: a kind of call with a score term's prologue within it failed its "
+                               "check (%s); that kind computes its prologues before the call from now on", problem)
                 _PROLOGUE_OUTSIDE.add(kind)
         if kind in _PROLOGUE_OUTSIDE:
-            self.prologue = None
-            self.centre, self.coeff = self.gaussian.centre, self.gaussian.coefficient()
+            self._outside()
             return _call_kind(function, q, key_of, args_of, options)
         result, stats = _call_kind(_attend_after_prologue, q, prologue_key, prologue_args, options)
-        if stats is not None:
-            prologue.report(stats)
+        for prologue, stat in zip(prologues, stats):
+            if stat is not None and prologue.report is not None:
+                prologue.report(stat)
         return result
 
 
@@ -534,50 +565,85 @@ _PROLOGUE_CHECKED = set()
 _PROLOGUE_OUTSIDE = set()
 
 
-def _attend_after_prologue(function, centre_at: int, count: int, prologue, flags: tuple, *inputs):
-    """``function(*args)`` for the first ``count`` of ``inputs``, with P and ``-1 / (2
-    sigma^2)`` at ``centre_at`` and ``centre_at + 1`` computed first by ``prologue(q,
-    *tensors, *flags)`` (``q`` the first argument, ``tensors`` the rest of ``inputs``;
-    :class:`~fairseq_localness.modules.scores.Prologue`): one function, compiled as one
-    call, so that the prologue's products and element-wise steps (Yang et al.'s eq. 6-9
-    and the means the branch logs) run within the call instead of before it. Returns
-    ``(function's result, the prologue's stats)``."""
-    args, tensors = inputs[:count], inputs[count:]
-    centre, sigma, stats = prologue(args[0], *tensors, *flags)
-    args = args[:centre_at] + (centre, gaussian_coefficient(sigma)) + args[centre_at + 2:]
-    return function(*args), stats
+def _attend_after_prologue(function, count: int, specs: tuple, *inputs):
+    """``function(*args)`` for the first ``count`` of ``inputs``, with the arguments of
+    each score term given by a prologue computed first: per term ``(prologue, flags,
+    n, at, call_values)`` of ``specs``, ``prologue(q, *tensors, *flags)`` (``q`` the
+    first argument, ``tensors`` its ``n`` of the rest of ``inputs``, in order;
+    :class:`~fairseq_localness.modules.scores.Prologue`) gives the term's tensors,
+    and ``call_values`` of them go in from position ``at``. One function, compiled as
+    one call, so that the prologues' products and element-wise steps (Yang et al.'s
+    eq. 6-9 and the means the branch logs; Shaw et al.'s key term, eq. 4) run within
+    the call instead of before it. Returns ``(function's result, each prologue's
+    stats)``."""
+    args, rest = list(inputs[:count]), inputs[count:]
+    stats = []
+    for prologue, flags, n, at, call_values in specs:
+        values, stat = prologue(args[0], *rest[:n], *flags)
+        rest = rest[n:]
+        for offset, value in enumerate(call_values(*values)):
+            args[at + offset] = value
+        stats.append(stat)
+    return function(*args), tuple(stats)
 
 
-def _prologue_learns(function, args, count: int) -> Optional[bool]:
-    """Whether ``function(*args)`` (:func:`_attend_after_prologue`, compiled) runs
-    forward and backward on detached copies of the float tensors (those that need
-    gradients again needing them) and gives each of its last ``count`` arguments (the
-    prologue's tensors) that needs gradients a finite gradient that is not all zero.
+# :func:`_prologue_problem`'s answer where the call ran out of the GPU's shared memory
+_SHARED_MEMORY = "out of the GPU's shared memory"
 
-    What this guards: the score function's captured P and sigma are computed within the
-    compiled call, not given to it, and torch's reference implementation of the fused
-    backward pass decides at run time from ``requires_grad`` whether a captured
-    tensor gets a gradient, which a tensor computed within the call no longer has at
-    that point (traced through AOTAutograd on a CPU: the backward graph then adds
-    None and raises). A call that raises here, or whose prologue gets no gradient,
-    takes the prologue outside. None: it ran out of the GPU's shared memory (the
-    caller checks again with :data:`SMALL_BLOCKS`)."""
-    copies = _detached_copies(args)
-    learned = [c for c in copies[len(copies) - count:] if isinstance(c, Tensor) and c.requires_grad]
-    try:
+
+def _prologue_problem(compiled, args) -> Optional[str]:
+    """What is wrong with ``compiled(*args)`` (:func:`_attend_after_prologue`,
+    compiled), or None: run forward and backward on detached copies of the float
+    tensors (those that need gradients again needing them), its outputs and the
+    gradients of every argument against the same function's uncompiled (the
+    prologues and torch's reference implementation of the fused call, whose autograd
+    gives every tensor its gradient): a gradient missing or further than
+    :data:`PROLOGUE_TOLERANCE` from the reference's, or an error (its name and
+    message; :data:`_SHARED_MEMORY` where it ran out of the GPU's shared memory). A
+    GPU out of memory is raised.
+
+    What this guards: the score function's captured tensors (P and the coefficient, a
+    table) are computed within the compiled call, not given to it, and whether the
+    compiled backward pass gives such a tensor its gradient is the compiler's to
+    decide: torch's reference implementation decides at run time from
+    ``requires_grad``, which a tensor computed within a traced call no longer has there
+    (traced through AOTAutograd on a CPU, its backward graph then adds None and
+    raises); Inductor decides from the traced joint graph. A gradient that is rightly
+    zero (a window held at its floor, F >= I) is the reference's too."""
+
+    def run(function):
+        copies = _detached_copies(args)
         result, _ = function(*copies)
-        outputs = result if isinstance(result, tuple) else (result,)
-        total = sum(out.float().square().sum() for out in outputs if isinstance(out, Tensor) and out.requires_grad)
+        outputs = [out for out in (result if isinstance(result, tuple) else (result,)) if isinstance(out, Tensor)]
+        total = sum(out.float().square().sum() for out in outputs if out.requires_grad)
         if isinstance(total, Tensor):
             total.backward()
+        grads = [c.grad if isinstance(c, Tensor) and c.requires_grad else None for c in copies]
+        return [out.detach() for out in outputs], grads
+
+    try:
+        got_outputs, got = run(compiled)
+    except torch.cuda.OutOfMemoryError:
+        raise
     except Exception as error:  # noqa: BLE001 - any failure of the prologue within the call sends it outside
-        if _out_of_shared_memory(error):
-            return None
-        logger.warning("FlexAttention: a call with its prologue within failed its check: %s: %s",
-                       type(error).__name__, error)
-        return False
-    return all(c.grad is not None and bool(torch.isfinite(c.grad).all()) and bool(c.grad.ne(0).any())
-               for c in learned)
+        return _SHARED_MEMORY if _out_of_shared_memory(error) else f"{type(error).__name__}: {error}"
+    want_outputs, want = run(_attend_after_prologue)
+    tolerance = PROLOGUE_TOLERANCE.get(args[3].dtype, PROLOGUE_TOLERANCE[torch.float16])  # q's (``args[3]``)
+    for name, pairs in (("output", zip(got_outputs, want_outputs)), ("gradient", zip(got, want))):
+        for index, (a, b) in enumerate(pairs):
+            if (a is None) != (b is None):
+                return f"the {name} of argument {index} is {'missing' if a is None else 'one the reference lacks'}"
+            if a is not None:
+                error = ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-6)).item()
+                if not error <= tolerance:
+                    return f"the {name} of argument {index} differs from the reference's by {error:.3g} (relative)"
+    return None
+
+
+# :func:`_prologue_problem`'s largest relative difference of an output or a gradient
+# from the reference's, by the queries' dtype (a gradient that the compiled call drops
+# differs by about 1)
+PROLOGUE_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-2, torch.float16: 0.2, torch.bfloat16: 0.2}
 
 
 def flex_branch(ctx: AttentionContext, v: Tensor, scale: float, description: Description, call_scores=(),
@@ -718,7 +784,7 @@ def _with_value_term(ctx: AttentionContext, v: Tensor, scale: float, terms: _Ter
                 terms.table, geometry, far_geometry, terms.bias, j, valid, value.embeddings, left_open, right_open,
                 options)
 
-    return terms.run(_attend_with_value_term, 7, q, key_of, args_of, terms.options(q))
+    return terms.run(_attend_with_value_term, {"centre": 7, "table": 10}, q, key_of, args_of, terms.options(q))
 
 
 def _attend_with_value_term(q, k, v, scale, block_mask, far_block_mask, padding, centre, coeff, k_pos, table,
