@@ -527,7 +527,7 @@ def test_a_sublayer_with_learned_terms_is_one_compiled_call_forward_and_one_back
               "shaw-key-value": ["key_term"]}[kind]
     assert [named[0] for named in next(iter(flex.COMPILED))[1][-1]] == within
     forward_ops = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
-    # the prologues, within the call: the Gaussian's tanh and sigmoid, the key term's product
+    # the Gaussian's prologue within the call: its tanh and sigmoid (the key term's is named above)
     assert ({"aten.tanh.default", "aten.sigmoid.default"} <= forward_ops) == ("predicted_gaussian" in within)
     assert constants == []
     assert len(got) == len(want)
@@ -963,10 +963,51 @@ def test_a_call_whose_prologue_gets_no_gradient_computes_it_before_the_call(kind
     assert sum("failed its check (RuntimeError" in r.getMessage() for r in caplog.records) == 1
     inner = "_attend" if kind == "gaussian-query" else "_attend_with_value_term"
     assert sorted(name for name, *_ in flex.COMPILED) == sorted([inner, "_attend_after_prologue"])
+    try:  # without gradients (validation, beam search) the kind computes its prologues before the call too
+        with emulation.cuda_paths_on_cpu(), torch.no_grad():
+            out = _run(module, x, "auto", padding) * keep
+    finally:
+        torch._dynamo.reset()
+    assert sorted(name for name, *_ in flex.COMPILED) == sorted([inner, inner, "_attend_after_prologue"])
+    torch.testing.assert_close(out, want[0], atol=2e-5, rtol=1e-4)
     for each in got:
         assert len(each) == len(want)
         for a, b in zip(each, want):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_a_call_without_gradients_is_checked_too(monkeypatch, caplog):
+    """A process that only evaluates (fairseq-generate) checks its kinds without
+    gradients, their outputs: a prologue that does not compile within the call (here
+    one with a graph break, which ``fullgraph=True`` refuses) is computed before it,
+    with a warning, and the outputs equal the eager reference's."""
+    import logging
+
+    import torch._dynamo
+
+    from fairseq_localness.modules import gaussian
+
+    original = gaussian.predicted_gaussian
+
+    def breaks(*args):
+        torch._dynamo.graph_break()
+        return original(*args)
+
+    _traced_on_the_cpu(monkeypatch, "aot_eager")
+    monkeypatch.setattr(gaussian, "predicted_gaussian", breaks)
+    module = _module("gaussian-query", False).eval()
+    x = torch.randn(9, B, C)
+    want = _run(module, x, "eager", None)
+    try:
+        with emulation.cuda_paths_on_cpu(), torch.no_grad(), \
+                caplog.at_level(logging.WARNING, logger=flex.__name__):
+            got = [_run(module, x, "auto", None) for _ in range(2)]
+    finally:
+        torch._dynamo.reset()
+    assert len(flex._PROLOGUE_CHECKED) == 1 and len(flex._PROLOGUE_OUTSIDE) == 1
+    assert sum("failed its check" in r.getMessage() for r in caplog.records) == 1
+    for out in got:
+        torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
 
 
 def test_a_gradient_that_is_rightly_zero_passes_the_prologues_check(monkeypatch):

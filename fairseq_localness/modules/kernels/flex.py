@@ -516,10 +516,9 @@ class _Terms:
         with terms whose prologue runs within the call, those prologues first, in the
         same compiled call (:func:`_attend_after_prologue`; ``slots``: the position of
         each slot's first argument, ``"centre"`` and ``"table"``), and the stats they
-        give reported to their branches. A kind of call that fails its check, once, the
-        first call with gradients where it is compiled (:func:`_prologue_problem`: its
-        outputs and gradients against the reference's), computes the prologues before
-        the call instead."""
+        give reported to their branches. A kind of call that fails its check (once per
+        kind and grad mode where it is compiled, :meth:`_check`) computes the
+        prologues before the call instead, in training and without gradients."""
         within = self.within
         if not within:
             return _call_kind(function, q, key_of, args_of, options)
@@ -538,18 +537,12 @@ class _Terms:
             return (function, len(args), specs, *args, *tensors)
 
         kind = prologue_key(options)
-        if kind not in _PROLOGUE_CHECKED and torch.is_grad_enabled() and q.device.type in COMPILE_BACKENDS:
-            _PROLOGUE_CHECKED.add(kind)
-            for blocks in ((options,) if options is not None else (None, SMALL_BLOCKS)):
-                problem = _prologue_problem(_kernel(q.device, prologue_key(blocks), _attend_after_prologue),
-                                            prologue_args(blocks))
-                if problem != _SHARED_MEMORY:  # (with the default blocks :func:`_call_kind` takes SMALL_BLOCKS)
-                    break
-            if problem is not None:
-                logger.warning("FlexAttention: a kind of call with a score term's prologue within it failed its "
-                               "check (%s); that kind computes its prologues before the call from now on", problem)
-                _PROLOGUE_OUTSIDE.add(kind)
-        if kind in _PROLOGUE_OUTSIDE:
+        with torch.enable_grad():  # one verdict for a kind in training and without gradients
+            verdict = prologue_key(options)
+        if kind not in _PROLOGUE_CHECKED and verdict not in _PROLOGUE_OUTSIDE \
+                and q.device.type in COMPILE_BACKENDS:
+            self._check(kind, verdict, q, prologue_key, prologue_args, options)
+        if verdict in _PROLOGUE_OUTSIDE:
             self._outside()
             return _call_kind(function, q, key_of, args_of, options)
         result, stats = _call_kind(_attend_after_prologue, q, prologue_key, prologue_args, options)
@@ -558,9 +551,37 @@ class _Terms:
                 prologue.report(stat)
         return result
 
+    @staticmethod
+    def _check(kind, verdict, q, prologue_key, prologue_args, options):
+        """The check of a kind of call with prologues within (:func:`_prologue_problem`),
+        once per kind and grad mode (without gradients, of the outputs alone); a kind
+        that fails it joins :data:`_PROLOGUE_OUTSIDE` under ``verdict``, its key in
+        training, which it then shares with its calls without gradients. The kind
+        counts as checked once there is a verdict (a GPU out of memory, which fairseq's
+        trainer may survive by skipping the batch, leaves it unchecked). Where it ran
+        with the default blocks, its verdict on shared memory stands for
+        :func:`_call_kind`'s check too."""
+        problem, tried = None, []
+        for blocks in ((options,) if options is not None else (None, SMALL_BLOCKS)):
+            tried.append(blocks)
+            problem = _prologue_problem(_kernel(q.device, prologue_key(blocks), _attend_after_prologue),
+                                        prologue_args(blocks))
+            if problem != _SHARED_MEMORY:
+                break
+        _PROLOGUE_CHECKED.add(kind)
+        if options is None and torch.is_grad_enabled() and problem is None:
+            name, key = _attend_after_prologue.__name__, prologue_key(None)
+            _CHECKED.add((name, key))
+            if len(tried) == 2:  # out of shared memory with the default blocks, not with SMALL_BLOCKS
+                _NEED_SMALL_BLOCKS.add((name, key))
+        if problem is not None:
+            logger.warning("FlexAttention: a kind of call with a score term's prologue within it failed its check "
+                           "(%s); that kind computes its prologues before the call from now on", problem)
+            _PROLOGUE_OUTSIDE.add(verdict)
+
 
 # Kinds of call with a prologue within (:meth:`_Terms.run`) checked, and those whose
-# check failed, which compute the prologue before the call.
+# check failed (by their key in training), which compute the prologues before the call.
 _PROLOGUE_CHECKED = set()
 _PROLOGUE_OUTSIDE = set()
 
@@ -597,7 +618,8 @@ def _prologue_problem(compiled, args) -> Optional[str]:
     tensors (those that need gradients again needing them), its outputs and the
     gradients of every argument against the same function's uncompiled (the
     prologues and torch's reference implementation of the fused call, whose autograd
-    gives every tensor its gradient): a gradient missing or further than
+    gives every tensor its gradient; without gradients, the outputs alone): an output
+    (the prologues' stats too) or a gradient missing or further than
     :data:`PROLOGUE_TOLERANCE` from the reference's, or an error (its name and
     message; :data:`_SHARED_MEMORY` where it ran out of the GPU's shared memory). A
     GPU out of memory is raised.
@@ -613,11 +635,12 @@ def _prologue_problem(compiled, args) -> Optional[str]:
 
     def run(function):
         copies = _detached_copies(args)
-        result, _ = function(*copies)
+        result, stats = function(*copies)
         outputs = [out for out in (result if isinstance(result, tuple) else (result,)) if isinstance(out, Tensor)]
         total = sum(out.float().square().sum() for out in outputs if out.requires_grad)
         if isinstance(total, Tensor):
             total.backward()
+        outputs += [stat for stat in stats if stat is not None]
         grads = [c.grad if isinstance(c, Tensor) and c.requires_grad else None for c in copies]
         return [out.detach() for out in outputs], grads
 
@@ -629,14 +652,19 @@ def _prologue_problem(compiled, args) -> Optional[str]:
         return _SHARED_MEMORY if _out_of_shared_memory(error) else f"{type(error).__name__}: {error}"
     want_outputs, want = run(_attend_after_prologue)
     tolerance = PROLOGUE_TOLERANCE.get(args[3].dtype, PROLOGUE_TOLERANCE[torch.float16])  # q's (``args[3]``)
-    for name, pairs in (("output", zip(got_outputs, want_outputs)), ("gradient", zip(got, want))):
+    for name, pairs in (("output", zip(got_outputs, want_outputs)), ("gradient of argument", zip(got, want))):
         for index, (a, b) in enumerate(pairs):
             if (a is None) != (b is None):
-                return f"the {name} of argument {index} is {'missing' if a is None else 'one the reference lacks'}"
-            if a is not None:
-                error = ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-6)).item()
-                if not error <= tolerance:
-                    return f"the {name} of argument {index} differs from the reference's by {error:.3g} (relative)"
+                return f"{name} {index} is {'missing' if a is None else 'one the reference lacks'}"
+            if a is None:
+                continue
+            a, b = a.float(), b.float()
+            if not torch.equal(a.isnan(), b.isnan()):
+                return f"{name} {index} has NaN where the reference's has not, or the other way round"
+            a, b = a.nan_to_num(0.0), b.nan_to_num(0.0)  # (NaN at the same places: equal there)
+            error = ((a - b).norm() / b.norm().clamp(min=1e-6)).item()
+            if not error <= tolerance:
+                return f"{name} {index} differs from the reference's by {error:.3g} (relative)"
     return None
 
 
