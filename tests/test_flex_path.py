@@ -237,6 +237,17 @@ def test_descriptions_evaluate_to_the_eager_bias_and_mask():
     assert window.describe(ctx).window == flex.Window(2, 1)
 
 
+def _trained(module, x, impl, padding, keep=1.0):
+    """``module``'s output on ``x`` (``T x B x C``) by path ``impl``, times ``keep``, the
+    gradient of the input and those of the parameters, after a backward pass of the
+    output's squares."""
+    inputs = x.clone().requires_grad_(True)
+    module.zero_grad()
+    out = _run(module, inputs, impl, padding) * keep
+    out.pow(2).sum().backward()
+    return [out, inputs.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+
+
 def _traced_on_the_cpu(monkeypatch, backend="eager"):
     """Compile the fused call on the CPU as CUDA does (one code object per kind of call,
     ``fullgraph=True``, dynamic shapes), traced by dynamo and run by torch's reference
@@ -508,11 +519,7 @@ def test_a_sublayer_with_learned_terms_is_one_compiled_call_forward_and_one_back
     x = torch.randn(T, B, C)
 
     def run(impl):
-        inputs = x.clone().requires_grad_(True)
-        module.zero_grad()
-        out = _run(module, inputs, impl, padding) * keep
-        out.pow(2).sum().backward()
-        return [out, inputs.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+        return _trained(module, x, impl, padding, keep)
 
     try:
         want = run("eager")
@@ -946,11 +953,7 @@ def test_a_call_whose_prologue_gets_no_gradient_computes_it_before_the_call(kind
     x = torch.randn(T, B, C)
 
     def run(impl):
-        inputs = x.clone().requires_grad_(True)
-        module.zero_grad()
-        out = _run(module, inputs, impl, padding) * keep
-        out.pow(2).sum().backward()
-        return [out, inputs.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+        return _trained(module, x, impl, padding, keep)
 
     want = run("eager")
     torch._dynamo.reset()
@@ -1061,10 +1064,7 @@ def test_a_compiled_call_that_drops_the_prologues_gradients_is_told_apart(monkey
     x = torch.randn(9, B, C)
 
     def run(impl):
-        inputs = x.clone().requires_grad_(True)
-        module.zero_grad()
-        _run(module, inputs, impl, None).pow(2).sum().backward()
-        return [inputs.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+        return _trained(module, x, impl, None)
 
     want = run("eager")
     try:
