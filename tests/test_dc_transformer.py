@@ -825,3 +825,29 @@ def test_paper_iwslt_preset_trains_and_generates(tmp_path):
     assert model_state["encoder.layers.3.self_attn.local_context.conv.weight"].shape == (512, 256, 2)
     assert model_state["decoder.layers.3.self_attn.aggregate.weight"].shape == (256, 512)
     assert "encoder.layers.4.self_attn.aggregate.weight" not in model_state
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_the_encoders_joint_pass_skips_the_empty_row_repair(causal, monkeypatch):
+    """Where SDPA does not zero rows without keys (an accelerator), the joint pass of
+    the FI units repairs them only in the decoder: the encoder's mask is the sentences'
+    padding alone, and every sentence has a real token (the repair costs five kernels a
+    call on CUDA). Outputs equal the separate units' either way."""
+    from fairseq_localness.modules.kernels import emulation, sdpa
+
+    calls, original = [], sdpa.empty_rows
+    monkeypatch.setattr(sdpa, "SDPA_ZEROES_EMPTY_ROWS_ON_CPU", False)  # as on an accelerator
+    monkeypatch.setattr(sdpa, "empty_rows", lambda blocked: calls.append(1) or original(blocked))
+    torch.manual_seed(0)
+    module = DualContextModule(16, 4, kernel_size=2 if causal else 3, causal=causal).eval()
+    x = torch.randn(7, 3, 16)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, (slice(5, 7) if causal else slice(0, 3))] = True  # right padding in the decoder, left in the encoder
+    with torch.no_grad():
+        want = module(x, key_padding_mask=pad)[0]  # the CPU's path: the two units apart
+        calls.clear()
+        with emulation.cuda_paths_on_cpu():  # CUDA's: the joint pass
+            got = module(x, key_padding_mask=pad)[0]
+    assert len(calls) == (1 if causal else 0)
+    keep = (~pad).t().unsqueeze(-1).float()
+    torch.testing.assert_close(got * keep, want * keep, atol=1e-5, rtol=1e-4)

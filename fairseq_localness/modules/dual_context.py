@@ -516,7 +516,9 @@ class DualContextModule(nn.Module, Observable):
             blocked = blocked | causal_mask(r.size(0), r.size(0), r.device)[None, None]
         glob = self.fi_global
         dropout = glob.dropout_module.p if glob._dropout_active() else 0.0
-        out = masked_attention(q, k, v, blocked, None, dropout, self.causal and blocked is None)
+        # without causality the mask is the sentences' padding alone, and every sentence
+        # has a real token: no row is empty (with it, a left-padded target's would be)
+        out = masked_attention(q, k, v, blocked, None, dropout, self.causal and blocked is None, not self.causal)
         return merge_heads(out)
 
     def _projections(self, r: Tensor, lc: Tensor):

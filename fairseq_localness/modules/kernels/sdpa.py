@@ -47,6 +47,7 @@ def masked_attention(
     bias: Optional[Tensor],
     dropout_p: float,
     is_causal: bool,
+    rows_have_keys: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention`` with a boolean mask ``blocked`` (True =
     blocked) and an additive ``bias``, both broadcastable to ``B x H x Tq x Tk``, and
@@ -61,11 +62,16 @@ def masked_attention(
       (:func:`_half_safe_bias`).
     * Empty rows: on a CPU torch >= 2.5 returns zeros for them; elsewhere they are
       repaired as in the eager path (unblocked, output zeroed; on a CPU only when a row
-      is empty, on an accelerator always, without waiting for the device).
+      is empty, on an accelerator always, without waiting for the device), unless the
+      caller knows that every row keeps a key (``rows_have_keys``: the Dual Contextual
+      module's encoder, whose ``blocked`` is the sentences' padding alone, and every
+      sentence of a fairseq batch has a real token): on CUDA the repair is five kernels
+      a call (a sentence of padding alone would then get whatever the kernel gives).
     """
     row_empty = None
     mask = None
-    if blocked is not None and not (SDPA_ZEROES_EMPTY_ROWS_ON_CPU and q.device.type == "cpu"):
+    if blocked is not None and not rows_have_keys \
+            and not (SDPA_ZEROES_EMPTY_ROWS_ON_CPU and q.device.type == "cpu"):
         row_empty = empty_rows(blocked)  # no host sync on accelerators: always repairs there
         if row_empty is not None:
             blocked = blocked & ~row_empty
