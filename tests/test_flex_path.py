@@ -832,6 +832,26 @@ def test_cuda_fused_path_equals_eager_outputs_and_gradients(kind, causal, dtype,
     _check_fused_against_eager(kind, causal, dtype, side, "cuda", monkeypatch)
 
 
+@cuda
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["gaussian-query", "gaussian+shaw", "shaw-key-value"])
+def test_cuda_prologues_stay_within_the_compiled_call(kind, dtype, monkeypatch):
+    """On CUDA the score terms given by a prologue (Yang et al.'s centre and window,
+    Shaw et al.'s key term) are computed within the compiled call: Inductor gives the
+    captured tensors computed there their gradients, so every kind of call passes its
+    check (none computes its prologues before the call), in training and without
+    gradients, and the outputs and gradients equal the eager reference's (the test
+    above). A failure here, with the other CUDA tests passing, means the fallback took
+    the calls: the log's warning says why."""
+    monkeypatch.setattr(flex, "_PROLOGUE_CHECKED", set())
+    monkeypatch.setattr(flex, "_PROLOGUE_OUTSIDE", set())
+    _check_fused_against_eager(kind, False, dtype, "left", "cuda", monkeypatch)
+    module = _module(kind, True, dtype=dtype, device="cuda")
+    with torch.no_grad():
+        _run(module, torch.randn(9, B, C, device="cuda", dtype=dtype), "auto", None)
+    assert len(flex._PROLOGUE_CHECKED) == 2 and not flex._PROLOGUE_OUTSIDE
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("kind", list(KINDS))
