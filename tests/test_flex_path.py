@@ -248,18 +248,21 @@ def _trained(module, x, impl, padding, keep=1.0):
     return [out, inputs.grad] + [p.grad for p in module.parameters() if p.grad is not None]
 
 
-def _traced_on_the_cpu(monkeypatch, backend="eager"):
+def _traced_on_the_cpu(monkeypatch, backend="eager", as_compiled=True):
     """Compile the fused call on the CPU as CUDA does (one code object per kind of call,
     ``fullgraph=True``, dynamic shapes), traced by dynamo and run by torch's reference
     (``backend="eager"``: the CPU has no compiled kernel with a log-sum-exp; or the
-    ``backend`` given); returns the dynamo counters, cleared."""
+    ``backend`` given), which gives captured tensors their gradients as a compiled
+    kernel does where ``as_compiled`` (:func:`_buffer_gradients_as_compiled`); returns
+    the dynamo counters, cleared."""
     import torch._dynamo
 
     monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", backend)
     monkeypatch.setattr(flex, "COMPILED", {})
     monkeypatch.setattr(flex, "_PROLOGUE_CHECKED", set())
     monkeypatch.setattr(flex, "_PROLOGUE_OUTSIDE", set())
-    _buffer_gradients_as_compiled(monkeypatch)
+    if as_compiled:
+        _buffer_gradients_as_compiled(monkeypatch)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     return torch._dynamo.utils.counters
@@ -962,10 +965,7 @@ def test_a_call_whose_prologue_gets_no_gradient_computes_it_before_the_call(kind
 
     import torch._dynamo
 
-    monkeypatch.setitem(flex.COMPILE_BACKENDS, "cpu", "aot_eager")
-    monkeypatch.setattr(flex, "COMPILED", {})
-    monkeypatch.setattr(flex, "_PROLOGUE_CHECKED", set())
-    monkeypatch.setattr(flex, "_PROLOGUE_OUTSIDE", set())
+    _traced_on_the_cpu(monkeypatch, "aot_eager", as_compiled=False)  # torch's reference: no gradient there
     module = _module(kind, False)
     T = 9
     padding = _padding("left", B, T, [T, 5, 2])

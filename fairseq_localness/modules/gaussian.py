@@ -49,7 +49,7 @@ float32). The ``fixed`` strategy's D is used as given.
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -109,7 +109,12 @@ class GaussianWindows:
 
 def compute_dtype(ctx: AttentionContext) -> torch.dtype:
     """The bias is computed in float32 (float64 for float64 models), never in half."""
-    return torch.float64 if ctx.q.dtype == torch.float64 else torch.float32
+    return _compute_dtype(ctx.q)
+
+
+def _compute_dtype(q: Tensor) -> torch.dtype:
+    """:func:`compute_dtype` of the queries ``q``."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 class GaussianLocalness(AttentionBranch):
@@ -224,13 +229,8 @@ class GaussianLocalness(AttentionBranch):
     def _prologue(self, ctx: AttentionContext) -> Prologue:
         """P and sigma of eq. 5-9, and the means the branch logs, as a
         :class:`~.scores.Prologue` of the queries (:func:`predicted_gaussian`)."""
-        weights = position = None
         logging = self.logging_metrics
-        if logging:
-            weights = ctx.query_weights()
-            weights = None if weights is None else weights[:, None]  # B x 1 x Tq
-            position = _mean_query_position(ctx, weights) if ctx.self_attention else None
-        tensors = self._at_once_inputs(ctx) + (weights, position)
+        tensors = self._at_once_inputs(ctx) + (_metric_inputs(ctx) if logging else (None, None))
         return Prologue(predicted_gaussian, ctx.q, tensors, (self.min_window == 0, logging),
                         functools.partial(self.log_metrics, self._metric_names(ctx)))
 
@@ -276,10 +276,7 @@ class GaussianLocalness(AttentionBranch):
             self.record(QUERY_POSITION, ctx.q_pos.expand(ctx.bsz, -1))
             self.record(VISIBLE_KEYS, ctx.lengths.expand(ctx.bsz, -1))
         if self.logging_metrics:
-            weights = ctx.query_weights()
-            weights = None if weights is None else weights[:, None]  # B x 1 x Tq
-            position = _mean_query_position(ctx, weights) if ctx.self_attention else None
-            self.log_metrics(self._metric_names(ctx), _metric_means(centre, window, weights, position))
+            self.log_metrics(self._metric_names(ctx), _metric_means(centre, window, *_metric_inputs(ctx)))
 
     @staticmethod
     def _metric_names(ctx: AttentionContext) -> tuple:
@@ -301,7 +298,7 @@ def _centre_and_window(q: Tensor, w_p: Tensor, u_p: Tensor, u_d: Tensor, scale: 
     The products are of the weights (``F.linear``), not of the ``nn.Linear`` modules: a
     function of tensors, which a fused call computes within itself; hooks on
     ``w_p``, ``u_p`` and ``u_d`` do not run on this path."""
-    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dt = _compute_dtype(q)
     bsz, heads, tgt_len, head_dim = q.shape
     q_full = q.permute(0, 2, 1, 3).reshape(bsz, tgt_len, heads * head_dim)  # B x Tq x C
     hidden = torch.tanh(nn.functional.linear(q_full, w_p))  # B x Tq x C
@@ -331,6 +328,15 @@ def _sigma(window: Tensor, unfloored: bool) -> Tensor:
     (module docstring)."""
     sigma = window / 2.0
     return sigma.clamp(min=1e-10) if unfloored else sigma
+
+
+def _metric_inputs(ctx: AttentionContext) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """What :func:`_metric_means` takes besides P and D: the real queries' weights
+    (:meth:`~AttentionContext.query_weights` as ``B x 1 x Tq``, or None) and, in
+    self-attention, the mean query position (:func:`_mean_query_position`), else None."""
+    weights = ctx.query_weights()
+    weights = None if weights is None else weights[:, None]  # B x 1 x Tq
+    return weights, (_mean_query_position(ctx, weights) if ctx.self_attention else None)
 
 
 def _metric_means(centre: Tensor, window: Tensor, weights: Optional[Tensor], position: Optional[Tensor]) -> Tensor:

@@ -171,7 +171,7 @@ def gaussian_rows(inputs, i0: int, i1: int) -> Tensor:
     ``d^2 * (-1 / (2 sigma^2))``, one pass per product over the block."""
     centre, sigma, k_pos = inputs[0][..., i0:i1, None], inputs[1][..., i0:i1, None], inputs[2]
     d = k_pos[:, None, None, :] - centre
-    return (d * d) * (-0.5 / (sigma * sigma))
+    return (d * d) * gaussian_coefficient(sigma)
 
 
 class BucketScore(_Given):

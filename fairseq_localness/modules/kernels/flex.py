@@ -357,18 +357,35 @@ def _fits(function, args) -> bool:
     """Whether ``function(*args)`` runs forward and backward (on detached copies of the
     float tensors, those that need gradients again needing them) without running out of
     the GPU's shared memory; any other error is raised."""
-    copies = _detached_copies(args)
     try:
-        result = function(*copies)
-        outputs = result if isinstance(result, tuple) else (result,)
-        total = sum(out.float().sum() for out in outputs if isinstance(out, Tensor) and out.requires_grad)
-        if isinstance(total, Tensor):
-            total.backward()
+        _forward_backward(function, args)
         return True
     except Exception as error:  # noqa: BLE001 - sorted below: only this one is caught
         if _out_of_shared_memory(error):
             return False
         raise
+
+
+def _forward_backward(function, args):
+    """``function(*copies)`` on :func:`_detached_copies` of ``args``, and the backward
+    pass of the sum of the squares of its float outputs that need gradients (tensors
+    anywhere in nested tuples); returns the result and the copies, which hold the
+    gradients."""
+    copies = _detached_copies(args)
+    result = function(*copies)
+    total = sum(out.float().square().sum() for out in _tensors(result) if out.requires_grad)
+    if isinstance(total, Tensor):
+        total.backward()
+    return result, copies
+
+
+def _tensors(result):
+    """The tensors of ``result``: a tensor, or nested tuples holding tensors and None."""
+    if isinstance(result, Tensor):
+        yield result
+    elif isinstance(result, tuple):
+        for part in result:
+            yield from _tensors(part)
 
 
 def _detached_copies(args) -> list:
@@ -634,15 +651,9 @@ def _prologue_problem(compiled, args) -> Optional[str]:
     zero (a window held at its floor, F >= I) is the reference's too."""
 
     def run(function):
-        copies = _detached_copies(args)
-        result, stats = function(*copies)
-        outputs = [out for out in (result if isinstance(result, tuple) else (result,)) if isinstance(out, Tensor)]
-        total = sum(out.float().square().sum() for out in outputs if out.requires_grad)
-        if isinstance(total, Tensor):
-            total.backward()
-        outputs += [stat for stat in stats if stat is not None]
+        result, copies = _forward_backward(function, args)  # (the call's result, the prologues' stats)
         grads = [c.grad if isinstance(c, Tensor) and c.requires_grad else None for c in copies]
-        return [out.detach() for out in outputs], grads
+        return [out.detach() for out in _tensors(result)], grads
 
     try:
         got_outputs, got = run(compiled)
