@@ -441,6 +441,14 @@ def test_cuda_stacked_projections_equal_the_cpu_pass():
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+def _count_joint_calls(monkeypatch, calls):
+    """Append to ``calls`` at each fused call of the joint pass (the encoder's
+    ``padding_attention``, the decoder's ``masked_attention``)."""
+    for name in ("masked_attention", "padding_attention"):
+        original = getattr(dual_context, name)
+        monkeypatch.setattr(dual_context, name, lambda *args, f=original: calls.append(1) or f(*args))
+
+
 @pytest.mark.parametrize("causal, padding", [(False, "left"), (False, None), (True, None), (True, "left"),
                                              (True, "right")])
 def test_the_joint_pass_equals_the_units_own_calls(causal, padding, monkeypatch):
@@ -455,8 +463,7 @@ def test_the_joint_pass_equals_the_units_own_calls(causal, padding, monkeypatch)
     pad = None if padding is None else (_left_padding([7, 5, 3], 7) if padding == "left"
                                         else torch.stack([torch.arange(7) >= n for n in (7, 5, 3)]))
     calls = []
-    monkeypatch.setattr(dual_context, "masked_attention",
-                        lambda *args: calls.append(1) or masked_attention(*args))
+    _count_joint_calls(monkeypatch, calls)
 
     def run(joint):
         monkeypatch.setattr(dual_context, "JOINT_PASS_DEVICES", ("cuda", "cpu") if joint else ("cuda",))
@@ -465,8 +472,6 @@ def test_the_joint_pass_equals_the_units_own_calls(causal, padding, monkeypatch)
         out, _ = dc(x, x, x, key_padding_mask=pad)
         out.pow(2).sum().backward()
         return out, x.grad, {n: p.grad.clone() for n, p in dc.named_parameters()}
-
-    from fairseq_localness.modules.kernels.sdpa import masked_attention
 
     out, grad, grads = run(True)
     assert len(calls) == 1
@@ -490,8 +495,7 @@ def test_the_joint_pass_is_not_taken_where_the_units_compute_otherwise(monkeypat
     monkeypatch.setattr(projections, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(dual_context, "JOINT_PASS_DEVICES", ("cuda", "cpu"))
     calls = []
-    original = dual_context.masked_attention
-    monkeypatch.setattr(dual_context, "masked_attention", lambda *args: calls.append(1) or original(*args))
+    _count_joint_calls(monkeypatch, calls)
     torch.manual_seed(0)
     r = torch.randn(6, 2, 16)
     blocked_first = torch.zeros(6, 6)
@@ -832,12 +836,16 @@ def test_the_encoders_joint_pass_skips_the_empty_row_repair(causal, monkeypatch)
     """Where SDPA does not zero rows without keys (an accelerator), the joint pass of
     the FI units repairs them only in the decoder: the encoder's mask is the sentences'
     padding alone, and every sentence has a real token (the repair costs five kernels a
-    call on CUDA). Outputs equal the separate units' either way."""
+    call on CUDA), and it is a float mask made once per padding mask for all layers
+    (a boolean one costs SDPA a conversion per call). Outputs equal the separate units'
+    either way."""
     from fairseq_localness.modules.kernels import emulation, sdpa
 
     calls, original = [], sdpa.empty_rows
+    made, original_bias = [], sdpa.padding_bias
     monkeypatch.setattr(sdpa, "SDPA_ZEROES_EMPTY_ROWS_ON_CPU", False)  # as on an accelerator
     monkeypatch.setattr(sdpa, "empty_rows", lambda blocked: calls.append(1) or original(blocked))
+    monkeypatch.setattr(sdpa, "padding_bias", lambda *args: made.append(original_bias(*args)) or made[-1])
     torch.manual_seed(0)
     module = DualContextModule(16, 4, kernel_size=2 if causal else 3, causal=causal).eval()
     x = torch.randn(7, 3, 16)
@@ -848,6 +856,11 @@ def test_the_encoders_joint_pass_skips_the_empty_row_repair(causal, monkeypatch)
         calls.clear()
         with emulation.cuda_paths_on_cpu():  # CUDA's: the joint pass
             got = module(x, key_padding_mask=pad)[0]
-    assert len(calls) == (1 if causal else 0)
+            again = module(x, key_padding_mask=pad)[0]  # another layer of the same pass
+    assert len(calls) == (2 if causal else 0)
+    if not causal:  # one float mask, of the model's dtype, for both calls
+        assert len(made) == 2 and made[0] is made[1] and made[0].dtype == x.dtype
+        assert made[0].stride(0) % 8 == 0 and torch.equal(made[0][:, 0, 0] == float("-inf"), pad)
+    torch.testing.assert_close(again, got)
     keep = (~pad).t().unsqueeze(-1).float()
     torch.testing.assert_close(got * keep, want * keep, atol=1e-5, rtol=1e-4)

@@ -101,7 +101,7 @@ from fairseq_localness.modules.incremental import (
     STEP_DTYPES, IncrementalBuffer, _steps_view, attention_step, grown_store, joined_padding, reordered_key_value_rows,
     search_constants, used_padding,
 )
-from fairseq_localness.modules.kernels.sdpa import masked_attention
+from fairseq_localness.modules.kernels.sdpa import masked_attention, padding_attention
 from fairseq_localness.modules.kernels.step import last_keys_attention
 from fairseq_localness.modules.projections import (
     stacked_linear, stacked_parameters, stacked_projection, stacks_projections,
@@ -494,7 +494,9 @@ class DualContextModule(nn.Module, Observable):
         r, the local unit's keys and values one product of lc, and one
         ``scaled_dot_product_attention`` call with the units' shared scale, padding,
         causality and attention dropout (:func:`~.kernels.sdpa.masked_attention`, as
-        each unit's own call; dropout drawn for the 2H heads at once: the same
+        each unit's own call; in the encoder :func:`~.kernels.sdpa.padding_attention`,
+        its float mask of the padding made once per pass for all layers and no row
+        repaired; dropout drawn for the 2H heads at once: the same
         distribution as two draws, not the same numbers for a seed), whose merged
         heads are the concatenation of eq. 8. The queries are copied out of r's
         product, so that the fused call keeps ``2C`` values per token for them and not
@@ -511,15 +513,16 @@ class DualContextModule(nn.Module, Observable):
         q = q.contiguous()
         k_l, v_l = split_heads(stacked_projection(lc, kv_local), 2 * heads).split(heads, dim=1)
         k, v = torch.cat([k_l, k_g], dim=1), torch.cat([v_l, v_g], dim=1)
-        blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
-        if self.causal and blocked is not None:
-            blocked = blocked | causal_mask(r.size(0), r.size(0), r.device)[None, None]
         glob = self.fi_global
         dropout = glob.dropout_module.p if glob._dropout_active() else 0.0
-        # without causality the mask is the sentences' padding alone, and every sentence
-        # has a real token: no row is empty (with it, a left-padded target's would be)
-        out = masked_attention(q, k, v, blocked, None, dropout, self.causal and blocked is None, not self.causal)
-        return merge_heads(out)
+        if not self.causal:
+            # the mask is the sentences' padding alone, and every sentence has a real
+            # token: no row is empty (with causality a left-padded target's would be)
+            return merge_heads(padding_attention(q, k, v, key_padding_mask, dropout))
+        blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
+        if blocked is not None:
+            blocked = blocked | causal_mask(r.size(0), r.size(0), r.device)[None, None]
+        return merge_heads(masked_attention(q, k, v, blocked, None, dropout, blocked is None))
 
     def _projections(self, r: Tensor, lc: Tensor):
         """The FI units' queries, keys and values (``T x B x C`` each) of a pass without

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_localness.modules.context import AttentionContext, distance_table, one_row_softmax
+from fairseq_localness.modules.kernels.step import fused_step, row_attention
 from fairseq_localness.modules.scores import BucketScore, Prologue, ValueTerm
 
 
@@ -110,7 +111,12 @@ class RelativePositions(nn.Module):
         (``index_add_``) and multiplies the R sums by ``W^V`` (``B*H x R`` by ``R x
         Dh``), added to ``alpha v`` in its product. The heads' ``B*H`` rows are views
         of the caches (:func:`~.kernels.step.heads_bmm`): no tensor over the prefix
-        but the row's own, and no call whose count grows with Tk."""
+        but the row's own, and no call whose count grows with Tk.
+
+        On a device of :data:`~.kernels.step.FUSED_STEP_DEVICES` (CUDA) the step is one
+        fused call instead (:meth:`_fused_step`)."""
+        if fused_step(q):
+            return self._fused_step(q, k, v, scale, key_padding_mask)
         bsz, heads, _, head_dim = q.shape
         src_len = k.size(2)
         rows = bsz * heads
@@ -127,6 +133,30 @@ class RelativePositions(nn.Module):
         value_term = torch.mm(summed, self.value_embeddings.to(probs.dtype)).to(v.dtype)  # B*H x Dh
         out = torch.baddbmm(value_term.unsqueeze(1), probs.to(v.dtype), values)
         return out.view(bsz, heads, 1, head_dim)
+
+    def _fused_step(self, q: Tensor, k: Tensor, v: Tensor, scale: float,
+                    key_padding_mask: Optional[Tensor]) -> Tensor:
+        """:meth:`step_attention` as one call of SDPA's fused kernel
+        (:func:`~.kernels.step.row_attention`): the key term of each key, ``q w^K_r /
+        sqrt(Dh)`` picked by its bucket (one product, one ``index_select``), is the
+        call's float bias; the value term enters through the values, ``alpha_ij (v_j +
+        a^V_ij)`` (eq. 3: each key's ``a^V`` picked by its bucket, one ``index_select``,
+        and added to the cached values, one ``add``). The sum ``v_j + a^V_ij`` is
+        rounded to the values' dtype, where the CPU's step adds ``alpha a^V`` and
+        ``alpha v`` in float32: the same within half precision's rounding."""
+        bsz, heads, _, head_dim = q.shape
+        src_len = k.size(2)
+        # the row i' = Tk - 1 of the bucket table, over Tk keys and on to a multiple of 8
+        # columns: rows of the key terms that far apart (SDPA's memory-efficient kernel
+        # wants a bias whose rows start at multiples of 16 bytes; it would copy another)
+        width = -(-src_len // 8) * 8
+        buckets = self._buckets(width - src_len + 1, width, q.device)[0]
+        q = q * scale
+        per_bucket = torch.mm(q.reshape(bsz * heads, head_dim), self.key_embeddings.to(q.dtype).t())  # B*H x R
+        key_terms = per_bucket.index_select(1, buckets)[:, :src_len].view(bsz, heads, 1, src_len)
+        if self.value_embeddings is not None:
+            v = v + self.value_embeddings.to(v.dtype).index_select(0, buckets[:src_len])  # B x H x Tk x Dh
+        return row_attention(q, k, v, 1.0, key_padding_mask, key_terms)
 
 
 def _key_per_distance(q_scaled: Tensor, key_embeddings: Tensor) -> Tensor:

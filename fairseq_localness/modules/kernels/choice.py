@@ -83,7 +83,8 @@ gate; not yet measured on a GPU.
 At one query row (an incremental step; no attention dropout, no ``attn_mask`` of the
 call's own, no Shaw et al. terms), several branches that are hard windows alone take
 one product (:func:`~.windows.windows_attention`: the row's energies once, a row per
-window; on a CPU up to :data:`EAGER_MAX_KEYS` keys), stacked for the fusion likewise;
+window; on a CPU up to :data:`EAGER_MAX_KEYS` keys; on CUDA one fused call, [8]_),
+stacked for the fusion likewise;
 so do several query rows on a CPU without gradients over up to
 :data:`EAGER_MAX_KEYS` keys (the table's "one product"). One HySAN decoder self-attention
 step (forward, local1) went from 91 operator calls to 71 (the transformer's: 35), a
@@ -121,9 +122,12 @@ and nothing else; ``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal c
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | Shaw et al.'s terms on a branch with | any    | any   | Tq = 1          | ``RelativePositions`` |
 | no mask or bias of its own, in self- |        |       |                 | ``.step_attention``   |
-| attention, no attention dropout      |        |       |                 | [4]_                  |
+| attention, no attention dropout      |        |       |                 | [4]_; on CUDA one     |
+|                                      |        |       |                 | fused call [8]_       |
 +--------------------------------------+--------+-------+-----------------+-----------------------+
-| a hard window, plain, no dropout     | any    | any   | Tq = 1          | :mod:`.step` [4]_     |
+| a hard window, plain, no dropout     | any    | any   | Tq = 1          | :mod:`.step` [4]_; on |
+|                                      |        |       |                 | CUDA one fused call   |
+|                                      |        |       |                 | [8]_                  |
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | a hard window bounded on both sides, | any    | any   | l + r + 1 < Tk  | :mod:`.banded` [5]_   |
 | plain                                |        |       |                 |                       |
@@ -133,9 +137,9 @@ and nothing else; ``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal c
 | ``j >= i`` (a backward branch),      |        |       |                 | (:mod:`.sdpa`)        |
 | plain, no dropout, torch >= 2.5      |        |       |                 |                       |
 +--------------------------------------+--------+-------+-----------------+-----------------------+
-| no mask or bias of its own (encoder- | any    | any   | Tq = 1          | :mod:`.step` [4]_     |
-| decoder attention), plain, no        |        |       |                 |                       |
-| dropout                              |        |       |                 |                       |
+| no mask or bias of its own (encoder- | any    | any   | Tq = 1          | :mod:`.step` [4]_; on |
+| decoder attention), plain, no        |        |       |                 | CUDA one fused call   |
+| dropout                              |        |       |                 | [8]_                  |
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | the plain causal mask alone (no      | any    | any   | Tq = Tk         | SDPA, ``is_causal``   |
 | padding, no bias)                    |        |       |                 | (:mod:`.sdpa`)        |
@@ -191,6 +195,15 @@ otherwise):
    path's time. With gradients the same product was as fast as the eager path (a
    training step at 16 x 32 tokens: 0.998 of its time, 12 alternating rounds), which
    keeps those calls.
+.. [8] :data:`.step.FUSED_STEP_DEVICES`: on CUDA a step's attention is one call of
+   SDPA's fused kernel with its mask or bias as data (:func:`.step.row_attention`),
+   where the step kernels made its products, scaling, casts and softmax one operator
+   each. Not yet measured on a GPU; counted on the CPU on CUDA's paths (one
+   Transformer-base decoder step at width 64, bfloat16, 8 sentences at their 20th
+   token): the decoder's operators per step, HySAN e1 232 -> 202, Dec-DC 238 -> 202,
+   localness + rel_pos 232 -> 190 (the transformer's: 208). The H200's beam search
+   launched 1.10 (HySAN), 1.15 (Dec-DC) and 1.19 (rel_pos) times the transformer's
+   kernels and ran at 0.77, 0.82 and 0.74 of its speed (8 sentences of 128 tokens).
 """
 from typing import Optional
 

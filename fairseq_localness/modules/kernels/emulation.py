@@ -15,14 +15,17 @@ duration of a ``with`` block:
 * :data:`.flex.EPILOGUE_DEVICES`: a fusion within the fused call of the branches;
 * :data:`.flex.PROLOGUE_DEVICES`: a score term's prologue (Yang et al.'s P and sigma)
   within the fused call that reads it;
+* :data:`.step.FUSED_STEP_DEVICES`: one query row (a beam-search step) as one call of
+  SDPA's fused kernel with its mask or bias as data;
 * :data:`~fairseq_localness.modules.hysan.BRANCH_LOOP_DEVICES` (the CPU leaves it):
   HySAN's squeeze gate after a fused call over all branches as one product.
 
 The rules that stay the CPU's own: a head dimension under 16 (which Inductor's CUDA
 kernels do not take, :func:`.flex.supports`) still takes the fused call; Shaw et al.'s
-table gets no kernel options (the CUDA kernel's block sizes); one query row over more
-than :data:`.choice.EAGER_MAX_KEYS` keys, and a call the fused kernel does not take
-(attention dropout), keep the CPU's kernels.
+table gets no kernel options (the CUDA kernel's block sizes); several windows of one
+query row over more than :data:`.choice.EAGER_MAX_KEYS` keys take a step per window
+(each one fused call), and a call the fused kernel does not take (attention dropout)
+keeps the CPU's kernels.
 
 The fused calls run uncompiled on the CPU: torch's reference implementation of
 FlexAttention (``torch.nn.attention.flex_attention``), which computes the scores of
@@ -56,7 +59,7 @@ def cuda_paths_on_cpu():
     """Within it, a CPU takes the paths that CUDA takes (the module docstring); the
     switches are restored on leaving, also on an error."""
     from fairseq_localness.modules import dual_context, hysan, projections
-    from fairseq_localness.modules.kernels import choice, flex
+    from fairseq_localness.modules.kernels import choice, flex, step
 
     switches = [
         (choice, "FUSED_DEVICES", choice.FUSED_DEVICES + ("cpu",)),
@@ -64,6 +67,7 @@ def cuda_paths_on_cpu():
         (flex, "PROLOGUE_DEVICES", flex.PROLOGUE_DEVICES + ("cpu",)),
         (projections, "STACKED_PROJECTION_DEVICES", projections.STACKED_PROJECTION_DEVICES + ("cpu",)),
         (dual_context, "JOINT_PASS_DEVICES", dual_context.JOINT_PASS_DEVICES + ("cpu",)),
+        (step, "FUSED_STEP_DEVICES", step.FUSED_STEP_DEVICES + ("cpu",)),
         (hysan, "BRANCH_LOOP_DEVICES", tuple(d for d in hysan.BRANCH_LOOP_DEVICES if d != "cpu")),
     ]
     try:

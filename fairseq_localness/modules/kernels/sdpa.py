@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_localness.modules.context import AttentionContext, empty_rows
+from fairseq_localness.modules.context import AttentionContext, empty_rows, of_mask
 
 
 def _torch_version() -> Tuple[int, int]:
@@ -47,7 +47,6 @@ def masked_attention(
     bias: Optional[Tensor],
     dropout_p: float,
     is_causal: bool,
-    rows_have_keys: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention`` with a boolean mask ``blocked`` (True =
     blocked) and an additive ``bias``, both broadcastable to ``B x H x Tq x Tk``, and
@@ -62,16 +61,13 @@ def masked_attention(
       (:func:`_half_safe_bias`).
     * Empty rows: on a CPU torch >= 2.5 returns zeros for them; elsewhere they are
       repaired as in the eager path (unblocked, output zeroed; on a CPU only when a row
-      is empty, on an accelerator always, without waiting for the device), unless the
-      caller knows that every row keeps a key (``rows_have_keys``: the Dual Contextual
-      module's encoder, whose ``blocked`` is the sentences' padding alone, and every
-      sentence of a fairseq batch has a real token): on CUDA the repair is five kernels
-      a call (a sentence of padding alone would then get whatever the kernel gives).
+      is empty, on an accelerator always, without waiting for the device; on CUDA five
+      kernels a call). A call whose mask is the keys' padding alone, where every
+      sentence has a real token, needs no repair: :func:`padding_attention`.
     """
     row_empty = None
     mask = None
-    if blocked is not None and not rows_have_keys \
-            and not (SDPA_ZEROES_EMPTY_ROWS_ON_CPU and q.device.type == "cpu"):
+    if blocked is not None and not (SDPA_ZEROES_EMPTY_ROWS_ON_CPU and q.device.type == "cpu"):
         row_empty = empty_rows(blocked)  # no host sync on accelerators: always repairs there
         if row_empty is not None:
             blocked = blocked & ~row_empty
@@ -85,6 +81,37 @@ def masked_attention(
     if row_empty is not None:
         out = out.masked_fill(row_empty, 0.0)
     return out
+
+
+def padding_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                      dropout_p: float) -> Tensor:
+    """``F.scaled_dot_product_attention`` over the keys that are not padding
+    (``key_padding_mask`` ``B x Tk``, True at padding, or None), with attention dropout
+    ``dropout_p``, for queries that each keep a real key (the Dual Contextual module's
+    encoder: every sentence of a fairseq batch has a real token), so no row needs
+    :func:`masked_attention`'s repair. The mask is :func:`padding_bias`, made once per
+    padding mask and dtype for all the layers of a pass: where a boolean mask costs
+    SDPA a conversion per call (on CUDA a ``where`` and two fills) and its caller a
+    ``bitwise_not``."""
+    mask = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def padding_bias(key_padding_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """``B x 1 x 1 x Tk`` in ``dtype``: 0 at the real keys, ``-inf`` at padding
+    (``key_padding_mask`` ``B x Tk``, True at padding), SDPA's float mask of the
+    padding alone; made once per padding mask and dtype
+    (:func:`~fairseq_localness.modules.context.of_mask`), shared: do not write into it.
+    Its rows lie a multiple of 8 elements apart (SDPA's memory-efficient kernel on CUDA
+    copies a mask whose rows are not)."""
+
+    def make() -> Tensor:
+        bsz, src_len = key_padding_mask.shape
+        width = -(-src_len // 8) * 8
+        bias = torch.zeros(bsz, 1, 1, width, dtype=dtype, device=key_padding_mask.device)[..., :src_len]
+        return bias.masked_fill_(key_padding_mask.bool()[:, None, None, :], float("-inf"))
+
+    return of_mask(key_padding_mask, ("sdpa padding bias", dtype), make)
 
 
 def _half_safe_bias(bias: Tensor, blocked: Optional[Tensor], dtype: torch.dtype) -> Tensor:

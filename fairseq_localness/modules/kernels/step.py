@@ -11,13 +11,52 @@ keys gives 0. Shaw et al.'s terms have their own step,
 Several windows of one row (HySAN's decoder branches, Song et al. 2019, eq. 11; the
 hybrid's global and local branches, Xu et al. 2019, eq. 1-3) share the row's energies:
 :func:`~.windows.windows_attention` computes them once for all windows.
+
+On CUDA (:data:`FUSED_STEP_DEVICES`) each of these steps states its mask or bias as
+data and makes one call of SDPA's fused kernel (:func:`row_attention`): the last keys'
+padding as a boolean mask, the windows' rows of 0 and ``-inf`` (one query row per
+window), Shaw et al.'s key term as a float bias with the value term added to the
+values. A beam-search step's attention there is one call instead of the products,
+scaling, casts and softmax of the CPU's kernels (one decoder self-attention sublayer's
+step in bfloat16, counted on the CPU on CUDA's paths, :data:`.choice` [8]: the Dual
+Contextual module's 17 operators to 11, HySAN's 16 to 11, Shaw et al.'s 16 to 9;
+fairseq's own attention makes 12). Not yet measured on a GPU. The CPU keeps the
+kernels measured there.
 """
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_localness.modules.context import one_row_softmax
+
+# Devices where one query row goes to one call of SDPA's fused kernel with its mask or
+# bias as data (:func:`row_attention`); the CPU joins them only within
+# :func:`~.emulation.cuda_paths_on_cpu` (tests).
+FUSED_STEP_DEVICES = ("cuda",)
+
+
+def fused_step(q: Tensor) -> bool:
+    """Whether a step of the query rows ``q`` takes :func:`row_attention`."""
+    return q.device.type in FUSED_STEP_DEVICES
+
+
+def row_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, key_padding_mask: Optional[Tensor],
+                  bias: Optional[Tensor] = None, rows_keep_a_key: bool = True) -> Tensor:
+    """``softmax(q k^T * scale + bias) v`` without the padding keys, as one call of
+    ``scaled_dot_product_attention``: ``q`` ``B x H x R x Dh`` (R query rows: one, or one
+    per window), ``k``, ``v`` ``B x H x Tk x Dh``, ``bias`` broadcastable to ``B x H x R x
+    Tk`` in ``q``'s dtype (0 and ``-inf`` for windows, Shaw et al.'s key term) or None,
+    ``key_padding_mask`` ``B x Tk`` (True at padding) or None. A row left without keys
+    gives 0 (``rows_keep_a_key`` False where a row may have none without padding).
+    Returns ``B x H x R x Dh`` in ``q``'s dtype."""
+    mask = bias
+    if key_padding_mask is not None:
+        blocked = key_padding_mask[:, None, None, :]
+        mask = ~blocked if bias is None else bias.masked_fill(blocked, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out if key_padding_mask is None and rows_keep_a_key else out.nan_to_num(0.0)
 
 
 def heads_bmm(a: Tensor, b: Tensor) -> Tensor:
@@ -41,5 +80,7 @@ def last_keys_attention(
     if left is not None and left + 1 < k.size(2):
         k, v = k[:, :, -(left + 1) :], v[:, :, -(left + 1) :]
         key_padding_mask = None if key_padding_mask is None else key_padding_mask[:, -(left + 1) :]
+    if fused_step(q):
+        return row_attention(q, k, v, scale, key_padding_mask)
     probs = one_row_softmax(heads_bmm(q, k.transpose(-1, -2)) * scale, key_padding_mask)  # B x H x 1 x W
     return heads_bmm(probs.to(v.dtype), v)

@@ -19,16 +19,20 @@ import torch
 from torch import Tensor
 
 from fairseq_localness.modules.context import distance_table, softmax_last
-from fairseq_localness.modules.kernels.step import heads_bmm
+from fairseq_localness.modules.kernels.step import fused_step, heads_bmm, row_attention
 from fairseq_localness.modules.scores import Window
 
 _Bounds = Tuple[Tuple[Optional[int], Optional[int]], ...]
 
-# (windows' bounds, device) -> L x N: 0 where window b keeps the key, -inf where it
-# blocks it, for a query at the last key (key j of Tk is column N - Tk + j): see
-# _last_row_bias
-_LAST_ROWS: Dict[Tuple[_Bounds, torch.device], Tensor] = {}
+# (windows' bounds, device, dtype) -> 8 x L x (N + 8): plane s holds, at column c, 0
+# where window b keeps a key at distance c - (N - 1 + s) from the query and -inf where
+# it blocks it (see _last_row_bias)
+_LAST_ROWS: Dict[Tuple[_Bounds, torch.device, torch.dtype], Tensor] = {}
 _LAST_ROWS_MIN = 64
+# the alignment, in elements, of the rows that _last_row_bias gives with aligned=True:
+# the fused kernel's bias must start at a multiple of 16 bytes, its rows too (SDPA's
+# memory-efficient kernel on CUDA refuses another bias)
+_ALIGNMENT = 8
 
 
 def _bounds(windows: Sequence[Window]) -> _Bounds:
@@ -43,21 +47,30 @@ def _bias(window: Window, distance: Tensor) -> Tensor:
     return bias if blocked is None else bias.masked_fill_(blocked, float("-inf"))
 
 
-def _last_row_bias(windows: Sequence[Window], src_len: int, device) -> Tensor:
+def _last_row_bias(windows: Sequence[Window], src_len: int, device, dtype=torch.float32,
+                   aligned: bool = False) -> Tensor:
     """``L x 1 x Tk``: each window's row for the query at the last key; a view of a
-    table cached per windows and device and grown by doubling (one row per window,
-    whatever the length: what an incremental step needs)."""
-    key = (_bounds(windows), torch.device(device))
+    table cached per windows, device and dtype and grown by doubling (one row per
+    window, whatever the length: what an incremental step needs). ``aligned``: a
+    view that starts at a multiple of :data:`_ALIGNMENT` elements, with rows as far
+    apart (the table holds the rows once per shift of their start, at distances
+    shifted by 0 to 7)."""
+    key = (_bounds(windows), torch.device(device), dtype)
     table = _LAST_ROWS.get(key)
-    if table is None or table.size(1) < src_len:
-        size = max(src_len, _LAST_ROWS_MIN, 2 * table.size(1) if table is not None else 0)
+    if table is None or table.size(2) - _ALIGNMENT < src_len:
+        size = max(src_len, _LAST_ROWS_MIN, 2 * (table.size(2) - _ALIGNMENT) if table is not None else 0)
+        size = -(-size // _ALIGNMENT) * _ALIGNMENT
         # built outside inference mode, so that a table made during generation can be
         # used by a later pass with gradients
         with torch.inference_mode(False), torch.no_grad():
-            distance = torch.arange(1 - size, 1, device=device)  # j - i of column m to the last key i
-            table = torch.stack([_bias(window, distance) for window in windows])
+            shifts = torch.arange(_ALIGNMENT, device=device)[:, None]
+            distance = torch.arange(size + _ALIGNMENT, device=device) - (size - 1 + shifts)  # 8 x (N + 8)
+            table = torch.stack([_bias(window, distance) for window in windows], dim=1).to(dtype)
         _LAST_ROWS[key] = table
-    return table[:, None, table.size(1) - src_len :]
+    size = table.size(2) - _ALIGNMENT
+    shift = (src_len - size) % _ALIGNMENT if aligned else 0  # the plane whose row starts aligned
+    start = size + shift - src_len  # distance 1 - Tk, the first key's
+    return table[shift, :, None, start : start + src_len]
 
 
 def window_bias(windows: Sequence[Window], tgt_len: int, src_len: int, device) -> Tensor:
@@ -86,9 +99,18 @@ def windows_attention(
     ``B x H x L x Tq x Dh`` in ``v``'s dtype; a row that its window and the padding
     leave without keys gives 0 in the forward pass (its gradients would be NaN: the
     callers take it without gradients, or for one query row, which always has its own
-    key unless it is padding)."""
+    key unless it is padding). One query row on a device of
+    :data:`~.step.FUSED_STEP_DEVICES` (CUDA) is one fused call instead
+    (:func:`~.step.row_attention`): a query row per window, the windows' cached rows
+    its bias."""
     bsz, heads, tgt_len, _ = q.shape
     src_len = k.size(2)
+    if tgt_len == 1 and fused_step(q):
+        # one row per window, the windows' rows as the bias of one fused call
+        bias = _last_row_bias(windows, src_len, q.device, q.dtype, aligned=True).transpose(0, 1)[None]  # 1x1xLxTk
+        rows = q.expand(bsz, heads, len(windows), q.size(3))
+        out = row_attention(rows, k, v, scale, key_padding_mask, bias, all(_keeps_own_key(w) for w in windows))
+        return out.unsqueeze(3)  # B x H x L x 1 x Dh
     energies = heads_bmm(q, k.transpose(-1, -2)).unsqueeze(2)  # B x H x 1 x Tq x Tk, unscaled
     # the windows and the scaling in one operation: bias + scale * energies (at least float32)
     rows = torch.add(window_bias(windows, tgt_len, src_len, q.device), energies, alpha=scale)

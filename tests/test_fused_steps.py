@@ -1,0 +1,197 @@
+"""One query row on CUDA's paths (modules/kernels/step.py, ``row_attention``): each
+beam-search step's attention as one call of SDPA's fused kernel, its mask or bias
+given as data (the last keys' padding, the windows' rows, Shaw et al.'s key term with
+the value term added to the values), against the CPU's own step kernels.
+
+CI has no GPU: the CPU takes CUDA's paths here
+(:func:`~fairseq_localness.modules.kernels.emulation.cuda_paths_on_cpu`), the fused
+call computed by the CPU's SDPA; the CUDA twin runs the same on a GPU."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fairseq_localness.modules import relative_position
+from fairseq_localness.modules.kernels import emulation, step, windows
+from fairseq_localness.modules.kernels.step import row_attention
+from fairseq_localness.modules.kernels.windows import windows_attention
+from fairseq_localness.modules.scores import Window
+from test_flex_path import B, C, CUDA_TOL, KINDS, _module, _relative, _reorder
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# the kinds whose decoder self-attention step is one fused call on CUDA; the Gaussian's
+# steps take SDPA with its bias already, Shaw et al.'s with the Gaussian the recomputed
+# kernel (both unchanged)
+FUSED_KINDS = ("shaw-key-value", "shaw-key", "hysan", "hybrid-gate", "dual-context")
+STEPS_TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+class _Ops(TorchDispatchMode):
+    """The names of the operators a block calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _decode(module, x, padding, order, reorder_at=4):
+    """``x`` (``T x B x C``) one token at a time, the padding of each token's key
+    (``B x T``, True at padding) or None, a beam reorder of every cache after step
+    ``reorder_at``; the steps' outputs, ``T x B x C`` in the final order."""
+    state, outs = {}, []
+    with torch.no_grad():
+        for t in range(x.size(0)):
+            token = x[t : t + 1]
+            out, _ = module(token, token, token, key_padding_mask=None if padding is None else padding[:, t : t + 1],
+                            incremental_state=state, need_weights=False)
+            outs.append(out)
+            if t == reorder_at:
+                _reorder(module, state, order)
+                x, outs = x[:, order], [o[:, order] for o in outs]
+                padding = None if padding is None else padding[order]
+    return torch.cat(outs)
+
+
+def _check_fused_steps(kind, dtype, padded, device, monkeypatch):
+    module = _module(kind, True, dtype=dtype, device=device).eval()
+    T = 9
+    torch.manual_seed(2)
+    x = torch.randn(T, B, C, device=device, dtype=dtype)
+    # a left-padded target (the last sentence a single real token: its first rows
+    # have no key at all)
+    padding = (torch.arange(T, device=device) < torch.tensor([[0], [4], [T - 1]], device=device)) if padded else None
+    order = torch.tensor([1, 2, 0], device=device)
+    calls = []
+    original = step.row_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    for module_of in (step, windows, relative_position):  # (the last two import it by name)
+        monkeypatch.setattr(module_of, "row_attention", spy)
+    if device == "cpu":
+        reference = _decode(module, x, padding, order)
+        assert not calls  # the CPU's own step kernels
+        with emulation.cuda_paths_on_cpu():
+            fused = _decode(module, x, padding, order)
+    else:
+        fused = _decode(module, x, padding, order)
+        reference = _decode(module.cpu().float(), x.cpu().float(), None if padding is None else padding.cpu(),
+                            order.cpu())
+    if kind in FUSED_KINDS:
+        assert len(calls) == T  # one fused call per step
+    assert torch.isfinite(fused).all()
+    assert _relative(fused.float().cpu(), reference.float()) < (STEPS_TOL[dtype] if device == "cpu" else CUDA_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_steps_on_cudas_paths_equal_the_cpus_step_kernels(kind, padded, dtype, monkeypatch):
+    """Incremental decoding with a beam reorder mid-way, every branch kind of the four
+    models, with and without a left-padded target: the steps on CUDA's paths (one
+    fused call per step where the kind's step has its own kernels on the CPU) give the
+    CPU's steps' outputs, rows without any key included (0, not NaN)."""
+    _check_fused_steps(kind, dtype, padded, "cpu", monkeypatch)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_cuda_steps_equal_the_cpus_step_kernels(kind, padded, dtype, monkeypatch):
+    """The test above on a GPU: CUDA's fused steps in each dtype against the CPU's
+    steps in float32."""
+    _check_fused_steps(kind, dtype, padded, "cuda", monkeypatch)
+
+
+@pytest.mark.parametrize("kind", ["shaw-key-value", "hysan", "dual-context"])
+def test_a_step_of_the_self_attention_is_one_fused_call_and_no_softmax(kind):
+    """On CUDA's paths a beam-search step's attention makes one SDPA call and no
+    product, softmax or cast of its own: the operators left are the projections, the
+    caches' writes, and the terms that are data (Shaw et al.'s key term and values,
+    the Local Context Unit)."""
+    module = _module(kind, True, dtype=torch.bfloat16).eval()
+    x = torch.randn(6, B, C, dtype=torch.bfloat16)
+    state = {}
+    with torch.no_grad(), emulation.cuda_paths_on_cpu():
+        for t in range(6):
+            token = x[t : t + 1]
+            ops = _Ops()
+            with ops:  # (the last step's)
+                module(token, token, token, incremental_state=state, need_weights=False)
+    names = ops.names
+    assert sum("scaled_dot_product" in n for n in names) == 1, names
+    assert not {"_softmax", "softmax", "bmm", "baddbmm", "_to_copy", "index_add_"} & set(names), names
+
+
+def _math_attention(q, k, v, attn_mask=None, scale=None):
+    """SDPA as its math backend computes it: NaN in a row without keys (the CPU's
+    fused kernel gives 0 there; which a GPU's kernel gives is not documented)."""
+    scores = q @ k.transpose(-1, -2) * scale
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return torch.softmax(scores, -1) @ v
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "math"])
+def test_a_row_without_keys_gives_zeros(kernel, monkeypatch):
+    """``row_attention``: a row whose keys are all padding, or that its window leaves
+    without keys, gives 0, also where the fused kernel gives NaN."""
+    if kernel == "math":
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", _math_attention)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 1, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    padding = torch.tensor([[True] * 5, [False, False, True, False, False]])
+    out = row_attention(q, k, v, 0.3, padding)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    keep = ~padding[1]
+    probs = torch.softmax(q[1] @ k[1, :, keep].transpose(-1, -2) * 0.3, -1)
+    torch.testing.assert_close(out[1], probs @ v[1, :, keep])
+    bounds = [Window(None, 0), Window(None, -1)]  # the second keeps no key at distance 0
+    with emulation.cuda_paths_on_cpu():
+        fused = windows_attention(q, k[:, :, :1], v[:, :, :1], 0.3, None, bounds)  # one key: the row's own
+    reference = windows_attention(q, k[:, :, :1], v[:, :, :1], 0.3, None, bounds)
+    assert torch.equal(fused[:, :, 1], torch.zeros_like(fused[:, :, 1]))
+    torch.testing.assert_close(fused, reference)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """What SDPA's memory-efficient kernel on CUDA checks of its inputs and bias: the
+    first element at a multiple of 16 bytes, every stride but the last (of a dimension
+    longer than one) a multiple of 16 bytes, the last stride 1."""
+    strides = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1]
+    return (t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in strides)
+            and t.stride(-1) == 1)
+
+
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_the_fused_steps_inputs_and_bias_are_aligned_as_cudas_kernel_wants(kind, monkeypatch):
+    """At every step length (1 to 11 keys: every remainder modulo 8) the queries, keys,
+    values and bias that a step hands to the fused kernel start at multiples of 16
+    bytes, their rows too (SDPA's memory-efficient kernel on CUDA refuses a bias that
+    does not, with an error; a bias whose rows are not would be copied per call): the
+    windows' rows come from the cached table's copy whose row starts aligned, Shaw et
+    al.'s key terms from rows padded to a multiple of 8."""
+    module = _module(kind, True, dtype=torch.bfloat16).eval()
+    seen = []
+    original = step.row_attention
+
+    def spy(q, k, v, scale, key_padding_mask, bias=None, *rest):
+        seen.append((q, k, v, bias))
+        return original(q, k, v, scale, key_padding_mask, bias, *rest)
+
+    for module_of in (step, windows, relative_position):
+        monkeypatch.setattr(module_of, "row_attention", spy)
+    x = torch.randn(11, B, C, dtype=torch.bfloat16)
+    with emulation.cuda_paths_on_cpu():
+        _decode(module, x, None, torch.tensor([1, 2, 0]))
+    assert len(seen) == 11
+    for q, k, v, bias in seen:
+        for t in (q, k, v) + (() if bias is None else (bias,)):
+            assert _aligned(t), (kind, t.shape, t.stride(), t.data_ptr() % 16)
