@@ -36,10 +36,10 @@
 #        device time per path (the fused calls with dynamic shapes, with static shapes,
 #        the eager path, HySAN's gate after its fused call instead of within it), in
 #        the first of --dtypes, within --probe-limit seconds: probe.md.
-# tests  the CUDA tests of the attention core, of the fused kernels and of the stacked
-#        projections and of --bf16's flat master (tests/test_attention_core.py,
-#        tests/test_flex_path.py, tests/test_dc_transformer.py, tests/test_projections.py,
-#        tests/test_mixed_precision.py: "cuda" cases), on 8
+# tests  the CUDA tests of the attention core, of the fused kernels and steps, of the
+#        stacked projections and of --bf16's flat master (tests/test_attention_core.py,
+#        tests/test_flex_path.py, tests/test_fused_steps.py, tests/test_dc_transformer.py,
+#        tests/test_projections.py, tests/test_mixed_precision.py: "cuda" cases), on 8
 #        pytest-xdist workers where pytest-xdist is installed (each test compiles its own
 #        kinds of fused call: about 3 s a test on one worker, on an H200).
 #
@@ -221,7 +221,7 @@ if stage tests; then
     workers=(-p no:xdist)
     "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
     timeout "$t" "$PY" -m pytest -v -p no:cacheprovider "${workers[@]}" -k cuda tests/test_attention_core.py \
-        tests/test_flex_path.py tests/test_dc_transformer.py tests/test_projections.py tests/test_mixed_precision.py \
+        tests/test_flex_path.py tests/test_fused_steps.py tests/test_dc_transformer.py tests/test_projections.py tests/test_mixed_precision.py \
         > "$OUT_DIR/tests.txt" 2>&1 \
         || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
     tail -1 "$OUT_DIR/tests.txt" >&2

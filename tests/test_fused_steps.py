@@ -131,18 +131,23 @@ def test_a_step_of_the_self_attention_is_one_fused_call_and_no_softmax(kind):
 
 
 def _math_attention(q, k, v, attn_mask=None, scale=None):
-    """SDPA as its math backend computes it: NaN in a row without keys (the CPU's
-    fused kernel gives 0 there; which a GPU's kernel gives is not documented)."""
+    """SDPA as a GPU's kernels may compute it: NaN in a row whose float mask is all
+    ``-inf``, and a boolean mask converted with the dtype's lowest finite value, as
+    SDPA converts one for cuDNN's kernel (a row of padding alone then gets a
+    distribution over its padding). The CPU's fused kernel gives 0 for both."""
     scores = q @ k.transpose(-1, -2) * scale
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
+    elif attn_mask is not None:
+        scores = scores + attn_mask
     return torch.softmax(scores, -1) @ v
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "math"])
 def test_a_row_without_keys_gives_zeros(kernel, monkeypatch):
     """``row_attention``: a row whose keys are all padding, or that its window leaves
-    without keys, gives 0, also where the fused kernel gives NaN."""
+    without keys, gives 0, also where the fused kernel gives NaN or would convert a
+    boolean mask with a finite minimum."""
     if kernel == "math":
         monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", _math_attention)
     torch.manual_seed(0)
@@ -161,13 +166,17 @@ def test_a_row_without_keys_gives_zeros(kernel, monkeypatch):
     torch.testing.assert_close(fused, reference)
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    """What SDPA's memory-efficient kernel on CUDA checks of its inputs and bias: the
-    first element at a multiple of 16 bytes, every stride but the last (of a dimension
-    longer than one) a multiple of 16 bytes, the last stride 1."""
-    strides = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1]
-    return (t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in strides)
-            and t.stride(-1) == 1)
+def _aligned(t: torch.Tensor, bias: bool) -> bool:
+    """What SDPA on CUDA checks of its inputs and bias: the first element at a multiple
+    of 16 bytes (the memory-efficient kernel refuses another) and the last stride 1;
+    of the queries, keys and values every stride but the last (of a dimension longer
+    than one) a multiple of 16 bytes, of a bias every stride but the last, size-1
+    dimensions included, a multiple of 8 elements (``preprocess_mask``'s
+    ``aligned_tensor<8>``: SDPA copies a bias that is not)."""
+    pairs = list(zip(t.stride()[:-1], t.shape[:-1]))
+    strides_ok = (all(s % 8 == 0 for s, _ in pairs) if bias
+                  else all(s * t.element_size() % 16 == 0 for s, n in pairs if n > 1))
+    return t.data_ptr() % 16 == 0 and strides_ok and t.stride(-1) == 1
 
 
 @pytest.mark.parametrize("kind", FUSED_KINDS)
@@ -193,5 +202,39 @@ def test_the_fused_steps_inputs_and_bias_are_aligned_as_cudas_kernel_wants(kind,
         _decode(module, x, None, torch.tensor([1, 2, 0]))
     assert len(seen) == 11
     for q, k, v, bias in seen:
-        for t in (q, k, v) + (() if bias is None else (bias,)):
-            assert _aligned(t), (kind, t.shape, t.stride(), t.data_ptr() % 16)
+        for t in (q, k, v):
+            assert _aligned(t, False), (kind, t.shape, t.stride(), t.data_ptr() % 16)
+        assert bias is None or _aligned(bias, True), (kind, bias.shape, bias.stride(), bias.data_ptr() % 16)
+
+
+def test_encoder_decoder_attention_steps_with_a_padded_source_equal_the_cpus(monkeypatch):
+    """Encoder-decoder attention's steps (keys and values of the source, projected once
+    and kept) over a left-padded source: one fused call per step on CUDA's paths, the
+    source's padding one float mask made once for all steps (the mask is the same),
+    the outputs the CPU step kernels' (float32)."""
+    from fairseq_localness.modules.attention import AttentionCore
+
+    torch.manual_seed(4)
+    core = AttentionCore(C, 4, encoder_decoder_attention=True).eval()
+    source = torch.randn(7, B, C)
+    padding = torch.arange(7) < torch.tensor([[0], [3], [6]])  # sentence lengths 7, 4 and 1
+    x = torch.randn(5, B, C)
+    masks = []
+    original = step.padding_bias
+    monkeypatch.setattr(step, "padding_bias", lambda *args: masks.append(original(*args)) or masks[-1])
+
+    def decode():
+        state, outs = {}, []
+        with torch.no_grad():
+            for t in range(x.size(0)):
+                out, _ = core(x[t : t + 1], source, source, key_padding_mask=padding, incremental_state=state,
+                              static_kv=True, need_weights=False)
+                outs.append(out)
+        return torch.cat(outs)
+
+    reference = decode()
+    assert not masks  # the CPU's own step kernels
+    with emulation.cuda_paths_on_cpu():
+        fused = decode()
+    assert len(masks) == x.size(0) and all(m is masks[0] for m in masks)  # one fused call per step, one mask
+    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=1e-4)

@@ -153,7 +153,7 @@ class RelativePositions(nn.Module):
         buckets = self._buckets(width - src_len + 1, width, q.device)[0]
         q = q * scale
         per_bucket = torch.mm(q.reshape(bsz * heads, head_dim), self.key_embeddings.to(q.dtype).t())  # B*H x R
-        key_terms = per_bucket.index_select(1, buckets)[:, :src_len].view(bsz, heads, 1, src_len)
+        key_terms = per_bucket.index_select(1, buckets).view(bsz, heads, 1, width)[..., :src_len]
         if self.value_embeddings is not None:
             v = v + self.value_embeddings.to(v.dtype).index_select(0, buckets[:src_len])  # B x H x Tk x Dh
         return row_attention(q, k, v, 1.0, key_padding_mask, key_terms)

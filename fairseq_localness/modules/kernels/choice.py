@@ -200,7 +200,7 @@ otherwise):
    where the step kernels made its products, scaling, casts and softmax one operator
    each. Not yet measured on a GPU; counted on the CPU on CUDA's paths (one
    Transformer-base decoder step at width 64, bfloat16, 8 sentences at their 20th
-   token): the decoder's operators per step, HySAN e1 232 -> 202, Dec-DC 238 -> 202,
+   token): the decoder's operators per step, HySAN e1 232 -> 208, Dec-DC 238 -> 202,
    localness + rel_pos 232 -> 190 (the transformer's: 208). The H200's beam search
    launched 1.10 (HySAN), 1.15 (Dec-DC) and 1.19 (rel_pos) times the transformer's
    kernels and ran at 0.77, 0.82 and 0.74 of its speed (8 sentences of 128 tokens).

@@ -13,13 +13,13 @@ hybrid's global and local branches, Xu et al. 2019, eq. 1-3) share the row's ene
 :func:`~.windows.windows_attention` computes them once for all windows.
 
 On CUDA (:data:`FUSED_STEP_DEVICES`) each of these steps states its mask or bias as
-data and makes one call of SDPA's fused kernel (:func:`row_attention`): the last keys'
-padding as a boolean mask, the windows' rows of 0 and ``-inf`` (one query row per
-window), Shaw et al.'s key term as a float bias with the value term added to the
-values. A beam-search step's attention there is one call instead of the products,
+data and makes one call of SDPA's fused kernel (:func:`row_attention`): the keys'
+padding as a float mask of 0 and ``-inf``, the windows' rows of 0 and ``-inf`` (one
+query row per window), Shaw et al.'s key term as a float bias with the value term
+added to the values. A beam-search step's attention there is one call instead of the products,
 scaling, casts and softmax of the CPU's kernels (one decoder self-attention sublayer's
 step in bfloat16, counted on the CPU on CUDA's paths, :data:`.choice` [8]: the Dual
-Contextual module's 17 operators to 11, HySAN's 16 to 11, Shaw et al.'s 16 to 9;
+Contextual module's 17 operators to 11, HySAN's 16 to 12, Shaw et al.'s 16 to 9;
 fairseq's own attention makes 12). Not yet measured on a GPU. The CPU keeps the
 kernels measured there.
 """
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_localness.modules.context import one_row_softmax
+from fairseq_localness.modules.kernels.sdpa import padding_bias
 
 # Devices where one query row goes to one call of SDPA's fused kernel with its mask or
 # bias as data (:func:`row_attention`); the CPU joins them only within
@@ -48,13 +49,21 @@ def row_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, key_padding_mas
     ``scaled_dot_product_attention``: ``q`` ``B x H x R x Dh`` (R query rows: one, or one
     per window), ``k``, ``v`` ``B x H x Tk x Dh``, ``bias`` broadcastable to ``B x H x R x
     Tk`` in ``q``'s dtype (0 and ``-inf`` for windows, Shaw et al.'s key term) or None,
-    ``key_padding_mask`` ``B x Tk`` (True at padding) or None. A row left without keys
-    gives 0 (``rows_keep_a_key`` False where a row may have none without padding).
-    Returns ``B x H x R x Dh`` in ``q``'s dtype."""
+    ``key_padding_mask`` ``B x Tk`` (True at padding) or None, which joins the bias as
+    :func:`~.sdpa.padding_bias` (made once per padding mask for all layers). A row left
+    without keys gives 0 (``rows_keep_a_key`` False where a row may have none without
+    padding). Returns ``B x H x R x Dh`` in ``q``'s dtype.
+
+    SDPA's kernels on CUDA refuse a bias that does not start at a multiple of 16 bytes
+    (the memory-efficient kernel) and copy one whose strides are not multiples of 8
+    elements: the callers' biases are laid out so (``tests/test_fused_steps.py``); a
+    bias with padding added is a new tensor, which SDPA may copy once more."""
     mask = bias
     if key_padding_mask is not None:
-        blocked = key_padding_mask[:, None, None, :]
-        mask = ~blocked if bias is None else bias.masked_fill(blocked, float("-inf"))
+        # a float mask, -inf at padding: SDPA converts a boolean one for cuDNN's kernel
+        # with a finite minimum, and a row of padding alone would get a distribution
+        padding = padding_bias(key_padding_mask, q.dtype)
+        mask = padding if bias is None else bias + padding
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out if key_padding_mask is None and rows_keep_a_key else out.nan_to_num(0.0)
 

@@ -70,7 +70,8 @@ def _last_row_bias(windows: Sequence[Window], src_len: int, device, dtype=torch.
     size = table.size(2) - _ALIGNMENT
     shift = (src_len - size) % _ALIGNMENT if aligned else 0  # the plane whose row starts aligned
     start = size + shift - src_len  # distance 1 - Tk, the first key's
-    return table[shift, :, None, start : start + src_len]
+    rows = table[shift, :, start : start + src_len]  # L x Tk
+    return rows.view(len(windows), 1, src_len)  # (a view's new dimensions get strides of its rows' multiples)
 
 
 def window_bias(windows: Sequence[Window], tgt_len: int, src_len: int, device) -> Tensor:
@@ -107,8 +108,9 @@ def windows_attention(
     src_len = k.size(2)
     if tgt_len == 1 and fused_step(q):
         # one row per window, the windows' rows as the bias of one fused call
-        bias = _last_row_bias(windows, src_len, q.device, q.dtype, aligned=True).transpose(0, 1)[None]  # 1x1xLxTk
-        rows = q.expand(bsz, heads, len(windows), q.size(3))
+        bias = _last_row_bias(windows, src_len, q.device, q.dtype, aligned=True).view(1, 1, len(windows), src_len)
+        # the row copied once per window (no stride-0 dimension: not every kernel takes one)
+        rows = q.expand(bsz, heads, len(windows), q.size(3)).contiguous()
         out = row_attention(rows, k, v, scale, key_padding_mask, bias, all(_keeps_own_key(w) for w in windows))
         return out.unsqueeze(3)  # B x H x L x 1 x Dh
     energies = heads_bmm(q, k.transpose(-1, -2)).unsqueeze(2)  # B x H x 1 x Tq x Tk, unscaled
