@@ -204,6 +204,12 @@ otherwise):
    localness + rel_pos 232 -> 190 (the transformer's: 208). The H200's beam search
    launched 1.10 (HySAN), 1.15 (Dec-DC) and 1.19 (rel_pos) times the transformer's
    kernels and ran at 0.77, 0.82 and 0.74 of its speed (8 sentences of 128 tokens).
+   On the CPU the fused step is no faster: a beam search with it over one with the
+   step kernels (``iwslt_de_en``, beam 4, float32, one thread, process CPU time,
+   paired rounds, median speed ratio) 0.977 (rel_pos), 1.002 (HySAN e1) and 0.988
+   (Dec-DC) at 8 sentences of 32 tokens, 32 steps, 7 rounds (the transformer, which
+   takes neither, 1.023: the noise); 0.988, 1.004 and 1.025 at 2 sentences of 256
+   tokens, 64 steps, 5 rounds. So the CPU keeps its measured kernels.
 """
 from typing import Optional
 
