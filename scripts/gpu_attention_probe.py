@@ -3,6 +3,7 @@ the device: where a training step bound by its host loses its time.
 
     python scripts/gpu_attention_probe.py [--systems NAME ...] [--shapes 32x128,8x512]
         [--variants auto,static,eager,apart] [--dtype bf16] [--size wmt_en_de] [--iters 10]
+        [--decode 8x128] [--decode-steps 32] [--decode-systems NAME ...] [--decode-iters 3]
         [--out FILE] [--cpu [--cuda-paths]]
 
 For each system of the benchmark (``fairseq-localness-bench --list``; default: the
@@ -22,6 +23,17 @@ path (``--variants``):
   term's prologue before it, instead of within it (``flex.EPILOGUE_DEVICES`` and
   ``flex.PROLOGUE_DEVICES`` empty: HySAN's squeeze gate, Yang et al.'s predicted
   centres and windows as operators of their own); only for the sublayers with either.
+
+First, beam search (``--decode``, ``B x T``: beam 4 over B sentences of T source
+tokens, ``--decode-steps`` steps; ``none`` skips it) of each of ``--decode-systems``
+(default: the transformer and the systems whose decoder steps have attention of their
+own: rel_pos, HySAN, Dec-DC), once with each path of a step's attention: ``fused``, as
+the model decodes (on CUDA one call of SDPA's fused kernel per step,
+``kernels/step.py``), and ``kernels``, the step kernels the CPU keeps (their products,
+casts and softmax; ``step.FUSED_STEP_DEVICES`` empty): the wall time of one search
+(median of ``--decode-iters`` after a warm-up), its ratio to the transformer's, the
+fused step calls of one search, and on a GPU its kernels and their device time. It
+measures on the GPU what the CPU could only count: the fused steps' launches saved.
 
 Columns: ``host ms``, the time until the Python calls of one forward and backward pass
 return (the launches, the wrappers of compiled calls); ``wall ms``, one pass with the
@@ -58,6 +70,8 @@ from fairseq_localness.modules.kernels import emulation  # noqa: E402
 DEFAULT_SYSTEMS = [BASELINE, "localness (query, enc 1-3)", "localness + rel_pos", "hybrid (gate, enc 1-2)",
                    "hysan e1 (gated)", "enc-dc (f=2)", "dec-dc (f=2)", "full-dc (f=2)"]
 VARIANTS = ("auto", "static", "eager", "apart")
+DECODE_SYSTEMS = [BASELINE, "localness + rel_pos", "hysan e1 (gated)", "dec-dc (f=2)"]
+DECODE_PATHS = ("fused", "kernels")
 
 
 def _shape(text: str):
@@ -78,18 +92,31 @@ def parse_args(argv):
     p.add_argument("--dtype", default="bf16", choices=sorted(bench_model.DTYPES))
     p.add_argument("--size", default="wmt_en_de", help="the architecture's size suffix (default wmt_en_de)")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--decode", default="8x128", help="beam search over B x T source tokens first (default 8x128; "
+                                                    "none: no beam search)")
+    p.add_argument("--decode-steps", type=int, default=32, help="the beam search's steps (default 32)")
+    p.add_argument("--decode-systems", nargs="+", default=DECODE_SYSTEMS, metavar="NAME",
+                   help="the systems whose beam search is timed (default: " + ", ".join(DECODE_SYSTEMS) + ")")
+    p.add_argument("--decode-iters", type=int, default=3, help="timed searches per system and path (default 3)")
     p.add_argument("--out", default=None, help="write the table here (default: standard output)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is present")
     p.add_argument("--cuda-paths", action="store_true",
                    help="on the CPU, take the paths CUDA takes (the fused calls by torch's reference implementation)")
     args = p.parse_args(argv)
-    unknown = [s for s in args.systems if s not in SYSTEMS]
-    if unknown:
-        p.error(f"--systems: unknown {', '.join(map(repr, unknown))} (see fairseq-localness-bench --list)")
+    for flag, names in (("--systems", args.systems), ("--decode-systems", args.decode_systems)):
+        unknown = [s for s in names if s not in SYSTEMS]
+        if unknown:
+            p.error(f"{flag}: unknown {', '.join(map(repr, unknown))} (see fairseq-localness-bench --list)")
     try:
         args.shapes = [_shape(s) for s in args.shapes.split(",")]
     except argparse.ArgumentTypeError as error:
         p.error(f"--shapes: {error}")
+    try:
+        args.decode = None if args.decode.lower() == "none" else _shape(args.decode)
+    except argparse.ArgumentTypeError as error:
+        p.error(f"--decode: {error}")
+    if args.decode_steps < 1 or args.decode_iters < 1:
+        p.error("--decode-steps and --decode-iters: at least 1")
     args.variants = args.variants.split(",")
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad:
@@ -183,6 +210,91 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
     return row
 
 
+def _fused_steps(search) -> int:
+    """The fused step calls (``step.row_attention``) of ``search()``."""
+    from fairseq_localness.modules import relative_position
+    from fairseq_localness.modules.kernels import step, windows
+
+    modules = (step, windows, relative_position)  # (the last two import it by name)
+    original, calls = step.row_attention, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    for module in modules:
+        module.row_attention = counted
+    try:
+        search()
+    finally:
+        for module in modules:
+            module.row_attention = original
+    return len(calls)
+
+
+def measure_decode(model, task, bsz, length, steps, device, iters):
+    """One beam search's wall time (median of ``iters`` after a warm-up), its fused step
+    calls, and on a GPU its kernels and their device time."""
+    src = bench_model.make_batch(task, bsz, length, length, device)
+
+    def search():
+        bench_model._decode(model, task, (src[0], src[1]), steps)
+
+    search()  # warm-up: compiles the encoder's fused calls
+    wall = []
+    for _ in range(iters):
+        bench_model._sync(device)
+        start = time.perf_counter()
+        search()
+        bench_model._sync(device)
+        wall.append(time.perf_counter() - start)
+    row = dict(wall_ms=1000 * statistics.median(wall), fused=_fused_steps(search))
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            search()
+            bench_model._sync(device)
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        row.update(kernels=len(kernels), gpu_ms=sum(e.time_range.elapsed_us() for e in kernels) / 1000.0)
+    return row
+
+
+def _decode_rows(args, models, task, device, dtype, gpu, lines, write):
+    """Measure the beam-search rows (``lines``), writing the tables after each."""
+    from fairseq_localness.modules.kernels import step
+
+    bsz, length = args.decode
+    base = {}
+    for name in [BASELINE] + [s for s in args.decode_systems if s != BASELINE]:
+        for path in DECODE_PATHS:  # (each system's two paths one after the other)
+            if name not in models:
+                model_name, options = SYSTEMS[name]
+                models[name] = bench_model.build(model_name, args.size, options, task, device, dtype)[1].train()
+            devices = step.FUSED_STEP_DEVICES
+            if path == "kernels":
+                step.FUSED_STEP_DEVICES = ()
+            try:
+                row = measure_decode(models[name], task, bsz, length, args.decode_steps, device, args.decode_iters)
+            except Exception as error:  # noqa: BLE001 - reported in the row, the others measured
+                reason = str(error).splitlines()[0][:100] if str(error) else ""
+                lines.append(f"| {name} | {bsz} x {length}, {args.decode_steps} steps | {path} | failed: "
+                             f"{type(error).__name__}: {reason} |")
+                write()
+                continue
+            finally:
+                step.FUSED_STEP_DEVICES = devices
+            if name == BASELINE:
+                base[path] = row["wall_ms"]
+            cells = [name, f"{bsz} x {length}, {args.decode_steps} steps", path, f"{row['wall_ms']:.1f}",
+                     f"{base[path] / row['wall_ms']:.2f}" if path in base else "-", str(row["fused"])]
+            if gpu:
+                cells += [str(row["kernels"]), f"{row['gpu_ms']:.1f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+            write()
+            print(f"{name}, beam search, {path}: wall {row['wall_ms']:.1f} ms", file=sys.stderr, flush=True)
+
+
 def _has_part_within(module) -> bool:
     """Whether something of ``module``'s can run within its fused call: its fusion (an
     epilogue, HySAN's squeeze gate) or a score term's prologue (Yang et al.'s centres
@@ -266,11 +378,18 @@ def main(argv=None) -> int:
     head = ["system", "sublayer", "B x T", "variant", "host ms", "wall ms", "host ratio", "fused calls"]
     head += ["kernels", "GPU ms", "top kernels (calls, time per call)"] if gpu else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    decode_head = ["system", "beam search", "steps' attention", "wall ms", "speed ratio", "fused steps"]
+    decode_head += ["kernels", "GPU ms"] if gpu else []
+    decode_lines = ["| " + " | ".join(decode_head) + " |", "|" + "---|" * len(decode_head)]
     base, models = {}, {}
     systems = [BASELINE] + [s for s in args.systems if s != BASELINE]
 
     def write():  # after every row: a run stopped by its time limit keeps what it measured
-        text = f"Attention sublayers, forward and backward, {args.dtype}, {args.size} ({where}):\n\n"
+        text = ""
+        if args.decode is not None:
+            text += f"Beam search (beam 4), {args.dtype}, {args.size} ({where}):\n\n"
+            text += "\n".join(decode_lines) + "\n\n"
+        text += f"Attention sublayers, forward and backward, {args.dtype}, {args.size} ({where}):\n\n"
         text += "\n".join(lines) + "\n"
         if args.out:
             with open(args.out + ".partial", "w") as f:
@@ -281,6 +400,8 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as stack:
         if args.cuda_paths:
             stack.enter_context(emulation.cuda_paths_on_cpu())
+        if args.decode is not None:  # first: a few seconds, where the sublayers' rows compile for minutes
+            _decode_rows(args, models, task, device, dtype, gpu, decode_lines, write)
         _rows(args, systems, models, task, device, dtype, gpu, base, lines, write)
     text = write()
     if not args.out:

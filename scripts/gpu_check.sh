@@ -31,7 +31,9 @@
 #        so that their compiling (minutes, one system after the other, in the benchmark
 #        itself) is done in parallel into torch's and Triton's caches on disk, which the
 #        benchmark then reads.
-# probe  scripts/gpu_attention_probe.py: one attention sublayer of each system (the
+# probe  scripts/gpu_attention_probe.py: first the beam search of the transformer,
+#        rel_pos, HySAN and Dec-DC with their steps' attention as one fused call each
+#        and with the step kernels; then one attention sublayer of each system (the
 #        transformer and each model's main system), forward and backward, its host and
 #        device time per path (the fused calls with dynamic shapes, with static shapes,
 #        the eager path, HySAN's gate after its fused call instead of within it), in

@@ -322,7 +322,7 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
     script = os.path.join(REPO, "scripts", "gpu_attention_probe.py")
     proc = subprocess.run([sys.executable, script, "--size", "tiny", "--shapes", "2x8", "--iters", "1", "--dtype",
                            "fp32", "--cpu", "--systems", "hysan e1 (gated)", "--variants", "auto,eager", "--out",
-                           str(out)], capture_output=True, text=True, timeout=300)
+                           str(out), "--decode", "none"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[0][:4] == ["| system", "sublayer", "B x T", "variant"]
@@ -339,10 +339,23 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
     # CUDA's paths taken on the CPU: HySAN's branches are one fused call per sublayer
     proc = subprocess.run([sys.executable, script, "--size", "tiny", "--shapes", "2x8", "--iters", "1", "--dtype",
                            "fp32", "--cpu", "--cuda-paths", "--systems", "hysan e1 (gated)",
-                           "localness (query, enc 1-3)", "--variants", "auto,eager,apart", "--out", str(out)],
+                           "localness (query, enc 1-3)", "--variants", "auto,eager,apart", "--out", str(out),
+                           "--decode", "2x8", "--decode-steps", "3", "--decode-iters", "1", "--decode-systems",
+                           "hysan e1 (gated)", "localness (query, enc 1-3)"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    text = out.read_text()
+    searches, text = out.read_text().split("\n\nAttention sublayers")
+    # first the beam search, each system with its steps' attention fused (CUDA's paths: one
+    # call per decoder layer and step where the step has attention of its own) and not
+    decode = [line.split(" | ") for line in searches.splitlines() if line.startswith("| ") and "---" not in line]
+    assert "Beam search (beam 4)" in searches.splitlines()[0] and "CUDA's paths" in searches.splitlines()[0]
+    assert decode[0][:3] == ["| system", "beam search", "steps' attention"]
+    got = [(r[0][2:], r[1], r[2], int(r[5].rstrip(" |"))) for r in decode[1:]]
+    assert [g[:3] for g in got] == [(name, "2 x 8, 3 steps", path) for name in (
+        "transformer", "hysan e1 (gated)", "localness (query, enc 1-3)") for path in ("fused", "kernels")]
+    fused = {(name, path): count for name, _, path, count in got}
+    assert fused.pop(("hysan e1 (gated)", "fused")) > 0 and set(fused.values()) == {0}  # (fairseq's decoders)
+    assert all(float(r[3]) > 0 for r in decode[1:]) and [r[4] for r in decode[1:3]] == ["1.00", "1.00"]
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
     assert "CUDA's paths" in text.splitlines()[0]
     hysan, localness = "hysan e1 (gated)", "localness (query, enc 1-3)"
@@ -358,3 +371,8 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
     bad = subprocess.run([sys.executable, script, "--shapes", "32by128", "--cpu"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--shapes: expected BxT, e.g. 32x128, got '32by128'" in bad.stderr
+    for args, message in ((["--decode", "8by128"], "--decode: expected BxT, e.g. 32x128, got '8by128'"),
+                          (["--decode-systems", "nope"], "--decode-systems: unknown 'nope'"),
+                          (["--decode-steps", "0"], "--decode-steps and --decode-iters: at least 1")):
+        bad = subprocess.run([sys.executable, script, "--cpu"] + args, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
