@@ -6,6 +6,8 @@ the value term added to the values), against the CPU's own step kernels.
 CI has no GPU: the CPU takes CUDA's paths here
 (:func:`~fairseq_localness.modules.kernels.emulation.cuda_paths_on_cpu`), the fused
 call computed by the CPU's SDPA; the CUDA twin runs the same on a GPU."""
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -56,6 +58,22 @@ def _decode(module, x, padding, order, reorder_at=4):
     return torch.cat(outs)
 
 
+def _masks_in_the_querys_dtype(monkeypatch) -> list:
+    """Wrap ``F.scaled_dot_product_attention`` so that each call checks its mask: None,
+    or a float mask in the query's dtype (SDPA converts a boolean one for cuDNN's
+    kernel with a finite minimum; some kernels take no other float dtype). Returns the
+    list that each call appends to."""
+    calls, original = [], torch.nn.functional.scaled_dot_product_attention
+
+    def checked(q, k, v, attn_mask=None, *args, **kwargs):
+        assert attn_mask is None or attn_mask.dtype == q.dtype, (attn_mask.dtype, q.dtype)
+        calls.append(1)
+        return original(q, k, v, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", checked)
+    return calls
+
+
 def _check_fused_steps(kind, dtype, padded, device, monkeypatch):
     module = _module(kind, True, dtype=dtype, device=device).eval()
     T = 9
@@ -77,8 +95,10 @@ def _check_fused_steps(kind, dtype, padded, device, monkeypatch):
     if device == "cpu":
         reference = _decode(module, x, padding, order)
         assert not calls  # the CPU's own step kernels
+        sdpa_calls = _masks_in_the_querys_dtype(monkeypatch)
         with emulation.cuda_paths_on_cpu():
             fused = _decode(module, x, padding, order)
+        assert len(sdpa_calls) >= len(calls)
     else:
         fused = _decode(module, x, padding, order)
         reference = _decode(module.cpu().float(), x.cpu().float(), None if padding is None else padding.cpu(),
@@ -170,12 +190,13 @@ def _aligned(t: torch.Tensor, bias: bool) -> bool:
     """What SDPA on CUDA checks of its inputs and bias: the first element at a multiple
     of 16 bytes (the memory-efficient kernel refuses another) and the last stride 1;
     of the queries, keys and values every stride but the last (of a dimension longer
-    than one) a multiple of 16 bytes, of a bias every stride but the last, size-1
-    dimensions included, a multiple of 8 elements (``preprocess_mask``'s
-    ``aligned_tensor<8>``: SDPA copies a bias that is not)."""
+    than one) a multiple of 16 bytes and not 0 (a broadcast query row: not every
+    kernel takes one), of a bias every stride but the last, size-1 dimensions
+    included, a multiple of 8 elements (``preprocess_mask``'s ``aligned_tensor<8>``:
+    SDPA copies a bias that is not)."""
     pairs = list(zip(t.stride()[:-1], t.shape[:-1]))
     strides_ok = (all(s % 8 == 0 for s, _ in pairs) if bias
-                  else all(s * t.element_size() % 16 == 0 for s, n in pairs if n > 1))
+                  else all(s != 0 and s * t.element_size() % 16 == 0 for s, n in pairs if n > 1))
     return t.data_ptr() % 16 == 0 and strides_ok and t.stride(-1) == 1
 
 
@@ -207,11 +228,7 @@ def test_the_fused_steps_inputs_and_bias_are_aligned_as_cudas_kernel_wants(kind,
         assert bias is None or _aligned(bias, True), (kind, bias.shape, bias.stride(), bias.data_ptr() % 16)
 
 
-def test_encoder_decoder_attention_steps_with_a_padded_source_equal_the_cpus(monkeypatch):
-    """Encoder-decoder attention's steps (keys and values of the source, projected once
-    and kept) over a left-padded source: one fused call per step on CUDA's paths, the
-    source's padding one float mask made once for all steps (the mask is the same),
-    the outputs the CPU step kernels' (float32)."""
+def _check_encoder_decoder_steps(device, dtype, monkeypatch):
     from fairseq_localness.modules.attention import AttentionCore
 
     torch.manual_seed(4)
@@ -223,7 +240,7 @@ def test_encoder_decoder_attention_steps_with_a_padded_source_equal_the_cpus(mon
     original = step.padding_bias
     monkeypatch.setattr(step, "padding_bias", lambda *args: masks.append(original(*args)) or masks[-1])
 
-    def decode():
+    def decode(core, source, x, padding):
         state, outs = {}, []
         with torch.no_grad():
             for t in range(x.size(0)):
@@ -232,9 +249,43 @@ def test_encoder_decoder_attention_steps_with_a_padded_source_equal_the_cpus(mon
                 outs.append(out)
         return torch.cat(outs)
 
-    reference = decode()
+    reference = decode(core, source, x, padding)
     assert not masks  # the CPU's own step kernels
-    with emulation.cuda_paths_on_cpu():
-        fused = decode()
-    assert len(masks) == x.size(0) and all(m is masks[0] for m in masks)  # one fused call per step, one mask
-    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=1e-4)
+    on = dict(device=device, dtype=dtype)
+    with emulation.cuda_paths_on_cpu() if device == "cpu" else contextlib.nullcontext():
+        fused = decode(core.to(**on), source.to(**on), x.to(**on), padding.to(device))
+    assert len(masks) == x.size(0) and len({m.data_ptr() for m in masks}) == 1  # a fused call per step, one mask
+    assert _relative(fused.float().cpu(), reference) < (STEPS_TOL[dtype] if device == "cpu" else CUDA_TOL[dtype])
+
+
+def test_encoder_decoder_attention_steps_with_a_padded_source_equal_the_cpus(monkeypatch):
+    """Encoder-decoder attention's steps (keys and values of the source, projected once
+    and kept) over a left-padded source: one fused call per step on CUDA's paths, the
+    source's padding one float mask made once for all steps (the mask is the same),
+    the outputs the CPU step kernels' (float32)."""
+    _check_encoder_decoder_steps("cpu", torch.float32, monkeypatch)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_cuda_encoder_decoder_attention_steps_with_a_padded_source_equal_the_cpus(dtype, monkeypatch):
+    """The test above on a GPU, in each dtype, against the CPU's steps in float32."""
+    _check_encoder_decoder_steps("cuda", dtype, monkeypatch)
+
+
+def test_a_padding_mask_gives_one_float_mask_per_dtype():
+    """``sdpa.padding_bias``: one mask per padding mask and dtype, -inf at padding in
+    that dtype, its rows a multiple of 8 elements apart; a new padding mask (a beam
+    reorder makes one) gets its own."""
+    from fairseq_localness.modules.kernels.sdpa import padding_bias
+
+    padding = torch.arange(11) < torch.tensor([[0], [4]])
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        bias = padding_bias(padding, dtype)
+        assert bias.dtype == dtype and bias.shape == (2, 1, 1, 11) and bias.stride()[:3] == (16, 16, 16)
+        assert torch.equal(bias[:, 0, 0] == float("-inf"), padding)
+        assert bias.data_ptr() == padding_bias(padding, dtype).data_ptr()  # made once
+        assert torch.equal(padding_bias(padding, dtype, padded=True)[..., 11:], torch.zeros(2, 1, 1, 5, dtype=dtype))
+    assert padding_bias(padding, torch.float32).data_ptr() != padding_bias(padding, torch.bfloat16).data_ptr()
+    reordered = padding[[1, 0]]
+    assert padding_bias(reordered, torch.float32).data_ptr() != padding_bias(padding, torch.float32).data_ptr()

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_localness.modules.context import AttentionContext, distance_table, one_row_softmax
+from fairseq_localness.modules.kernels.sdpa import padding_bias
 from fairseq_localness.modules.kernels.step import fused_step, row_attention
 from fairseq_localness.modules.scores import BucketScore, Prologue, ValueTerm
 
@@ -153,10 +154,12 @@ class RelativePositions(nn.Module):
         buckets = self._buckets(width - src_len + 1, width, q.device)[0]
         q = q * scale
         per_bucket = torch.mm(q.reshape(bsz * heads, head_dim), self.key_embeddings.to(q.dtype).t())  # B*H x R
-        key_terms = per_bucket.index_select(1, buckets).view(bsz, heads, 1, width)[..., :src_len]
+        key_terms = per_bucket.index_select(1, buckets).view(bsz, heads, 1, width)
+        if key_padding_mask is not None:  # added over the whole rows, so that the sum's rows stay aligned
+            key_terms = key_terms + padding_bias(key_padding_mask, q.dtype, padded=True)
         if self.value_embeddings is not None:
             v = v + self.value_embeddings.to(v.dtype).index_select(0, buckets[:src_len])  # B x H x Tk x Dh
-        return row_attention(q, k, v, 1.0, key_padding_mask, key_terms)
+        return row_attention(q, k, v, 1.0, None, key_terms[..., :src_len], key_padding_mask is None)
 
 
 def _key_per_distance(q_scaled: Tensor, key_embeddings: Tensor) -> Tensor:

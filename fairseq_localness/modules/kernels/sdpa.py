@@ -97,21 +97,25 @@ def padding_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optiona
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
-def padding_bias(key_padding_mask: Tensor, dtype: torch.dtype) -> Tensor:
+def padding_bias(key_padding_mask: Tensor, dtype: torch.dtype, padded: bool = False) -> Tensor:
     """``B x 1 x 1 x Tk`` in ``dtype``: 0 at the real keys, ``-inf`` at padding
     (``key_padding_mask`` ``B x Tk``, True at padding), SDPA's float mask of the
     padding alone; made once per padding mask and dtype
-    (:func:`~fairseq_localness.modules.context.of_mask`), shared: do not write into it.
-    Its rows lie a multiple of 8 elements apart (SDPA's memory-efficient kernel on CUDA
-    copies a mask whose rows are not)."""
+    (:func:`~fairseq_localness.modules.context.of_mask`: a mask sliced per call is a
+    new mask each time), shared: do not write into it. Its rows lie a multiple of 8
+    elements apart (SDPA's memory-efficient kernel on CUDA copies a mask whose rows are
+    not): ``padded``, the whole rows, ``Tk`` rounded up to a multiple of 8 with 0
+    beyond ``Tk``."""
 
     def make() -> Tensor:
         bsz, src_len = key_padding_mask.shape
         width = -(-src_len // 8) * 8
-        bias = torch.zeros(bsz, 1, 1, width, dtype=dtype, device=key_padding_mask.device)[..., :src_len]
-        return bias.masked_fill_(key_padding_mask.bool()[:, None, None, :], float("-inf"))
+        bias = torch.zeros(bsz, 1, 1, width, dtype=dtype, device=key_padding_mask.device)
+        bias[..., :src_len].masked_fill_(key_padding_mask.bool()[:, None, None, :], float("-inf"))
+        return bias
 
-    return of_mask(key_padding_mask, ("sdpa padding bias", dtype), make)
+    rows = of_mask(key_padding_mask, ("sdpa padding bias", dtype), make)
+    return rows if padded else rows[..., : key_padding_mask.size(1)]
 
 
 def _half_safe_bias(bias: Tensor, blocked: Optional[Tensor], dtype: torch.dtype) -> Tensor:

@@ -56,8 +56,10 @@ def row_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, key_padding_mas
 
     SDPA's kernels on CUDA refuse a bias that does not start at a multiple of 16 bytes
     (the memory-efficient kernel) and copy one whose strides are not multiples of 8
-    elements: the callers' biases are laid out so (``tests/test_fused_steps.py``); a
-    bias with padding added is a new tensor, which SDPA may copy once more."""
+    elements: the callers' biases are laid out so (``tests/test_fused_steps.py``;
+    Shaw et al.'s step adds the padding to its key terms over their whole padded rows
+    itself); the windows' rows with padding added are a new tensor, which SDPA may copy
+    once more (a padded target in beam search)."""
     mask = bias
     if key_padding_mask is not None:
         # a float mask, -inf at padding: SDPA converts a boolean one for cuDNN's kernel

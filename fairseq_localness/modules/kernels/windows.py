@@ -70,8 +70,7 @@ def _last_row_bias(windows: Sequence[Window], src_len: int, device, dtype=torch.
     size = table.size(2) - _ALIGNMENT
     shift = (src_len - size) % _ALIGNMENT if aligned else 0  # the plane whose row starts aligned
     start = size + shift - src_len  # distance 1 - Tk, the first key's
-    rows = table[shift, :, start : start + src_len]  # L x Tk
-    return rows.view(len(windows), 1, src_len)  # (a view's new dimensions get strides of its rows' multiples)
+    return table[shift, :, None, start : start + src_len]
 
 
 def window_bias(windows: Sequence[Window], tgt_len: int, src_len: int, device) -> Tensor:
@@ -108,7 +107,9 @@ def windows_attention(
     src_len = k.size(2)
     if tgt_len == 1 and fused_step(q):
         # one row per window, the windows' rows as the bias of one fused call
-        bias = _last_row_bias(windows, src_len, q.device, q.dtype, aligned=True).view(1, 1, len(windows), src_len)
+        # 1 x 1 x L x Tk, every stride a multiple of the table's rows (an index's new
+        # dimensions get the strides of what follows them; a view's may not, at L = 1)
+        bias = _last_row_bias(windows, src_len, q.device, q.dtype, aligned=True)[:, 0][None, None]
         # the row copied once per window (no stride-0 dimension: not every kernel takes one)
         rows = q.expand(bsz, heads, len(windows), q.size(3)).contiguous()
         out = row_attention(rows, k, v, scale, key_padding_mask, bias, all(_keeps_own_key(w) for w in windows))
