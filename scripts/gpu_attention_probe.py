@@ -210,6 +210,41 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
     return row
 
 
+def _model(models, name, args, task, device, dtype):
+    """The benchmark's model of system ``name`` (built once, kept in ``models``)."""
+    if name not in models:
+        model_name, options = SYSTEMS[name]
+        models[name] = bench_model.build(model_name, args.size, options, task, device, dtype)[1].train()
+    return models[name]
+
+
+@contextlib.contextmanager
+def _switched(module, **values):
+    """The module-level switches ``values`` of ``module`` set within the block, restored
+    after it."""
+    saved = {name: getattr(module, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+def _attempt(lines, write, cells, measure_row):
+    """``measure_row()``; where it fails, None, and a row of the table (its first
+    ``cells``, then the error's type and first line) written instead: the other rows
+    are measured."""
+    try:
+        return measure_row()
+    except Exception as error:  # noqa: BLE001 - reported in the row
+        reason = str(error).splitlines()[0][:100] if str(error) else ""
+        lines.append("| " + " | ".join(cells + [f"failed: {type(error).__name__}: {reason}"]) + " |")
+        write()
+        return None
+
+
 def _fused_steps(search) -> int:
     """The fused step calls (``step.row_attention``) of ``search()``."""
     from fairseq_localness.modules import relative_position
@@ -268,22 +303,13 @@ def _decode_rows(args, models, task, device, dtype, gpu, lines, write):
     base = {}
     for name in [BASELINE] + [s for s in args.decode_systems if s != BASELINE]:
         for path in DECODE_PATHS:  # (each system's two paths one after the other)
-            if name not in models:
-                model_name, options = SYSTEMS[name]
-                models[name] = bench_model.build(model_name, args.size, options, task, device, dtype)[1].train()
-            devices = step.FUSED_STEP_DEVICES
-            if path == "kernels":
-                step.FUSED_STEP_DEVICES = ()
-            try:
-                row = measure_decode(models[name], task, bsz, length, args.decode_steps, device, args.decode_iters)
-            except Exception as error:  # noqa: BLE001 - reported in the row, the others measured
-                reason = str(error).splitlines()[0][:100] if str(error) else ""
-                lines.append(f"| {name} | {bsz} x {length}, {args.decode_steps} steps | {path} | failed: "
-                             f"{type(error).__name__}: {reason} |")
-                write()
+            model = _model(models, name, args, task, device, dtype)
+            with _switched(step, FUSED_STEP_DEVICES=() if path == "kernels" else step.FUSED_STEP_DEVICES):
+                row = _attempt(lines, write, [name, f"{bsz} x {length}, {args.decode_steps} steps", path],
+                               lambda: measure_decode(model, task, bsz, length, args.decode_steps, device,
+                                                      args.decode_iters))
+            if row is None:
                 continue
-            finally:
-                step.FUSED_STEP_DEVICES = devices
             if name == BASELINE:
                 base[path] = row["wall_ms"]
             cells = [name, f"{bsz} x {length}, {args.decode_steps} steps", path, f"{row['wall_ms']:.1f}",
@@ -320,30 +346,20 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
             for name in systems:
                 if name == BASELINE and variant != args.variants[0]:
                     continue  # (fairseq's attention has no variants)
-                if name not in models:
-                    model_name, options = SYSTEMS[name]
-                    models[name] = bench_model.build(model_name, args.size, options, task, device, dtype)[1].train()
-                model = models[name]
+                model = _model(models, name, args, task, device, dtype)
                 for side, module in own_sublayers(model).items():
                     if variant == "apart" and not _has_part_within(module):
                         continue  # (the same as auto)
                     set_attention_impl(model, "eager" if variant == "eager" else "auto")
-                    flex.DYNAMIC_SHAPES = variant != "static"
-                    epilogues, prologues = flex.EPILOGUE_DEVICES, flex.PROLOGUE_DEVICES
-                    if variant == "apart":
-                        flex.EPILOGUE_DEVICES = flex.PROLOGUE_DEVICES = ()
-                    try:
-                        dim = getattr(model, side).embed_tokens.embedding_dim
-                        row = measure(module, side, bsz, length, dim, device, dtype, args.iters)
-                    except Exception as error:  # noqa: BLE001 - reported in the row, the others measured
-                        reason = str(error).splitlines()[0][:100] if str(error) else ""
-                        lines.append(f"| {name} | {side} | {bsz} x {length} | {variant} | failed: "
-                                     f"{type(error).__name__}: {reason} |")
-                        write()
+                    apart = variant == "apart"
+                    dim = getattr(model, side).embed_tokens.embedding_dim
+                    with _switched(flex, DYNAMIC_SHAPES=variant != "static",
+                                   EPILOGUE_DEVICES=() if apart else flex.EPILOGUE_DEVICES,
+                                   PROLOGUE_DEVICES=() if apart else flex.PROLOGUE_DEVICES):
+                        row = _attempt(lines, write, [name, side, f"{bsz} x {length}", variant],
+                                       lambda: measure(module, side, bsz, length, dim, device, dtype, args.iters))
+                    if row is None:
                         continue
-                    finally:
-                        flex.DYNAMIC_SHAPES = True
-                        flex.EPILOGUE_DEVICES, flex.PROLOGUE_DEVICES = epilogues, prologues
                     key = (side, bsz, length)
                     if name == BASELINE:
                         base[key] = row["host_ms"]

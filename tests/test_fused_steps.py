@@ -10,13 +10,13 @@ import contextlib
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_localness.modules import relative_position
 from fairseq_localness.modules.kernels import emulation, step, windows
 from fairseq_localness.modules.kernels.step import row_attention
 from fairseq_localness.modules.kernels.windows import windows_attention
 from fairseq_localness.modules.scores import Window
+from model_utils import OperatorCalls
 from test_flex_path import B, C, CUDA_TOL, KINDS, _module, _relative, _reorder
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -26,18 +26,6 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 # kernel (both unchanged)
 FUSED_KINDS = ("shaw-key-value", "shaw-key", "hysan", "hybrid-gate", "dual-context")
 STEPS_TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
-
-
-class _Ops(TorchDispatchMode):
-    """The names of the operators a block calls."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _decode(module, x, padding, order, reorder_at=4):
@@ -142,7 +130,7 @@ def test_a_step_of_the_self_attention_is_one_fused_call_and_no_softmax(kind):
     with torch.no_grad(), emulation.cuda_paths_on_cpu():
         for t in range(6):
             token = x[t : t + 1]
-            ops = _Ops()
+            ops = OperatorCalls()
             with ops:  # (the last step's)
                 module(token, token, token, incremental_state=state, need_weights=False)
     names = ops.names
