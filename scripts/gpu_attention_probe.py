@@ -2,7 +2,7 @@
 the device: where a training step bound by its host loses its time.
 
     python scripts/gpu_attention_probe.py [--systems NAME ...] [--shapes 32x128,8x512]
-        [--variants auto,static,eager,apart] [--dtype bf16] [--size wmt_en_de] [--iters 10]
+        [--variants auto,cpp,apart,static,eager] [--dtype bf16] [--size wmt_en_de] [--iters 10]
         [--decode 8x128] [--decode-steps 32] [--decode-systems NAME ...] [--decode-iters 3]
         [--out FILE] [--cpu [--cuda-paths]]
 
@@ -22,7 +22,15 @@ path (``--variants``):
 * ``apart``: as ``auto`` with every fusion after the fused call and every score
   term's prologue before it, instead of within it (``flex.EPILOGUE_DEVICES`` and
   ``flex.PROLOGUE_DEVICES`` empty: HySAN's squeeze gate, Yang et al.'s predicted
-  centres and windows as operators of their own); only for the sublayers with either.
+  centres and windows as operators of their own); only for the sublayers with either;
+* ``cpp``: as ``auto`` with the fused calls compiled by Inductor with its C++ wrapper
+  (``flex.INDUCTOR_OPTIONS = {"cpp_wrapper": True}``: a compiled call's kernels
+  launched from generated C++ instead of Python), for what that saves the host per
+  call;
+* ``graphs``: as ``auto`` with each compiled call replayed as a CUDA graph
+  (``{"triton.cudagraphs": True}``, one recorded per shape: fairseq's batches vary in
+  shape, so this is the bound of what graphs could save, not a way to train);
+  ``cpp`` and ``graphs`` only for the sublayers with fused calls.
 
 First, beam search (``--decode``, ``B x T``: beam 4 over B sentences of T source
 tokens, ``--decode-steps`` steps; ``none`` skips it) of each of ``--decode-systems``
@@ -69,7 +77,10 @@ from fairseq_localness.modules.kernels import emulation  # noqa: E402
 
 DEFAULT_SYSTEMS = [BASELINE, "localness (query, enc 1-3)", "localness + rel_pos", "hybrid (gate, enc 1-2)",
                    "hysan e1 (gated)", "enc-dc (f=2)", "dec-dc (f=2)", "full-dc (f=2)"]
-VARIANTS = ("auto", "static", "eager", "apart")
+VARIANTS = ("auto", "static", "eager", "apart", "cpp", "graphs")
+# Inductor's options of the variants that compile with options of their own
+# (flex.INDUCTOR_OPTIONS)
+VARIANT_OPTIONS = {"cpp": {"cpp_wrapper": True}, "graphs": {"triton.cudagraphs": True}}
 DECODE_SYSTEMS = [BASELINE, "localness + rel_pos", "hysan e1 (gated)", "dec-dc (f=2)"]
 DECODE_PATHS = ("fused", "kernels")
 
@@ -88,7 +99,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="gpu_attention_probe.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, metavar="NAME")
     p.add_argument("--shapes", default="32x128,8x512", help="comma-separated B x T (default 32x128,8x512)")
-    p.add_argument("--variants", default="auto,static,eager,apart", help="of " + ", ".join(VARIANTS))
+    p.add_argument("--variants", default="auto,cpp,apart,static,eager",
+                   help="of " + ", ".join(VARIANTS) + " (default auto,cpp,apart,static,eager)")
     p.add_argument("--dtype", default="bf16", choices=sorted(bench_model.DTYPES))
     p.add_argument("--size", default="wmt_en_de", help="the architecture's size suffix (default wmt_en_de)")
     p.add_argument("--iters", type=int, default=10)
@@ -340,6 +352,7 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
     from fairseq_localness.modules.attention import set_attention_impl
     from fairseq_localness.modules.kernels import flex
 
+    fused = {}  # (system, side, B, T) -> the fused calls its rows measured
     # each shape, then each variant, then each system: the first shape's rows first
     for bsz, length in args.shapes:
         for variant in args.variants:
@@ -350,16 +363,20 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
                 for side, module in own_sublayers(model).items():
                     if variant == "apart" and not _has_part_within(module):
                         continue  # (the same as auto)
+                    if variant in VARIANT_OPTIONS and fused.get((name, side, bsz, length)) == 0:
+                        continue  # (no compiled call in the auto variant: the same as auto)
                     set_attention_impl(model, "eager" if variant == "eager" else "auto")
                     apart = variant == "apart"
                     dim = getattr(model, side).embed_tokens.embedding_dim
                     with _switched(flex, DYNAMIC_SHAPES=variant != "static",
                                    EPILOGUE_DEVICES=() if apart else flex.EPILOGUE_DEVICES,
-                                   PROLOGUE_DEVICES=() if apart else flex.PROLOGUE_DEVICES):
+                                   PROLOGUE_DEVICES=() if apart else flex.PROLOGUE_DEVICES,
+                                   INDUCTOR_OPTIONS=VARIANT_OPTIONS.get(variant, flex.INDUCTOR_OPTIONS)):
                         row = _attempt(lines, write, [name, side, f"{bsz} x {length}", variant],
                                        lambda: measure(module, side, bsz, length, dim, device, dtype, args.iters))
                     if row is None:
                         continue
+                    fused[(name, side, bsz, length)] = row["fused"]
                     key = (side, bsz, length)
                     if name == BASELINE:
                         base[key] = row["host_ms"]

@@ -35,8 +35,9 @@
 #        rel_pos, HySAN and Dec-DC with their steps' attention as one fused call each
 #        and with the step kernels; then one attention sublayer of each system (the
 #        transformer and each model's main system), forward and backward, its host and
-#        device time per path (the fused calls with dynamic shapes, with static shapes,
-#        the eager path, HySAN's gate after its fused call instead of within it), in
+#        device time per path (the fused calls with dynamic shapes, with Inductor's C++
+#        wrapper, with HySAN's gate after its fused call instead of within it, with
+#        static shapes, the eager path), in
 #        the first of --dtypes, within --probe-limit seconds: probe.md.
 # tests  the CUDA tests of the attention core, of the fused kernels and steps, of the
 #        stacked projections and of --bf16's flat master (tests/test_attention_core.py,

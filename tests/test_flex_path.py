@@ -334,7 +334,7 @@ def test_the_fused_call_traces_whole_and_compiles_once_for_every_length(monkeypa
     module = _module("gaussian+shaw", False).eval()
     try:
         graphs = _flex_equals_eager_at_lengths(module, (9, 12, 15), counters)
-        kinds = sorted(name for name, _, _, _ in flex.COMPILED)
+        kinds = sorted(name for name, *_ in flex.COMPILED)
     finally:
         torch._dynamo.reset()
     assert kinds == ["_attend_with_value_term"]  # the call, the far-left call and the value term in one
@@ -357,10 +357,10 @@ def test_static_shapes_compile_a_graph_per_length_under_kinds_of_their_own(monke
             _run(module, torch.randn(9, B, C), "flex", None)
     finally:
         torch._dynamo.reset()
-    assert {dynamic for *_, dynamic in static} == {False} and len(static) == 1
+    assert {dynamic for _, _, _, dynamic, _ in static} == {False} and len(static) == 1
     assert all(fn._torchdynamo_orig_callable.__name__.endswith("_static") for fn in static.values())
     assert graphs[1] > graphs[0]  # the second length compiled again
-    assert {dynamic for *_, dynamic in flex.COMPILED} == {False, True}
+    assert {dynamic for _, _, _, dynamic, _ in flex.COMPILED} == {False, True}
 
 
 # Every model's attention kinds: the systems of the benchmark at the tiny size.
@@ -456,7 +456,7 @@ def test_the_compiled_graphs_hold_no_tensor_constants(monkeypatch):
             with torch.no_grad():
                 src, src_lengths, prev, _ = random_batch(task, [9, 6, 4], seed=0)
                 model(src, src_lengths, prev)
-        kinds = sorted(name for name, _, _, _ in flex.COMPILED)
+        kinds = sorted(name for name, *_ in flex.COMPILED)
     finally:
         torch._dynamo.reset()
     assert "_attend_with_value_term" in kinds and kinds.count("_attend") >= 3, kinds
@@ -528,7 +528,7 @@ def test_a_sublayer_with_learned_terms_is_one_compiled_call_forward_and_one_back
         want = run("eager")
         with emulation.cuda_paths_on_cpu():
             got = run("auto")
-        kinds = [name for name, _, _, _ in flex.COMPILED]
+        kinds = [name for name, *_ in flex.COMPILED]
     finally:
         torch._dynamo.reset()
     assert kinds == ["_attend_after_prologue"] and len(graphs) == 2, (kinds, len(graphs))
@@ -1290,3 +1290,27 @@ def test_duck_sizing_switch_keeps_each_threads_own_setting():
     for thread in threads:
         thread.join(10)
     assert after == {"a": True, "b": False}
+
+
+def test_inductors_options_compile_kinds_of_their_own(monkeypatch):
+    """``flex.INDUCTOR_OPTIONS`` (the probe's ``cpp`` and ``graphs`` variants) reach
+    ``torch.compile`` for Inductor only (other backends ignore them, with a warning),
+    and a kind compiled with them is cached apart from the same kind without."""
+    made = []
+
+    def fake_compile(function, **kwargs):
+        made.append((function.__name__, kwargs))
+        return function
+
+    monkeypatch.setattr(flex, "COMPILED", {})
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    key = ("kind",)
+    plain = flex._compiled(key, "inductor")
+    monkeypatch.setattr(flex, "INDUCTOR_OPTIONS", {"cpp_wrapper": True})
+    with_options = flex._compiled(key, "inductor")
+    assert flex._compiled(key, "inductor") is with_options and with_options is not plain
+    flex._compiled(key, "aot_eager")
+    assert [kwargs["options"] for _, kwargs in made] == [None, {"cpp_wrapper": True}, None]
+    assert made[1][0].endswith("_options") and not made[0][0].endswith("_options")
+    monkeypatch.setattr(flex, "INDUCTOR_OPTIONS", None)
+    assert flex._compiled(key, "inductor") is plain and len(made) == 3

@@ -339,7 +339,7 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
     # CUDA's paths taken on the CPU: HySAN's branches are one fused call per sublayer
     proc = subprocess.run([sys.executable, script, "--size", "tiny", "--shapes", "2x8", "--iters", "1", "--dtype",
                            "fp32", "--cpu", "--cuda-paths", "--systems", "hysan e1 (gated)",
-                           "localness (query, enc 1-3)", "--variants", "auto,eager,apart", "--out", str(out),
+                           "localness (query, enc 1-3)", "--variants", "auto,eager,apart,cpp", "--out", str(out),
                            "--decode", "2x8", "--decode-steps", "3", "--decode-iters", "1", "--decode-systems",
                            "hysan e1 (gated)", "localness (query, enc 1-3)"],
                           capture_output=True, text=True, timeout=300)
@@ -367,7 +367,9 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
         (localness, "encoder", "eager", "0"), (localness, "decoder", "eager", "0"),
         # the gate after the call, the Gaussian's centres and windows before it; nothing of the kind
         # in localness's decoder (fairseq's attention)
-        (hysan, "encoder", "apart", "1"), (hysan, "decoder", "apart", "1"), (localness, "encoder", "apart", "1")]
+        (hysan, "encoder", "apart", "1"), (hysan, "decoder", "apart", "1"), (localness, "encoder", "apart", "1"),
+        # Inductor's C++ wrapper: the sublayers with a fused call (none in localness's decoder)
+        (hysan, "encoder", "cpp", "1"), (hysan, "decoder", "cpp", "1"), (localness, "encoder", "cpp", "1")]
     bad = subprocess.run([sys.executable, script, "--shapes", "32by128", "--cpu"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--shapes: expected BxT, e.g. 32x128, got '32by128'" in bad.stderr

@@ -209,7 +209,16 @@ EPILOGUE_DEVICES = ("cuda",)
 # term's tensors are computed before the call, as every other kernel reads them.
 PROLOGUE_DEVICES = ("cuda",)
 
-# (function name, variant, backend, dynamic shapes) -> the compiled function (:func:`_compiled`)
+# Inductor's options for the compiled calls (``torch.compile``'s ``options``; None: its
+# defaults), for measuring what they change on a GPU: ``scripts/gpu_attention_probe.py``'s
+# ``cpp`` variant sets ``{"cpp_wrapper": True}`` (the kernels of a compiled call launched
+# from generated C++ instead of Python: less host time per call, where a step is bound
+# by its host) and its ``graphs`` variant ``{"triton.cudagraphs": True}`` (each call
+# replayed as a CUDA graph, recorded per shape). Not measured on a GPU yet.
+INDUCTOR_OPTIONS = None
+
+# (function name, variant, backend, dynamic shapes, Inductor's options) -> the compiled
+# function (:func:`_compiled`)
 COMPILED = {}
 
 
@@ -229,14 +238,16 @@ def _compiled(key: tuple, backend: str, function=_attend):
     (``dynamic=True``).
     """
     dynamic = DYNAMIC_SHAPES
-    compiled = COMPILED.get((function.__name__, key, backend, dynamic))
+    options = dict(INDUCTOR_OPTIONS) if INDUCTOR_OPTIONS and backend == "inductor" else None
+    options_key = None if options is None else tuple(sorted(options.items()))
+    compiled = COMPILED.get((function.__name__, key, backend, dynamic, options_key))
     if compiled is None:
         name = function.__name__ + "_" + "_".join(str(part) for part in key).replace("torch.", "").replace(".", "_")
-        name += "" if dynamic else "_static"
+        name += ("" if dynamic else "_static") + ("" if options is None else "_options")
         code = function.__code__.replace(co_name=name, co_qualname=name)
         copy = types.FunctionType(code, function.__globals__, name, function.__defaults__, function.__closure__)
-        compiled = torch.compile(copy, fullgraph=True, dynamic=dynamic, backend=backend)
-        COMPILED[(function.__name__, key, backend, dynamic)] = compiled
+        compiled = torch.compile(copy, fullgraph=True, dynamic=dynamic, backend=backend, options=options)
+        COMPILED[(function.__name__, key, backend, dynamic, options_key)] = compiled
     return compiled
 
 
