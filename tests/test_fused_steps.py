@@ -277,3 +277,40 @@ def test_a_padding_mask_gives_one_float_mask_per_dtype():
     assert padding_bias(padding, torch.float32).data_ptr() != padding_bias(padding, torch.bfloat16).data_ptr()
     reordered = padding[[1, 0]]
     assert padding_bias(reordered, torch.float32).data_ptr() != padding_bias(padding, torch.float32).data_ptr()
+
+
+@pytest.mark.parametrize("kind", ["shaw-key-value", "hysan", "dual-context"])
+def test_a_step_that_sdpa_refuses_takes_the_step_kernels(kind, monkeypatch, caplog):
+    """Where SDPA refuses a fused step (a kernel that does not take its inputs on some
+    GPU or torch), the step is computed by the step kernels, with one warning, and the
+    device's later steps take them without trying again; the beam search's outputs are
+    the CPU kernels'. The GPU's memory running out is raised."""
+    import logging
+
+    module = _module(kind, True).eval()
+    torch.manual_seed(5)
+    x = torch.randn(6, B, C)
+    order = torch.tensor([1, 2, 0])
+    reference = _decode(module, x, None, order)
+    tries = []
+
+    def refusing(*args, **kwargs):
+        tries.append(1)
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(step, "_REFUSED", set())
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", refusing)
+    with emulation.cuda_paths_on_cpu(), caplog.at_level(logging.WARNING, logger=step.__name__):
+        got = _decode(module, x, None, order)
+    assert len(tries) == 1 and step._REFUSED == {"cpu"}
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "one-row steps: scaled_dot_product_attention refused a step on cpu"]
+    torch.testing.assert_close(got, reference)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(step, "_REFUSED", set())
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", out_of_memory)
+    with emulation.cuda_paths_on_cpu(), pytest.raises(torch.cuda.OutOfMemoryError):
+        _decode(module, x, None, order)

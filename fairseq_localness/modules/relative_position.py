@@ -117,7 +117,9 @@ class RelativePositions(nn.Module):
         On a device of :data:`~.kernels.step.FUSED_STEP_DEVICES` (CUDA) the step is one
         fused call instead (:meth:`_fused_step`)."""
         if fused_step(q):
-            return self._fused_step(q, k, v, scale, key_padding_mask)
+            out = self._fused_step(q, k, v, scale, key_padding_mask)
+            if out is not None:  # (None: SDPA refused it, the step below computes it)
+                return out
         bsz, heads, _, head_dim = q.shape
         src_len = k.size(2)
         rows = bsz * heads
@@ -136,7 +138,7 @@ class RelativePositions(nn.Module):
         return out.view(bsz, heads, 1, head_dim)
 
     def _fused_step(self, q: Tensor, k: Tensor, v: Tensor, scale: float,
-                    key_padding_mask: Optional[Tensor]) -> Tensor:
+                    key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
         """:meth:`step_attention` as one call of SDPA's fused kernel
         (:func:`~.kernels.step.row_attention`): the key term of each key, ``q w^K_r /
         sqrt(Dh)`` picked by its bucket (one product, one ``index_select``), is the

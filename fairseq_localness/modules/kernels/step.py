@@ -23,6 +23,7 @@ Contextual module's 17 operators to 11, HySAN's 16 to 12, Shaw et al.'s 16 to 9;
 fairseq's own attention makes 12). Not yet measured on a GPU. The CPU keeps the
 kernels measured there.
 """
+import logging
 from typing import Optional
 
 import torch
@@ -37,14 +38,20 @@ from fairseq_localness.modules.kernels.sdpa import padding_bias
 # :func:`~.emulation.cuda_paths_on_cpu` (tests).
 FUSED_STEP_DEVICES = ("cuda",)
 
+logger = logging.getLogger(__name__)
+
+# The device types where SDPA refused a fused step (:func:`row_attention`): their steps
+# take the step kernels from then on.
+_REFUSED = set()
+
 
 def fused_step(q: Tensor) -> bool:
     """Whether a step of the query rows ``q`` takes :func:`row_attention`."""
-    return q.device.type in FUSED_STEP_DEVICES
+    return q.device.type in FUSED_STEP_DEVICES and q.device.type not in _REFUSED
 
 
 def row_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, key_padding_mask: Optional[Tensor],
-                  bias: Optional[Tensor] = None, rows_keep_a_key: bool = True) -> Tensor:
+                  bias: Optional[Tensor] = None, rows_keep_a_key: bool = True) -> Optional[Tensor]:
     """``softmax(q k^T * scale + bias) v`` without the padding keys, as one call of
     ``scaled_dot_product_attention``: ``q`` ``B x H x R x Dh`` (R query rows: one, or one
     per window), ``k``, ``v`` ``B x H x Tk x Dh``, ``bias`` broadcastable to ``B x H x R x
@@ -59,14 +66,27 @@ def row_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, key_padding_mas
     elements: the callers' biases are laid out so (``tests/test_fused_steps.py``;
     Shaw et al.'s step adds the padding to its key terms over their whole padded rows
     itself); the windows' rows with padding added are a new tensor, which SDPA may copy
-    once more (a padded target in beam search)."""
+    once more (a padded target in beam search).
+
+    Where SDPA refuses the call (a ``RuntimeError`` other than the GPU's memory running
+    out: a kernel that does not take these inputs on some GPU or torch), None, with a
+    warning, and the device's steps take the step kernels from then on (the caller
+    computes this step with them): a beam search does not stop for it."""
     mask = bias
     if key_padding_mask is not None:
         # a float mask, -inf at padding: SDPA converts a boolean one for cuDNN's kernel
         # with a finite minimum, and a row of padding alone would get a distribution
         padding = padding_bias(key_padding_mask, q.dtype)
         mask = padding if bias is None else bias + padding
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    try:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except RuntimeError as error:
+        _REFUSED.add(q.device.type)
+        logger.warning("one-row steps: scaled_dot_product_attention refused a step on %s (%s); the steps there "
+                       "take the step kernels from now on", q.device.type, str(error).splitlines()[0][:200])
+        return None
     return out if key_padding_mask is None and rows_keep_a_key else out.nan_to_num(0.0)
 
 
@@ -92,6 +112,8 @@ def last_keys_attention(
         k, v = k[:, :, -(left + 1) :], v[:, :, -(left + 1) :]
         key_padding_mask = None if key_padding_mask is None else key_padding_mask[:, -(left + 1) :]
     if fused_step(q):
-        return row_attention(q, k, v, scale, key_padding_mask)
+        out = row_attention(q, k, v, scale, key_padding_mask)
+        if out is not None:
+            return out
     probs = one_row_softmax(heads_bmm(q, k.transpose(-1, -2)) * scale, key_padding_mask)  # B x H x 1 x W
     return heads_bmm(probs.to(v.dtype), v)

@@ -113,7 +113,8 @@ def windows_attention(
         # the row copied once per window (no stride-0 dimension: not every kernel takes one)
         rows = q.expand(bsz, heads, len(windows), q.size(3)).contiguous()
         out = row_attention(rows, k, v, scale, key_padding_mask, bias, all(_keeps_own_key(w) for w in windows))
-        return out.unsqueeze(3)  # B x H x L x 1 x Dh
+        if out is not None:  # (None: SDPA refused it, the product below computes it)
+            return out.unsqueeze(3)  # B x H x L x 1 x Dh
     energies = heads_bmm(q, k.transpose(-1, -2)).unsqueeze(2)  # B x H x 1 x Tq x Tk, unscaled
     # the windows and the scaling in one operation: bias + scale * energies (at least float32)
     rows = torch.add(window_bias(windows, tgt_len, src_len, q.device), energies, alpha=scale)
