@@ -16,12 +16,12 @@ On CUDA (:data:`FUSED_STEP_DEVICES`) each of these steps states its mask or bias
 data and makes one call of SDPA's fused kernel (:func:`row_attention`): the keys'
 padding as a float mask of 0 and ``-inf``, the windows' rows of 0 and ``-inf`` (one
 query row per window), Shaw et al.'s key term as a float bias with the value term
-added to the values. A beam-search step's attention there is one call instead of the products,
-scaling, casts and softmax of the CPU's kernels (one decoder self-attention sublayer's
-step in bfloat16, counted on the CPU on CUDA's paths, :data:`.choice` [8]: the Dual
-Contextual module's 17 operators to 11, HySAN's 16 to 12, Shaw et al.'s 16 to 9;
-fairseq's own attention makes 12). Not yet measured on a GPU. The CPU keeps the
-kernels measured there.
+added to the values. A beam-search step's attention there is one call instead of the
+products, scaling, casts and softmax of the CPU's kernels (one decoder self-attention
+sublayer's step in bfloat16, counted on the CPU on CUDA's paths, :mod:`.choice`'s
+footnote [8]: the Dual Contextual module's 17 operators to 11, HySAN's 16 to 12, Shaw
+et al.'s 16 to 9; fairseq's own attention makes 12). Not yet measured on a GPU. The
+CPU keeps the kernels measured there.
 """
 import logging
 from typing import Optional
@@ -57,7 +57,7 @@ def row_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, key_padding_mas
     per window), ``k``, ``v`` ``B x H x Tk x Dh``, ``bias`` broadcastable to ``B x H x R x
     Tk`` in ``q``'s dtype (0 and ``-inf`` for windows, Shaw et al.'s key term) or None,
     ``key_padding_mask`` ``B x Tk`` (True at padding) or None, which joins the bias as
-    :func:`~.sdpa.padding_bias` (made once per padding mask for all layers). A row left
+    :func:`~.sdpa.padding_bias` (made once per padding mask, for all layers). A row left
     without keys gives 0 (``rows_keep_a_key`` False where a row may have none without
     padding). Returns ``B x H x R x Dh`` in ``q``'s dtype.
 
