@@ -224,7 +224,8 @@ if stage tests; then
     workers=(-p no:xdist)
     "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
     timeout "$t" "$PY" -m pytest -v -p no:cacheprovider "${workers[@]}" -k cuda tests/test_attention_core.py \
-        tests/test_flex_path.py tests/test_fused_steps.py tests/test_dc_transformer.py tests/test_projections.py tests/test_mixed_precision.py \
+        tests/test_flex_path.py tests/test_fused_steps.py tests/test_dc_transformer.py tests/test_projections.py \
+        tests/test_mixed_precision.py \
         > "$OUT_DIR/tests.txt" 2>&1 \
         || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
     tail -1 "$OUT_DIR/tests.txt" >&2

@@ -94,7 +94,8 @@ def _check_fused_steps(kind, dtype, padded, device, monkeypatch):
     if kind in FUSED_KINDS:
         assert len(calls) == T  # one fused call per step
     assert torch.isfinite(fused).all()
-    assert _relative(fused.float().cpu(), reference.float()) < (STEPS_TOL[dtype] if device == "cpu" else CUDA_TOL[dtype])
+    tolerance = STEPS_TOL[dtype] if device == "cpu" else CUDA_TOL[dtype]
+    assert _relative(fused.float().cpu(), reference.float()) < tolerance
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
