@@ -526,9 +526,6 @@ class _Terms:
 
     def call(self, q, k, v, scale, window: Window, return_lse: bool):
         block_mask, geometry = self.window(window, q.size(2), k.size(2), q.device)
-        if not self.within:
-            return _fused_call(q, k, v, scale, block_mask, self.padding, self.centre, self.coeff, self.k_pos,
-                               self.table, geometry, self.bias, return_lse, self.options(q))
 
         def key_of(options):
             return variant(q, block_mask, self.padding, self.centre, self.table, self.bias, return_lse, options)
@@ -565,8 +562,10 @@ class _Terms:
             return (function, len(args), specs, *args, *tensors)
 
         kind = prologue_key(options)
-        with torch.enable_grad():  # one verdict for a kind in training and without gradients
-            verdict = prologue_key(options)
+        verdict = kind  # one verdict for a kind in training and without gradients: its key in training
+        if not torch.is_grad_enabled():
+            with torch.enable_grad():
+                verdict = prologue_key(options)
         if kind not in _PROLOGUE_CHECKED and verdict not in _PROLOGUE_OUTSIDE \
                 and q.device.type in COMPILE_BACKENDS:
             self._check(kind, verdict, q, prologue_key, prologue_args, options)
