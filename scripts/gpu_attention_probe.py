@@ -2,7 +2,7 @@
 the device: where a training step bound by its host loses its time.
 
     python scripts/gpu_attention_probe.py [--systems NAME ...] [--shapes 32x128,8x512]
-        [--variants auto,cpp,apart,static,eager] [--dtype bf16] [--size wmt_en_de] [--iters 10]
+        [--variants auto,dense,cpp,apart,static,eager] [--dtype bf16] [--size wmt_en_de] [--iters 10]
         [--decode 8x128] [--decode-steps 32] [--decode-systems NAME ...] [--decode-iters 3]
         [--out FILE] [--cpu [--cuda-paths]]
 
@@ -18,6 +18,10 @@ path (``--variants``):
   with dynamic shapes);
 * ``static``: the same with the fused calls compiled for each shape
   (``flex.DYNAMIC_SHAPES = False``);
+* ``dense``: every core on ``attention_impl="dense"`` (each branch of a full pass one
+  SDPA call with its mask and bias given whole, Shaw et al.'s value term on the eager
+  path: no compiled call), for what a compiled call costs against eager launches;
+  only for the sublayers with fused calls;
 * ``eager``: every core on the eager reference path (``attention_impl="eager"``);
 * ``apart``: as ``auto`` with every fusion after the fused call and every score
   term's prologue before it, instead of within it (``flex.EPILOGUE_DEVICES`` and
@@ -77,7 +81,7 @@ from fairseq_localness.modules.kernels import emulation  # noqa: E402
 
 DEFAULT_SYSTEMS = [BASELINE, "localness (query, enc 1-3)", "localness + rel_pos", "hybrid (gate, enc 1-2)",
                    "hysan e1 (gated)", "enc-dc (f=2)", "dec-dc (f=2)", "full-dc (f=2)"]
-VARIANTS = ("auto", "static", "eager", "apart", "cpp", "graphs")
+VARIANTS = ("auto", "static", "eager", "dense", "apart", "cpp", "graphs")
 # Inductor's options of the variants that compile with options of their own
 # (flex.INDUCTOR_OPTIONS)
 VARIANT_OPTIONS = {"cpp": {"cpp_wrapper": True}, "graphs": {"triton.cudagraphs": True}}
@@ -99,8 +103,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="gpu_attention_probe.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, metavar="NAME")
     p.add_argument("--shapes", default="32x128,8x512", help="comma-separated B x T (default 32x128,8x512)")
-    p.add_argument("--variants", default="auto,cpp,apart,static,eager",
-                   help="of " + ", ".join(VARIANTS) + " (default auto,cpp,apart,static,eager)")
+    p.add_argument("--variants", default="auto,dense,cpp,apart,static,eager",
+                   help="of " + ", ".join(VARIANTS) + " (default auto,dense,cpp,apart,static,eager)")
     p.add_argument("--dtype", default="bf16", choices=sorted(bench_model.DTYPES))
     p.add_argument("--size", default="wmt_en_de", help="the architecture's size suffix (default wmt_en_de)")
     p.add_argument("--iters", type=int, default=10)
@@ -363,9 +367,9 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
                 for side, module in own_sublayers(model).items():
                     if variant == "apart" and not _has_part_within(module):
                         continue  # (the same as auto)
-                    if variant in VARIANT_OPTIONS and fused.get((name, side, bsz, length)) == 0:
+                    if (variant in VARIANT_OPTIONS or variant == "dense") and fused.get((name, side, bsz, length)) == 0:
                         continue  # (no compiled call in the auto variant: the same as auto)
-                    set_attention_impl(model, "eager" if variant == "eager" else "auto")
+                    set_attention_impl(model, variant if variant in ("eager", "dense") else "auto")
                     apart = variant == "apart"
                     dim = getattr(model, side).embed_tokens.embedding_dim
                     with _switched(flex, DYNAMIC_SHAPES=variant != "static",

@@ -35,14 +35,16 @@
 #        rel_pos, HySAN and Dec-DC with their steps' attention as one fused call each
 #        and with the step kernels; then one attention sublayer of each system (the
 #        transformer and each model's main system), forward and backward, its host and
-#        device time per path (the fused calls with dynamic shapes, with Inductor's C++
-#        wrapper, with HySAN's gate after its fused call instead of within it, with
-#        static shapes, the eager path), in
+#        device time per path (the fused calls with dynamic shapes, attention_impl
+#        "dense" with one SDPA call per branch and no compiled call, the fused calls with
+#        Inductor's C++ wrapper, with HySAN's gate after its fused call instead of within
+#        it, with static shapes, the eager path), in
 #        the first of --dtypes, within --probe-limit seconds: probe.md.
 # tests  the CUDA tests of the attention core, of the fused kernels and steps, of the
 #        stacked projections and of --bf16's flat master (tests/test_attention_core.py,
-#        tests/test_flex_path.py, tests/test_fused_steps.py, tests/test_dc_transformer.py,
-#        tests/test_projections.py, tests/test_mixed_precision.py: "cuda" cases), on 8
+#        tests/test_flex_path.py, tests/test_fused_steps.py, tests/test_dense_path.py,
+#        tests/test_dc_transformer.py, tests/test_projections.py,
+#        tests/test_mixed_precision.py: "cuda" cases), on 8
 #        pytest-xdist workers where pytest-xdist is installed (each test compiles its own
 #        kinds of fused call: about 3 s a test on one worker, on an H200).
 #
@@ -72,7 +74,7 @@ parse_options "$@" <<'EOF'
 --bench-limit SECONDS   BENCH_LIMIT    int:30       520
     the time limit of the benchmark of one dtype
 --bench-impls LIST      BENCH_IMPLS    text         -
-    the benchmark's --attention-impl values (default: auto), e.g. "auto eager":
+    the benchmark's --attention-impl values (default: auto), e.g. "auto dense":
     every system once per value, timed in the same rounds
 --bench-lengths LIST    BENCH_LENGTHS  text         128,512
     the benchmark's sentence lengths (4,096 tokens per training step at each)
@@ -108,7 +110,7 @@ each_of() {
 }
 STAGES="${STAGES:-train}"
 BENCH_IMPLS="${BENCH_IMPLS:-auto}"
-each_of --bench-impls value "$BENCH_IMPLS" auto sdpa eager flex
+each_of --bench-impls value "$BENCH_IMPLS" auto sdpa eager flex dense
 [[ "$BENCH_LENGTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] \
     || die "--bench-lengths: expected comma-separated whole numbers (e.g. 128,512), got '$BENCH_LENGTHS'"
 DTYPES="${DTYPES:-bf16}"
@@ -224,8 +226,8 @@ if stage tests; then
     workers=(-p no:xdist)
     "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
     timeout "$t" "$PY" -m pytest -v -p no:cacheprovider "${workers[@]}" -k cuda tests/test_attention_core.py \
-        tests/test_flex_path.py tests/test_fused_steps.py tests/test_dc_transformer.py tests/test_projections.py \
-        tests/test_mixed_precision.py \
+        tests/test_flex_path.py tests/test_fused_steps.py tests/test_dense_path.py tests/test_dc_transformer.py \
+        tests/test_projections.py tests/test_mixed_precision.py \
         > "$OUT_DIR/tests.txt" 2>&1 \
         || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
     tail -1 "$OUT_DIR/tests.txt" >&2

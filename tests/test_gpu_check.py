@@ -114,7 +114,7 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
     (["--updates", "100"], "--updates: expected a whole number >= 150, got '100'"),
     (["--bench-limit", "5"], "--bench-limit: expected a whole number >= 30, got '5'"),
     (["--run-limit", "1m"], "--run-limit: expected a whole number >= 30, got '1m'"),
-    (["--bench-impls", "auto fast"], "--bench-impls: unknown value 'fast' (allowed: auto sdpa eager flex)"),
+    (["--bench-impls", "auto fast"], "--bench-impls: unknown value 'fast' (allowed: auto sdpa eager flex dense)"),
     (["--bench-lengths", "128 512"], "--bench-lengths: expected comma-separated whole numbers"),
 ], ids=["stage", "system", "budget", "bench-systems", "unknown", "dtypes", "updates", "bench-limit", "run-limit",
         "bench-impls", "bench-lengths"])
@@ -339,7 +339,7 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
     # CUDA's paths taken on the CPU: HySAN's branches are one fused call per sublayer
     proc = subprocess.run([sys.executable, script, "--size", "tiny", "--shapes", "2x8", "--iters", "1", "--dtype",
                            "fp32", "--cpu", "--cuda-paths", "--systems", "hysan e1 (gated)",
-                           "localness (query, enc 1-3)", "--variants", "auto,eager,apart,cpp", "--out", str(out),
+                           "localness (query, enc 1-3)", "--variants", "auto,eager,apart,cpp,dense", "--out", str(out),
                            "--decode", "2x8", "--decode-steps", "3", "--decode-iters", "1", "--decode-systems",
                            "hysan e1 (gated)", "localness (query, enc 1-3)"],
                           capture_output=True, text=True, timeout=300)
@@ -369,7 +369,9 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
         # in localness's decoder (fairseq's attention)
         (hysan, "encoder", "apart", "1"), (hysan, "decoder", "apart", "1"), (localness, "encoder", "apart", "1"),
         # Inductor's C++ wrapper: the sublayers with a fused call (none in localness's decoder)
-        (hysan, "encoder", "cpp", "1"), (hysan, "decoder", "cpp", "1"), (localness, "encoder", "cpp", "1")]
+        (hysan, "encoder", "cpp", "1"), (hysan, "decoder", "cpp", "1"), (localness, "encoder", "cpp", "1"),
+        # attention_impl "dense": no fused call, only for the sublayers that have one in auto
+        (hysan, "encoder", "dense", "0"), (hysan, "decoder", "dense", "0"), (localness, "encoder", "dense", "0")]
     bad = subprocess.run([sys.executable, script, "--shapes", "32by128", "--cpu"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--shapes: expected BxT, e.g. 32x128, got '32by128'" in bad.stderr

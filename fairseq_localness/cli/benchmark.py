@@ -87,7 +87,7 @@ def get_parser():
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES),
                    help="dtype of every model (model.to(dtype)); fp16 needs a CUDA GPU, bf16 a CPU or a GPU of "
                    "compute capability >= 8.0 (default: fp32)")
-    p.add_argument("--attention-impl", nargs="+", default=["auto"], choices=["auto", "sdpa", "eager", "flex"],
+    p.add_argument("--attention-impl", nargs="+", default=["auto"], choices=["auto", "sdpa", "eager", "flex", "dense"],
                    help="path of every attention core of the package's models: auto (the default: the fused "
                    "kernel where it applies and pays), sdpa (the fused kernel wherever it applies), eager "
                    "(the reference) or flex (every branch one FlexAttention call; on a CPU only without "

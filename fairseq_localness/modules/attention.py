@@ -40,8 +40,9 @@ kernel computes each branch, is decided in one place, :mod:`.kernels.choice`, wh
 docstring tables the rules and the measurements behind them. ``attention_impl``
 (:data:`~.kernels.choice.ATTENTION_IMPLS`) chooses: ``"auto"`` takes the fast path
 where it applies except where the eager path was measured to be as fast, ``"sdpa"``
-wherever it applies, ``"eager"`` never; :func:`set_attention_impl` sets it for a whole
-model, ``fairseq-localness-bench --attention-impl`` for the benchmark.
+wherever it applies, ``"flex"`` and ``"dense"`` with every branch in one kind of kernel
+(:mod:`.kernels.choice`), ``"eager"`` never; :func:`set_attention_impl` sets it for a
+whole model, ``fairseq-localness-bench --attention-impl`` for the benchmark.
 
 No host synchronisation on accelerators: the shortcuts that inspect a mask's values
 (dropping an all-False padding mask, skipping the empty-row repair when no row is
@@ -71,6 +72,7 @@ from fairseq_localness.modules.incremental import (
     STEP_DTYPES, IncrementalBuffer, append_to_cache, grown_store, joined_padding, reordered_key_value_rows,
     search_constants, used_padding,
 )
+from fairseq_localness.modules.kernels import dense
 from fairseq_localness.modules.kernels.choice import branch_attention, check_impl, fused_windows, use_fast_path
 from fairseq_localness.modules.observe import Observable, probs_key
 from fairseq_localness.modules.projections import stacked_linear, stacked_parameters, stacks_projections
@@ -370,7 +372,8 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
 
         weights = None
         if self._use_sdpa(query, need_weights, ctx):
-            if self.relative_positions is not None and self._dropout_active():
+            if self.relative_positions is not None and (self._dropout_active()
+                                                        or dense.applies(ctx, self.attention_impl)):
                 # Shaw et al.'s key term only (no values): a float mask for SDPA
                 key_term = self.relative_positions.key_scores(q * self.scaling, ctx)
                 soft_bias = key_term if soft_bias is None else soft_bias + key_term

@@ -479,11 +479,12 @@ class DualContextModule(nn.Module, Observable):
         projections are stacked (:func:`~.projections.stacks_projections`), nothing
         recorded or logged, a dtype of SDPA's fused kernels, no ``attn_mask`` that the
         units would apply (a causal unit ignores fairseq's future mask), and both units
-        on the ``"auto"`` or ``"sdpa"`` path (``"eager"`` and ``"flex"`` keep theirs)."""
+        on the ``"auto"``, ``"sdpa"`` or ``"dense"`` path (``"eager"`` and ``"flex"`` keep
+        theirs)."""
         queries, kv_global, kv_local = self._projection_pairs()
         return (incremental_state is None and r.device.type in JOINT_PASS_DEVICES and not want_probs
                 and (attn_mask is None or self.causal) and r.dtype in STEP_DTYPES and not self.recording
-                and all(core.attention_impl in ("auto", "sdpa") and not core.recording
+                and all(core.attention_impl in ("auto", "sdpa", "dense") and not core.recording
                         for core in (self.fi_local, self.fi_global))
                 and stacks_projections(r, queries + kv_global + kv_local))
 

@@ -10,7 +10,10 @@ kernel call per branch, the fusion applied to the outputs as in the eager path).
 ``attention_impl`` (:data:`ATTENTION_IMPLS`) chooses: ``"auto"`` takes the fast path
 where it applies except where the eager path was measured to be as fast, ``"sdpa"``
 wherever it applies, ``"flex"`` likewise with every branch in the fused kernel
-(:mod:`.flex`; on a CPU its forward pass only, for the tests), ``"eager"`` never.
+(:mod:`.flex`; on a CPU its forward pass only, for the tests), ``"dense"`` likewise
+with every branch of a full pass one SDPA call with its mask and bias given whole
+(:mod:`.dense`: no compiled call; Shaw et al.'s value term on the eager path; not yet
+measured on a GPU against the fused call), ``"eager"`` never.
 
 The kernel layer. A branch describes its distribution once, as data
 (:meth:`~fairseq_localness.modules.context.AttentionBranch.describe`, a
@@ -217,7 +220,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_localness.modules.context import AttentionBranch, AttentionContext, combine_masks, dense_mask_and_bias
-from fairseq_localness.modules.kernels import flex, sdpa
+from fairseq_localness.modules.kernels import dense, flex, sdpa
 from fairseq_localness.modules.kernels.banded import banded_attention
 from fairseq_localness.modules.kernels.recompute import recomputed_attention, whole_bias_term
 from fairseq_localness.modules.kernels.step import last_keys_attention
@@ -225,8 +228,10 @@ from fairseq_localness.modules.kernels.windows import windows_attention
 from fairseq_localness.modules.scores import Description, GaussianScore, Window
 
 # The settings of AttentionCore.attention_impl: "auto" (the fast path where it applies
-# and pays), "sdpa" (the fast path wherever it applies), "eager" (the reference path).
-ATTENTION_IMPLS = ("auto", "sdpa", "eager", "flex")
+# and pays), "sdpa" (the fast path wherever it applies), "eager" (the reference path),
+# "flex" (every branch in the fused kernel), "dense" (every branch of a full pass one SDPA
+# call with its mask and bias whole, :mod:`.dense`).
+ATTENTION_IMPLS = ("auto", "sdpa", "eager", "flex", "dense")
 
 # "auto" keeps several float32 branches trained on a CPU on the eager path up to this
 # many keys: there one q k^T shared by the branches and their small saved
@@ -284,7 +289,7 @@ def use_fast_path(
         return False
     if need_weights and branches == 1:
         return False
-    if value_term and dropout:
+    if value_term and (dropout or (impl == "dense" and query.size(0) > 1)):
         return False
     if query.dtype not in _SDPA_DTYPES:
         return False
@@ -445,6 +450,9 @@ def branch_attention(
         call_scores, value = fused
         if impl == "flex" or call_scores or value is not None or _has_own(description):
             return flex.flex_branch(ctx, v, scale, description, call_scores, value)
+    if dense.applies(ctx, impl):
+        return dense.dense_attention(ctx, v, description, base_blocked, soft_bias,
+                                     dropout.p if dropout is not None else 0.0)
     out = _recomputed(ctx, v, description, base_blocked, soft_bias, scale, dropout, relative_positions)
     if out is not None:
         return out

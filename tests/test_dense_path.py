@@ -1,0 +1,229 @@
+"""``attention_impl="dense"`` (modules/kernels/dense.py): every branch of a full pass as
+one SDPA call with its mask and bias given whole, against the eager reference.
+
+The path is the same on every device, so the CPU runs it whole, forward and backward:
+every branch kind of the four models, with padding on either side, in float32 and
+bfloat16. The CUDA twin (skipped without a GPU) runs it in float32, float16 and
+bfloat16, where SDPA's memory-efficient kernel computes the learned biases'
+gradients.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fairseq_localness.modules.attention import AttentionCore, set_attention_impl
+from fairseq_localness.modules.gaussian import GaussianLocalness
+from fairseq_localness.modules.hysan import make_branch
+from fairseq_localness.modules.kernels import banded, choice, dense, recompute
+from fairseq_localness.modules.kernels.choice import ATTENTION_IMPLS
+from test_flex_path import B, C, CUDA_TOL, H, KINDS, _FlexCalls, _module, _padding, _relative, _run
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# kinds whose branches have something of their own or no value term: the dense path;
+# Shaw et al.'s value term (shaw-key-value, gaussian+shaw) takes the eager path
+VALUE_TERM_KINDS = ("shaw-key-value", "gaussian+shaw")
+
+
+def _outputs_and_gradients(module, x32, impl, padding, dtype=torch.float32):
+    module = module.to(dtype)
+    x = x32.to(dtype).clone().requires_grad_(True)
+    module.zero_grad()
+    out = _run(module, x, impl, padding)
+    out.float().pow(2).sum().backward()
+    return [out.float(), x.grad.float()] + [p.grad.float() for p in module.parameters() if p.grad is not None]
+
+
+def _check_against_eager(kind, causal, side, dtype, device, tol):
+    T = 37
+    module = _module(kind, causal, device=device)
+    torch.manual_seed(1)
+    x32 = torch.randn(T, B, C, device=device)
+    padding = _padding(side, B, T, [T, 20, 1], device=device) if side else None
+    ref = _outputs_and_gradients(module, x32, "eager", padding)
+    got = _outputs_and_gradients(module, x32, "dense", padding, dtype)
+    assert len(got) == len(ref)
+    floor = 0.01 * max(t.norm().item() for t in ref)
+    for a, b in zip(got, ref):
+        assert _relative(a, b, floor) < tol
+
+
+@pytest.mark.parametrize("side", ["left", "right", None], ids=["left", "right", "unpadded"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_dense_path_equals_the_eager_reference_outputs_and_gradients(kind, causal, side):
+    """Every branch kind, the whole output (rows without keys too: left padding under
+    HySAN's and the hybrid's windows and causality leaves some, which both paths give
+    0) and the gradients of the input and of every parameter (centres' and widths'
+    projections, z, a^K, gates, the convolution) == the eager reference's, float32."""
+    _check_against_eager(kind, causal, side, torch.float32, "cpu", 1e-5)
+
+
+@pytest.mark.parametrize("kind", ["gaussian-query", "hysan", "hybrid-gate", "shaw-key"])
+def test_dense_path_in_bfloat16_is_within_its_rounding(kind):
+    _check_against_eager(kind, False, "left", torch.bfloat16, "cpu", 0.05)
+
+
+class _Spies:
+    """Counts SDPA's calls and the calls of the kernels the dense path replaces."""
+
+    def __init__(self, monkeypatch):
+        self.sdpa, self.masks, self.other = 0, [], []
+        sdpa = F.scaled_dot_product_attention
+
+        def counted(q, k, v, attn_mask=None, **kwargs):
+            self.sdpa += 1
+            self.masks.append((q, attn_mask, kwargs.get("is_causal", False)))
+            return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+        monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+        for module, name in ((choice, "recomputed_attention"), (choice, "banded_attention"),
+                             (recompute, "recomputed_attention"), (banded, "banded_attention")):
+            original = getattr(module, name)
+            monkeypatch.setattr(module, name, self._spy(original, name))
+        self.flex = _FlexCalls(monkeypatch)
+
+    def _spy(self, original, name):
+        def spy(*args, **kwargs):
+            self.other.append(name)
+            return original(*args, **kwargs)
+
+        return spy
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "dual-context"])
+def test_each_branch_is_one_sdpa_call_with_a_float_mask_and_nothing_else(kind, causal, monkeypatch):
+    """In training, each branch of a full pass is one SDPA call, not the fused call, the
+    recomputation per block or the band, with a float mask in the query's dtype whose
+    rows lie a multiple of 8 elements apart where it is the cached one; a call with
+    Shaw et al.'s value term takes the eager path (no SDPA call)."""
+    module = _module(kind, causal)
+    x = torch.randn(21, B, C, requires_grad=True)
+    padding = _padding("right" if causal else "left", B, 21, [21, 13, 5])
+    spies = _Spies(monkeypatch)
+    _run(module, x, "dense", padding).sum().backward()
+    assert spies.flex.count == 0 and spies.other == []
+    cores = [m for m in module.modules() if isinstance(m, AttentionCore)]
+    branches = sum(len(core.branches) for core in cores)
+    assert spies.sdpa == (0 if kind in VALUE_TERM_KINDS else branches)
+    for q, mask, is_causal in spies.masks:
+        assert mask is not None and mask.dtype == q.dtype and not is_causal
+        if mask.dim() == 4 and mask.size(1) == 1:  # the cached mask (not a bias added to it)
+            assert mask.stride(-1) == 1 and mask.stride(-2) % 8 == 0
+
+
+def test_the_mask_is_made_once_per_padding_mask_and_window_for_all_layers(monkeypatch):
+    """Two layers' calls over the same padding mask make each window's float mask once;
+    a call without padding makes it once per shape, across passes."""
+    made = []
+    original = dense._make_mask
+    monkeypatch.setattr(dense, "_make_mask", lambda *args: made.append(args) or original(*args))
+    names = ("global", "forward", "backward", "local3")
+    layers = [AttentionCore(C, H, self_attention=True, branches=[make_branch(n, "encoder") for n in names])
+              for _ in range(2)]
+    x = torch.randn(15, B, C)
+    padding = _padding("left", B, 15, [15, 9, 4])
+    for layer in layers:
+        _run(layer, x, "dense", padding)
+    assert len(made) == 4  # one per branch (the global branch's: the padding alone), none for the second layer
+    made.clear()
+    y = torch.randn(11, B, C)
+    for layer in layers + layers:
+        _run(layer, y, "dense", None)
+    assert len(made) == 4  # once per branch for the four calls
+
+
+def test_rows_without_keys_are_zero_and_padding_alone_is_not_repaired(monkeypatch):
+    """A left-padded sentence's first queries have no key in a window of 1: their
+    output is 0 (as the eager path's); a call whose mask is the keys' padding alone
+    (a global branch) is not repaired (no fill)."""
+    core = AttentionCore(C, H, self_attention=True, branches=[make_branch("local1", "encoder")])
+    x = torch.randn(9, B, C)
+    padding = _padding("left", B, 9, [9, 4, 1])
+    with torch.no_grad():
+        out = _run(core, x, "dense", padding)
+        ref = _run(core, x, "eager", padding)
+    torch.testing.assert_close(out, ref)
+    assert (out[:3, 2] == 0).all() and out[-1, 2].abs().sum() > 0
+    mask, row_empty = dense._make_mask(padding[:, None, None, :], torch.float32, "never")
+    assert row_empty is None and torch.isinf(mask).any()
+    mask, row_empty = dense._make_mask(torch.ones(1, 1, 3, 4, dtype=torch.bool), torch.float32, "always")
+    assert row_empty.all() and (mask == 0).all()  # unblocked, zeroed after the call
+
+
+def test_the_host_knows_which_windows_leave_rows_empty_without_padding():
+    """:func:`~.dense.leaves_rows_empty` against the window's mask itself, for windows
+    bounded or not on either side, strictly left or right of the diagonal, causal or
+    not, at Tq <= Tk."""
+    sides = [None, -3, -1, 0, 1, 2, 5]
+    for left in sides:
+        for right in sides:
+            for causal in (False, True):
+                for tgt_len, src_len in ((1, 1), (4, 4), (3, 7), (6, 6), (1, 5)):
+                    q = torch.arange(tgt_len)[:, None] + src_len - tgt_len
+                    d = torch.arange(src_len)[None, :] - q
+                    keep = torch.ones_like(d, dtype=torch.bool)
+                    if left is not None:
+                        keep &= d >= -left
+                    if right is not None:
+                        keep &= d <= right
+                    if causal:
+                        keep &= d <= 0
+                    want = bool((~keep.any(-1)).any())
+                    assert dense.leaves_rows_empty(left, right, causal, tgt_len, src_len) == want, \
+                        (left, right, causal, tgt_len, src_len)
+
+
+def test_the_plain_causal_mask_alone_goes_to_sdpa_as_is_causal(monkeypatch):
+    core = AttentionCore(C, H, self_attention=True, causal=True)
+    spies = _Spies(monkeypatch)
+    x = torch.randn(7, B, C)
+    with torch.no_grad():
+        out = _run(core, x, "dense", None)
+        ref = _run(core, x, "eager", None)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    assert [(mask, is_causal) for _, mask, is_causal in spies.masks] == [(None, True)]
+
+
+def test_a_float16_bias_far_below_its_range_keeps_every_visible_key():
+    """float16: a Gaussian bias of -1e6 (a narrow window far from the key) is shifted by
+    the row's maximum before the cast, so no visible key becomes -inf."""
+    bias = torch.tensor([[[[-1e6, -1e6 - 3.0, -2e6]]]])
+    mask = torch.tensor([[[[0.0, 0.0, float("-inf")]]]], dtype=torch.float16)
+    total = dense._biased(bias, mask, torch.float16)
+    assert total.dtype == torch.float16
+    assert torch.isfinite(total[..., :2]).all() and torch.isinf(total[..., 2]).all()
+    torch.testing.assert_close(total[..., :2].float().softmax(-1), bias[..., :2].softmax(-1), atol=1e-3, rtol=0)
+
+
+def test_a_decoding_step_keeps_the_step_kernels(monkeypatch):
+    """One query row (a beam-search step) takes the kernels "auto" takes there, not the
+    dense path."""
+    core = AttentionCore(C, H, self_attention=True, causal=True, branches=[GaussianLocalness(C, H)]).eval()
+    calls = []
+    monkeypatch.setattr(dense, "dense_attention", lambda *a, **k: calls.append(1))
+    set_attention_impl(core, "dense")
+    state = {}
+    with torch.no_grad():
+        for _ in range(3):
+            core(torch.randn(1, B, C), None, None, incremental_state=state, need_weights=False)
+    assert calls == []
+
+
+def test_dense_is_an_attention_impl_and_a_benchmark_choice():
+    from fairseq_localness.cli.benchmark import parse_args
+
+    assert "dense" in ATTENTION_IMPLS
+    assert parse_args(["--attention-impl", "auto", "dense"]).attention_impl == ["auto", "dense"]
+
+
+@cuda
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cuda_dense_path_equals_eager_outputs_and_gradients(kind, causal, dtype, side):
+    """On CUDA, SDPA's kernels with the learned biases' gradients (the memory-efficient
+    kernel) against the eager reference in float32, outputs and every gradient."""
+    _check_against_eager(kind, causal, side, dtype, "cuda", CUDA_TOL[dtype])
