@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from fairseq_localness.modules.attention import AttentionCore, set_attention_impl
 from fairseq_localness.modules.gaussian import GaussianLocalness
+from fairseq_localness.modules import hysan
 from fairseq_localness.modules.hysan import make_branch
 from fairseq_localness.modules.kernels import banded, choice, dense, recompute
 from fairseq_localness.modules.kernels.choice import ATTENTION_IMPLS
@@ -111,6 +112,24 @@ def test_each_branch_is_one_sdpa_call_with_a_float_mask_and_nothing_else(kind, c
         assert mask is not None and mask.dtype == q.dtype and not is_causal
         if mask.dim() == 4 and mask.size(1) == 1:  # the cached mask (not a bias added to it)
             assert mask.stride(-1) == 1 and mask.stride(-2) % 8 == 0
+
+
+@pytest.mark.parametrize("side", ["left", "right", None], ids=["left", "right", "unpadded"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_hysans_branches_go_to_its_gate_stacked_where_the_gate_takes_them_so(causal, side, monkeypatch):
+    """Where HySAN's squeeze gate takes all branches at once (CUDA: not a device of
+    ``hysan.BRANCH_LOOP_DEVICES``), the branches' SDPA outputs are handed to it stacked
+    (:func:`~.dense.dense_windows`: one gate over the L*B rows), rows without keys
+    zeroed by one fill over all branches: outputs and every gradient == the eager
+    reference's; one SDPA call per branch; the gate's stacked path taken."""
+    monkeypatch.setattr(hysan, "BRANCH_LOOP_DEVICES", ())
+    stacked = []
+    original = hysan._StackedGatedSum.apply
+    monkeypatch.setattr(hysan._StackedGatedSum, "apply", lambda *a: stacked.append(1) or original(*a))
+    spies = _Spies(monkeypatch)
+    _check_against_eager("hysan", causal, side, torch.float32, "cpu", 1e-5)
+    branches = 2 if causal else 4
+    assert spies.sdpa == branches and stacked == [1]
 
 
 def test_the_mask_is_made_once_per_padding_mask_and_window_for_all_layers(monkeypatch):

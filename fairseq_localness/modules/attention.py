@@ -379,7 +379,8 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
                 soft_bias = key_term if soft_bias is None else soft_bias + key_term
             stacked = fused_windows(ctx, v, self.branches, soft_bias, self.scaling,
                                     self.dropout_module if self._dropout_active() else None,
-                                    self.relative_positions, self.attention_impl, self.fusion.epilogue)
+                                    self.relative_positions, self.attention_impl, self.fusion.epilogue,
+                                    base_blocked, self.fusion.takes_stacked(q.device))
             if isinstance(stacked, FusedOutput):  # one fused call for all branches and the fusion
                 outputs = stacked
             elif stacked is not None:  # one fused call for all branches (B x H x L x Tq x Dh)

@@ -111,6 +111,14 @@ class Fusion(nn.Module, Observable):
         order; returns ``Tq x B x C'``."""
         raise NotImplementedError
 
+    def takes_stacked(self, device: torch.device) -> bool:
+        """Whether :meth:`forward` computes its output from all branches' outputs stacked
+        (:class:`BranchOutputs`' ``stacked``) on ``device``, so that a kernel that
+        computes the branches one by one should hand them over stacked
+        (:func:`~.kernels.dense.dense_windows`); False (the default): one tensor per
+        branch is as good."""
+        return False
+
     def epilogue(self, ctx: AttentionContext) -> Optional[Tuple[Callable, tuple, tuple]]:
         """The fusion as a pure function that a fused call of all branches may compute
         within itself, compiled with it (:func:`~.kernels.flex.flex_windows`):

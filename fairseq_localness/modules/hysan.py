@@ -187,6 +187,11 @@ class GatedSumFusion(Fusion):
     def extra_repr(self) -> str:
         return f"branches={','.join(self.names)}"
 
+    def takes_stacked(self, device: torch.device) -> bool:
+        """One gate over the L*B rows of all branches (where the branches' full passes
+        are not looped over: :data:`BRANCH_LOOP_DEVICES`)."""
+        return device.type not in BRANCH_LOOP_DEVICES
+
     def epilogue(self, ctx: AttentionContext):
         """The gated sum within the fused call of all branches (:func:`_gated_sum_epilogue`;
         the call asks for it on the devices of ``flex.EPILOGUE_DEVICES``: CUDA), where

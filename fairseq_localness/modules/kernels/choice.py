@@ -338,6 +338,8 @@ def fused_windows(
     relative_positions: Optional[nn.Module],
     impl: str = "auto",
     epilogue=None,
+    base_blocked: Optional[Tensor] = None,
+    stacked_fusion: bool = False,
 ):
     """Several branches on the fast path in one call, ``B x H x L x Tq x Dh``, where
     every branch is a window alone (a
@@ -356,6 +358,8 @@ def fused_windows(
         return None
     if ctx.tgt_len == 1:
         return _one_row_windows(ctx, v, branches, scale, dropout)
+    if dense.applies(ctx, impl):
+        return _dense_windows(ctx, v, branches, base_blocked, dropout) if stacked_fusion else None
     if "fused" not in ctx.cache:
         ctx.cache["fused"] = _fused_terms(ctx, scale, dropout, relative_positions, impl)
     if ctx.cache["fused"] is None:
@@ -369,6 +373,18 @@ def fused_windows(
     if impl != "flex" and not any(window.bounded for window in windows):
         return None
     return flex.flex_windows(ctx, v, scale, windows, epilogue)
+
+
+def _dense_windows(ctx, v, branches, base_blocked, dropout) -> Optional[Tensor]:
+    """``attention_impl="dense"``: several branches that are windows alone, for a fusion
+    that takes their outputs stacked (:func:`~.dense.dense_windows`); else None (each
+    branch then takes :func:`branch_attention`, the same SDPA call)."""
+    if ctx.cache.get("extra_mask"):
+        return None
+    descriptions = [branch.describe(ctx) for branch in branches]
+    if any(d.scores or d.mask is not None for d in descriptions):
+        return None
+    return dense.dense_windows(ctx, v, descriptions, base_blocked, dropout.p if dropout is not None else 0.0)
 
 
 def _windows_product(ctx: AttentionContext, v: Tensor, branches, scale: float) -> Optional[Tensor]:

@@ -48,7 +48,7 @@ return: a full pass with it takes the eager path (:func:`~.choice.use_fast_path`
 query row (a decoding step) takes the kernels ``"auto"`` takes (:mod:`.step`; on CUDA
 one fused call).
 """
-from typing import Hashable, Optional, Tuple
+from typing import Hashable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +83,45 @@ def dense_attention(ctx: AttentionContext, v: Tensor, description: Description, 
         mask = _biased(bias, mask, ctx.q.dtype)
     out = F.scaled_dot_product_attention(ctx.q, ctx.k, v, attn_mask=mask, dropout_p=dropout_p)
     return out if row_empty is None else out.masked_fill(row_empty, 0.0)
+
+
+def dense_windows(ctx: AttentionContext, v: Tensor, descriptions: Sequence[Description],
+                  base_blocked: Optional[Tensor], dropout_p: float) -> Tensor:
+    """Several branches that are windows alone (HySAN's, the hybrid's), ``B x H x L x Tq
+    x Dh``, for a fusion that takes them stacked (HySAN's squeeze gate over all L*B rows
+    at once, :meth:`~..fusion.Fusion.takes_stacked`): one SDPA call per branch as
+    :func:`dense_attention`, the outputs written side by side in the layout the fusion
+    merges them into (``Tq x L x B x H x Dh``: one copy, and the fusion's merge a view),
+    and the rows without keys of all branches zeroed by one fill (their masks stacked
+    once per mask)."""
+    outs, empties = [], []
+    for description in descriptions:
+        mask, row_empty = _float_mask(ctx, description, base_blocked)
+        outs.append(F.scaled_dot_product_attention(ctx.q, ctx.k, v, attn_mask=mask, dropout_p=dropout_p))
+        empties.append(row_empty)
+    merged = torch.stack([out.permute(2, 0, 1, 3) for out in outs], dim=1)  # Tq x L x B x H x Dh
+    if any(row_empty is not None for row_empty in empties):
+        merged = merged.masked_fill(_stacked_rows(ctx, descriptions, empties), 0.0)
+    return merged.permute(2, 3, 1, 0, 4)  # B x H x L x Tq x Dh, a view
+
+
+def _stacked_rows(ctx: AttentionContext, descriptions: Sequence[Description], empties) -> Tensor:
+    """The rows without keys of L branches (``B' x 1 x Tq x 1`` each, or None: none) as
+    one ``Tq x L x B' x 1 x 1`` mask, made once per mask as :func:`_float_mask`'s."""
+    windows = tuple(None if d.window is None else (d.window.left, d.window.right) for d in descriptions)
+    key: Hashable = ("dense rows", windows, ctx.causal, ctx.tgt_len, ctx.src_len)
+
+    def make():
+        rows = max((e.size(0) for e in empties if e is not None))
+        like = next(e for e in empties if e is not None)
+        with torch.no_grad():
+            parts = [like.new_zeros(rows, 1, ctx.tgt_len, 1) if e is None else e.expand(rows, 1, ctx.tgt_len, 1)
+                     for e in empties]
+            return torch.stack(parts).permute(3, 0, 1, 2, 4).reshape(ctx.tgt_len, len(parts), rows, 1, 1)
+
+    if ctx.key_padding_mask is not None:
+        return of_mask(ctx.key_padding_mask, key, make)
+    return _unpadded((key, ctx.q.device), make)
 
 
 def _score_bias(description: Description, src_len: int) -> Optional[Tensor]:
