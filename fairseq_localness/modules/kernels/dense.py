@@ -43,6 +43,13 @@ What the path computes, per branch (:func:`dense_attention`):
   ``attn_mask``; Shaw et al.'s key term, eq. 4, without a value term) added to the mask, in
   the query's dtype (float16 shifted as :func:`~.sdpa._half_safe_bias` does).
 
+Several branches that are windows alone, for a fusion that takes their outputs stacked
+(HySAN's squeeze gate, eq. 13-14, on CUDA), are handed over stacked in the layout the
+gate merges them into, their rows without keys zeroed by one fill
+(:func:`dense_windows`): one gate over the L*B rows of all branches, as after the fused
+call, where a gate per branch made a training step's operators on CUDA's paths 2,545
+instead of 1,881 (HySAN e1, counted on the CPU; ``docs/architecture.md``).
+
 Shaw et al.'s value term (eq. 3) needs each row's distribution, which SDPA does not
 return: a full pass with it takes the eager path (:func:`~.choice.use_fast_path`). One
 query row (a decoding step) takes the kernels ``"auto"`` takes (:mod:`.step`; on CUDA
