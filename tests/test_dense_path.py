@@ -12,11 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_localness.modules.attention import AttentionCore, set_attention_impl
+from fairseq_localness.modules.context import AttentionBranch
 from fairseq_localness.modules.gaussian import GaussianLocalness
 from fairseq_localness.modules import hysan
 from fairseq_localness.modules.hysan import make_branch
-from fairseq_localness.modules.kernels import banded, choice, dense, recompute
+from fairseq_localness.modules.kernels import banded, choice, dense, emulation, recompute
 from fairseq_localness.modules.kernels.choice import ATTENTION_IMPLS
+from fairseq_localness.modules.scores import Description, Window
 from test_flex_path import B, C, CUDA_TOL, H, KINDS, _FlexCalls, _module, _padding, _relative, _run
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -110,8 +112,8 @@ def test_each_branch_is_one_sdpa_call_with_a_float_mask_and_nothing_else(kind, c
     assert spies.sdpa == (0 if kind in VALUE_TERM_KINDS else branches)
     for q, mask, is_causal in spies.masks:
         assert mask is not None and mask.dtype == q.dtype and not is_causal
-        if mask.dim() == 4 and mask.size(1) == 1:  # the cached mask (not a bias added to it)
-            assert mask.stride(-1) == 1 and mask.stride(-2) % 8 == 0
+        # the cached masks and the biases added to them alike
+        assert mask.stride(-1) == 1 and mask.stride(-2) % 8 == 0 and mask.data_ptr() % 16 == 0
 
 
 @pytest.mark.parametrize("side", ["left", "right", None], ids=["left", "right", "unpadded"])
@@ -148,9 +150,17 @@ def test_the_mask_is_made_once_per_padding_mask_and_window_for_all_layers(monkey
     assert len(made) == 4  # one per branch (the global branch's: the padding alone), none for the second layer
     made.clear()
     y = torch.randn(11, B, C)
+    masks = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, k, v, attn_mask=None, **kw: masks.append(attn_mask) or sdpa(q, k, v, attn_mask, **kw))
     for layer in layers + layers:
         _run(layer, y, "dense", None)
-    assert len(made) == 4  # once per branch for the four calls
+    # without padding: views of one table of distances per window (nothing made per shape)
+    assert made == [] and len(masks) == 16 and masks[0] is None
+    tables = {m.untyped_storage().data_ptr() for m in masks if m is not None}
+    assert len(tables) == 3
+    assert all(m.stride(-2) % 8 == 0 and m.data_ptr() % 16 == 0 for m in masks if m is not None)
 
 
 def test_rows_without_keys_are_zero_and_padding_alone_is_not_repaired(monkeypatch):
@@ -206,14 +216,156 @@ def test_the_plain_causal_mask_alone_goes_to_sdpa_as_is_causal(monkeypatch):
 
 
 def test_a_float16_bias_far_below_its_range_keeps_every_visible_key():
-    """float16: a Gaussian bias of -1e6 (a narrow window far from the key) is shifted by
-    the row's maximum before the cast, so no visible key becomes -inf."""
-    bias = torch.tensor([[[[-1e6, -1e6 - 3.0, -2e6]]]])
-    mask = torch.tensor([[[[0.0, 0.0, float("-inf")]]]], dtype=torch.float16)
-    total = dense._biased(bias, mask, torch.float16)
-    assert total.dtype == torch.float16
-    assert torch.isfinite(total[..., :2]).all() and torch.isinf(total[..., 2]).all()
-    torch.testing.assert_close(total[..., :2].float().softmax(-1), bias[..., :2].softmax(-1), atol=1e-3, rtol=0)
+    """float16: a bias of -1e6 (a narrow Gaussian window far from the key) is shifted by
+    the row's maximum before the cast, so no visible key becomes -inf; the mask's
+    blocked key stays -inf; the floored entries get no gradient."""
+    bias = torch.tensor([[[[-1e6, -1e6 - 3.0, -1e6 + 5.0, -1e6 - 1e5]]]], requires_grad=True)
+    mask = torch.zeros(1, 1, 1, 8, dtype=torch.float16)
+    mask[..., 2] = float("-inf")
+    total = dense._BiasedMask.apply(None, None, None, bias, mask, torch.float16, 4, 8)
+    assert total.dtype == torch.float16 and total.shape == (1, 1, 1, 4) and total.stride(-2) == 8
+    assert torch.isfinite(total[..., [0, 1, 3]]).all() and torch.isinf(total[..., 2]).all()
+    torch.testing.assert_close(total[..., :2].float().softmax(-1), bias[..., :2].detach().softmax(-1), atol=1e-3,
+                               rtol=0)
+    total.float().sum().backward()
+    assert bias.grad.tolist() == [[[[1.0, 1.0, 1.0, 0.0]]]]  # the last floored at float16's lowest
+
+
+def test_the_learned_bias_keeps_nothing_of_the_attention_size_for_the_backward_pass():
+    """:class:`~.dense._BiasedMask` keeps P, c and the key positions (``B x H x Tq``,
+    ``B x Tk``) for its backward pass, not the ``B x H x Tq x Tk`` difference and square
+    that autograd's operators would keep; its gradients of P and c == autograd's."""
+    torch.manual_seed(0)
+    bsz, heads, tq, tk = 2, 3, 5, 7
+    k_pos = torch.arange(tk).float().expand(bsz, tk)
+    centre = (torch.rand(bsz, heads, tq) * tk).requires_grad_()
+    coeff = (-torch.rand(bsz, heads, tq) - 0.1).requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        out = dense._BiasedMask.apply(F.pad(k_pos, (0, 1)), centre, coeff, None, None, torch.float32, tk, 8)
+    assert max(saved) < bsz * heads * tq * tk
+    weights = torch.randn(bsz, heads, tq, tk)
+    grads = torch.autograd.grad((out * weights).sum(), (centre, coeff))
+    ref = ((k_pos[:, None, None, :] - centre.unsqueeze(-1)) ** 2 * coeff.unsqueeze(-1) * weights).sum()
+    for got, want in zip(grads, torch.autograd.grad(ref, (centre, coeff))):
+        torch.testing.assert_close(got, want)
+
+
+def _nan_for_rows_without_keys(monkeypatch):
+    """SDPA as some kernels on an accelerator compute it: a row whose keys are all
+    ``-inf`` gives NaN (torch's CPU kernels give 0 there, which would hide a missing
+    repair)."""
+    sdpa = F.scaled_dot_product_attention
+
+    def stand_in(q, k, v, attn_mask=None, **kwargs):
+        out = sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+        if attn_mask is not None and attn_mask.dtype != torch.bool:
+            empty = torch.isinf(attn_mask).all(-1, keepdim=True)
+            out = out.masked_fill(empty, float("nan"))
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", stand_in)
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["per-branch", "stacked"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("kind", ["hysan", "hybrid-gate", "gaussian-query"])
+def test_rows_without_keys_are_repaired_where_a_kernel_would_give_nan(kind, causal, stacked, monkeypatch):
+    """Left padding under windows and causality leaves rows without keys; with a kernel
+    that gives such rows NaN, the dense path's outputs and gradients still equal the
+    eager reference's (rows unblocked in the mask, their output zeroed), per branch and
+    stacked for HySAN's gate."""
+    if stacked:
+        monkeypatch.setattr(hysan, "BRANCH_LOOP_DEVICES", ())
+    _nan_for_rows_without_keys(monkeypatch)
+    _check_against_eager(kind, causal, "left", torch.float32, "cpu", 1e-5)
+
+
+class _StrictlyLeft(AttentionBranch):
+    """A branch of one's own whose window leaves out the diagonal (``-3 <= d <= -1``):
+    the first query has no key, with or without padding."""
+
+    name = "strictly_left"
+
+    def describe(self, ctx):
+        return Description(window=Window(3, -1))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_a_window_that_leaves_the_first_row_empty_without_padding_is_repaired(causal, monkeypatch):
+    """Without padding the host decides whether a window leaves rows empty
+    (:func:`~.dense.leaves_rows_empty`); a branch's window without the diagonal does,
+    and its rows are repaired (under a kernel that gives them NaN): == eager."""
+    _nan_for_rows_without_keys(monkeypatch)
+    torch.manual_seed(2)
+    core = AttentionCore(C, H, self_attention=True, causal=causal, branches=[_StrictlyLeft()])
+    x32 = torch.randn(10, B, C)
+    ref = _outputs_and_gradients(core, x32, "eager", None)
+    got = _outputs_and_gradients(core, x32, "dense", None)
+    assert ref[0][0].abs().max() == 0 and len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert _relative(a, b, 0.01 * max(t.norm().item() for t in ref)) < 1e-5
+
+
+def test_cuda_paths_on_the_cpu_keep_dense_cores_off_the_fused_calls(monkeypatch):
+    """Where ``"auto"`` takes the compiled FlexAttention calls (CUDA's paths, taken on the
+    CPU), a core on ``"dense"`` takes none, and equals the eager reference."""
+    with emulation.cuda_paths_on_cpu():
+        for kind in ("gaussian-query", "hysan", "hybrid-gate", "shaw-key"):
+            calls = _FlexCalls(monkeypatch)
+            _check_against_eager(kind, False, "left", torch.float32, "cpu", 1e-5)
+            assert calls.count == 0, kind
+            module = _module(kind, False)
+            with torch.no_grad():
+                _run(module, torch.randn(9, B, C), "auto", None)
+            assert calls.count >= 1, kind  # ("auto" takes them there: the check above could fail)
+
+
+@pytest.mark.parametrize("kind", ["gaussian-query", "hysan", "shaw-key", "hybrid-gate"])
+def test_a_chunk_after_a_cached_prefix_cross_attention_an_attn_mask_and_one_sentence(kind):
+    """Beyond full self-attention passes: several queries after a cached prefix (``Tq <
+    Tk``, causal), encoder-decoder attention over a padded source, a caller's float
+    ``attn_mask`` (the per-call mask), and a batch of one sentence: each == eager."""
+    torch.manual_seed(3)
+    module = _module(kind, True).eval()
+    prefix, chunk = torch.randn(6, B, C), torch.randn(4, B, C)
+    outs = {}
+    for impl in ("eager", "dense"):
+        set_attention_impl(module, impl)
+        state = {}
+        with torch.no_grad():
+            module(prefix, prefix, prefix, incremental_state=state, need_weights=False)
+            outs[impl] = module(chunk, chunk, chunk, incremental_state=state, need_weights=False)[0]
+    torch.testing.assert_close(outs["dense"], outs["eager"], atol=2e-6, rtol=1e-5)
+    cross = AttentionCore(C, H, branches=[GaussianLocalness(C, H)] if kind == "gaussian-query" else None)
+    src, tgt = torch.randn(11, B, C), torch.randn(5, B, C)
+    padding = _padding("left", B, 11, [11, 7, 2])
+    soft = torch.randn(11, 11) * 0.5
+    soft[0, 3] = float("-inf")
+    enc = _module(kind, False)
+    for name, call in (
+        ("cross", lambda m, impl: _cross(m, impl, tgt, src, padding)),
+        ("attn_mask", lambda m, impl: _masked(m, impl, src, soft)),
+        ("one sentence", lambda m, impl: _run(_impl(m, impl), src[:, :1], impl, None)),
+    ):
+        mod = cross if name == "cross" else enc
+        with torch.no_grad():
+            torch.testing.assert_close(call(mod, "dense"), call(mod, "eager"), atol=2e-6, rtol=1e-5, msg=name)
+
+
+def _impl(module, impl):
+    set_attention_impl(module, impl)
+    return module
+
+
+def _cross(module, impl, tgt, src, padding):
+    set_attention_impl(module, impl)
+    return module(tgt, src, src, key_padding_mask=padding, need_weights=False)[0]
+
+
+def _masked(module, impl, x, soft):
+    set_attention_impl(module, impl)
+    return module(x, x, x, attn_mask=soft, need_weights=False)[0]
 
 
 def test_a_decoding_step_keeps_the_step_kernels(monkeypatch):
@@ -234,11 +386,28 @@ def test_dense_is_an_attention_impl_and_a_benchmark_choice():
     from fairseq_localness.cli.benchmark import parse_args
 
     assert "dense" in ATTENTION_IMPLS
-    assert parse_args(["--attention-impl", "auto", "dense"]).attention_impl == ["auto", "dense"]
+    assert parse_args(["--attention-impl", *ATTENTION_IMPLS]).attention_impl == list(ATTENTION_IMPLS)
+
+
+def test_the_benchmarks_observed_pass_keeps_dense_cores_on_their_path():
+    """The benchmark's multiply-adds and saved activations are observed on the eager
+    path where a core would run a compiled call (on CUDA, "auto"); a core on "dense"
+    has none, so its SDPA calls are what is observed (the memory this path keeps)."""
+    from fairseq_localness.cli.bench_measure import observable
+
+    dense_core, auto_core = _module("gaussian-query", False), _module("hysan", False)
+    set_attention_impl(dense_core, "dense")
+    model = torch.nn.ModuleList([dense_core, auto_core])
+    with observable(model, torch.device("cuda")) as switched:
+        assert switched and (dense_core.attention_impl, auto_core.attention_impl) == ("dense", "eager")
+    assert auto_core.attention_impl == "auto"
+    set_attention_impl(auto_core, "dense")
+    with observable(model, torch.device("cuda")) as switched:
+        assert not switched and auto_core.attention_impl == "dense"
 
 
 @cuda
-@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("side", ["left", "right", None], ids=["left", "right", "unpadded"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -91,8 +91,9 @@ class LargestActivations(TorchDispatchMode):
 def observable(model, device):
     """The passes observed by a Python dispatch mode (``FlopCounterMode``,
     :class:`LargestActivations`) on the eager path where the model's own path would
-    run FlexAttention: on CUDA, where the fast path's branches are compiled flex calls,
-    and with ``attention_impl="flex"``. A compiled call cannot run under such a mode
+    run FlexAttention: the cores on ``"auto"`` or ``"sdpa"`` on CUDA, where the fast
+    path's branches are compiled flex calls, and on ``"flex"`` (a core on ``"dense"``
+    keeps its SDPA calls, whose activations are what that path keeps). A compiled call cannot run under such a mode
     (torch.compile: "non-infra torch dispatch mode present"), nor can the uncompiled
     one there (torch 2.13: no rule for the ``flex_attention`` operator). The eager path
     computes the same distributions, so its multiply-adds are the reference
@@ -104,10 +105,15 @@ def observable(model, device):
 
     cores = [m for m in model.modules() if isinstance(m, AttentionCore)]
     saved = [core.attention_impl for core in cores]
-    switch = any(impl != "eager" for impl in saved) and (device.type == "cuda" or "flex" in saved)
+
+    def runs_flex(impl: str) -> bool:  # ("dense" and "eager" never do)
+        return impl == "flex" or (device.type == "cuda" and impl in ("auto", "sdpa"))
+
+    switch = any(runs_flex(impl) for impl in saved)
     if switch:
         for core in cores:
-            core.attention_impl = "eager"
+            if runs_flex(core.attention_impl):
+                core.attention_impl = "eager"
     try:
         yield switch
     finally:

@@ -90,9 +90,11 @@ def get_parser():
     p.add_argument("--attention-impl", nargs="+", default=["auto"], choices=["auto", "sdpa", "eager", "flex", "dense"],
                    help="path of every attention core of the package's models: auto (the default: the fused "
                    "kernel where it applies and pays), sdpa (the fused kernel wherever it applies), eager "
-                   "(the reference) or flex (every branch one FlexAttention call; on a CPU only without "
-                   "gradients, so decoding only); several values run every system once per value, interleaved in the same "
-                   "rounds (rows 'system [value]'); the transformer is fairseq's own attention either way")
+                   "(the reference), flex (every branch one FlexAttention call; on a CPU only without "
+                   "gradients, so decoding only) or dense (every branch of a full pass one SDPA call with its "
+                   "mask and bias given whole, no compiled call); several values run every system once per "
+                   "value, interleaved in the same rounds (rows 'system [value]'); the transformer is "
+                   "fairseq's own attention either way")
     p.add_argument("--batch-size", type=int, default=None, help="sentences per training step (default: 64; quick: 6)")
     p.add_argument("--src-len", type=int, default=None, help="source tokens per sentence (default: 32; quick: 20)")
     p.add_argument("--tgt-len", type=int, default=None, help="target tokens per sentence (default: 32; quick: 20)")

@@ -395,7 +395,7 @@ DISTANCE_TABLE_MAX = 1024
 
 
 def distance_table(
-    key: Hashable, fn: Callable[[Tensor], Tensor], tgt_len: int, src_len: int, device
+    key: Hashable, fn: Callable[[Tensor], Tensor], tgt_len: int, src_len: int, device, width: Optional[int] = None
 ) -> Tensor:
     """``fn(j - i)`` for bottom-right aligned query indices, ``Tq x Tk``: query i sits
     at key index ``Tk - Tq + i``, so the entry (i, j) is ``fn(j - (Tk - Tq + i))``.
@@ -427,23 +427,29 @@ def distance_table(
 
     Tests: eager and fast paths agree on every row; a sentence alone equals the same
     sentence inside a left- or right-padded batch (tests/test_contract.py).
+
+    The table's side is a multiple of 8, so the rows of the view lie a multiple of 8
+    elements apart and start there (what SDPA's memory-efficient kernel on CUDA wants
+    of a mask); ``width`` (at least ``src_len``, at most ``src_len`` rounded up to a
+    multiple of 8) takes that many columns instead of ``src_len``.
     """
     device = torch.device(device)
+    width = src_len if width is None else width
     if src_len > DISTANCE_TABLE_MAX:
         q_idx = torch.arange(src_len - tgt_len, src_len, device=device).unsqueeze(1)
-        return fn(torch.arange(src_len, device=device).unsqueeze(0) - q_idx)
+        return fn(torch.arange(width, device=device).unsqueeze(0) - q_idx)
     cache_key = (key, device)
     table = _DISTANCE_TABLES.get(cache_key)
-    if table is None or table.size(1) < src_len:
-        size = max(src_len, 64, 2 * table.size(1) if table is not None else 0)
-        size = min(size, DISTANCE_TABLE_MAX)
+    if table is None or table.size(1) < width:
+        size = max(width, 64, 2 * table.size(1) if table is not None else 0)
+        size = min(-(-size // 8) * 8, DISTANCE_TABLE_MAX)
         # built outside inference mode, so tables made during generation under
         # torch.inference_mode() can still be saved for a later backward pass
         with torch.inference_mode(False), torch.no_grad():
             idx = torch.arange(size, device=device)
             table = fn(idx.unsqueeze(0) - idx.unsqueeze(1))
         _DISTANCE_TABLES[cache_key] = table
-    return table[src_len - tgt_len : src_len, :src_len]
+    return table[src_len - tgt_len : src_len, :width]
 
 
 def at_least_float32(x: Tensor) -> Tensor:

@@ -13,8 +13,9 @@ that holds, eager launches at about 33 us each are cheaper than a compiled call 
 tens of launches: Yang et al.'s Gaussian (eq. 5) as a dense bias costs three
 element-wise kernels forward and a few more backward, a window a cached mask and
 nothing per call. What this path pays instead is memory: a learned bias is a ``B x H x
-Tq x Tk`` tensor kept for the backward pass, with its gradient (SDPA's memory-efficient
-kernel computes it), where the fused call keeps nothing of that size. Which is faster
+Tq x Tk`` tensor in the query's dtype, which SDPA keeps for its backward pass and whose
+gradient it computes there, where the fused call keeps nothing of that size (the
+bias's own backward pass keeps nothing of it: :class:`_BiasedMask`). Which is faster
 on a GPU is measured by ``scripts/gpu_attention_probe.py``'s ``dense`` variant and by
 ``fairseq-localness-bench --attention-impl auto dense`` (docs/benchmark.md); not yet
 measured on one, so ``"auto"`` keeps the fused call there. On a CPU ``"auto"`` keeps the
@@ -24,13 +25,16 @@ What the path computes, per branch (:func:`dense_attention`):
 
 * the branch's window, the call's padding and causality as one float mask of 0 and
   ``-inf`` in the query's dtype (none for the plain causal mask alone, which goes to
-  SDPA as ``is_causal``), made once per window, lengths, dtype and padding mask
-  and shared by the layers of a pass (:func:`~..context.of_mask`; without padding, by
-  every call of that shape, :func:`~..context._unpadded`): no kernel per call. Its rows
-  lie a multiple of 8 elements apart (SDPA's memory-efficient kernel copies a mask
-  whose rows do not). A boolean mask would cost a conversion per call, and SDPA turns
-  it into a finite minimum for cuDNN's kernel, which would give a row without keys a
-  distribution.
+  SDPA as ``is_causal``): with padding, made once per window, lengths, dtype and
+  padding mask and shared by the layers of a pass (:func:`~..context.of_mask`); without
+  it, a view of one table of the window's distances (:func:`~..context.distance_table`,
+  per window, causality and dtype): no kernel per call, and no memory per shape. Its
+  rows, and those of a bias added to it, lie a multiple of 8 elements apart and start
+  there (SDPA's memory-efficient kernel pads and copies a mask whose rows do not). A
+  boolean mask would cost a conversion per call, and SDPA turns it into a finite
+  minimum for cuDNN's kernel, which would give a row without keys a distribution; a
+  float32 mask with half-precision queries cuDNN reads as half precision (pytorch
+  pull request 191612): the mask is in the query's dtype.
 * Rows without keys (a left-padded sentence's first queries under a window or
   causality) are unblocked in that mask and their output zeroed after the call, as
   the eager path's: one fill per call where padding meets a window or causality (the
@@ -54,6 +58,14 @@ Shaw et al.'s value term (eq. 3) needs each row's distribution, which SDPA does 
 return: a full pass with it takes the eager path (:func:`~.choice.use_fast_path`). One
 query row (a decoding step) takes the kernels ``"auto"`` takes (:mod:`.step`; on CUDA
 one fused call).
+
+Not yet run on a GPU. Which of SDPA's kernels takes a float mask whose bias needs
+gradients on an H100 or H200 (cuDNN's comes first there in recent torch) is for the
+CUDA test (``tests/test_dense_path.py -k cuda``) to show; a reported fault of cuDNN's
+backward pass with a mask (NaN in the queries' gradient where ``Tk`` is 64 more than a
+multiple of 128 and a row's log-sum-exp is below about -88.7, pytorch issue 196678,
+torch 2.11) is one to look for there: a Gaussian window far narrower than a token can
+reach such rows.
 """
 from typing import Hashable, Optional, Sequence, Tuple
 
@@ -61,7 +73,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_localness.modules.context import AttentionContext, _unpadded, combine_masks, of_mask, window_mask
+from fairseq_localness.modules.context import (
+    AttentionContext, _unpadded, combine_masks, distance_table, of_mask, window_mask,
+)
 from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore
 
 
@@ -75,19 +89,20 @@ def dense_attention(ctx: AttentionContext, v: Tensor, description: Description, 
                     soft_bias: Optional[Tensor], dropout_p: float) -> Tensor:
     """One branch, ``B x H x Tq x Dh``: ``F.scaled_dot_product_attention`` with the
     branch's and the call's mask as a float mask (:func:`_float_mask`) and its score
-    terms plus ``soft_bias`` added (see the module docstring). ``base_blocked``: the
-    call's padding and causality (:func:`~..context.base_mask`); ``dropout_p``: the
-    attention dropout drawn by the kernel."""
-    bias = _score_bias(description, ctx.src_len)
-    if soft_bias is not None:
-        bias = soft_bias if bias is None else bias + soft_bias
-    if bias is None and description.mask is None and description.window is None \
+    terms plus ``soft_bias`` added (:func:`_with_bias`; see the module docstring).
+    ``base_blocked``: the call's padding and causality as
+    :func:`~..context.base_mask` makes them (the masks made from it are kept per padding
+    mask and shape); ``dropout_p``: the attention dropout drawn by the kernel."""
+    gaussian, extra = _terms(description, ctx.src_len, soft_bias)
+    if gaussian is None and extra is None and description.mask is None and description.window is None \
             and base_blocked is not None and base_blocked is ctx.cache.get("plain_causal"):
         # the plain causal mask alone: the kernels that skip the blocks above the diagonal
         return F.scaled_dot_product_attention(ctx.q, ctx.k, v, dropout_p=dropout_p, is_causal=True)
     mask, row_empty = _float_mask(ctx, description, base_blocked)
-    if bias is not None:
-        mask = _biased(bias, mask, ctx.q.dtype)
+    if gaussian is not None or extra is not None:
+        mask = _with_bias(ctx, gaussian, extra, mask)
+    elif mask is not None:
+        mask = mask[..., :ctx.src_len]
     out = F.scaled_dot_product_attention(ctx.q, ctx.k, v, attn_mask=mask, dropout_p=dropout_p)
     return out if row_empty is None else out.masked_fill(row_empty, 0.0)
 
@@ -104,6 +119,7 @@ def dense_windows(ctx: AttentionContext, v: Tensor, descriptions: Sequence[Descr
     outs, empties = [], []
     for description in descriptions:
         mask, row_empty = _float_mask(ctx, description, base_blocked)
+        mask = None if mask is None else mask[..., :ctx.src_len]
         outs.append(F.scaled_dot_product_attention(ctx.q, ctx.k, v, attn_mask=mask, dropout_p=dropout_p))
         empties.append(row_empty)
     merged = torch.stack([out.permute(2, 0, 1, 3) for out in outs], dim=1)  # Tq x L x B x H x Dh
@@ -131,51 +147,158 @@ def _stacked_rows(ctx: AttentionContext, descriptions: Sequence[Description], em
     return _unpadded((key, ctx.q.device), make)
 
 
-def _score_bias(description: Description, src_len: int) -> Optional[Tensor]:
-    """The sum of the branch's score terms, ``B' x H' x Tq x Tk`` (float32), or None;
-    Yang et al.'s Gaussian as ``(k_pos - P)^2 c`` (one subtraction, square and product;
-    the eager reference divides by ``2 sigma^2``, the same to rounding)."""
-    bias = None
+def _terms(description: Description, src_len: int,
+           soft_bias: Optional[Tensor]) -> Tuple[Optional[GaussianScore], Optional[Tensor]]:
+    """The branch's first Gaussian term (Yang et al.'s, computed by :class:`_BiasedMask`)
+    and the sum of its other score terms and ``soft_bias`` (``B' x H' x Tq x Tk``,
+    float32), each or both None."""
+    gaussian, extra = None, soft_bias
     for term in description.scores:
-        if isinstance(term, GaussianScore):
-            value = (term.k_pos[:, None, None, :] - term.centre.unsqueeze(-1)).square() \
-                * term.coefficient().unsqueeze(-1)
-        elif isinstance(term, BucketScore):
-            value = term.dense(src_len)
-        else:
-            value = term.dense()
-        bias = value if bias is None else bias + value
-    return bias
+        if isinstance(term, GaussianScore) and gaussian is None:
+            gaussian = term
+            continue
+        value = term.dense(src_len) if isinstance(term, BucketScore) else term.dense()
+        extra = value if extra is None else extra + value
+    return gaussian, extra
+
+
+def _with_bias(ctx: AttentionContext, gaussian: Optional[GaussianScore], extra: Optional[Tensor],
+               mask: Optional[Tensor]) -> Tensor:
+    """SDPA's float mask ``G + extra + mask`` in the query's dtype, ``B x H x Tq x Tk``,
+    a view whose rows lie ``W`` (``Tk`` rounded up to a multiple of 8) elements apart:
+    :class:`_BiasedMask`, which keeps nothing of that size for the backward pass."""
+    src_len = ctx.src_len
+    width = -(-src_len // 8) * 8
+    k_pos = centre = coeff = None
+    if gaussian is not None:
+        k_pos = gaussian.k_pos
+        if width != src_len:
+            k_pos = F.pad(k_pos, (0, width - src_len))
+        centre, coeff = gaussian.centre, gaussian.coefficient()
+    return _BiasedMask.apply(k_pos, centre, coeff, extra, mask, ctx.q.dtype, src_len, width)
+
+
+class _BiasedMask(torch.autograd.Function):
+    """``(G + extra + mask)`` in ``dtype``, ``G = (k_pos - P)^2 c`` (Yang et al. 2018, eq.
+    5, with ``c = -1 / (2 sigma^2)``; ``k_pos`` ``B' x W``, P and c ``B x H x Tq``; or no
+    G), ``extra`` a float32 bias broadcastable to ``B x H x Tq x Tk`` (or None), ``mask``
+    0 and ``-inf`` at ``W`` columns (or None): computed at ``W`` columns and returned as
+    a view of the first ``Tk``, so that its rows start where SDPA's memory-efficient
+    kernel wants them (a mask whose rows do not is padded and copied by SDPA).
+
+    Nothing of size ``Tq x Tk`` is kept for the backward pass (autograd's product, square
+    and difference would keep two float32 tensors of that size per branch): it computes
+    ``d = k_pos - P`` again and gives ``dL/dc = sum_j g d^2``, ``dL/dP = -2 c sum_j g d``
+    and ``dL/dextra = g`` (summed over its broadcast dimensions).
+
+    float16: ``G + extra`` is shifted by its row maximum over the visible keys and floored
+    at the lowest finite float16 before ``mask`` is added (softmax is shift invariant per
+    row, and the shift's gradient is zero), so that no visible key overflows to ``-inf``
+    (:func:`~.sdpa._half_safe_bias`); the floored entries get no gradient (a boolean
+    ``Tq x Tk`` tensor kept, in float16 only)."""
+
+    @staticmethod
+    def forward(ctx, k_pos, centre, coeff, extra, mask, dtype, src_len, width):
+        total = None
+        if centre is not None:
+            total = (k_pos[:, None, None, :].float() - centre.float().unsqueeze(-1)).square_()
+            total.mul_(coeff.float().unsqueeze(-1))
+        if extra is not None:  # (a tensor of its own: the steps below write into it)
+            if total is None:
+                total = extra.to(torch.float32, copy=True) if width == src_len \
+                    else F.pad(extra.float(), (0, width - src_len))
+            else:
+                total[..., :src_len].add_(extra)
+        floored = None
+        if dtype == torch.float16:
+            visible = total if mask is None else total + mask
+            shift = visible[..., :src_len].amax(dim=-1, keepdim=True)  # (the columns past Tk: unspecified)
+            shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+            total = total - shift
+            low = torch.finfo(torch.float16).min
+            floored = total < low
+            total = total.clamp_(min=low)
+        if mask is not None:
+            total = total + mask if total.shape != torch.broadcast_shapes(total.shape, mask.shape) \
+                else total.add_(mask)
+        out = total.to(dtype)[..., :src_len]
+        ctx.extra_shape = None if extra is None else extra.shape
+        ctx.extra_dtype = None if extra is None else extra.dtype
+        ctx.src_len = src_len
+        ctx.save_for_backward(k_pos, centre, coeff, floored)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        k_pos, centre, coeff, floored = ctx.saved_tensors
+        src_len = ctx.src_len
+        g = grad.float()
+        if floored is not None:
+            g = g.masked_fill(floored[..., :src_len], 0.0)
+        grad_centre = grad_coeff = grad_extra = None
+        if centre is not None and (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
+            d = k_pos[:, None, None, :src_len].float() - centre.float().unsqueeze(-1)
+            gd = g * d
+            if ctx.needs_input_grad[2]:
+                grad_coeff = (gd * d).sum(-1).to(coeff.dtype)
+            if ctx.needs_input_grad[1]:
+                grad_centre = (gd.sum(-1) * (-2.0 * coeff.float())).to(centre.dtype)
+        if ctx.needs_input_grad[3]:
+            grad_extra = g.sum_to_size(ctx.extra_shape).to(ctx.extra_dtype)
+        return None, grad_centre, grad_coeff, grad_extra, None, None, None, None
 
 
 def _float_mask(ctx: AttentionContext, description: Description,
                 base_blocked: Optional[Tensor]) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """The call's and the branch's mask as ``(float mask B' x 1 x Tq x Tk, rows without
-    keys B' x 1 x Tq x 1)`` (:func:`_make_mask`), each None where nothing is blocked or
-    no row is empty; made once per window, lengths, causality, dtype and padding mask
-    where the mask is the window's, the padding's and causality's alone, else per call
-    (a mask given whole, an ``attn_mask`` of the call's own)."""
+    """The call's and the branch's mask as ``(float mask B' x 1 x Tq x W, rows without
+    keys B' x 1 x Tq x 1)``, each None where nothing is blocked or no row is empty; ``W``
+    is ``Tk`` rounded up to a multiple of 8 (the caller takes the first ``Tk`` columns),
+    the columns past ``Tk`` unspecified. Without padding, and where no row is empty, a
+    view of a table of the window's distances (:func:`~..context.distance_table`: one
+    ``N x N`` table per window, causality and dtype, nothing per call); with padding,
+    made once per window, lengths, causality, dtype and padding mask
+    (:func:`~..context.of_mask`, kept while the padding mask lives); a mask given whole
+    or an ``attn_mask`` of the call's own, per call."""
     window = description.window
     own_window = window_mask(ctx, window) if window is not None else None
     if description.mask is not None or ctx.cache.get("extra_mask"):
         return _make_mask(combine_masks(base_blocked, combine_masks(description.mask, own_window)), ctx.q.dtype,
                           "always")
-    key: Hashable = ("dense mask", None if window is None else (window.left, window.right), ctx.causal,
-                     ctx.tgt_len, ctx.src_len, ctx.q.dtype)
-
+    left, right = (None, None) if window is None else (window.left, window.right)
+    dtype = ctx.q.dtype
     if ctx.key_padding_mask is None:  # the window and the lengths alone decide
-        left, right = (None, None) if window is None else (window.left, window.right)
-        repair = "always" if leaves_rows_empty(left, right, ctx.causal, ctx.tgt_len, ctx.src_len) else "never"
-    else:  # padding alone leaves no row empty (every sentence has a real token); with a
-        # window or causality it may, where the data decide
-        repair = "always" if own_window is not None or ctx.causal else "never"
+        if own_window is None and not ctx.causal:
+            return None, None
+        if not leaves_rows_empty(left, right, ctx.causal, ctx.tgt_len, ctx.src_len):
+            return _table_mask(left, right, ctx.causal, dtype, ctx.tgt_len, ctx.src_len, ctx.q.device), None
+        key: Hashable = ("dense mask", left, right, ctx.causal, ctx.tgt_len, ctx.src_len, dtype)
+        return _unpadded((key, ctx.q.device),
+                         lambda: _make_mask(combine_masks(base_blocked, own_window), dtype, "always"))
+    # padding alone leaves no row empty (every sentence has a real token); with a window
+    # or causality it may, where the data decide
+    repair = "always" if own_window is not None or ctx.causal else "never"
+    key = ("dense mask", left, right, ctx.causal, ctx.tgt_len, ctx.src_len, dtype)
+    return of_mask(ctx.key_padding_mask, key,
+                   lambda: _make_mask(combine_masks(base_blocked, own_window), dtype, repair))
 
-    def make():
-        return _make_mask(combine_masks(base_blocked, own_window), ctx.q.dtype, repair)
 
-    if ctx.key_padding_mask is not None:
-        return of_mask(ctx.key_padding_mask, key, make)
-    return _unpadded((key, ctx.q.device), make)
+def _table_mask(left: Optional[int], right: Optional[int], causal: bool, dtype: torch.dtype, tgt_len: int,
+                src_len: int, device) -> Tensor:
+    """The window ``-left <= d <= right`` (and ``d <= 0`` where ``causal``) as 0 and
+    ``-inf`` in ``dtype``, ``1 x 1 x Tq x W``: a view of a cached table of distances."""
+
+    def fn(d: Tensor) -> Tensor:
+        blocked = torch.zeros_like(d, dtype=torch.bool)
+        if left is not None:
+            blocked |= d < -left
+        if right is not None:
+            blocked |= d > right
+        if causal:
+            blocked |= d > 0
+        return torch.zeros(d.shape, dtype=dtype, device=d.device).masked_fill_(blocked, float("-inf"))
+
+    width = -(-src_len // 8) * 8
+    return distance_table(("dense mask", left, right, causal, dtype), fn, tgt_len, src_len, device, width)[None, None]
 
 
 def leaves_rows_empty(left: Optional[int], right: Optional[int], causal: bool, tgt_len: int, src_len: int) -> bool:
@@ -193,13 +316,12 @@ def leaves_rows_empty(left: Optional[int], right: Optional[int], causal: bool, t
 
 
 def _make_mask(blocked: Optional[Tensor], dtype: torch.dtype, repair: str) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """``blocked`` (boolean, True = blocked) as SDPA's float mask of 0 and ``-inf`` in
-    ``dtype``, its rows ``Tk`` rounded up to a multiple of 8 apart (a view of the first
-    ``Tk`` columns), with rows whose every key is blocked unblocked; and those rows
-    (``... x Tq x 1``), whose output the caller zeroes, where ``repair`` is
-    ``"always"`` (a mask with such rows, or one that depends on data: testing it for
-    them would wait for the device); ``"never"``: no row is empty (the keys' padding
-    alone; a window that :func:`leaves_rows_empty` says leaves none)."""
+    """``blocked`` (boolean, True = blocked, ``... x Tq x Tk``) as SDPA's float mask of 0
+    and ``-inf`` in ``dtype`` at ``W`` columns (``Tk`` rounded up to a multiple of 8, 0
+    past ``Tk``), with rows whose every key is blocked unblocked; and those rows (``... x
+    Tq x 1``), whose output the caller zeroes, where ``repair`` is ``"always"`` (a mask
+    with such rows, or one that depends on data: testing it for them would wait for the
+    device); ``"never"``: no row is empty (the keys' padding alone)."""
     if blocked is None:
         return None, None
     with torch.no_grad():
@@ -210,20 +332,4 @@ def _make_mask(blocked: Optional[Tensor], dtype: torch.dtype, repair: str) -> Tu
         width = -(-src_len // 8) * 8
         mask = torch.zeros(*lead, tgt_len, width, dtype=dtype, device=blocked.device)
         mask[..., :src_len].masked_fill_(blocked, float("-inf"))
-    return mask[..., :src_len], row_empty
-
-
-def _biased(bias: Tensor, mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
-    """``bias + mask`` in ``dtype`` (``mask`` 0 or ``-inf``, or None). float16: ``bias``
-    shifted by its detached row maximum over the visible keys and floored at the lowest
-    finite float16 first (softmax is shift invariant per row; the shift's gradient is
-    zero), so that no visible key overflows to ``-inf`` (as :func:`~.sdpa._half_safe_bias`);
-    bfloat16 and float32 have float32's range and are cast."""
-    if dtype == torch.float16:
-        with torch.no_grad():
-            visible = bias if mask is None else bias + mask
-            shift = visible.amax(dim=-1, keepdim=True)
-            shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-        bias = (bias - shift).clamp(min=torch.finfo(torch.float16).min)
-    total = bias if mask is None else bias + mask
-    return total.to(dtype)
+    return mask, row_empty
