@@ -353,6 +353,39 @@ def test_a_chunk_after_a_cached_prefix_cross_attention_an_attn_mask_and_one_sent
             torch.testing.assert_close(call(mod, "dense"), call(mod, "eager"), atol=2e-6, rtol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("kind", ["gaussian-query", "shaw-key", "hysan"])
+def test_a_learned_bias_with_a_callers_soft_attn_mask_has_the_eager_gradients(kind):
+    """A learned bias (the Gaussian: :class:`~.dense._BiasedMask` with ``extra``; Shaw
+    et al.'s key term: ``extra`` alone) plus the finite part of a caller's float
+    ``attn_mask``: outputs and every gradient == eager's."""
+    torch.manual_seed(4)
+    module = _module(kind, False)
+    x32 = torch.randn(11, B, C)
+    soft = torch.randn(11, 11) * 0.5
+    soft[0, 3] = float("-inf")
+
+    def run(impl):
+        set_attention_impl(module, impl)
+        x = x32.clone().requires_grad_(True)
+        module.zero_grad()
+        out = module(x, x, x, attn_mask=soft, need_weights=False)[0]
+        out.pow(2).sum().backward()
+        return [out, x.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+
+    ref, got = run("eager"), run("dense")
+    assert len(got) == len(ref)
+    floor = 0.01 * max(t.norm().item() for t in ref)
+    for a, b in zip(got, ref):
+        assert _relative(a, b, floor) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["gaussian-query", "gaussian-head", "shaw-key", "hysan"])
+def test_dense_path_in_float16_on_the_cpu_is_within_its_rounding(kind):
+    """float16 (the Gaussian's bias shifted by its row maximum and floored before the
+    cast): outputs and gradients against the float32 eager reference."""
+    _check_against_eager(kind, False, "left", torch.float16, "cpu", 0.02)
+
+
 def _impl(module, impl):
     set_attention_impl(module, impl)
     return module
@@ -404,6 +437,22 @@ def test_the_benchmarks_observed_pass_keeps_dense_cores_on_their_path():
     set_attention_impl(auto_core, "dense")
     with observable(model, torch.device("cuda")) as switched:
         assert not switched and auto_core.attention_impl == "dense"
+
+
+def test_the_benchmarks_saved_bytes_leave_out_the_cached_tables_of_distances():
+    """A dense core without padding hands SDPA a view of a cached table of distances,
+    whose size depends on the longest call of the process: the benchmark's bytes saved
+    for the backward pass count the step's own tensors, not those tables."""
+    from fairseq_localness.cli import bench_measure, bench_model
+
+    task = bench_model._Toy(64)
+    _, model = bench_model.build("hysan_transformer", "tiny", [], task, torch.device("cpu"))
+    set_attention_impl(model, "dense")
+    batch = bench_model.make_batch(task, 2, 6, 6, torch.device("cpu"))
+    before = bench_measure.measure_static(model, batch, 4, torch.device("cpu"))[1]
+    model.train()
+    bench_model._loss(model, bench_model.make_batch(task, 1, 300, 300, torch.device("cpu")))  # tables grow
+    assert bench_measure.measure_static(model, batch, 4, torch.device("cpu"))[1] == before
 
 
 @cuda

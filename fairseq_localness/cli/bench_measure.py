@@ -93,9 +93,10 @@ def observable(model, device):
     :class:`LargestActivations`) on the eager path where the model's own path would
     run FlexAttention: the cores on ``"auto"`` or ``"sdpa"`` on CUDA, where the fast
     path's branches are compiled flex calls, and on ``"flex"`` (a core on ``"dense"``
-    keeps its SDPA calls, whose activations are what that path keeps). A compiled call cannot run under such a mode
-    (torch.compile: "non-infra torch dispatch mode present"), nor can the uncompiled
-    one there (torch 2.13: no rule for the ``flex_attention`` operator). The eager path
+    keeps its SDPA calls, whose activations are what that path keeps). A compiled call
+    cannot run under such a mode (torch.compile: "non-infra torch dispatch mode
+    present"), nor can the uncompiled one there (torch 2.13: no rule for the
+    ``flex_attention`` operator). The eager path
     computes the same distributions, so its multiply-adds are the reference
     computation's; the activations saved are the eager path's too. On a GPU the
     benchmark measures the memory of the model's own path separately (its step's peak,
@@ -136,11 +137,13 @@ def measure_static(model, batch, num_heads: int, device):
     parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
     running = ["(loss)"]  # the innermost module whose forward is running (none: the loss)
 
+    from fairseq_localness.modules.context import distance_table_storages
+
     def pack(t):
         try:
             key = t.untyped_storage().data_ptr()
-            if key in parameter_storages:  # weights saved for backward are not activations
-                return t
+            if key in parameter_storages or key in distance_table_storages():
+                return t  # weights, and the masks' cached tables of distances, are not activations
             nbytes = t.untyped_storage().nbytes()
             owner = storages[key][1] if key in storages else running[-1]
             storages[key] = (max(storages.get(key, (0, ""))[0], nbytes), owner)

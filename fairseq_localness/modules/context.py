@@ -452,6 +452,12 @@ def distance_table(
     return table[src_len - tgt_len : src_len, :width]
 
 
+def distance_table_storages() -> set:
+    """The storages (their ``data_ptr``) of the cached distance tables: constants that a
+    call's masks are views of, not activations of the call that saves them."""
+    return {table.untyped_storage().data_ptr() for table in _DISTANCE_TABLES.values()}
+
+
 def at_least_float32(x: Tensor) -> Tensor:
     """Half precision goes up to float32; float32 and float64 stay as they are."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

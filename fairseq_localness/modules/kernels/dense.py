@@ -199,12 +199,15 @@ class _BiasedMask(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, k_pos, centre, coeff, extra, mask, dtype, src_len, width):
+        ctx.extra_shape = None if extra is None else extra.shape
+        ctx.extra_dtype = None if extra is None else extra.dtype
         total = None
         if centre is not None:
             total = (k_pos[:, None, None, :].float() - centre.float().unsqueeze(-1)).square_()
             total.mul_(coeff.float().unsqueeze(-1))
         if extra is not None:  # (a tensor of its own: the steps below write into it)
             if total is None:
+                extra = extra.expand(*extra.shape[:-1], src_len)  # (a bias broadcast over the keys)
                 total = extra.to(torch.float32, copy=True) if width == src_len \
                     else F.pad(extra.float(), (0, width - src_len))
             else:
@@ -222,8 +225,6 @@ class _BiasedMask(torch.autograd.Function):
             total = total + mask if total.shape != torch.broadcast_shapes(total.shape, mask.shape) \
                 else total.add_(mask)
         out = total.to(dtype)[..., :src_len]
-        ctx.extra_shape = None if extra is None else extra.shape
-        ctx.extra_dtype = None if extra is None else extra.dtype
         ctx.src_len = src_len
         ctx.save_for_backward(k_pos, centre, coeff, floored)
         return out
