@@ -4,7 +4,7 @@ the device: where a training step bound by its host loses its time.
     python scripts/gpu_attention_probe.py [--systems NAME ...] [--shapes 32x128,8x512]
         [--variants auto,dense,cpp,apart,static,eager] [--dtype bf16] [--size wmt_en_de] [--iters 10]
         [--decode 8x128] [--decode-steps 32] [--decode-systems NAME ...] [--decode-iters 3]
-        [--out FILE] [--cpu [--cuda-paths]]
+        [--calls 20] [--out FILE] [--cpu [--cuda-paths]]
 
 For each system of the benchmark (``fairseq-localness-bench --list``; default: the
 transformer and each model's main system) the first encoder and the first decoder
@@ -46,6 +46,15 @@ casts and softmax; ``step.FUSED_STEP_DEVICES`` empty): the wall time of one sear
 (median of ``--decode-iters`` after a warm-up), its ratio to the transformer's, the
 fused step calls of one search, and on a GPU its kernels and their device time. It
 measures on the GPU what the CPU could only count: the fused steps' launches saved.
+
+Last (``--calls``, rounds of 10 calls; 0: none), one call of each kind at a shape where
+its kernels cost next to nothing (:data:`CALL_SHAPE`), forward and with a backward
+pass: the fused call of a Gaussian term with a window's block mask, SDPA with a float
+mask (what ``dense`` calls instead) and one element-wise operator, each's host and wall
+time per call (:func:`measure_calls`). On a GPU it separates what a compiled call's
+wrapper and launches cost the host from the rest of a sublayer (docs/benchmark.md puts
+0.6 to 1.6 ms per compiled call from the H200 table; the wrapper measured 54 to 79 us on
+this project's CPU).
 
 Columns: ``host ms``, the time until the Python calls of one forward and backward pass
 return (the launches, the wrappers of compiled calls); ``wall ms``, one pass with the
@@ -114,6 +123,9 @@ def parse_args(argv):
     p.add_argument("--decode-systems", nargs="+", default=DECODE_SYSTEMS, metavar="NAME",
                    help="the systems whose beam search is timed (default: " + ", ".join(DECODE_SYSTEMS) + ")")
     p.add_argument("--decode-iters", type=int, default=3, help="timed searches per system and path (default 3)")
+    p.add_argument("--calls", type=int, default=20,
+                   help="last, rounds of one call of each kind at a tiny shape, for what a call costs the host "
+                        "(default 20; 0: none)")
     p.add_argument("--out", default=None, help="write the table here (default: standard output)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is present")
     p.add_argument("--cuda-paths", action="store_true",
@@ -139,6 +151,8 @@ def parse_args(argv):
         p.error(f"--variants: unknown {', '.join(map(repr, bad))} (allowed: {', '.join(VARIANTS)})")
     if args.iters < 1:
         p.error("--iters: at least 1")
+    if args.calls < 0:
+        p.error("--calls: at least 0")
     return args
 
 
@@ -224,6 +238,65 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
         row.update(kernels=len(kernels), gpu_ms=sum(us for _, us in by_name.values()) / 1000.0,
                    top="; ".join(f"{name[:48]} x{calls} {us / calls:.0f} us" for name, (calls, us) in top))
     return row
+
+
+CALL_SHAPE = (2, 8, 16, 64)  # B x H x T x Dh of measure_calls: the kernels' own work is a few microseconds
+
+
+def measure_calls(device, dtype, iters):
+    """What one call costs the host where its kernels cost next to nothing (``B x H x T x
+    Dh`` = :data:`CALL_SHAPE`): rows ``(call, pass, host us, wall us)``, the medians of
+    ``iters`` rounds of 10 calls, without gradients (``forward``) and with a backward
+    pass of the output's sum (``forward + backward``, the sum's own operators in every
+    row): the fused call of a Gaussian term with a window's block mask (on CUDA one
+    compiled call each way: its wrapper, its launches), SDPA with a float mask (what
+    ``attention_impl="dense"`` calls instead), and one element-wise operator. A pass
+    a device cannot run (a CPU has no backward pass of the fused call) is ``None``."""
+    from fairseq_localness.modules.kernels import flex
+
+    bsz, heads, length, head_dim = CALL_SHAPE
+    block_mask = flex._block_mask(3, 3, length, length, device)
+    geometry = flex._geometry(3, 3, 0, 0, device)
+    k_pos = torch.arange(length, device=device, dtype=torch.float32).expand(bsz, length).contiguous()
+    mask = torch.zeros(bsz, 1, length, length, device=device, dtype=dtype)
+    rows = []
+    for grad in (False, True):
+        q, k, v = (torch.randn(bsz, heads, length, head_dim, device=device, dtype=dtype, requires_grad=grad)
+                   for _ in range(3))
+        centre = (torch.rand(bsz, heads, length, device=device) * length).requires_grad_(grad)
+        coeff = (-torch.rand(bsz, heads, length, device=device) - 0.1).requires_grad_(grad)
+        calls = (
+            ("fused call (Gaussian, window)", lambda: flex._fused_call(
+                q, k, v, head_dim ** -0.5, block_mask, None, centre, coeff, k_pos, None, geometry, None, False,
+                None)),
+            ("SDPA (float mask)", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)),
+            ("one operator (add)", lambda: q + k),
+        )
+        for name, call in calls:
+            def once(call=call):
+                out = call()
+                if grad:
+                    out.sum().backward()
+
+            try:
+                with torch.set_grad_enabled(grad):
+                    for _ in range(3):  # warm-up: compiles
+                        once()
+                    host, wall = [], []
+                    for _ in range(iters):
+                        bench_model._sync(device)
+                        start = time.perf_counter()
+                        for _ in range(10):
+                            once()
+                        host.append((time.perf_counter() - start) / 10)
+                        bench_model._sync(device)
+                        wall.append((time.perf_counter() - start) / 10)
+            except NotImplementedError:  # (torch: no backward pass of the fused call on a CPU)
+                rows.append((name, "forward + backward" if grad else "forward", None, None))
+                continue
+            rows.append((name, "forward + backward" if grad else "forward",
+                         1e6 * statistics.median(host), 1e6 * statistics.median(wall)))
+    return rows
 
 
 def _model(models, name, args, task, device, dtype):
@@ -420,6 +493,7 @@ def main(argv=None) -> int:
     decode_lines = ["| " + " | ".join(decode_head) + " |", "|" + "---|" * len(decode_head)]
     base, models = {}, {}
     systems = [BASELINE] + [s for s in args.systems if s != BASELINE]
+    call_lines = ["| call | pass | host us | wall us |", "|---|---|---:|---:|"]
 
     def write():  # after every row: a run stopped by its time limit keeps what it measured
         text = ""
@@ -428,6 +502,10 @@ def main(argv=None) -> int:
             text += "\n".join(decode_lines) + "\n\n"
         text += f"Attention sublayers, forward and backward, {args.dtype}, {args.size} ({where}):\n\n"
         text += "\n".join(lines) + "\n"
+        if len(call_lines) > 2:
+            shape = " x ".join(map(str, CALL_SHAPE))
+            text += f"\nOne call, B x H x T x Dh = {shape}, {args.dtype} ({where}), per call:\n\n"
+            text += "\n".join(call_lines) + "\n"
         if args.out:
             with open(args.out + ".partial", "w") as f:
                 f.write(text)
@@ -440,6 +518,11 @@ def main(argv=None) -> int:
         if args.decode is not None:  # first: a few seconds, where the sublayers' rows compile for minutes
             _decode_rows(args, models, task, device, dtype, gpu, decode_lines, write)
         _rows(args, systems, models, task, device, dtype, gpu, base, lines, write)
+        if args.calls:  # last: the sublayers' rows first where the time limit cuts the probe short
+            for name, side, host, wall in measure_calls(device, dtype, args.calls):
+                cells = ["-", "-"] if host is None else [f"{host:.1f}", f"{wall:.1f}"]
+                call_lines.append("| " + " | ".join([name, side] + cells) + " |")
+            write()
     text = write()
     if not args.out:
         sys.stdout.write(text)

@@ -322,9 +322,13 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
     script = os.path.join(REPO, "scripts", "gpu_attention_probe.py")
     proc = subprocess.run([sys.executable, script, "--size", "tiny", "--shapes", "2x8", "--iters", "1", "--dtype",
                            "fp32", "--cpu", "--systems", "hysan e1 (gated)", "--variants", "auto,eager", "--out",
-                           str(out), "--decode", "none"], capture_output=True, text=True, timeout=300)
+                           str(out), "--decode", "none", "--calls", "1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line]
+    text, calls = out.read_text().split("\nOne call")
+    # the CPU's own paths: torch has no backward pass of the fused call there
+    assert "| fused call (Gaussian, window) | forward + backward | - | - |" in calls
+    assert "| SDPA (float mask) | forward + backward |" in calls
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[0][:4] == ["| system", "sublayer", "B x T", "variant"]
     got = [(r[0][2:], r[1], r[3]) for r in rows[1:]]
     assert got == [("transformer", "encoder (MultiheadAttention)", "auto"),
@@ -341,10 +345,18 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
                            "fp32", "--cpu", "--cuda-paths", "--systems", "hysan e1 (gated)",
                            "localness (query, enc 1-3)", "--variants", "auto,eager,apart,cpp,dense", "--out", str(out),
                            "--decode", "2x8", "--decode-steps", "3", "--decode-iters", "1", "--decode-systems",
-                           "hysan e1 (gated)", "localness (query, enc 1-3)"],
+                           "hysan e1 (gated)", "localness (query, enc 1-3)", "--calls", "1"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     searches, text = out.read_text().split("\n\nAttention sublayers")
+    text, calls = text.split("\nOne call, B x H x T x Dh = 2 x 8 x 16 x 64")
+    # last, one call of each kind at a tiny shape: its host and wall time, forward and with a backward
+    # pass (the fused call's by torch's reference implementation here, on CUDA's paths)
+    call_rows = [line.split(" | ") for line in calls.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [(r[0][2:], r[1]) for r in call_rows[1:]] == [
+        (name, side) for side in ("forward", "forward + backward")
+        for name in ("fused call (Gaussian, window)", "SDPA (float mask)", "one operator (add)")]
+    assert all(float(r[2]) > 0 and float(r[3].rstrip(" |")) >= float(r[2]) for r in call_rows[1:])
     # first the beam search, each system with its steps' attention fused (CUDA's paths: one
     # call per decoder layer and step where the step has attention of its own) and not
     decode = [line.split(" | ") for line in searches.splitlines() if line.startswith("| ") and "---" not in line]
