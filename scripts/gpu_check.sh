@@ -83,6 +83,9 @@ parse_options "$@" <<'EOF'
     (default: train); they run in that order: bench, probe, tests, train
 --probe-limit SECONDS   PROBE_LIMIT    int:30       240
     the time limit of the probe stage
+--probe-variants LIST   PROBE_VARIANTS text         -
+    the probe's attention paths, comma-separated (default: the probe's own,
+    auto,dense,cpp,apart,static,eager), e.g. auto,dense for the fewest rows
 --systems LIST          SYSTEMS        text         -
     the training runs' systems (default: transformer localness
     localness-relpos hybrid hysan enc-dc dec-dc full-dc)
@@ -113,6 +116,7 @@ BENCH_IMPLS="${BENCH_IMPLS:-auto}"
 each_of --bench-impls value "$BENCH_IMPLS" auto sdpa eager flex dense
 [[ "$BENCH_LENGTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] \
     || die "--bench-lengths: expected comma-separated whole numbers (e.g. 128,512), got '$BENCH_LENGTHS'"
+each_of --probe-variants variant "${PROBE_VARIANTS//,/ }" auto static eager dense apart cpp graphs
 DTYPES="${DTYPES:-bf16}"
 each_of --dtypes precision "$DTYPES" bf16 fp16
 SYSTEMS="${SYSTEMS:-transformer localness localness-relpos hybrid hysan enc-dc dec-dc full-dc}"
@@ -212,6 +216,7 @@ if stage probe; then
     if (( t >= 30 )); then
         echo "${PROG}: attention probe, ${DTYPES%% *} (at most ${t} s)" >&2
         timeout "$t" "$PY" "$SCRIPTS_DIR/gpu_attention_probe.py" --dtype "${DTYPES%% *}" --out "$OUT_DIR/probe.md" \
+            ${PROBE_VARIANTS:+--variants "$PROBE_VARIANTS"} \
             > "$OUT_DIR/probe.log" 2>&1 || echo "${PROG}: the probe stopped (exit status $?): see probe.log" >&2
     else
         echo "${PROG}: no time left for the probe" >&2

@@ -115,9 +115,11 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
     (["--bench-limit", "5"], "--bench-limit: expected a whole number >= 30, got '5'"),
     (["--run-limit", "1m"], "--run-limit: expected a whole number >= 30, got '1m'"),
     (["--bench-impls", "auto fast"], "--bench-impls: unknown value 'fast' (allowed: auto sdpa eager flex dense)"),
+    (["--probe-variants", "auto,fast"],
+     "--probe-variants: unknown variant 'fast' (allowed: auto static eager dense apart cpp graphs)"),
     (["--bench-lengths", "128 512"], "--bench-lengths: expected comma-separated whole numbers"),
 ], ids=["stage", "system", "budget", "bench-systems", "unknown", "dtypes", "updates", "bench-limit", "run-limit",
-        "bench-impls", "bench-lengths"])
+        "bench-impls", "probe-variants", "bench-lengths"])
 def test_bad_options_stop_before_anything_runs(tmp_path, args, message):
     data = tmp_path / "bin"
     data.mkdir()
@@ -184,7 +186,9 @@ if [[ "$1" == *gpu_attention_probe.py ]]; then
     args=" $* "
     out="${args#* --out }"; out="${out%% *}"
     dtype="${args#* --dtype }"; dtype="${dtype%% *}"
-    echo "probe $dtype" >> "$STUB_RUNS"
+    variants=""
+    [[ "$args" == *" --variants "* ]] && { variants="${args#* --variants }"; variants=" ${variants%% *}"; }
+    echo "probe $dtype$variants" >> "$STUB_RUNS"
     echo "| system |" > "$out"
     exit 0
 fi
@@ -312,6 +316,11 @@ def test_the_probe_stage_runs_the_attention_probe_in_the_first_dtype(tmp_path):
     assert (out / "probe.md").read_text() == "| system |\n"
     with tarfile.open(out / "gpu_check.tar.gz") as tar:
         assert "./probe.md" in tar.getnames()
+    # --probe-variants: the probe's paths, passed on
+    runs.unlink()
+    run_script("gpu_check.sh", ["--data-bin", data, "--out", tmp_path / "out2", "--stages", "probe",
+                                "--probe-variants", "auto,dense", "--budget", "130"], env=env)
+    assert runs.read_text().splitlines() == ["probe bf16 auto,dense"]
 
 
 def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path):
