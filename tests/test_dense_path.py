@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_localness.modules.attention import AttentionCore, set_attention_impl
-from fairseq_localness.modules.context import AttentionBranch
+from fairseq_localness.modules.context import AttentionBranch, base_mask, build_context
 from fairseq_localness.modules.gaussian import GaussianLocalness
 from fairseq_localness.modules import hysan
 from fairseq_localness.modules.hysan import make_branch
 from fairseq_localness.modules.kernels import banded, choice, dense, emulation, recompute
 from fairseq_localness.modules.kernels.choice import ATTENTION_IMPLS
+from fairseq_localness.modules.kernels.sdpa import padding_bias
 from fairseq_localness.modules.scores import Description, Window
 from test_flex_path import B, C, CUDA_TOL, H, KINDS, _FlexCalls, _module, _padding, _relative, _run
 
@@ -135,11 +136,17 @@ def test_hysans_branches_go_to_its_gate_stacked_where_the_gate_takes_them_so(cau
 
 
 def test_the_mask_is_made_once_per_padding_mask_and_window_for_all_layers(monkeypatch):
-    """Two layers' calls over the same padding mask make each window's float mask once;
-    a call without padding makes it once per shape, across passes."""
+    """Two layers' calls over the same padding mask make each window's float mask once
+    (the global branch's, the padding alone, is the float mask of the padding that the
+    other calls over it share, :func:`~.sdpa.padding_bias`); a call without padding
+    makes none, across passes."""
     made = []
     original = dense._make_mask
     monkeypatch.setattr(dense, "_make_mask", lambda *args: made.append(args) or original(*args))
+    masks = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, k, v, attn_mask=None, **kw: masks.append(attn_mask) or sdpa(q, k, v, attn_mask, **kw))
     names = ("global", "forward", "backward", "local3")
     layers = [AttentionCore(C, H, self_attention=True, branches=[make_branch(n, "encoder") for n in names])
               for _ in range(2)]
@@ -147,13 +154,12 @@ def test_the_mask_is_made_once_per_padding_mask_and_window_for_all_layers(monkey
     padding = _padding("left", B, 15, [15, 9, 4])
     for layer in layers:
         _run(layer, x, "dense", padding)
-    assert len(made) == 4  # one per branch (the global branch's: the padding alone), none for the second layer
+    assert len(made) == 3  # one per window, none for the second layer
+    shared = padding_bias(padding, torch.float32, padded=True).untyped_storage().data_ptr()
+    assert [m.untyped_storage().data_ptr() == shared for m in masks] == [True, False, False, False] * 2
     made.clear()
+    masks.clear()
     y = torch.randn(11, B, C)
-    masks = []
-    sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention",
-                        lambda q, k, v, attn_mask=None, **kw: masks.append(attn_mask) or sdpa(q, k, v, attn_mask, **kw))
     for layer in layers + layers:
         _run(layer, y, "dense", None)
     # without padding: views of one table of distances per window (nothing made per shape)
@@ -175,9 +181,11 @@ def test_rows_without_keys_are_zero_and_padding_alone_is_not_repaired(monkeypatc
         ref = _run(core, x, "eager", padding)
     torch.testing.assert_close(out, ref)
     assert (out[:3, 2] == 0).all() and out[-1, 2].abs().sum() > 0
-    mask, row_empty = dense._make_mask(padding[:, None, None, :], torch.float32, "never")
-    assert row_empty is None and torch.isinf(mask).any()
-    mask, row_empty = dense._make_mask(torch.ones(1, 1, 3, 4, dtype=torch.bool), torch.float32, "always")
+    q = torch.randn(B, H, 9, C // H)
+    ctx = build_context(x, q, q, padding, False, True)
+    mask, row_empty = dense._float_mask(ctx, Description(), base_mask(ctx, None)[0])
+    assert row_empty is None and torch.isinf(mask).any()  # the padding alone: no repair
+    mask, row_empty = dense._make_mask(torch.ones(1, 1, 3, 4, dtype=torch.bool), torch.float32)
     assert row_empty.all() and (mask == 0).all()  # unblocked, zeroed after the call
 
 

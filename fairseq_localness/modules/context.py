@@ -442,7 +442,7 @@ def distance_table(
     table = _DISTANCE_TABLES.get(cache_key)
     if table is None or table.size(1) < width:
         size = max(width, 64, 2 * table.size(1) if table is not None else 0)
-        size = min(-(-size // 8) * 8, DISTANCE_TABLE_MAX)
+        size = min(aligned_width(size), DISTANCE_TABLE_MAX)
         # built outside inference mode, so tables made during generation under
         # torch.inference_mode() can still be saved for a later backward pass
         with torch.inference_mode(False), torch.no_grad():
@@ -450,6 +450,13 @@ def distance_table(
             table = fn(idx.unsqueeze(0) - idx.unsqueeze(1))
         _DISTANCE_TABLES[cache_key] = table
     return table[src_len - tgt_len : src_len, :width]
+
+
+def aligned_width(length: int) -> int:
+    """``length`` rounded up to a multiple of 8: the width of a mask's or a bias's rows
+    that SDPA's memory-efficient kernel on CUDA takes as they are (rows that start at
+    multiples of 16 bytes in half precision; it pads and copies others)."""
+    return -(-length // 8) * 8
 
 
 def distance_table_storages() -> set:

@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from fairseq_localness.modules.context import AttentionContext, distance_table, one_row_softmax
+from fairseq_localness.modules.context import AttentionContext, aligned_width, distance_table, one_row_softmax
 from fairseq_localness.modules.kernels.sdpa import padding_bias
 from fairseq_localness.modules.kernels.step import fused_step, row_attention
 from fairseq_localness.modules.scores import BucketScore, Prologue, ValueTerm
@@ -152,7 +152,7 @@ class RelativePositions(nn.Module):
         # the row i' = Tk - 1 of the bucket table, over Tk keys and on to a multiple of 8
         # columns: rows of the key terms that far apart (SDPA's memory-efficient kernel
         # wants a bias whose rows start at multiples of 16 bytes; it would copy another)
-        width = -(-src_len // 8) * 8
+        width = aligned_width(src_len)
         buckets = self._buckets(width - src_len + 1, width, q.device)[0]
         q = q * scale
         per_bucket = torch.mm(q.reshape(bsz * heads, head_dim), self.key_embeddings.to(q.dtype).t())  # B*H x R

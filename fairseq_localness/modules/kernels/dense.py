@@ -74,9 +74,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_localness.modules.context import (
-    AttentionContext, _unpadded, combine_masks, distance_table, of_mask, window_mask,
+    AttentionContext, _unpadded, aligned_width, combine_masks, distance_table, of_mask, window_mask,
 )
-from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore
+from fairseq_localness.modules.kernels.sdpa import padding_bias
+from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore, Window
 
 
 def applies(ctx: AttentionContext, impl: str) -> bool:
@@ -168,7 +169,7 @@ def _with_bias(ctx: AttentionContext, gaussian: Optional[GaussianScore], extra: 
     a view whose rows lie ``W`` (``Tk`` rounded up to a multiple of 8) elements apart:
     :class:`_BiasedMask`, which keeps nothing of that size for the backward pass."""
     src_len = ctx.src_len
-    width = -(-src_len // 8) * 8
+    width = aligned_width(src_len)
     k_pos = centre = coeff = None
     if gaussian is not None:
         k_pos = gaussian.k_pos
@@ -256,50 +257,45 @@ def _float_mask(ctx: AttentionContext, description: Description,
     is ``Tk`` rounded up to a multiple of 8 (the caller takes the first ``Tk`` columns),
     the columns past ``Tk`` unspecified. Without padding, and where no row is empty, a
     view of a table of the window's distances (:func:`~..context.distance_table`: one
-    ``N x N`` table per window, causality and dtype, nothing per call); with padding,
-    made once per window, lengths, causality, dtype and padding mask
-    (:func:`~..context.of_mask`, kept while the padding mask lives); a mask given whole
-    or an ``attn_mask`` of the call's own, per call."""
+    ``N x N`` table per window, causality and dtype, nothing per call); the padding
+    alone, :func:`~.sdpa.padding_bias` (shared with the other calls over that padding);
+    padding with a window or causality, made once per window, lengths, causality, dtype
+    and padding mask (:func:`~..context.of_mask`, kept while the padding mask lives); a
+    mask given whole or an ``attn_mask`` of the call's own, per call."""
     window = description.window
     own_window = window_mask(ctx, window) if window is not None else None
     if description.mask is not None or ctx.cache.get("extra_mask"):
-        return _make_mask(combine_masks(base_blocked, combine_masks(description.mask, own_window)), ctx.q.dtype,
-                          "always")
-    left, right = (None, None) if window is None else (window.left, window.right)
+        return _make_mask(combine_masks(base_blocked, combine_masks(description.mask, own_window)), ctx.q.dtype)
     dtype = ctx.q.dtype
-    if ctx.key_padding_mask is None:  # the window and the lengths alone decide
-        if own_window is None and not ctx.causal:
+    if own_window is None and not ctx.causal:
+        # nothing, or the keys' padding alone, which leaves no row empty (every sentence
+        # has a real token): the float mask of the padding that other calls share
+        if ctx.key_padding_mask is None:
             return None, None
+        return padding_bias(ctx.key_padding_mask, dtype, padded=True), None
+    left, right = (None, None) if window is None else (window.left, window.right)
+    key: Hashable = ("dense mask", left, right, ctx.causal, ctx.tgt_len, ctx.src_len, dtype)
+    if ctx.key_padding_mask is None:  # the window and the lengths alone decide
         if not leaves_rows_empty(left, right, ctx.causal, ctx.tgt_len, ctx.src_len):
-            return _table_mask(left, right, ctx.causal, dtype, ctx.tgt_len, ctx.src_len, ctx.q.device), None
-        key: Hashable = ("dense mask", left, right, ctx.causal, ctx.tgt_len, ctx.src_len, dtype)
-        return _unpadded((key, ctx.q.device),
-                         lambda: _make_mask(combine_masks(base_blocked, own_window), dtype, "always"))
-    # padding alone leaves no row empty (every sentence has a real token); with a window
-    # or causality it may, where the data decide
-    repair = "always" if own_window is not None or ctx.causal else "never"
-    key = ("dense mask", left, right, ctx.causal, ctx.tgt_len, ctx.src_len, dtype)
-    return of_mask(ctx.key_padding_mask, key,
-                   lambda: _make_mask(combine_masks(base_blocked, own_window), dtype, repair))
+            bounds = window if window is not None else Window(None, None)
+            return _table_mask(bounds.causal() if ctx.causal else bounds, dtype, ctx.tgt_len, ctx.src_len,
+                               ctx.q.device), None
+        return _unpadded((key, ctx.q.device), lambda: _make_mask(combine_masks(base_blocked, own_window), dtype))
+    # padding with a window or causality may leave rows empty, where the data decide
+    return of_mask(ctx.key_padding_mask, key, lambda: _make_mask(combine_masks(base_blocked, own_window), dtype))
 
 
-def _table_mask(left: Optional[int], right: Optional[int], causal: bool, dtype: torch.dtype, tgt_len: int,
-                src_len: int, device) -> Tensor:
-    """The window ``-left <= d <= right`` (and ``d <= 0`` where ``causal``) as 0 and
-    ``-inf`` in ``dtype``, ``1 x 1 x Tq x W``: a view of a cached table of distances."""
+def _table_mask(window: Window, dtype: torch.dtype, tgt_len: int, src_len: int, device) -> Tensor:
+    """The window (the core's causal bound applied) as 0 and ``-inf`` in ``dtype``, ``1
+    x 1 x Tq x W``: a view of a cached table of distances."""
 
     def fn(d: Tensor) -> Tensor:
-        blocked = torch.zeros_like(d, dtype=torch.bool)
-        if left is not None:
-            blocked |= d < -left
-        if right is not None:
-            blocked |= d > right
-        if causal:
-            blocked |= d > 0
-        return torch.zeros(d.shape, dtype=dtype, device=d.device).masked_fill_(blocked, float("-inf"))
+        mask = torch.zeros(d.shape, dtype=dtype, device=d.device)
+        blocked = window.blocked(d)
+        return mask if blocked is None else mask.masked_fill_(blocked, float("-inf"))
 
-    width = -(-src_len // 8) * 8
-    return distance_table(("dense mask", left, right, causal, dtype), fn, tgt_len, src_len, device, width)[None, None]
+    key = ("dense mask", window.left, window.right, dtype)
+    return distance_table(key, fn, tgt_len, src_len, device, aligned_width(src_len))[None, None]
 
 
 def leaves_rows_empty(left: Optional[int], right: Optional[int], causal: bool, tgt_len: int, src_len: int) -> bool:
@@ -316,21 +312,18 @@ def leaves_rows_empty(left: Optional[int], right: Optional[int], causal: bool, t
     return left + right < 0 or left < 0 or right < tgt_len - src_len
 
 
-def _make_mask(blocked: Optional[Tensor], dtype: torch.dtype, repair: str) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+def _make_mask(blocked: Optional[Tensor], dtype: torch.dtype) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """``blocked`` (boolean, True = blocked, ``... x Tq x Tk``) as SDPA's float mask of 0
     and ``-inf`` in ``dtype`` at ``W`` columns (``Tk`` rounded up to a multiple of 8, 0
     past ``Tk``), with rows whose every key is blocked unblocked; and those rows (``... x
-    Tq x 1``), whose output the caller zeroes, where ``repair`` is ``"always"`` (a mask
-    with such rows, or one that depends on data: testing it for them would wait for the
-    device); ``"never"``: no row is empty (the keys' padding alone)."""
+    Tq x 1``), whose output the caller zeroes: the masks made here have such rows, or
+    depend on data (testing them for such rows would wait for the device)."""
     if blocked is None:
         return None, None
     with torch.no_grad():
-        row_empty = None if repair == "never" else blocked.all(dim=-1, keepdim=True)
-        if row_empty is not None:
-            blocked = blocked & ~row_empty
+        row_empty = blocked.all(dim=-1, keepdim=True)
+        blocked = blocked & ~row_empty
         *lead, tgt_len, src_len = blocked.shape
-        width = -(-src_len // 8) * 8
-        mask = torch.zeros(*lead, tgt_len, width, dtype=dtype, device=blocked.device)
+        mask = torch.zeros(*lead, tgt_len, aligned_width(src_len), dtype=dtype, device=blocked.device)
         mask[..., :src_len].masked_fill_(blocked, float("-inf"))
     return mask, row_empty

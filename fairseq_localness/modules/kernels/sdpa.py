@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_localness.modules.context import AttentionContext, empty_rows, of_mask
+from fairseq_localness.modules.context import AttentionContext, aligned_width, empty_rows, of_mask
 
 
 def _torch_version() -> Tuple[int, int]:
@@ -109,7 +109,7 @@ def padding_bias(key_padding_mask: Tensor, dtype: torch.dtype, padded: bool = Fa
 
     def make() -> Tensor:
         bsz, src_len = key_padding_mask.shape
-        width = -(-src_len // 8) * 8
+        width = aligned_width(src_len)
         bias = torch.zeros(bsz, 1, 1, width, dtype=dtype, device=key_padding_mask.device)
         bias[..., :src_len].masked_fill_(key_padding_mask.bool()[:, None, None, :], float("-inf"))
         return bias
