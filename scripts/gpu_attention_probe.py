@@ -204,25 +204,32 @@ def _fused_calls(module, x, padding, mask, grad) -> int:
     return len(calls)
 
 
+def _host_and_wall(run, device, iters, warm_up, repeat=1):
+    """The medians over ``iters`` rounds of ``run()`` called ``repeat`` times, per call, in
+    seconds: the host's time (until the calls return) and the wall time (the device
+    synchronized), after ``warm_up`` calls (which compile)."""
+    for _ in range(warm_up):
+        run()
+    host, wall = [], []
+    for _ in range(iters):
+        bench_model._sync(device)
+        start = time.perf_counter()
+        for _ in range(repeat):
+            run()
+        host.append((time.perf_counter() - start) / repeat)
+        bench_model._sync(device)
+        wall.append((time.perf_counter() - start) / repeat)
+    return statistics.median(host), statistics.median(wall)
+
+
 def measure(module, side, bsz, length, dim, device, dtype, iters):
     """The sublayer's host and wall times per forward and backward pass (medians), its
     fused calls, and on a GPU its kernels, their device time and the top three kernels
     of one pass."""
     x, padding, mask = _inputs(side, bsz, length, dim, device, dtype)
     grad = torch.randn_like(x)
-    for _ in range(2):  # warm-up: compiles
-        _pass(module, x, padding, mask, grad)
-    bench_model._sync(device)
-    host, wall = [], []
-    for _ in range(iters):
-        bench_model._sync(device)
-        start = time.perf_counter()
-        _pass(module, x, padding, mask, grad)
-        host.append(time.perf_counter() - start)
-        bench_model._sync(device)
-        wall.append(time.perf_counter() - start)
-    row = dict(host_ms=1000 * statistics.median(host), wall_ms=1000 * statistics.median(wall),
-               fused=_fused_calls(module, x, padding, mask, grad))
+    host, wall = _host_and_wall(lambda: _pass(module, x, padding, mask, grad), device, iters, warm_up=2)
+    row = dict(host_ms=1000 * host, wall_ms=1000 * wall, fused=_fused_calls(module, x, padding, mask, grad))
     if device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
@@ -278,24 +285,14 @@ def measure_calls(device, dtype, iters):
                 if grad:
                     out.sum().backward()
 
+            side = "forward + backward" if grad else "forward"
             try:
                 with torch.set_grad_enabled(grad):
-                    for _ in range(3):  # warm-up: compiles
-                        once()
-                    host, wall = [], []
-                    for _ in range(iters):
-                        bench_model._sync(device)
-                        start = time.perf_counter()
-                        for _ in range(10):
-                            once()
-                        host.append((time.perf_counter() - start) / 10)
-                        bench_model._sync(device)
-                        wall.append((time.perf_counter() - start) / 10)
+                    host, wall = _host_and_wall(once, device, iters, warm_up=3, repeat=10)
             except NotImplementedError:  # (torch: no backward pass of the fused call on a CPU)
-                rows.append((name, "forward + backward" if grad else "forward", None, None))
+                rows.append((name, side, None, None))
                 continue
-            rows.append((name, "forward + backward" if grad else "forward",
-                         1e6 * statistics.median(host), 1e6 * statistics.median(wall)))
+            rows.append((name, side, 1e6 * host, 1e6 * wall))
     return rows
 
 
@@ -364,15 +361,8 @@ def measure_decode(model, task, bsz, length, steps, device, iters):
     def search():
         bench_model._decode(model, task, (src[0], src[1]), steps)
 
-    search()  # warm-up: compiles the encoder's fused calls
-    wall = []
-    for _ in range(iters):
-        bench_model._sync(device)
-        start = time.perf_counter()
-        search()
-        bench_model._sync(device)
-        wall.append(time.perf_counter() - start)
-    row = dict(wall_ms=1000 * statistics.median(wall), fused=_fused_steps(search))
+    wall = _host_and_wall(search, device, iters, warm_up=1)[1]  # (the warm-up compiles the encoder's fused calls)
+    row = dict(wall_ms=1000 * wall, fused=_fused_steps(search))
     if device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
