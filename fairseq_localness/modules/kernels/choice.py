@@ -353,7 +353,11 @@ def fused_windows(
     takes :func:`branch_attention`). ``epilogue``: the fusion's
     :meth:`~fairseq_localness.modules.fusion.Fusion.epilogue`, which the fused call of
     :func:`~.flex.flex_windows` asks for and computes within itself where it has one
-    (a :class:`~fairseq_localness.modules.fusion.FusedOutput` is then returned)."""
+    (a :class:`~fairseq_localness.modules.fusion.FusedOutput` is then returned).
+    With ``impl`` ``"dense"``, several query rows by :func:`~.dense.dense_windows`
+    where ``stacked_fusion`` (the fusion takes the branches stacked,
+    :meth:`~fairseq_localness.modules.fusion.Fusion.takes_stacked`), its masks made from
+    ``base_blocked`` (the call's padding and causality), else None."""
     if len(branches) < 2 or relative_positions is not None or soft_bias is not None:
         return None
     if ctx.tgt_len == 1:
