@@ -5,6 +5,7 @@
 #                     [--systems LIST] [--bench-systems all] [--dtypes LIST]
 #                     [--updates N] [--run-limit SECONDS] [--bench-limit SECONDS]
 #                     [--bench-impls LIST] [--bench-lengths LIST] [--probe-limit SECONDS]
+#                     [--train-impls LIST]
 #
 # Stages (--stages; the default, train, fits one 10-minute call with its default budget):
 # train  --updates (default 200) updates of fairseq-train (4,096 tokens per batch,
@@ -19,7 +20,9 @@
 #        train.tsv (scripts/train_log_summary.py: updates, last loss, NaN/inf losses, fp16
 #        loss-scale reductions) and train.md (scripts/gpu_train_table.py: fairseq's wps
 #        after update 125, kernels per step and peak memory, as ratios to the
-#        transformer's, for docs/benchmark.md).
+#        transformer's, for docs/benchmark.md). With --train-impls (e.g. "auto dense")
+#        every system but the transformer trains once per value of the models'
+#        --attention-impl, run <system>.<value>.<dtype> where the value is not auto.
 # bench  the benchmark (docs/benchmark.md) of the transformer and each model's main
 #        system (--bench-systems all: every system of --list) at WMT's batch shapes,
 #        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, in each
@@ -81,6 +84,9 @@ parse_options "$@" <<'EOF'
 --stages LIST           STAGES         text         -
     which of train, bench, probe and tests to run, e.g. "bench tests"
     (default: train); they run in that order: bench, probe, tests, train
+--train-impls LIST      TRAIN_IMPLS    text         -
+    the models' --attention-impl values of the training runs (default: auto),
+    e.g. "auto dense": every system but the transformer once per value
 --probe-limit SECONDS   PROBE_LIMIT    int:30       240
     the time limit of the probe stage
 --probe-variants LIST   PROBE_VARIANTS text         -
@@ -114,6 +120,8 @@ each_of() {
 STAGES="${STAGES:-train}"
 BENCH_IMPLS="${BENCH_IMPLS:-auto}"
 each_of --bench-impls value "$BENCH_IMPLS" auto sdpa eager flex dense
+TRAIN_IMPLS="${TRAIN_IMPLS:-auto}"
+each_of --train-impls value "$TRAIN_IMPLS" auto sdpa eager flex dense
 [[ "$BENCH_LENGTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] \
     || die "--bench-lengths: expected comma-separated whole numbers (e.g. 128,512), got '$BENCH_LENGTHS'"
 each_of --probe-variants variant "${PROBE_VARIANTS//,/ }" auto static eager dense apart cpp graphs
@@ -241,12 +249,14 @@ fi
 # the training runs: the warm-up (every run at once, a few updates), then one run at a
 # time, the transformer first, each at most RUN_LIMIT seconds while the budget lasts
 # (a run cut short keeps the intervals it logged)
-train() {  # train LOG TIMEOUT UPDATES SYSTEM DTYPE
-    local log="$1" limit="$2" updates="$3" s="$4" dtype="$5"
+train() {  # train LOG TIMEOUT UPDATES RUN (<system>.<dtype> or <system>.<attention impl>.<dtype>)
+    local log="$1" limit="$2" updates="$3" run="$4" s dtype impl=()
+    s="${run%%.*}" dtype="${run##*.}"
+    [[ "$run" == *.*.* ]] && impl=(--attention-impl "$(cut -d. -f2 <<< "$run")")
     # shellcheck disable=SC2086  # ARCH holds the arch and its options
     timeout "$limit" "$PY" "$SCRIPTS_DIR/gpu_train_probe.py" "$DATA_BIN" \
         --user-dir "$REPO_DIR/fairseq_localness" \
-        --task translation -s src -t tgt --arch ${ARCH[$s]} --share-all-embeddings \
+        --task translation -s src -t tgt --arch ${ARCH[$s]} ${impl[@]+"${impl[@]}"} --share-all-embeddings \
         --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt \
         --warmup-updates 100 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
         --max-tokens 4096 --max-update "$updates" --"$dtype" --seed 1 --num-workers 0 \
@@ -257,7 +267,12 @@ if stage train; then
     runs=()
     for dtype in $DTYPES; do
         runs+=("transformer.$dtype")
-        for s in $SYSTEMS; do [[ "$s" == transformer ]] || runs+=("$s.$dtype"); done
+        for s in $SYSTEMS; do
+            [[ "$s" == transformer ]] && continue
+            for impl in $TRAIN_IMPLS; do
+                if [[ "$impl" == auto ]]; then runs+=("$s.$dtype"); else runs+=("$s.$impl.$dtype"); fi
+            done
+        done
     done
     t=$(( $(left) / 4 < 150 ? $(left) / 4 : 150 ))
     if (( t >= 10 )); then
@@ -267,18 +282,17 @@ if stage train; then
             # (2 Inductor compile workers each, so that the runs share the cores instead of
             # each starting a pool as large as the machine)
             GPU_CHECK_PROFILE_FROM=0 TORCHINDUCTOR_COMPILE_THREADS=2 \
-                train "$OUT_DIR/warm/$run.log" "$t" 30 "${run%.*}" "${run##*.}" & pids+=($!)
+                train "$OUT_DIR/warm/$run.log" "$t" 30 "$run" & pids+=($!)
         done
         for pid in "${pids[@]}"; do wait "$pid" || true; done
     else
         echo "${PROG}: no time left for the warm-up" >&2
     fi
     for run in "${runs[@]}"; do
-        s="${run%.*}" dtype="${run##*.}"
         t=$(capped "$RUN_LIMIT")
         (( t >= 30 )) || { echo "${PROG}: no time left for $run" >&2; continue; }
         echo "${PROG}: training $run (at most ${t} s)" >&2
-        train "$OUT_DIR/train/$run.log" "$t" "$UPDATES" "$s" "$dtype" || echo "${PROG}: $run stopped (exit status $?)" >&2
+        train "$OUT_DIR/train/$run.log" "$t" "$UPDATES" "$run" || echo "${PROG}: $run stopped (exit status $?)" >&2
     done
     "$PY" "$SCRIPTS_DIR/train_log_summary.py" "$OUT_DIR/train" > "$OUT_DIR/train.tsv"
     "$PY" "$SCRIPTS_DIR/gpu_train_table.py" "$OUT_DIR/train" "$OUT_DIR/device.txt" > "$OUT_DIR/train.md"

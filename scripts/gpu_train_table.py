@@ -3,9 +3,11 @@ memory of every system, as ratios to the transformer's, for docs/benchmark.md.
 
     python scripts/gpu_train_table.py LOG_DIR [DEVICE_FILE] > train.md
 
-Reads ``LOG_DIR/<system>.<dtype>.log`` (fairseq-train with ``--log-format simple``, run
-through scripts/gpu_train_probe.py) and, optionally, the device line(s) the check wrote
-(``device.txt``), and prints a markdown table per dtype:
+Reads ``LOG_DIR/<system>.<dtype>.log`` and ``LOG_DIR/<system>.<attention impl>.<dtype>.log``
+(fairseq-train with ``--log-format simple``, run through scripts/gpu_train_probe.py; the
+second with the models' ``--attention-impl``, a row ``<system> [<impl>]``) and,
+optionally, the device line(s) the check wrote (``device.txt``), and prints a markdown
+table per dtype:
 
 * ``wps``: the median of fairseq's ``wps`` over the logged intervals after update
   :data:`WARMUP` (the warm-up, the kernels' compilation and the profiled steps left
@@ -61,6 +63,13 @@ def _number(value, digits=0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _label(run: str) -> str:
+    """``localness.dense`` -> ``localness [dense]``; a run with the default kernels keeps
+    its system's name."""
+    system, _, impl = run.partition(".")
+    return f"{system} [{impl}]" if impl else system
+
+
 def table(runs: Dict[str, Dict[str, Dict[str, Optional[float]]]], dtype: str) -> List[str]:
     """The markdown rows of one dtype (``runs[system][dtype]``), the transformer first."""
     systems = sorted((s for s in runs if dtype in runs[s]), key=lambda s: (s != BASELINE, list(runs).index(s)))
@@ -70,7 +79,7 @@ def table(runs: Dict[str, Dict[str, Dict[str, Optional[float]]]], dtype: str) ->
     for system in systems:
         r = runs[system][dtype]
         lines.append(
-            f"| {system} | {_number(r['wps'])} | {_ratio(r['wps'], base.get('wps'))} | {_number(r['kernels'])} | "
+            f"| {_label(system)} | {_number(r['wps'])} | {_ratio(r['wps'], base.get('wps'))} | {_number(r['kernels'])} | "
             f"{_ratio(r['kernels'], base.get('kernels'))} | {_number(r['peak'])} | {_ratio(r['peak'], base.get('peak'))} "
             f"| {int(r['updates'])} |")
     return lines

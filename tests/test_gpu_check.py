@@ -48,6 +48,7 @@ def test_the_training_table_gives_ratios_to_the_transformer_per_dtype(tmp_path):
     (logs / "transformer.bf16.log").write_text(_probe_log(warm + [1000, 1100, 900, 1000, 1000, 1000, 1000], 1700, 4000))
     (logs / "localness.bf16.log").write_text(_probe_log(warm + [900, 950, 850, 900, 900, 900, 900], 2125, 4400))
     (logs / "hysan.bf16.log").write_text(_probe_log(warm[:3]))
+    (logs / "localness.dense.bf16.log").write_text(_probe_log(warm + [950] * 7, 1870, 4200))
     (logs / "transformer.fp16.log").write_text(_probe_log(warm + [2000] * 7, 1000, 3000))
     (logs / "localness.fp16.log").write_text(_probe_log(warm + [1500] * 7, 1500, 3300))
     device = tmp_path / "device.txt"
@@ -59,6 +60,8 @@ def test_the_training_table_gives_ratios_to_the_transformer_per_dtype(tmp_path):
     assert out.index("| system (bf16)") < out.index("| transformer | 1,000 |") < out.index("| localness | 900 | 0.90 |")
     assert "| localness | 900 | 0.90 | 2,125 | 1.25 | 4,400 | 1.10 | 300 |" in out
     assert "| hysan | - | - | - | - | - | - | 75 |" in out
+    # a run with the models' --attention-impl: its own row, its ratios to the transformer's
+    assert "| localness [dense] | 950 | 0.95 | 1,870 | 1.10 | 4,200 | 1.05 | 300 |" in out
     assert "| localness | 1,500 | 0.75 | 1,500 | 1.50 | 3,300 | 1.10 | 300 |" in out
 
 
@@ -118,8 +121,9 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
     (["--probe-variants", "auto,fast"],
      "--probe-variants: unknown variant 'fast' (allowed: auto static eager dense apart cpp graphs)"),
     (["--bench-lengths", "128 512"], "--bench-lengths: expected comma-separated whole numbers"),
+    (["--train-impls", "auto triton"], "--train-impls: unknown value 'triton' (allowed: auto sdpa eager flex dense)"),
 ], ids=["stage", "system", "budget", "bench-systems", "unknown", "dtypes", "updates", "bench-limit", "run-limit",
-        "bench-impls", "probe-variants", "bench-lengths"])
+        "bench-impls", "probe-variants", "bench-lengths", "train-impls"])
 def test_bad_options_stop_before_anything_runs(tmp_path, args, message):
     data = tmp_path / "bin"
     data.mkdir()
@@ -196,7 +200,8 @@ if [[ "$1" == *gpu_train_probe.py ]]; then
     args=" $* "
     arch="${args#* --arch }"; arch="${arch%% *}"
     rest="${args#* --max-update }"; updates="${rest%% *}"
-    echo "start $arch $updates ${GPU_CHECK_PROFILE_FROM:-101} $(date +%s.%N)" >> "$STUB_RUNS"
+    impl=auto; [[ "$args" == *" --attention-impl "* ]] && { impl="${args#* --attention-impl }"; impl="${impl%% *}"; }
+    echo "start $arch $updates ${GPU_CHECK_PROFILE_FROM:-101} $(date +%s.%N) $impl" >> "$STUB_RUNS"
     if [[ "${GPU_CHECK_PROFILE_FROM:-101}" == 0 ]]; then  # a warm-up run: wait for the others to start
         for (( i = 0; i < 100; i++ )); do
             (( $(grep -c " 30 0 " "$STUB_RUNS") >= STUB_WARM_RUNS )) && break
@@ -287,6 +292,31 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
     assert "./train.md" in names and "./warm/hysan.bf16.log" in names
     assert not any(name.endswith(".tar.gz") or name.endswith(".partial") for name in names)
     assert os.listdir(tmp_path / "tmp") == []  # the archive was written there, then moved
+
+
+def test_train_impls_train_every_model_once_per_kernel_setting(tmp_path):
+    """``--train-impls "auto dense"``: the transformer once (its attention is fairseq's),
+    every other system once with the default kernels and once with ``--attention-impl
+    dense``, in the warm-up and timed; the table has a row per run."""
+    data, stub, runs = _stub_machine(tmp_path)
+    out = tmp_path / "out"
+    env = {"PYTHON": str(stub), "STUB_RUNS": str(runs), "REAL_PYTHON": sys.executable, "STUB_WARM_RUNS": "5"}
+    run_script("gpu_check.sh", ["--data-bin", data, "--out", out, "--systems", "transformer localness hysan",
+                                "--train-impls", "auto dense", "--updates", "150", "--run-limit", "30",
+                                "--budget", "400"], env=env)
+    starts = [line.split() for line in runs.read_text().splitlines() if line.startswith("start ")]
+    expected = [("transformer_iwslt_de_en", "auto"), ("localness_transformer_iwslt_de_en", "auto"),
+                ("localness_transformer_iwslt_de_en", "dense"), ("hysan_transformer_iwslt_de_en", "auto"),
+                ("hysan_transformer_iwslt_de_en", "dense")]
+    assert sorted((e[1], e[5]) for e in starts[:5]) == sorted(expected)  # the warm-up, all at once
+    assert all(e[3] == "0" for e in starts[:5])
+    assert [(e[1], e[5]) for e in starts[5:]] == expected  # then one at a time, in order
+    assert sorted(os.listdir(out / "train")) == [
+        "hysan.bf16.log", "hysan.dense.bf16.log", "localness.bf16.log", "localness.dense.bf16.log",
+        "transformer.bf16.log"]
+    table = (out / "train.md").read_text()
+    assert "| localness [dense] | 900 | 0.90 |" in table and "| hysan | 900 | 0.90 |" in table, table
+    assert "transformer [" not in table
 
 
 def test_a_benchmark_limit_too_short_for_a_warm_up_runs_the_benchmark_alone(tmp_path):

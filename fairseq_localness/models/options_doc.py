@@ -59,8 +59,13 @@ def options_class(model: str):
 
 
 def option_fields(model: str) -> List[dataclasses.Field]:
-    """The declared options of ``model`` (FairseqDataclass's ``_name`` is not one)."""
-    return [fld for fld in dataclasses.fields(options_class(model)) if not fld.name.startswith("_")]
+    """The declared options of ``model`` (FairseqDataclass's ``_name`` is not one): its
+    own, then those all models share (:class:`~fairseq_localness.models._locality.LocalityOptions`)."""
+    from fairseq_localness.models._locality import LocalityOptions
+
+    shared = {fld.name for fld in dataclasses.fields(LocalityOptions)}
+    fields = [fld for fld in dataclasses.fields(options_class(model)) if not fld.name.startswith("_")]
+    return [fld for fld in fields if fld.name not in shared] + [fld for fld in fields if fld.name in shared]
 
 
 def _cell(text: str) -> str:

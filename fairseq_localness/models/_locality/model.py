@@ -25,7 +25,9 @@ from fairseq_localness.models._locality.options import (
     OptionError,
     command_line_error,
     layers_to_keep,
+    option_flag,
 )
+from fairseq_localness.modules.attention import set_attention_impl
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class LocalityTransformerModel(TransformerModel):
         for side in SIDES:
             layers_to_keep(args, side, getattr(args, f"{side}_layers"))
         options = cls.options_class.from_args(args)
+        options.validate_shared()
         options.validate(args)
         return options
 
@@ -85,11 +88,30 @@ class LocalityTransformerModel(TransformerModel):
         argparse-style error (exit status 2) naming the option."""
         try:
             options = cls.check_args(args)
-            unused = options.unused(args)
+            unused = list(options.unused(args))
+            if options.given("attention_impl") and not cls.replaces_attention(options, args):
+                unused.append(cls.attention_impl_unused())
             if unused:
                 raise OptionError("; ".join(unused))
         except OptionError as e:
             command_line_error(str(e))
+
+    @classmethod
+    def replaces_attention(cls, options, args) -> bool:
+        """Whether the layer plan replaces any of fairseq's modules (with every layer
+        option off the model is fairseq's transformer, and ``--attention-impl`` has
+        nothing to set)."""
+        plan = cls.layer_plan(options, args)
+        return any(
+            spec.self_attention or spec.encoder_attention or spec.layer_class for specs in plan.values() for spec in specs
+        )
+
+    @staticmethod
+    def attention_impl_unused() -> str:
+        return (
+            f"{option_flag('attention_impl')} has no effect: the options replace no attention of "
+            f"fairseq's transformer"
+        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -116,9 +138,12 @@ class LocalityTransformerModel(TransformerModel):
                 setattr(args, f"{side}_layers_to_keep", ",".join(map(str, kept)))
         token = _PLAN_BEING_BUILT.set(plan)
         try:
-            return super().build_model(args, task)
+            model = super().build_model(args, task)
         finally:
             _PLAN_BEING_BUILT.reset(token)
+        if not set_attention_impl(model, options.attention_impl) and options.given("attention_impl"):
+            logger.warning(cls.attention_impl_unused())
+        return model
 
     @classmethod
     def layer_plan(cls, options, args) -> Dict[str, List[LayerSpec]]:

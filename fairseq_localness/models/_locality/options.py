@@ -15,9 +15,10 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_localness.modules.gaussian import GaussianWindows
+from fairseq_localness.modules.kernels.choice import ATTENTION_IMPLS
 
 
 class OptionError(ValueError):
@@ -176,11 +177,30 @@ def option(default, help: str, *, applies_to: Optional[Dict[str, Sequence]] = No
 
 @dataclass
 class LocalityOptions(FairseqDataclass):
-    """Base of every model's options dataclass."""
+    """Base of every model's options dataclass, with the options all models share.
+
+    ``attention_impl`` is the one shared option and the one without the model's prefix:
+    it names the same setting as ``fairseq-localness-bench --attention-impl`` and
+    changes which kernels compute the attention, not what they compute nor any
+    parameter.
+    """
 
     # ``<prefix>_encoder_layers`` / ``<prefix>_decoder_layers`` are the layer lists
     # :meth:`layers` reads (a class attribute, not an option)
     layer_option_prefix = ""
+
+    attention_impl: ChoiceEnum(ATTENTION_IMPLS) = option(
+        "auto",
+        "the kernels of the model's attention sublayers (not fairseq's own, which the "
+        "options leave in place): auto (the measured choice per device and shape), sdpa "
+        "(one fused kernel call per branch wherever one applies), flex (every branch in "
+        "one compiled FlexAttention call), dense (every branch one SDPA call with its mask "
+        "and bias whole, no compiled call), eager (the reference: energies, softmax and "
+        "weights in plain operators). The outputs agree to the dtype's rounding; stored "
+        "in checkpoints, changed at generation with --model-overrides "
+        "\"{'attention_impl': 'eager'}\"",
+        scope="every layer the model's options replace",
+    )
 
     @classmethod
     def from_args(cls, args) -> "LocalityOptions":
@@ -212,6 +232,15 @@ class LocalityOptions(FairseqDataclass):
 
     def validate(self, cfg) -> None:
         """Raise :class:`OptionError` for invalid options (cfg: fairseq's config)."""
+
+    def validate_shared(self) -> None:
+        """Raise :class:`OptionError` for an invalid shared option (the model's
+        :meth:`validate` checks its own)."""
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise OptionError(
+                f"{option_flag('attention_impl')} {self.attention_impl!r}: unknown kernel setting; "
+                f"allowed: {', '.join(ATTENTION_IMPLS)}"
+            )
 
     def unused(self, cfg) -> List[str]:
         """Messages for options given (set to something else than their default) that
