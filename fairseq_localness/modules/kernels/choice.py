@@ -289,7 +289,7 @@ def use_fast_path(
         return False
     if need_weights and branches == 1:
         return False
-    if value_term and (dropout or (impl == "dense" and query.size(0) > 1)):
+    if value_term and (dropout or dense.takes(impl, query.size(0))):
         return False
     if query.dtype not in _SDPA_DTYPES:
         return False

@@ -81,9 +81,15 @@ from fairseq_localness.modules.scores import BucketScore, Description, GaussianS
 
 
 def applies(ctx: AttentionContext, impl: str) -> bool:
-    """Whether a call of a core with ``attention_impl`` ``impl`` takes this path: ``"dense"``
-    and a full pass (``Tq > 1``)."""
-    return impl == "dense" and ctx.tgt_len > 1
+    """Whether a call of a core with ``attention_impl`` ``impl`` takes this path
+    (:func:`takes`)."""
+    return takes(impl, ctx.tgt_len)
+
+
+def takes(impl: str, tgt_len: int) -> bool:
+    """Whether a call of ``tgt_len`` query rows with ``attention_impl`` ``impl`` takes
+    this path: ``"dense"`` and a full pass (``Tq > 1``; one row is a beam-search step)."""
+    return impl == "dense" and tgt_len > 1
 
 
 def dense_attention(ctx: AttentionContext, v: Tensor, description: Description, base_blocked: Optional[Tensor],
