@@ -56,7 +56,7 @@
 # machine's first process); the transformer then runs about 10 updates a second; a
 # system with fused calls had logged no update 38 s after its start, compiling.
 #
-# Results go to OUT (train.md, train.tsv, train/<system>.<dtype>.log, warm/ (the warm-ups' logs),
+# Results go to OUT (train.md, train.tsv, train/<system>[.<attention impl>].<dtype>.log, warm/ (the warm-ups' logs),
 # bench-<dtype>/, probe.md and probe.log, tests.txt, device.txt and device.err); OUT/gpu_check.tar.gz holds all of them.
 #
 # DIR is a fairseq-preprocess'd folder with a joined dictionary (the demo's:
@@ -86,7 +86,8 @@ parse_options "$@" <<'EOF'
     (default: train); they run in that order: bench, probe, tests, train
 --train-impls LIST      TRAIN_IMPLS    text         -
     the models' --attention-impl values of the training runs (default: auto),
-    e.g. "auto dense": every system but the transformer once per value
+    e.g. "auto dense": every system but the transformer once per value (so
+    about twice the runs: narrow --systems or raise --budget)
 --probe-limit SECONDS   PROBE_LIMIT    int:30       240
     the time limit of the probe stage
 --probe-variants LIST   PROBE_VARIANTS text         -
@@ -109,12 +110,14 @@ parse_options "$@" <<'EOF'
     the time limit of one timed training run (a run cut short keeps the
     intervals it logged)
 EOF
-# each_of OPTION WHAT LIST ALLOWED...: every word of LIST is one of ALLOWED
+# each_of OPTION WHAT LIST ALLOWED...: every word of LIST is one of ALLOWED, each once
 each_of() {
-    local opt="$1" what="$2" list="$3" word
+    local opt="$1" what="$2" list="$3" word seen=" "
     shift 3
     for word in $list; do
         [[ " $* " == *" $word "* ]] || die "$opt: unknown $what '$word' (allowed: $*)"
+        [[ "$seen" != *" $word "* ]] || die "$opt: $what '$word' given twice"
+        seen+="$word "
     done
 }
 STAGES="${STAGES:-train}"
@@ -151,6 +154,7 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 for s in $SYSTEMS; do
     [[ -n "${ARCH[$s]:-}" ]] || die "--systems: unknown system '$s' (allowed: ${!ARCH[*]})"
 done
+each_of --systems system "$SYSTEMS" "${!ARCH[@]}"
 
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
     || die "no CUDA GPU: this check measures and tests on a GPU (the CPU's benchmark is 'make bench')"

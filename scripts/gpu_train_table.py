@@ -88,7 +88,7 @@ def table(runs: Dict[str, Dict[str, Dict[str, Optional[float]]]], dtype: str) ->
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not 1 <= len(argv) <= 2 or not os.path.isdir(argv[0]):
-        print("usage: gpu_train_table.py LOG_DIR [DEVICE_FILE] (LOG_DIR: <system>.<dtype>.log files)",
+        print("usage: gpu_train_table.py LOG_DIR [DEVICE_FILE] (LOG_DIR: <system>[.<attention impl>].<dtype>.log files)",
               file=sys.stderr)
         return 2
     runs: Dict[str, Dict[str, Dict[str, Optional[float]]]] = {}

@@ -81,6 +81,7 @@ def test_an_unknown_value_from_model_overrides_names_the_option():
 ])
 def test_refused_where_no_attention_is_replaced(arch, options, capsys):
     err = command_line_error(arch, options + ["--attention-impl", "dense"], capsys)
+    assert err.count("--attention-impl") == 1, err  # one message, not one per check
     assert "--attention-impl has no effect: the options replace no attention of fairseq's transformer" in err
     # the default is no error there
     model, _ = build_model(arch, TINY + options)

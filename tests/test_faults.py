@@ -306,6 +306,25 @@ def test_average_accepts_checkpoints_of_one_run_with_other_training_settings(tmp
                        "--output", str(tmp_path / "avg.pt")]) == 0, capsys.readouterr().err
 
 
+def test_average_accepts_checkpoints_that_differ_only_in_their_kernels(tmp_path, capsys):
+    """--attention-impl changes the kernels, not the model: a run resumed with another
+    value, or saved before the option existed (no attention_impl in its config)."""
+    from fairseq_localness.cli import average_checkpoints as A
+
+    _save_model(tmp_path / "dense.pt", "hybrid_transformer", ["--attention-impl", "dense"])
+    _save_model(tmp_path / "auto.pt", "hybrid_transformer", [])
+    older = torch.load(tmp_path / "auto.pt", weights_only=False)
+    del older["cfg"]["model"].attention_impl
+    torch.save(older, tmp_path / "older.pt")
+    assert A.cli_main(["--inputs", str(tmp_path / "dense.pt"), str(tmp_path / "auto.pt"), str(tmp_path / "older.pt"),
+                       "--output", str(tmp_path / "avg.pt")]) == 0, capsys.readouterr().err
+    # a model option still counts
+    _save_model(tmp_path / "concat.pt", "hybrid_transformer", ["--hybrid-variant", "concat"])
+    assert A.cli_main(["--inputs", str(tmp_path / "dense.pt"), str(tmp_path / "concat.pt"),
+                       "--output", str(tmp_path / "avg2.pt")]) == 2
+    assert "--hybrid-variant concat vs gate" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- fairseq-localness-corpus
 def test_corpus_refuses_a_size_the_grammar_cannot_make_unique_sentences_for(tmp_path, capsys):
     from fairseq_localness import corpus as C

@@ -122,8 +122,12 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
      "--probe-variants: unknown variant 'fast' (allowed: auto static eager dense apart cpp graphs)"),
     (["--bench-lengths", "128 512"], "--bench-lengths: expected comma-separated whole numbers"),
     (["--train-impls", "auto triton"], "--train-impls: unknown value 'triton' (allowed: auto sdpa eager flex dense)"),
+    (["--train-impls", "dense auto dense"], "--train-impls: value 'dense' given twice"),
+    (["--stages", "bench bench"], "--stages: stage 'bench' given twice"),
+    (["--systems", "hysan transformer hysan"], "--systems: system 'hysan' given twice"),
 ], ids=["stage", "system", "budget", "bench-systems", "unknown", "dtypes", "updates", "bench-limit", "run-limit",
-        "bench-impls", "probe-variants", "bench-lengths", "train-impls"])
+        "bench-impls", "probe-variants", "bench-lengths", "train-impls", "train-impls-twice", "stages-twice",
+        "systems-twice"])
 def test_bad_options_stop_before_anything_runs(tmp_path, args, message):
     data = tmp_path / "bin"
     data.mkdir()

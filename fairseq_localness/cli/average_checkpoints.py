@@ -130,6 +130,12 @@ def model_config(state: dict) -> Tuple[Optional[str], dict]:
     return values.get("arch") or values.get("_name"), values
 
 
+# model options that change how a model runs, not its parameters nor what they compute:
+# checkpoints that differ in them are the same model (the kernels, --attention-impl, also
+# differ between checkpoints saved before the option and after)
+RUNTIME_OPTIONS = ("attention_impl",)
+
+
 def _model_and_options(arch: str) -> Tuple[str, Optional[List[str]]]:
     """The registered model name of architecture ``arch`` (``transformer`` for
     ``transformer_iwslt_de_en``) and the options (argparse dests) its model class
@@ -144,7 +150,8 @@ def _model_and_options(arch: str) -> Tuple[str, Optional[List[str]]]:
         return arch, None
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS, allow_abbrev=False, add_help=False)
     cls.add_args(parser)
-    names = [a.dest for a in parser._actions if "dropout" not in a.dest and "layerdrop" not in a.dest]
+    names = [a.dest for a in parser._actions if "dropout" not in a.dest and "layerdrop" not in a.dest
+             and a.dest not in RUNTIME_OPTIONS]
     return ARCH_MODEL_NAME_REGISTRY.get(arch, arch), names
 
 

@@ -30,7 +30,7 @@ Presets: ``hybrid_transformer`` (base), ``hybrid_transformer_iwslt_de_en``,
 ``hybrid_transformer_wmt_en_de``, ``hybrid_transformer_vaswani_wmt_en_de_big`` and
 ``hybrid_transformer_tiny`` (for tests and the demo).
 """
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
@@ -144,7 +144,7 @@ class HybridOptions(GaussianWindowOptions):
         return [
             f"{option_flag(fld.name)} has no effect: {option_flag('hybrid_encoder_layers')} and "
             f"{option_flag('hybrid_decoder_layers')} select no layer"
-            for fld in fields(self)
+            for fld in self.own_fields()
             if fld.name not in ("hybrid_encoder_layers", "hybrid_decoder_layers") and self.given(fld.name)
         ]
 

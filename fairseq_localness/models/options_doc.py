@@ -61,11 +61,9 @@ def options_class(model: str):
 def option_fields(model: str) -> List[dataclasses.Field]:
     """The declared options of ``model`` (FairseqDataclass's ``_name`` is not one): its
     own, then those all models share (:class:`~fairseq_localness.models._locality.LocalityOptions`)."""
-    from fairseq_localness.models._locality import LocalityOptions
-
-    shared = {fld.name for fld in dataclasses.fields(LocalityOptions)}
-    fields = [fld for fld in dataclasses.fields(options_class(model)) if not fld.name.startswith("_")]
-    return [fld for fld in fields if fld.name not in shared] + [fld for fld in fields if fld.name in shared]
+    cls = options_class(model)
+    own = cls.own_fields()
+    return own + [fld for fld in dataclasses.fields(cls) if fld not in own and not fld.name.startswith("_")]
 
 
 def _cell(text: str) -> str:

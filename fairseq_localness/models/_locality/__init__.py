@@ -11,7 +11,8 @@ A model class provides
 
 * ``options_class``: a dataclass of its options, fields prefixed with the model's
   name (``localness_*``, ...) so fairseq's ``encoder_*``/``decoder_*`` routing never
-  touches them, each declared with :func:`option` (what it does, the settings of the
+  touches them (the one option all models share, ``attention_impl``, is declared in
+  :class:`LocalityOptions` and has no prefix), each declared with :func:`option` (what it does, the settings of the
   other options it applies to); ``--help``, the option tables of ``docs/<model>.md``
   (:mod:`fairseq_localness.models.options_doc`) and the refusal of options without
   effect (:meth:`LocalityOptions.inapplicable`) are made from that one source. Its

@@ -216,6 +216,13 @@ class LocalityOptions(FairseqDataclass):
             values[fld.name] = value
         return cls(**values)
 
+    @classmethod
+    def own_fields(cls) -> List[dataclasses.Field]:
+        """The model's own options: every declared one but those all models share
+        (the fields of :class:`LocalityOptions`; FairseqDataclass's ``_name`` is none)."""
+        shared = {fld.name for fld in dataclasses.fields(LocalityOptions)}
+        return [fld for fld in dataclasses.fields(cls) if fld.name not in shared and not fld.name.startswith("_")]
+
     def layers_by_default(self, side: str, num_layers: int) -> str:
         """The layer list of ``side`` when its option is None (not given)."""
         return "none"
