@@ -46,6 +46,7 @@
 # tests  the CUDA tests of the attention core, of the fused kernels and steps, of the
 #        stacked projections and of --bf16's flat master (tests/test_attention_core.py,
 #        tests/test_flex_path.py, tests/test_fused_steps.py, tests/test_dense_path.py,
+#        tests/test_host_syncs.py (no system waits for the GPU more often than the transformer),
 #        tests/test_dc_transformer.py, tests/test_projections.py,
 #        tests/test_mixed_precision.py: "cuda" cases), on 8
 #        pytest-xdist workers where pytest-xdist is installed (each test compiles its own
@@ -243,7 +244,8 @@ if stage tests; then
     workers=(-p no:xdist)
     "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
     timeout "$t" "$PY" -m pytest -v -p no:cacheprovider "${workers[@]}" -k cuda tests/test_attention_core.py \
-        tests/test_flex_path.py tests/test_fused_steps.py tests/test_dense_path.py tests/test_dc_transformer.py \
+        tests/test_flex_path.py tests/test_fused_steps.py tests/test_dense_path.py tests/test_host_syncs.py \
+        tests/test_dc_transformer.py \
         tests/test_projections.py tests/test_mixed_precision.py \
         > "$OUT_DIR/tests.txt" 2>&1 \
         || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2

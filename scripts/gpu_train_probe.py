@@ -13,24 +13,53 @@ lines are added to its output (scripts/gpu_train_table.py reads them):
   ``torch.profiler``, divided by the steps; the
   logged intervals that contain these updates are left out of the speed (their steps
   are slowed by the profiler);
+* ``gpu_check: host syncs per step S (updates C-D)``: the times the host waited for
+  the GPU (``.item()``, ``bool()`` of a GPU tensor, a copy to the CPU, ...) in the
+  next ``GPU_CHECK_PROFILE_STEPS`` steps, counted with torch's sync debug mode
+  (``torch.cuda.set_sync_debug_mode("warn")``), divided by the steps; where, in the
+  lines ``gpu_check: sync at FILE:LINE (N)`` after it;
 * ``gpu_check: peak memory M MB``: ``torch.cuda.max_memory_allocated()`` at the end.
 """
+import collections
 import os
 import sys
+import warnings
 
 import torch
 
 PREFIX = "gpu_check:"
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's text in the sync debug mode
 
 
 def _install(profile_from: int, steps: int) -> None:
     from fairseq import trainer as fairseq_trainer
 
     original = fairseq_trainer.Trainer.train_step
-    state = {"profiler": None}
+    state = {"profiler": None, "syncs": collections.Counter()}
+    sync_from = profile_from + steps  # the steps after the profiled ones
+
+    def counting_syncs(self, samples, raise_oom, update):
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = original(self, samples, raise_oom)
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        state["syncs"].update(f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught
+                              if SYNC_WARNING in str(w.message))
+        if update == sync_from + steps - 1:
+            total = sum(state["syncs"].values())
+            print(f"{PREFIX} host syncs per step {total / steps:.1f} (updates {sync_from}-{update})", flush=True)
+            for site, count in state["syncs"].most_common():
+                print(f"{PREFIX} sync at {site} ({count})", flush=True)
+        return out
 
     def train_step(self, samples, raise_oom=False):
         update = self.get_num_updates() + 1  # the update this step makes
+        if profile_from > 0 and sync_from <= update < sync_from + steps:
+            return counting_syncs(self, samples, raise_oom, update)
         if update == profile_from and state["profiler"] is None:
             torch.cuda.synchronize()
             state["profiler"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])

@@ -12,7 +12,8 @@ table per dtype:
 * ``wps``: the median of fairseq's ``wps`` over the logged intervals after update
   :data:`WARMUP` (the warm-up, the kernels' compilation and the profiled steps left
   out), and its ratio to the transformer's of the same dtype;
-* ``kernels/step`` and ``peak MB``: the probe's lines, and their ratios;
+* ``kernels/step`` and ``peak MB``: the probe's lines, and their ratios; ``host
+  syncs/step``: the probe's count of the host's waits for the GPU per step;
 * ``updates``: the last update logged (a run cut short by its time limit shows fewer
   than it was given).
 """
@@ -46,10 +47,12 @@ def parse(text: str) -> Dict[str, Optional[float]]:
         if int(update.group(1)) > WARMUP:
             speeds.append(float(wps.group(1)))
     kernels = re.search(r"gpu_check: kernels per step ([0-9.]+)", text)
+    syncs = re.search(r"gpu_check: host syncs per step ([0-9.]+)", text)
     peak = re.search(r"gpu_check: peak memory ([0-9.]+) MB", text)
     return {
         "wps": statistics.median(speeds) if speeds else None,
         "kernels": float(kernels.group(1)) if kernels else None,
+        "syncs": float(syncs.group(1)) if syncs else None,
         "peak": float(peak.group(1)) if peak else None,
         "updates": float(last),
     }
@@ -74,14 +77,15 @@ def table(runs: Dict[str, Dict[str, Dict[str, Optional[float]]]], dtype: str) ->
     """The markdown rows of one dtype (``runs[system][dtype]``), the transformer first."""
     systems = sorted((s for s in runs if dtype in runs[s]), key=lambda s: (s != BASELINE, list(runs).index(s)))
     base = runs.get(BASELINE, {}).get(dtype, {})
-    lines = [f"| system ({dtype}) | wps | speed ratio | kernels/step | launch ratio | peak MB | memory ratio | updates |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| system ({dtype}) | wps | speed ratio | kernels/step | launch ratio | host syncs/step | peak MB "
+             "| memory ratio | updates |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for system in systems:
         r = runs[system][dtype]
         lines.append(
             f"| {_label(system)} | {_number(r['wps'])} | {_ratio(r['wps'], base.get('wps'))} | {_number(r['kernels'])} | "
-            f"{_ratio(r['kernels'], base.get('kernels'))} | {_number(r['peak'])} | {_ratio(r['peak'], base.get('peak'))} "
-            f"| {int(r['updates'])} |")
+            f"{_ratio(r['kernels'], base.get('kernels'))} | {_number(r.get('syncs'), 1)} | {_number(r['peak'])} | "
+            f"{_ratio(r['peak'], base.get('peak'))} | {int(r['updates'])} |")
     return lines
 
 

@@ -590,13 +590,61 @@ def test_gpu_launches_are_tabulated_under_the_table():
     transformer's go under the table; a CPU run (no launches) adds nothing."""
     from fairseq_localness.cli import bench_report
 
-    base = bench_run.Result(name=BASELINE, arch="transformer", options=[], launches={"train": {"kernels": 1000, "device_ms": 16.5},
-                                                     "decode": {"kernels": 4000, "device_ms": 30.0}})
-    system = bench_run.Result(name="hysan e1 (gated)", arch="hysan", options=[], launches={"train": {"kernels": 1250, "device_ms": 20.0}})
-    lines = bench_report.launches([base, system], base)
-    assert "| transformer | 1,000 | 1.00 | 16.5 | 4,000 | 1.00 | 30.0 |" in lines
-    assert "| hysan e1 (gated) | 1,250 | 1.25 | 20.0 | n/a | n/a | n/a |" in lines
+    base = bench_run.Result(name=BASELINE, arch="transformer", options=[],
+                            launches={"train": {"kernels": 1000, "device_ms": 16.5, "syncs": 2},
+                                      "decode": {"kernels": 4000, "device_ms": 30.0, "syncs": 40}})
+    system = bench_run.Result(name="hysan e1 (gated)", arch="hysan", options=[],
+                              launches={"train": {"kernels": 1250, "device_ms": 20.0, "syncs": 14}})
+    older = bench_run.Result(name="localness", arch="localness", options=[],  # a results.json without syncs
+                             launches={"train": {"kernels": 1100, "device_ms": 17.0}})
+    lines = bench_report.launches([base, system, older], base)
+    assert "| transformer | 1,000 | 1.00 | 16.5 | 2 | 4,000 | 1.00 | 30.0 | 40 |" in lines
+    assert "| hysan e1 (gated) | 1,250 | 1.25 | 20.0 | 14 | n/a | n/a | n/a | n/a |" in lines
+    assert "| localness | 1,100 | 1.10 | 17.0 | n/a | n/a | n/a | n/a | n/a |" in lines
     assert bench_report.launches([bench_run.Result(name=BASELINE, arch="transformer", options=[])], None) == []
+
+
+def test_count_syncs_counts_the_waits_by_where_python_made_them(monkeypatch):
+    """The sync debug mode's warnings are counted by their Python line, the mode set
+    only around the pass and restored after it (also when the pass fails); other
+    warnings are not counted; no GPU, no count. (The mode itself needs a GPU: stood in
+    for here.)"""
+    import warnings
+
+    from fairseq_localness.cli import bench_measure
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(bench_measure, "_sync", lambda device: None)
+
+    def step():
+        for _ in range(3):
+            warnings.warn(bench_measure.SYNC_WARNING + ", but the warning is enabled")  # line A
+        warnings.warn("another warning")
+        warnings.warn(bench_measure.SYNC_WARNING + ", but the warning is enabled")  # line B
+
+    syncs = bench_measure.count_syncs(step, torch.device("cuda"))
+    assert modes == ["warn", 0]
+    assert sorted(syncs.values()) == [1, 3] and all(site.startswith("test_benchmark.py:") for site in syncs)
+
+    def failing():
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError):
+        bench_measure.count_syncs(failing, torch.device("cuda"))
+    assert modes[-2:] == ["warn", 0]
+    assert bench_measure.count_syncs(step, torch.device("cpu")) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_count_syncs_sees_a_value_read_on_the_host():
+    from fairseq_localness.cli import bench_measure
+
+    x = torch.ones(4, device="cuda")
+    syncs = bench_measure.count_syncs(lambda: (x * 2).sum().item(), torch.device("cuda"))
+    assert sum(syncs.values()) >= 1, syncs
+    assert sum(bench_measure.count_syncs(lambda: x * 2, torch.device("cuda")).values()) == 0
 
 
 def test_attention_impl_choices_are_the_cores_settings():

@@ -26,10 +26,13 @@ def _line(update, loss, wps=991.8):
             f"nll_loss=8.164, ppl=286.74, wps={wps}, ups=1.06, wpb=936, bsz=104, num_updates={update}, lr=1.5e-05")
 
 
-def _probe_log(speeds, kernels=None, peak=None):
+def _probe_log(speeds, kernels=None, peak=None, syncs=None):
     """A log as gpu_train_probe.py leaves it: one train_inner line per 25 updates with
-    the given wps, and the probe's two lines."""
+    the given wps, and the probe's lines."""
     lines = [_line(25 * (i + 1), "5.0", wps) for i, wps in enumerate(speeds)]
+    if syncs is not None:
+        lines.insert(4, f"gpu_check: sync at transformer_encoder.py:231 ({int(syncs * 3)})")
+        lines.insert(4, f"gpu_check: host syncs per step {syncs} (updates 104-106)")
     if kernels is not None:
         lines.insert(4, f"gpu_check: kernels per step {kernels} (updates 101-103)")
     if peak is not None:
@@ -45,7 +48,8 @@ def test_the_training_table_gives_ratios_to_the_transformer_per_dtype(tmp_path):
     logs = tmp_path / "train"
     logs.mkdir()
     warm = [10.0, 20.0, 30.0, 40.0, 50.0]  # updates 25-125: left out
-    (logs / "transformer.bf16.log").write_text(_probe_log(warm + [1000, 1100, 900, 1000, 1000, 1000, 1000], 1700, 4000))
+    (logs / "transformer.bf16.log").write_text(_probe_log(warm + [1000, 1100, 900, 1000, 1000, 1000, 1000], 1700, 4000,
+                                                          syncs=2.0))
     (logs / "localness.bf16.log").write_text(_probe_log(warm + [900, 950, 850, 900, 900, 900, 900], 2125, 4400))
     (logs / "hysan.bf16.log").write_text(_probe_log(warm[:3]))
     (logs / "localness.dense.bf16.log").write_text(_probe_log(warm + [950] * 7, 1870, 4200))
@@ -58,11 +62,12 @@ def test_the_training_table_gives_ratios_to_the_transformer_per_dtype(tmp_path):
     assert out.splitlines()[0].startswith("Measured on NVIDIA H200, 143771 MiB, 570.1; torch 2.13.0")
     assert "| system (bf16) | wps | speed ratio | kernels/step |" in out and "| system (fp16) |" in out
     assert out.index("| system (bf16)") < out.index("| transformer | 1,000 |") < out.index("| localness | 900 | 0.90 |")
-    assert "| localness | 900 | 0.90 | 2,125 | 1.25 | 4,400 | 1.10 | 300 |" in out
-    assert "| hysan | - | - | - | - | - | - | 75 |" in out
+    assert "| transformer | 1,000 | 1.00 | 1,700 | 1.00 | 2.0 | 4,000 | 1.00 | 300 |" in out
+    assert "| localness | 900 | 0.90 | 2,125 | 1.25 | - | 4,400 | 1.10 | 300 |" in out
+    assert "| hysan | - | - | - | - | - | - | - | 75 |" in out
     # a run with the models' --attention-impl: its own row, its ratios to the transformer's
-    assert "| localness [dense] | 950 | 0.95 | 1,870 | 1.10 | 4,200 | 1.05 | 300 |" in out
-    assert "| localness | 1,500 | 0.75 | 1,500 | 1.50 | 3,300 | 1.10 | 300 |" in out
+    assert "| localness [dense] | 950 | 0.95 | 1,870 | 1.10 | - | 4,200 | 1.05 | 300 |" in out
+    assert "| localness | 1,500 | 0.75 | 1,500 | 1.50 | - | 3,300 | 1.10 | 300 |" in out
 
 
 def test_the_training_table_names_its_argument_when_it_is_no_folder(tmp_path):
@@ -76,6 +81,50 @@ def test_the_training_probe_refuses_a_machine_without_cuda_before_training(tmp_p
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "gpu_train_probe.py: error: no CUDA GPU (it counts GPU kernels and GPU memory)")
+
+
+def test_the_training_probe_counts_the_hosts_waits_after_the_profiled_steps(monkeypatch, capsys):
+    """gpu_train_probe.py's sync count: the steps after the profiled ones run with
+    torch's sync debug mode warning (set around each step and restored), its warnings
+    counted by their Python line; other steps and other warnings are not counted. (The
+    mode needs a GPU: stood in for here.)"""
+    import importlib.util
+    import warnings
+
+    from fairseq import trainer as fairseq_trainer
+
+    spec = importlib.util.spec_from_file_location("gpu_train_probe", PROBE)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    modes = []
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    class Trainer:
+        updates = 0
+
+        def get_num_updates(self):
+            return self.updates
+
+        def train_step(self, samples, raise_oom=False):
+            warnings.warn(probe.SYNC_WARNING)  # e.g. a loss read with .item()
+            if self.updates % 2:
+                warnings.warn(probe.SYNC_WARNING)
+            warnings.warn("another warning")
+            return self.updates
+
+    monkeypatch.setattr(fairseq_trainer, "Trainer", Trainer)
+    probe._install(profile_from=5, steps=2)  # profiled: updates 5-6 (not run here); counted: 7-8
+    trainer = Trainer()
+    for trainer.updates in (2, 6, 7, 8):  # the steps that make updates 3, 7, 8 and 9
+        assert Trainer.train_step(trainer, []) == trainer.updates
+        if trainer.updates == 2:
+            assert modes == []  # a step before: not counted
+    assert modes == ["warn", 0, "warn", 0]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "gpu_check: host syncs per step 1.5 (updates 7-8)"  # (1 + 2) / 2
+    assert len(out) == 3 and out[1].startswith("gpu_check: sync at test_gpu_check.py:")
+    assert sorted(int(line.rsplit("(", 1)[1].rstrip(")")) for line in out[1:]) == [1, 2]
 
 
 OVERFLOW = ("2026-11-26 11:18:02 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, "
@@ -286,7 +335,7 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
         "hysan.bf16.log", "transformer.bf16.log"]
     assert sorted(os.listdir(out / "train")) == ["hysan.bf16.log", "transformer.bf16.log"]
     table = (out / "train.md").read_text()
-    assert "| hysan | 900 | 0.90 | 1,700 | 1.00 | 4,000 | 1.00 | 150 |" in table, table
+    assert "| hysan | 900 | 0.90 | 1,700 | 1.00 | - | 4,000 | 1.00 | 150 |" in table, table
     assert "training transformer.bf16 (at most 30 s)" in proc.stderr
     device = (out / "device.txt").read_text().splitlines()
     assert device[-1].startswith("torch ") and "| fairseq " in device[-1] and "| triton " in device[-1]

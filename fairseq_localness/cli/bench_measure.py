@@ -2,10 +2,12 @@
 bounds (``FlopCounterMode``, CPU attention kernels included), the activations a training
 forward pass saves for backward, the largest tensors, the CPU allocator's peak, the
 multiply-adds of a beam search; and the timer and profiler of a pass."""
+import collections
 import contextlib
 import gc
 import os
 import time
+import warnings
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -231,6 +233,36 @@ def _timed(fn, device, clock: str = "wall") -> float:
 
 PROFILE_ROWS = 25
 
+# What torch's sync debug mode warns with (``torch.cuda.set_sync_debug_mode("warn")``)
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def count_syncs(fn, device) -> Optional[collections.Counter]:
+    """Run ``fn`` once with torch's sync debug mode warning at every operation that
+    makes the host wait for the GPU (a tensor's value read on the host: ``.item()``,
+    ``bool()``, ``.tolist()``, ``nonzero``, a copy to the CPU, a stream's
+    synchronisation), and return those waits by where Python made them
+    (``file:line`` -> count); None on a device that is no GPU.
+
+    A step bound by its host loses the GPU's whole queue at each wait: the host stops
+    launching until the GPU has run everything launched before, and the GPU then idles
+    until the host has launched again. The transformer's own (fairseq's encoder tests
+    its padding mask for any padding) are the baseline; a model should add none."""
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    _sync(device)
+    return collections.Counter(f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught
+                               if SYNC_WARNING in str(w.message))
+
 # The profiled passes' ranges around each attention sublayer's forward call (host time)
 SUBLAYER_PREFIX = "sublayer: "
 
@@ -288,7 +320,9 @@ def profile_pass(name: str, fn, device, out_dir: str) -> Tuple[List[dict], Optio
     step bound by its host spends that time: launches, compiled calls' wrappers).
     Returns those ops as records (name, calls, self ms, share of the pass's total self
     time) and, on a GPU, the pass's launches: the CUDA kernels, memory copies and fills
-    it ran (``kernels``) and their summed device time (``device_ms``), else ``None``."""
+    it ran (``kernels``), their summed device time (``device_ms``) and, from a second
+    run of ``fn``, the times the host waited for the GPU (``syncs``, :func:`count_syncs`;
+    where, in ``out_dir/<name>.syncs.txt``), else ``None``."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -313,5 +347,9 @@ def profile_pass(name: str, fn, device, out_dir: str) -> Tuple[List[dict], Optio
     if device.type == "cuda":
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         launches = dict(kernels=len(kernels), device_ms=sum(e.time_range.elapsed_us() for e in kernels) / 1000.0)
+        syncs = count_syncs(fn, device)  # (a second run: the sync debug mode's warnings outside the profile)
+        launches["syncs"] = sum(syncs.values())
+        with open(os.path.join(out_dir, f"{name}.syncs.txt"), "w") as f:
+            f.write("".join(f"{count} {site}\n" for site, count in syncs.most_common()))
     return [dict(op=e.key, calls=e.count, self_ms=t / 1000.0, share=t / total) for e, t in top], launches
 

@@ -78,15 +78,18 @@ def launches(results: List[Result], base: Optional[Result]) -> List[str]:
     def cells(r, kind):
         mine = r.launches.get(kind)
         if not mine:
-            return "n/a | n/a | n/a"
+            return "n/a | n/a | n/a | n/a"
         ref = (base.launches.get(kind) or {}).get("kernels") if base is not None else None
         ratio = f"{mine['kernels'] / ref:.2f}" if ref else "n/a"
-        return f"{mine['kernels']:,} | {ratio} | {mine['device_ms']:.1f}"
+        syncs = mine.get("syncs")
+        return f"{mine['kernels']:,} | {ratio} | {mine['device_ms']:.1f} | {'n/a' if syncs is None else syncs}"
 
     lines = ["", "GPU launches of one profiled pass: kernels, memory copies and fills, their ratio to the "
-             "transformer's and their summed device time.", "",
-             "| system | train kernels | ratio | train GPU ms | decode kernels | ratio | decode GPU ms |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "transformer's and their summed device time; and the times the pass made the host wait for the "
+             "GPU (syncs, where: profile/<system>.<pass>.syncs.txt).", "",
+             "| system | train kernels | ratio | train GPU ms | train syncs | decode kernels | ratio | decode GPU ms "
+             "| decode syncs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.name} | {cells(r, 'train')} | {cells(r, 'decode')} |")
     return lines
