@@ -23,12 +23,12 @@ lines are added to its output (scripts/gpu_train_table.py reads them):
 import collections
 import os
 import sys
-import warnings
 
 import torch
 
+from fairseq_localness.cli.bench_measure import host_waits
+
 PREFIX = "gpu_check:"
-SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's text in the sync debug mode
 
 
 def _install(profile_from: int, steps: int) -> None:
@@ -39,16 +39,9 @@ def _install(profile_from: int, steps: int) -> None:
     sync_from = profile_from + steps  # the steps after the profiled ones
 
     def counting_syncs(self, samples, raise_oom, update):
-        previous = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                out = original(self, samples, raise_oom)
-            finally:
-                torch.cuda.set_sync_debug_mode(previous)
-        state["syncs"].update(f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught
-                              if SYNC_WARNING in str(w.message))
+        with host_waits() as waits:
+            out = original(self, samples, raise_oom)
+        state["syncs"].update(waits)
         if update == sync_from + steps - 1:
             total = sum(state["syncs"].values())
             print(f"{PREFIX} host syncs per step {total / steps:.1f} (updates {sync_from}-{update})", flush=True)

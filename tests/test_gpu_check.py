@@ -93,6 +93,8 @@ def test_the_training_probe_counts_the_hosts_waits_after_the_profiled_steps(monk
 
     from fairseq import trainer as fairseq_trainer
 
+    from fairseq_localness.cli.bench_measure import SYNC_WARNING
+
     spec = importlib.util.spec_from_file_location("gpu_train_probe", PROBE)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
@@ -107,9 +109,9 @@ def test_the_training_probe_counts_the_hosts_waits_after_the_profiled_steps(monk
             return self.updates
 
         def train_step(self, samples, raise_oom=False):
-            warnings.warn(probe.SYNC_WARNING)  # e.g. a loss read with .item()
+            warnings.warn(SYNC_WARNING)  # e.g. a loss read with .item()
             if self.updates % 2:
-                warnings.warn(probe.SYNC_WARNING)
+                warnings.warn(SYNC_WARNING)
             warnings.warn("another warning")
             return self.updates
 

@@ -251,17 +251,29 @@ def count_syncs(fn, device) -> Optional[collections.Counter]:
     if device.type != "cuda":
         return None
     _sync(device)
+    with host_waits() as waits:
+        fn()
+    _sync(device)
+    return waits
+
+
+@contextlib.contextmanager
+def host_waits():
+    """Within it, torch's sync debug mode warns at every wait of the host for the GPU
+    (the mode restored after it, also when the body fails); yields a Counter that it
+    fills on exit with those waits by where Python made them (``file:line``). Other
+    warnings are swallowed while it runs."""
+    waits = collections.Counter()
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            fn()
+            yield waits
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    _sync(device)
-    return collections.Counter(f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught
-                               if SYNC_WARNING in str(w.message))
+            waits.update(f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught
+                         if SYNC_WARNING in str(w.message))
 
 # The profiled passes' ranges around each attention sublayer's forward call (host time)
 SUBLAYER_PREFIX = "sublayer: "
