@@ -535,6 +535,23 @@ def test_literal_refuses_everything_else(text, problem):
         literal(text)
 
 
+def test_the_build_bound_counts_the_threads_cpu_time_not_its_waits():
+    """The last bound of a checkpoint's model build on ``meta`` is the building thread's
+    CPU time: a build that waits (a loaded machine, an import) is not refused, one that
+    computes past the bound is."""
+    from fairseq_localness.checkpoint import model_size
+
+    with model_size._bounded(10 ** 9, 10 ** 9, 0.2):
+        time.sleep(0.5)
+        torch.nn.Linear(2, 2, device="meta")  # registered 0.5 s later, little CPU time spent
+    with pytest.raises(model_size._TooLarge, match=r"more than 0.2 s to build"):
+        with model_size._bounded(10 ** 9, 10 ** 9, 0.2):
+            end = time.thread_time() + 0.3
+            while time.thread_time() < end:
+                pass
+            torch.nn.Linear(2, 2, device="meta")
+
+
 def test_fairseqs_eval_helpers_parse_literals_and_run_nothing(tmp_path):
     from fairseq import utils
 

@@ -42,9 +42,10 @@ SLACK_TENSORS = 256
 """Weights and buffers beyond those: buffers that are not stored (a positions'
 ``_float_tensor``)."""
 MAX_BUILD_SECONDS = 30.0
-"""The longest the build on ``meta`` may take, a last bound behind the two in elements
-and tensors: a Transformer-big builds in about 0.05 s, a hundred layers in about 0.5 s
-(far longer on a machine under load, which is why this bound is not tighter)."""
+"""The longest the build on ``meta`` may take, in the CPU time of the building thread
+(``time.thread_time``: a machine under load, or an import the build waits for, does not
+count), a last bound behind the two in elements and tensors: a Transformer-big builds
+in about 0.05 s, a hundred layers in about 0.5 s."""
 
 
 class _TooLarge(Exception):
@@ -73,15 +74,15 @@ def remember_weights(state, file: str):
 def _bounded(max_numel: int, max_tensors: int, seconds: float):
     """Raise :class:`_TooLarge` as soon as the weights and buffers registered inside
     pass ``max_numel`` elements or ``max_tensors`` tensors, or a module, weight or
-    buffer is registered after ``seconds``."""
+    buffer is registered after ``seconds`` of this thread's CPU time."""
     from torch.nn.modules import module as nn_module
 
     counted = {"numel": 0, "tensors": 0}
     seen = set()
-    deadline = time.monotonic() + seconds
+    deadline = time.thread_time() + seconds
 
     def in_time(module, name, child):
-        if time.monotonic() > deadline:
+        if time.thread_time() > deadline:
             raise _TooLarge(f"that takes more than {seconds:g} s to build even without allocating it")
 
     def count(module, name, tensor):
