@@ -63,8 +63,10 @@ device synchronized (median over ``--iters`` passes after 2 warm-ups, which comp
 each with its own call in the backward pass: one wrapper of a compiled function per
 call, host time on a training step bound by its host);
 on a GPU, ``kernels`` and ``GPU ms`` (the kernels, copies and fills of one profiled
-pass and their summed device time) and the three kernels with the most device time,
-each with its calls and time per call. The transformer's sublayers are the baseline
+pass and their summed device time), ``host syncs`` (the times one pass made the host
+wait for the GPU, counted with torch's sync debug mode; also per call in the one-call
+table: a compiled call that waited would show it there) and the three kernels with
+the most device time, each with its calls and time per call. The transformer's sublayers are the baseline
 of each shape. Rows go shape by shape, then variant by variant, then system by system;
 the table goes to ``--out`` after every row (so a run stopped by a time limit keeps
 what it measured), else to standard output at the end.
@@ -85,6 +87,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fairseq_localness.cli import bench_model  # noqa: E402
+from fairseq_localness.cli.bench_measure import count_syncs  # noqa: E402
 from fairseq_localness.cli.bench_systems import BASELINE, SYSTEMS  # noqa: E402
 from fairseq_localness.modules.kernels import emulation  # noqa: E402
 
@@ -243,7 +246,8 @@ def measure(module, side, bsz, length, dim, device, dtype, iters):
             by_name[e.name] = (calls + 1, us + e.time_range.elapsed_us())
         top = sorted(by_name.items(), key=lambda item: -item[1][1])[:3]
         row.update(kernels=len(kernels), gpu_ms=sum(us for _, us in by_name.values()) / 1000.0,
-                   top="; ".join(f"{name[:48]} x{calls} {us / calls:.0f} us" for name, (calls, us) in top))
+                   top="; ".join(f"{name[:48]} x{calls} {us / calls:.0f} us" for name, (calls, us) in top),
+                   syncs=sum(count_syncs(lambda: _pass(module, x, padding, mask, grad), device).values()))
     return row
 
 
@@ -257,8 +261,10 @@ def measure_calls(device, dtype, iters):
     pass of the output's sum (``forward + backward``, the sum's own operators in every
     row): the fused call of a Gaussian term with a window's block mask (on CUDA one
     compiled call each way: its wrapper, its launches), SDPA with a float mask (what
-    ``attention_impl="dense"`` calls instead), and one element-wise operator. A pass
-    a device cannot run (a CPU has no backward pass of the fused call) is ``None``."""
+    ``attention_impl="dense"`` calls instead), and one element-wise operator; on a GPU
+    also the times one call made the host wait for the GPU (:func:`count_syncs`, a fifth
+    value). A pass a device cannot run (a CPU has no backward pass of the fused call)
+    is ``None``."""
     from fairseq_localness.modules.kernels import flex
 
     bsz, heads, length, head_dim = CALL_SHAPE
@@ -290,9 +296,10 @@ def measure_calls(device, dtype, iters):
                 with torch.set_grad_enabled(grad):
                     host, wall = _host_and_wall(once, device, iters, warm_up=3, repeat=10)
             except NotImplementedError:  # (torch: no backward pass of the fused call on a CPU)
-                rows.append((name, side, None, None))
+                rows.append((name, side, None, None, None))
                 continue
-            rows.append((name, side, 1e6 * host, 1e6 * wall))
+            syncs = count_syncs(once, device)
+            rows.append((name, side, 1e6 * host, 1e6 * wall, None if syncs is None else sum(syncs.values())))
     return rows
 
 
@@ -451,7 +458,8 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
                              f"{row['host_ms']:.2f}", f"{row['wall_ms']:.2f}",
                              f"{row['host_ms'] / base[key]:.2f}" if key in base else "-", str(row["fused"])]
                     if gpu:
-                        cells += [str(row["kernels"]), f"{row['gpu_ms']:.2f}", row["top"].replace("|", "/")]
+                        cells += [str(row["kernels"]), f"{row['gpu_ms']:.2f}", str(row["syncs"]),
+                                  row["top"].replace("|", "/")]
                     lines.append("| " + " | ".join(cells) + " |")
                     write()
                     print(f"{name}, {side}, {bsz} x {length}, {variant}: host {row['host_ms']:.2f} ms, "
@@ -476,14 +484,15 @@ def main(argv=None) -> int:
     where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if gpu
              else f"CPU, torch {torch.__version__}" + (", CUDA's paths" if args.cuda_paths else ""))
     head = ["system", "sublayer", "B x T", "variant", "host ms", "wall ms", "host ratio", "fused calls"]
-    head += ["kernels", "GPU ms", "top kernels (calls, time per call)"] if gpu else []
+    head += ["kernels", "GPU ms", "host syncs", "top kernels (calls, time per call)"] if gpu else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     decode_head = ["system", "beam search", "steps' attention", "wall ms", "speed ratio", "fused steps"]
     decode_head += ["kernels", "GPU ms"] if gpu else []
     decode_lines = ["| " + " | ".join(decode_head) + " |", "|" + "---|" * len(decode_head)]
     base, models = {}, {}
     systems = [BASELINE] + [s for s in args.systems if s != BASELINE]
-    call_lines = ["| call | pass | host us | wall us |", "|---|---|---:|---:|"]
+    call_lines = (["| call | pass | host us | wall us | host syncs |", "|---|---|---:|---:|---:|"] if gpu
+                  else ["| call | pass | host us | wall us |", "|---|---|---:|---:|"])
 
     def write():  # after every row: a run stopped by its time limit keeps what it measured
         text = ""
@@ -509,8 +518,9 @@ def main(argv=None) -> int:
             _decode_rows(args, models, task, device, dtype, gpu, decode_lines, write)
         _rows(args, systems, models, task, device, dtype, gpu, base, lines, write)
         if args.calls:  # last: the sublayers' rows first where the time limit cuts the probe short
-            for name, side, host, wall in measure_calls(device, dtype, args.calls):
+            for name, side, host, wall, syncs in measure_calls(device, dtype, args.calls):
                 cells = ["-", "-"] if host is None else [f"{host:.1f}", f"{wall:.1f}"]
+                cells += ["-" if syncs is None else str(syncs)] if gpu else []
                 call_lines.append("| " + " | ".join([name, side] + cells) + " |")
             write()
     text = write()
