@@ -293,12 +293,12 @@ def measure_calls(device, dtype, iters):
 
             side = "forward + backward" if grad else "forward"
             try:
-                with torch.set_grad_enabled(grad):
+                with torch.set_grad_enabled(grad):  # (the fused call's kind depends on the grad mode)
                     host, wall = _host_and_wall(once, device, iters, warm_up=3, repeat=10)
+                    syncs = count_syncs(once, device)
             except NotImplementedError:  # (torch: no backward pass of the fused call on a CPU)
                 rows.append((name, side, None, None, None))
                 continue
-            syncs = count_syncs(once, device)
             rows.append((name, side, 1e6 * host, 1e6 * wall, None if syncs is None else sum(syncs.values())))
     return rows
 

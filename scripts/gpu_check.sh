@@ -48,7 +48,7 @@
 #        tests/test_flex_path.py, tests/test_fused_steps.py, tests/test_dense_path.py,
 #        tests/test_host_syncs.py (no system waits for the GPU more often than the transformer),
 #        tests/test_dc_transformer.py, tests/test_projections.py,
-#        tests/test_mixed_precision.py: "cuda" cases), on 8
+#        tests/test_mixed_precision.py, tests/test_benchmark.py: "cuda" cases), on 8
 #        pytest-xdist workers where pytest-xdist is installed (each test compiles its own
 #        kinds of fused call: about 3 s a test on one worker, on an H200).
 #
@@ -246,7 +246,7 @@ if stage tests; then
     timeout "$t" "$PY" -m pytest -v -p no:cacheprovider "${workers[@]}" -k cuda tests/test_attention_core.py \
         tests/test_flex_path.py tests/test_fused_steps.py tests/test_dense_path.py tests/test_host_syncs.py \
         tests/test_dc_transformer.py \
-        tests/test_projections.py tests/test_mixed_precision.py \
+        tests/test_projections.py tests/test_mixed_precision.py tests/test_benchmark.py \
         > "$OUT_DIR/tests.txt" 2>&1 \
         || echo "${PROG}: the CUDA tests failed or stopped: see tests.txt" >&2
     tail -1 "$OUT_DIR/tests.txt" >&2

@@ -14,10 +14,11 @@ lines are added to its output (scripts/gpu_train_table.py reads them):
   logged intervals that contain these updates are left out of the speed (their steps
   are slowed by the profiler);
 * ``gpu_check: host syncs per step S (updates C-D)``: the times the host waited for
-  the GPU (``.item()``, ``bool()`` of a GPU tensor, a copy to the CPU, ...) in the
-  next ``GPU_CHECK_PROFILE_STEPS`` steps, counted with torch's sync debug mode
-  (``torch.cuda.set_sync_debug_mode("warn")``), divided by the steps; where, in the
-  lines ``gpu_check: sync at FILE:LINE (N)`` after it;
+  the GPU (``.item()``, ``bool()`` of a GPU tensor, a blocking copy, ...) in the next
+  ``GPU_CHECK_PROFILE_STEPS`` calls of the training step, as torch's sync debug mode
+  reports them (``fairseq_localness.cli.bench_measure.host_waits``: a lower bound),
+  divided by the steps; where, in the lines ``gpu_check: sync at FILE:LINE (N)`` after
+  it;
 * ``gpu_check: peak memory M MB``: ``torch.cuda.max_memory_allocated()`` at the end.
 """
 import collections
@@ -35,14 +36,17 @@ def _install(profile_from: int, steps: int) -> None:
     from fairseq import trainer as fairseq_trainer
 
     original = fairseq_trainer.Trainer.train_step
-    state = {"profiler": None, "syncs": collections.Counter()}
+    state = {"profiler": None, "syncs": collections.Counter(), "counted": 0}
     sync_from = profile_from + steps  # the steps after the profiled ones
 
     def counting_syncs(self, samples, raise_oom, update):
+        """One counted call (a step whose update was skipped, by an fp16 overflow or
+        an out-of-memory retry, is a call of its own): the line after ``steps``."""
         with host_waits() as waits:
             out = original(self, samples, raise_oom)
         state["syncs"].update(waits)
-        if update == sync_from + steps - 1:
+        state["counted"] += 1
+        if state["counted"] == steps:
             total = sum(state["syncs"].values())
             print(f"{PREFIX} host syncs per step {total / steps:.1f} (updates {sync_from}-{update})", flush=True)
             for site, count in state["syncs"].most_common():
@@ -51,7 +55,7 @@ def _install(profile_from: int, steps: int) -> None:
 
     def train_step(self, samples, raise_oom=False):
         update = self.get_num_updates() + 1  # the update this step makes
-        if profile_from > 0 and sync_from <= update < sync_from + steps:
+        if profile_from > 0 and update >= sync_from and state["counted"] < steps:
             return counting_syncs(self, samples, raise_oom, update)
         if update == profile_from and state["profiler"] is None:
             torch.cuda.synchronize()

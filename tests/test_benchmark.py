@@ -646,6 +646,19 @@ def test_cuda_count_syncs_sees_a_value_read_on_the_host():
     assert sum(syncs.values()) >= 1, syncs
     assert sum(bench_measure.count_syncs(lambda: x * 2, torch.device("cuda")).values()) == 0
 
+    class ReadsInBackward(torch.autograd.Function):  # a wait in the autograd engine's thread
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * float(grad.sum())
+
+    w = torch.ones(4, device="cuda", requires_grad=True)
+    syncs = bench_measure.count_syncs(lambda: ReadsInBackward.apply(w).sum().backward(), torch.device("cuda"))
+    assert sum(syncs.values()) >= 1, syncs
+
 
 def test_attention_impl_choices_are_the_cores_settings():
     """The option's choices (a literal, so that usage errors need no fairseq import)

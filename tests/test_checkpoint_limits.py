@@ -550,6 +550,22 @@ def test_the_build_bound_counts_the_threads_cpu_time_not_its_waits():
             while time.thread_time() < end:
                 pass
             torch.nn.Linear(2, 2, device="meta")
+    # the hooks are the process's: what another thread builds meanwhile is not counted
+    import threading
+
+    errors = []
+
+    def other():
+        try:
+            torch.nn.Linear(1000, 1000, device="meta")
+        except Exception as e:  # noqa: BLE001 - what the test looks for
+            errors.append(e)
+
+    with model_size._bounded(10, 2, 1.0):
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert errors == []
 
 
 def test_fairseqs_eval_helpers_parse_literals_and_run_nothing(tmp_path):

@@ -83,11 +83,10 @@ def test_the_training_probe_refuses_a_machine_without_cuda_before_training(tmp_p
         "gpu_train_probe.py: error: no CUDA GPU (it counts GPU kernels and GPU memory)")
 
 
-def test_the_training_probe_counts_the_hosts_waits_after_the_profiled_steps(monkeypatch, capsys):
-    """gpu_train_probe.py's sync count: the steps after the profiled ones run with
-    torch's sync debug mode warning (set around each step and restored), its warnings
-    counted by their Python line; other steps and other warnings are not counted. (The
-    mode needs a GPU: stood in for here.)"""
+def _probe_with_trainer(monkeypatch, profile_from, steps):
+    """gpu_train_probe.py installed over a stand-in of fairseq's Trainer whose step
+    warns as the sync debug mode would (once, twice on odd updates) and once otherwise;
+    the mode's settings recorded (``modes``). Returns the Trainer class and ``modes``."""
     import importlib.util
     import warnings
 
@@ -116,7 +115,16 @@ def test_the_training_probe_counts_the_hosts_waits_after_the_profiled_steps(monk
             return self.updates
 
     monkeypatch.setattr(fairseq_trainer, "Trainer", Trainer)
-    probe._install(profile_from=5, steps=2)  # profiled: updates 5-6 (not run here); counted: 7-8
+    probe._install(profile_from=profile_from, steps=steps)
+    return Trainer, modes
+
+
+def test_the_training_probe_counts_the_hosts_waits_after_the_profiled_steps(monkeypatch, capsys):
+    """gpu_train_probe.py's sync count: the steps after the profiled ones run with
+    torch's sync debug mode warning (set around each step and restored), its warnings
+    counted by their Python line; other steps and other warnings are not counted. (The
+    mode needs a GPU: stood in for here.)"""
+    Trainer, modes = _probe_with_trainer(monkeypatch, profile_from=5, steps=2)  # profiled: 5-6; counted: 7-8
     trainer = Trainer()
     for trainer.updates in (2, 6, 7, 8):  # the steps that make updates 3, 7, 8 and 9
         assert Trainer.train_step(trainer, []) == trainer.updates
@@ -127,6 +135,18 @@ def test_the_training_probe_counts_the_hosts_waits_after_the_profiled_steps(monk
     assert out[0] == "gpu_check: host syncs per step 1.5 (updates 7-8)"  # (1 + 2) / 2
     assert len(out) == 3 and out[1].startswith("gpu_check: sync at test_gpu_check.py:")
     assert sorted(int(line.rsplit("(", 1)[1].rstrip(")")) for line in out[1:]) == [1, 2]
+
+
+def test_the_training_probe_counts_calls_where_an_update_is_made_again(monkeypatch, capsys):
+    """A step whose update fairseq skips (an fp16 overflow) or retries (out of memory)
+    leaves the update counter where it was: the count is of calls, ``steps`` of them,
+    reported once."""
+    Trainer, modes = _probe_with_trainer(monkeypatch, profile_from=5, steps=2)
+    trainer = Trainer()
+    for trainer.updates in (6, 6, 6, 7):  # update 7 made three times, then 8
+        Trainer.train_step(trainer, [])
+    assert modes == ["warn", 0, "warn", 0]
+    assert capsys.readouterr().out.splitlines()[0] == "gpu_check: host syncs per step 1.0 (updates 7-7)"
 
 
 OVERFLOW = ("2026-11-26 11:18:02 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, "

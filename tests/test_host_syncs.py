@@ -1,7 +1,7 @@
 """On a GPU, no system makes the host wait for the device more often than fairseq's
 transformer: a training step and a beam search of each main system, in bf16, with
-torch's sync debug mode counting every wait (a GPU tensor's value read on the host:
-``.item()``, ``bool()``, a copy to the CPU, ``nonzero``; :func:`count_syncs`).
+torch's sync debug mode counting the waits it reports (a GPU tensor's value read on the
+host: ``.item()``, ``bool()``, a blocking copy, ``nonzero``; :func:`count_syncs`).
 
 A training step bound by its host (the transformer's on an H200: 14 ms of kernels in
 a 40 ms step, docs/benchmark.md) loses the GPU's queue at each wait; the attention

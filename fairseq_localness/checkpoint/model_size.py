@@ -80,12 +80,15 @@ def _bounded(max_numel: int, max_tensors: int, seconds: float):
     counted = {"numel": 0, "tensors": 0}
     seen = set()
     deadline = time.thread_time() + seconds
+    builder = threading.get_ident()  # (the hooks are the process's: other threads' modules are not counted)
 
     def in_time(module, name, child):
-        if time.thread_time() > deadline:
+        if threading.get_ident() == builder and time.thread_time() > deadline:
             raise _TooLarge(f"that takes more than {seconds:g} s to build even without allocating it")
 
     def count(module, name, tensor):
+        if threading.get_ident() != builder:
+            return
         in_time(module, name, tensor)
         if tensor is not None and id(tensor) not in seen:
             seen.add(id(tensor))

@@ -238,11 +238,9 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 
 
 def count_syncs(fn, device) -> Optional[collections.Counter]:
-    """Run ``fn`` once with torch's sync debug mode warning at every operation that
-    makes the host wait for the GPU (a tensor's value read on the host: ``.item()``,
-    ``bool()``, ``.tolist()``, ``nonzero``, a copy to the CPU, a stream's
-    synchronisation), and return those waits by where Python made them
-    (``file:line`` -> count); None on a device that is no GPU.
+    """Run ``fn`` once under :func:`host_waits` and return the waits of the host for
+    the GPU that torch's sync debug mode reports, by where Python made them (``file:line``
+    -> count); None on a device that is no GPU.
 
     A step bound by its host loses the GPU's whole queue at each wait: the host stops
     launching until the GPU has run everything launched before, and the GPU then idles
@@ -259,10 +257,22 @@ def count_syncs(fn, device) -> Optional[collections.Counter]:
 
 @contextlib.contextmanager
 def host_waits():
-    """Within it, torch's sync debug mode warns at every wait of the host for the GPU
-    (the mode restored after it, also when the body fails); yields a Counter that it
-    fills on exit with those waits by where Python made them (``file:line``). Other
-    warnings are swallowed while it runs."""
+    """Within it, torch's sync debug mode warns at the host's waits for the GPU that it
+    sees (the mode restored after it, also when the body fails); yields a Counter that
+    it fills on exit with those waits by where Python made them (``file:line``). Other
+    warnings are swallowed while it runs.
+
+    The mode sees the operations that go through ``c10::cuda::memcpy_and_sync`` or
+    ``stream_synchronize``: ``.item()``, ``bool()``, ``.tolist()``, ``nonzero``,
+    ``masked_select`` and boolean indexing, blocking copies between host and GPU in
+    either direction, ``Stream.synchronize()``. A wait in a backward function written
+    in C++ is reported at ``graph.py``'s call into the autograd engine (the engine
+    replays its threads' warnings there), one in Python at its own line. It does not
+    see ``torch.cuda.synchronize()``, ``Event.synchronize()``, non-blocking copies
+    from pageable memory, the CUDA runtime's or libraries' own synchronisations
+    (``cudaFree`` in the allocator, cuDNN), nor C++ called without torch's Python
+    warning handler (Inductor's C++ wrapper): the counts are a lower bound, compared
+    between systems run alike."""
     waits = collections.Counter()
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
