@@ -34,7 +34,12 @@ path (``--variants``):
 * ``graphs``: as ``auto`` with each compiled call replayed as a CUDA graph
   (``{"triton.cudagraphs": True}``, one recorded per shape: fairseq's batches vary in
   shape, so this is the bound of what graphs could save, not a way to train);
-  ``cpp`` and ``graphs`` only for the sublayers with fused calls.
+  ``cpp`` and ``graphs`` only for the sublayers with fused calls;
+* ``blocks``: as ``auto`` with every fused call on the smaller blocks that Shaw et al.'s
+  table takes (``flex.SMALL_BLOCKS``, ``kernel_options`` of 64 x 64 blocks and one
+  stage) instead of Inductor's default: on the H200 the forward kernel of HySAN's
+  windows took 0.49 ms a call against 0.13 ms for its backward, a sign of its block
+  configuration (docs/benchmark.md); only for the sublayers with fused calls.
 
 First, beam search (``--decode``, ``B x T``: beam 4 over B sentences of T source
 tokens, ``--decode-steps`` steps; ``none`` skips it) of each of ``--decode-systems``
@@ -93,7 +98,7 @@ from fairseq_localness.modules.kernels import emulation  # noqa: E402
 
 DEFAULT_SYSTEMS = [BASELINE, "localness (query, enc 1-3)", "localness + rel_pos", "hybrid (gate, enc 1-2)",
                    "hysan e1 (gated)", "enc-dc (f=2)", "dec-dc (f=2)", "full-dc (f=2)"]
-VARIANTS = ("auto", "static", "eager", "dense", "apart", "cpp", "graphs")
+VARIANTS = ("auto", "static", "eager", "dense", "apart", "cpp", "graphs", "blocks")
 # Inductor's options of the variants that compile with options of their own
 # (flex.INDUCTOR_OPTIONS)
 VARIANT_OPTIONS = {"cpp": {"cpp_wrapper": True}, "graphs": {"triton.cudagraphs": True}}
@@ -426,7 +431,7 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
     from fairseq_localness.modules.attention import set_attention_impl
     from fairseq_localness.modules.kernels import flex
 
-    fused = {}  # (system, side, B, T) -> the fused calls its rows measured
+    fused = {}  # (system, side, B, T) -> the fused calls of its row of the auto variant
     # each shape, then each variant, then each system: the first shape's rows first
     for bsz, length in args.shapes:
         for variant in args.variants:
@@ -437,20 +442,24 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
                 for side, module in own_sublayers(model).items():
                     if variant == "apart" and not _has_part_within(module):
                         continue  # (the same as auto)
-                    if (variant in VARIANT_OPTIONS or variant == "dense") and fused.get((name, side, bsz, length)) == 0:
+                    if (variant in VARIANT_OPTIONS or variant in ("dense", "blocks")) \
+                            and fused.get((name, side, bsz, length)) == 0:
                         continue  # (no compiled call in the auto variant: the same as auto)
                     set_attention_impl(model, variant if variant in ("eager", "dense") else "auto")
                     apart = variant == "apart"
                     dim = getattr(model, side).embed_tokens.embedding_dim
+                    blocks = {"options": lambda terms, q: flex.SMALL_BLOCKS} if variant == "blocks" else {}
                     with _switched(flex, DYNAMIC_SHAPES=variant != "static",
                                    EPILOGUE_DEVICES=() if apart else flex.EPILOGUE_DEVICES,
                                    PROLOGUE_DEVICES=() if apart else flex.PROLOGUE_DEVICES,
-                                   INDUCTOR_OPTIONS=VARIANT_OPTIONS.get(variant, flex.INDUCTOR_OPTIONS)):
+                                   INDUCTOR_OPTIONS=VARIANT_OPTIONS.get(variant, flex.INDUCTOR_OPTIONS)), \
+                            _switched(flex._Terms, **blocks):
                         row = _attempt(lines, write, [name, side, f"{bsz} x {length}", variant],
                                        lambda: measure(module, side, bsz, length, dim, device, dtype, args.iters))
                     if row is None:
                         continue
-                    fused[(name, side, bsz, length)] = row["fused"]
+                    if variant == "auto":  # (the variants below it skip a sublayer without fused calls)
+                        fused[(name, side, bsz, length)] = row["fused"]
                     key = (side, bsz, length)
                     if name == BASELINE:
                         base[key] = row["host_ms"]

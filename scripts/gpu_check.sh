@@ -128,7 +128,7 @@ TRAIN_IMPLS="${TRAIN_IMPLS:-auto}"
 each_of --train-impls value "$TRAIN_IMPLS" auto sdpa eager flex dense
 [[ "$BENCH_LENGTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] \
     || die "--bench-lengths: expected comma-separated whole numbers (e.g. 128,512), got '$BENCH_LENGTHS'"
-each_of --probe-variants variant "${PROBE_VARIANTS//,/ }" auto static eager dense apart cpp graphs
+each_of --probe-variants variant "${PROBE_VARIANTS//,/ }" auto static eager dense apart cpp graphs blocks
 DTYPES="${DTYPES:-bf16}"
 each_of --dtypes precision "$DTYPES" bf16 fp16
 SYSTEMS="${SYSTEMS:-transformer localness localness-relpos hybrid hysan enc-dc dec-dc full-dc}"

@@ -190,7 +190,7 @@ def test_the_summary_names_its_argument_when_it_is_no_folder(tmp_path):
     (["--run-limit", "1m"], "--run-limit: expected a whole number >= 30, got '1m'"),
     (["--bench-impls", "auto fast"], "--bench-impls: unknown value 'fast' (allowed: auto sdpa eager flex dense)"),
     (["--probe-variants", "auto,fast"],
-     "--probe-variants: unknown variant 'fast' (allowed: auto static eager dense apart cpp graphs)"),
+     "--probe-variants: unknown variant 'fast' (allowed: auto static eager dense apart cpp graphs blocks)"),
     (["--bench-lengths", "128 512"], "--bench-lengths: expected comma-separated whole numbers"),
     (["--train-impls", "auto triton"], "--train-impls: unknown value 'triton' (allowed: auto sdpa eager flex dense)"),
     (["--train-impls", "dense auto dense"], "--train-impls: value 'dense' given twice"),
@@ -457,7 +457,8 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
     # CUDA's paths taken on the CPU: HySAN's branches are one fused call per sublayer
     proc = subprocess.run([sys.executable, script, "--size", "tiny", "--shapes", "2x8", "--iters", "1", "--dtype",
                            "fp32", "--cpu", "--cuda-paths", "--systems", "hysan e1 (gated)",
-                           "localness (query, enc 1-3)", "--variants", "auto,eager,apart,cpp,dense", "--out", str(out),
+                           "localness (query, enc 1-3)", "--variants", "auto,eager,apart,cpp,dense,blocks", "--out",
+                           str(out),
                            "--decode", "2x8", "--decode-steps", "3", "--decode-iters", "1", "--decode-systems",
                            "hysan e1 (gated)", "localness (query, enc 1-3)", "--calls", "1"],
                           capture_output=True, text=True, timeout=300)
@@ -497,7 +498,9 @@ def test_the_attention_probe_measures_each_systems_sublayers_on_the_cpu(tmp_path
         # Inductor's C++ wrapper: the sublayers with a fused call (none in localness's decoder)
         (hysan, "encoder", "cpp", "1"), (hysan, "decoder", "cpp", "1"), (localness, "encoder", "cpp", "1"),
         # attention_impl "dense": no fused call, only for the sublayers that have one in auto
-        (hysan, "encoder", "dense", "0"), (hysan, "decoder", "dense", "0"), (localness, "encoder", "dense", "0")]
+        (hysan, "encoder", "dense", "0"), (hysan, "decoder", "dense", "0"), (localness, "encoder", "dense", "0"),
+        # the fused calls on the smaller blocks: the sublayers with a fused call
+        (hysan, "encoder", "blocks", "1"), (hysan, "decoder", "blocks", "1"), (localness, "encoder", "blocks", "1")]
     bad = subprocess.run([sys.executable, script, "--shapes", "32by128", "--cpu"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--shapes: expected BxT, e.g. 32x128, got '32by128'" in bad.stderr
