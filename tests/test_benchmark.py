@@ -136,13 +136,45 @@ def test_sweep_writes_after_each_length(monkeypatch, tmp_path):
     """An interrupted sweep (e.g. under ``timeout``) keeps the lengths done: the outputs
     are written after every length, and say which lengths are missing."""
     args = bench.parse_args(["--lengths", "4,8,16", "--cpu", "--output-dir", str(tmp_path)])
-    monkeypatch.setattr(bench_sweep, "run", lambda one: [])
+    monkeypatch.setattr(bench_sweep, "run", lambda one, after_round=None: [])
     seen = []
     sweep = bench_sweep.run_sweep(args, lambda done: seen.append([e["length"] for e in done]))
     assert seen == [[4], [4, 8]] and [e["length"] for e in sweep] == [4, 8, 16]
     payload, text = bench_sweep.report(sweep[:1], args, "a machine")
     assert "Lengths measured so far: [4] of [4, 8, 16]." in text
     assert [e["length"] for e in payload["sweep"]] == [4] and (tmp_path / bench_sweep.PLOT).exists()
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_a_run_stopped_after_a_round_keeps_its_rounds(sweep, monkeypatch, tmp_path):
+    """A benchmark stopped by a time limit in its second round (here: the timer raises)
+    has written the first: bench.md and bench.json with the round's ratios, saying how
+    far the run went."""
+    from fairseq_localness.cli import bench_run
+
+    calls = []
+    timed = bench_run._time_round
+
+    def stops_in_round_2(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # round 2's training pass
+            raise KeyboardInterrupt
+        return timed(*args, **kwargs)
+
+    monkeypatch.setattr(bench_run, "_time_round", stops_in_round_2)
+    out = tmp_path / "out"
+    shape = (["--lengths", "4", "--tokens-per-batch", "8", "--decode-tokens", "4", "--max-decode-len", "3"] if sweep
+             else ["--batch-size", "2", "--src-len", "4", "--tgt-len", "4", "--decode-batch", "1", "--decode-len", "3"])
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--size", "tiny", "--vocab", "64", *shape, "--repeats", "3", "--threads", "1", "--cpu",
+                    "--systems", "hybrid (gate, enc 1-2)", "--output-dir", str(out)])
+    md = (out / "bench.md").read_text()
+    assert "round 1 of 3 of group 1 of 1" in md and "| hybrid (gate, enc 1-2) |" in md
+    payload = json.loads((out / "bench.json").read_text())
+    results = payload["sweep"][0]["results"] if sweep else payload["results"]
+    hybrid = next(r for r in results if r["name"] == "hybrid (gate, enc 1-2)")
+    assert hybrid["train_ratio"] > 0 and len(hybrid["train_times"]) == 1
+    assert (payload["sweep"][0]["partial"] if sweep else payload["partial"]) == "round 1 of 3 of group 1 of 1"
 
 
 def test_cpu_clock_leaves_out_waiting():

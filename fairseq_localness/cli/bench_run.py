@@ -9,7 +9,7 @@ import statistics
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -157,7 +157,11 @@ def _time_round(run_pass, base_model, base_opt, members, base_last: bool, device
     return {name: _timed(lambda: run_pass(model, opt), device, clock) for name, model, opt in order}
 
 
-def run(args) -> List[Result]:
+def run(args, after_round: Optional[Callable[[List[Result], str], object]] = None) -> List[Result]:
+    """Every system beside the transformer, in groups of ``--group-size``, ``--repeats``
+    rounds each; returns the transformer's result and the systems'. After each round,
+    ``after_round(results so far, which round)`` (the transformer and the systems with a
+    round or an error), so that a run stopped by a time limit keeps its rounds."""
     device = select_device(args)
     if device.type == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
@@ -207,6 +211,11 @@ def run(args) -> List[Result]:
                 result.decode_times.append(decode[name])
                 result.decode_ratios.append(decode[BASELINE] / decode[name])
             print(f"group {number}/{len(groups)}: round {round_ + 1}/{args.repeats} done", file=sys.stderr)
+            if after_round is not None:
+                base.train_ratios = [1.0] * len(base.train_times)
+                base.decode_ratios = [1.0] * len(base.decode_times)
+                after_round([base] + [results[n] for n in names if results[n].train_times or results[n].error],
+                            f"round {round_ + 1} of {args.repeats} of group {number} of {len(groups)}")
         # the group's systems, and the transformer with the first group
         measured = list(members.items()) + ([(BASELINE, (base_model, base_opt))] if number == 1 else [])
         if args.profile:

@@ -95,7 +95,9 @@ def describe(length: int, args) -> str:
 def run_sweep(args, done: Optional[Callable[[List[dict]], object]] = None) -> List[dict]:
     """One :func:`run` per length, shortest first; returns ``[{"length", the batch shape,
     "results"}]``, and hands the lengths measured so far to ``done`` after each but the
-    last."""
+    last, and after each round the lengths done and the current one's rounds so far
+    (its entry with ``"partial"``: which round), so that a sweep stopped by a time
+    limit keeps them."""
     out: List[dict] = []
     for length in args.lengths:
         one = copy.copy(args)
@@ -103,7 +105,12 @@ def run_sweep(args, done: Optional[Callable[[List[dict]], object]] = None) -> Li
             setattr(one, key, value)
         one.output_dir = os.path.join(args.output_dir, f"T{length}")  # --profile's tables
         print(f"sweep: {describe(length, args)}", file=sys.stderr)
-        out.append(dict(length=length, **shape(length, args), results=run(one)))
+
+        def after_round(results, where, length=length):
+            if done is not None:
+                done(out + [dict(length=length, **shape(length, args), results=results, partial=where)])
+
+        out.append(dict(length=length, **shape(length, args), results=run(one, after_round)))
         if done is not None and len(out) < len(args.lengths):
             done(out)
     return out
@@ -186,18 +193,23 @@ def report(sweep: List[dict], args, machine: str) -> Tuple[dict, str]:
     rows = summary(sweep)
     notes = [describe(n, args) for n in lengths]
     md = [f"Measured on {machine}.", "", "Length sweep, per length:", ""] + [f"* {n}" for n in notes]
-    if len(lengths) < len(args.lengths):
+    partial = [entry for entry in sweep if entry.get("partial")]
+    if len(lengths) < len(args.lengths) or partial:
         md += ["", f"Lengths measured so far: {lengths} of {args.lengths}."]
+    for entry in partial:
+        md += ["", f"T = {entry['length']} so far: {entry['partial']} (the run went on; the other systems' "
+                   f"rows come later)."]
     md += ["", sweep_table(rows, lengths)]
     for entry in sweep:
         md += [f"## T = {entry['length']}", "", table(entry["results"], machine)]
     text = "\n".join(md)
     os.makedirs(args.output_dir, exist_ok=True)
-    plot(rows, lengths, os.path.join(args.output_dir, PLOT), f"{machine}; tokens per training batch "
-         f"{args.tokens_per_batch}, decoding {args.decode_tokens}, at most {args.max_decode_len} output steps")
+    if not partial:  # (drawn once a length is whole)
+        plot(rows, lengths, os.path.join(args.output_dir, PLOT), f"{machine}; tokens per training batch "
+             f"{args.tokens_per_batch}, decoding {args.decode_tokens}, at most {args.max_decode_len} output steps")
     return dict(
         sweep=[dict({k: v for k, v in entry.items() if k != "results"}, note=describe(entry["length"], args),
                     results=records(entry["results"])) for entry in sweep],
         summary=rows,
-        plot=PLOT,
+        plot=None if partial else PLOT,
     ), text

@@ -218,7 +218,7 @@ def main(argv=None):
         return line + (f", attention_impl {' '.join(args.attention_impl)}" if args.attention_impl != ["auto"] else "")
 
     if args.lengths:
-        def write(sweep):  # after every length, so that an interrupted sweep keeps the lengths done
+        def write(sweep):  # after every round and length, so that an interrupted sweep keeps what it measured
             payload["machine"] = machine()
             summary, md = bench_sweep.report(sweep, args, payload["machine"])
             payload.update(summary)
@@ -229,7 +229,13 @@ def main(argv=None):
         results = [r for entry in sweep for r in entry["results"]]
         md = write(sweep)
     else:
-        results = run(args)
+        def after_round(partial, where):  # so that a run stopped by a time limit keeps its rounds
+            payload.update(machine=machine(), results=records(partial), partial=where)
+            _write(args, payload, f"So far: {where} (the run went on; the other systems' rows come later).\n\n"
+                   + table(partial, payload["machine"]))
+
+        results = run(args, after_round)
+        payload.pop("partial", None)
         payload["machine"] = machine()
         payload["results"] = records(results)
         md = table(results, payload["machine"])
