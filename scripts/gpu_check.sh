@@ -27,7 +27,7 @@
 #        system (--bench-systems all: every system of --list) at WMT's batch shapes,
 #        Transformer-base size: 32 x 128 and 8 x 512 tokens per training step, in each
 #        of --dtypes, with --profile (kernels per pass), all systems in one group; each
-#        dtype at most --bench-limit seconds (the lengths done are kept). First a warm-up
+#        dtype at most --bench-limit seconds (the rounds done are kept). First a warm-up
 #        (at most a third of that and 150 s, and only where it leaves the benchmark 30 s):
 #        the systems whose calls compile on CUDA (localness,
 #        localness + rel_pos, hybrid, HySAN) run one benchmark round each, all at once,
