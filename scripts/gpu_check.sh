@@ -124,6 +124,9 @@ each_of() {
 STAGES="${STAGES:-train}"
 BENCH_IMPLS="${BENCH_IMPLS:-auto}"
 each_of --bench-impls value "$BENCH_IMPLS" auto sdpa eager flex dense
+# every row of the benchmark in one group (8 systems per value of --bench-impls), so that
+# every round times them all
+BENCH_GROUP=$(( 8 * $(wc -w <<< "$BENCH_IMPLS") ))
 TRAIN_IMPLS="${TRAIN_IMPLS:-auto}"
 each_of --train-impls value "$TRAIN_IMPLS" auto sdpa eager flex dense
 [[ "$BENCH_LENGTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] \
@@ -190,7 +193,7 @@ bench() {  # bench TIMEOUT DTYPE REPEATS OUTPUT-DIR PROFILE(yes/no) [SYSTEM...] 
     shift 5
     # shellcheck disable=SC2086  # BENCH_IMPLS: one argument per value
     run timeout "$limit" "$PY" -m fairseq_localness.cli.benchmark --dtype "$dtype" --size wmt_en_de \
-        ${1+--systems "$@"} --group-size 8 --attention-impl $BENCH_IMPLS \
+        ${1+--systems "$@"} --group-size "$BENCH_GROUP" --attention-impl $BENCH_IMPLS \
         --lengths "$BENCH_LENGTHS" --tokens-per-batch 4096 --decode-tokens 1024 --max-decode-len 32 \
         --repeats "$repeats" ${profile[@]+"${profile[@]}"} --output-dir "$dir"
 }
