@@ -83,8 +83,9 @@ def table(runs: Dict[str, Dict[str, Dict[str, Optional[float]]]], dtype: str) ->
     for system in systems:
         r = runs[system][dtype]
         lines.append(
-            f"| {_label(system)} | {_number(r['wps'])} | {_ratio(r['wps'], base.get('wps'))} | {_number(r['kernels'])} | "
-            f"{_ratio(r['kernels'], base.get('kernels'))} | {_number(r.get('syncs'), 1)} | {_number(r['peak'])} | "
+            f"| {_label(system)} | {_number(r['wps'])} | {_ratio(r['wps'], base.get('wps'))} | "
+            f"{_number(r['kernels'])} | {_ratio(r['kernels'], base.get('kernels'))} | {_number(r.get('syncs'), 1)} | "
+            f"{_number(r['peak'])} | "
             f"{_ratio(r['peak'], base.get('peak'))} | {int(r['updates'])} |")
     return lines
 
@@ -92,8 +93,8 @@ def table(runs: Dict[str, Dict[str, Dict[str, Optional[float]]]], dtype: str) ->
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not 1 <= len(argv) <= 2 or not os.path.isdir(argv[0]):
-        print("usage: gpu_train_table.py LOG_DIR [DEVICE_FILE] (LOG_DIR: <system>[.<attention impl>].<dtype>.log files)",
-              file=sys.stderr)
+        print("usage: gpu_train_table.py LOG_DIR [DEVICE_FILE] "
+              "(LOG_DIR: <system>[.<attention impl>].<dtype>.log files)", file=sys.stderr)
         return 2
     runs: Dict[str, Dict[str, Dict[str, Optional[float]]]] = {}
     for path in sorted(glob.glob(os.path.join(argv[0], "*.*.log"))):

@@ -102,9 +102,8 @@ class LocalityTransformerModel(TransformerModel):
         option off the model is fairseq's transformer, and ``--attention-impl`` has
         nothing to set)."""
         plan = cls.layer_plan(options, args)
-        return any(
-            spec.self_attention or spec.encoder_attention or spec.layer_class for specs in plan.values() for spec in specs
-        )
+        return any(spec.self_attention or spec.encoder_attention or spec.layer_class
+                   for specs in plan.values() for spec in specs)
 
     @staticmethod
     def attention_impl_unused() -> str:
