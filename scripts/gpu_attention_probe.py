@@ -36,8 +36,8 @@ path (``--variants``):
   shape, so this is the bound of what graphs could save, not a way to train);
   ``cpp`` and ``graphs`` only for the sublayers with fused calls;
 * ``blocks``: as ``auto`` with every fused call on the smaller blocks that Shaw et al.'s
-  table takes (``flex.SMALL_BLOCKS``, ``kernel_options`` of 64 x 64 blocks and one
-  stage) instead of Inductor's default: on the H200 the forward kernel of HySAN's
+  table takes (``flex.KERNEL_OPTIONS = flex.SMALL_BLOCKS``, ``kernel_options`` of 64 x
+  64 blocks and one stage) instead of Inductor's default: on the H200 the forward kernel of HySAN's
   windows took 0.49 ms a call against 0.13 ms for its backward, a sign of its block
   configuration (docs/benchmark.md); only for the sublayers with fused calls.
 
@@ -431,7 +431,7 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
     from fairseq_localness.modules.attention import set_attention_impl
     from fairseq_localness.modules.kernels import flex
 
-    fused = {}  # (system, side, B, T) -> the fused calls of its row of the auto variant
+    fused = {}  # (system, side, B, T) -> the fused calls of its last row on the compiled path
     # each shape, then each variant, then each system: the first shape's rows first
     for bsz, length in args.shapes:
         for variant in args.variants:
@@ -448,17 +448,16 @@ def _rows(args, systems, models, task, device, dtype, gpu, base, lines, write):
                     set_attention_impl(model, variant if variant in ("eager", "dense") else "auto")
                     apart = variant == "apart"
                     dim = getattr(model, side).embed_tokens.embedding_dim
-                    blocks = {"options": lambda terms, q: flex.SMALL_BLOCKS} if variant == "blocks" else {}
                     with _switched(flex, DYNAMIC_SHAPES=variant != "static",
                                    EPILOGUE_DEVICES=() if apart else flex.EPILOGUE_DEVICES,
                                    PROLOGUE_DEVICES=() if apart else flex.PROLOGUE_DEVICES,
-                                   INDUCTOR_OPTIONS=VARIANT_OPTIONS.get(variant, flex.INDUCTOR_OPTIONS)), \
-                            _switched(flex._Terms, **blocks):
+                                   INDUCTOR_OPTIONS=VARIANT_OPTIONS.get(variant, flex.INDUCTOR_OPTIONS),
+                                   KERNEL_OPTIONS=flex.SMALL_BLOCKS if variant == "blocks" else flex.KERNEL_OPTIONS):
                         row = _attempt(lines, write, [name, side, f"{bsz} x {length}", variant],
                                        lambda: measure(module, side, bsz, length, dim, device, dtype, args.iters))
                     if row is None:
                         continue
-                    if variant == "auto":  # (the variants below it skip a sublayer without fused calls)
+                    if variant not in ("dense", "eager"):  # (those make no fused call by design)
                         fused[(name, side, bsz, length)] = row["fused"]
                     key = (side, bsz, length)
                     if name == BASELINE:

@@ -124,9 +124,6 @@ each_of() {
 STAGES="${STAGES:-train}"
 BENCH_IMPLS="${BENCH_IMPLS:-auto}"
 each_of --bench-impls value "$BENCH_IMPLS" auto sdpa eager flex dense
-# every row of the benchmark in one group (8 systems per value of --bench-impls), so that
-# every round times them all
-BENCH_GROUP=$(( 8 * $(wc -w <<< "$BENCH_IMPLS") ))
 TRAIN_IMPLS="${TRAIN_IMPLS:-auto}"
 each_of --train-impls value "$TRAIN_IMPLS" auto sdpa eager flex dense
 [[ "$BENCH_LENGTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] \
@@ -138,6 +135,12 @@ SYSTEMS="${SYSTEMS:-transformer localness localness-relpos hybrid hysan enc-dc d
 BENCH_SYSTEMS=("transformer" "localness (query, enc 1-3)" "localness + rel_pos" "hybrid (gate, enc 1-2)"
                "hysan e1 (gated)" "enc-dc (f=2)" "dec-dc (f=2)" "full-dc (f=2)")
 [[ -z "$BENCH_ALL" ]] || BENCH_SYSTEMS=()
+# every row of the benchmark in one group (its systems but the transformer, once per value
+# of --bench-impls), so that every round times them all
+BENCH_ROWS=$(( ${#BENCH_SYSTEMS[@]} - 1 ))
+[[ -z "$BENCH_ALL" ]] || BENCH_ROWS=$(( $("$PY" -m fairseq_localness.cli.benchmark --list 2>/dev/null | wc -l) - 1 ))
+(( BENCH_ROWS > 0 )) || die "--bench-systems all: fairseq-localness-bench --list listed no system"
+BENCH_GROUP=$(( BENCH_ROWS * $(wc -w <<< "$BENCH_IMPLS") ))
 # the benchmark's systems whose attention compiles on CUDA (FlexAttention), warmed up first
 BENCH_WARM=("localness (query, enc 1-3)" "localness + rel_pos" "hybrid (gate, enc 1-2)" "hysan e1 (gated)")
 require_file "$DATA_BIN/dict.src.txt" --data-bin

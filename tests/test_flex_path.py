@@ -130,6 +130,31 @@ def test_flex_forward_on_a_cpu_equals_the_eager_reference(kind, causal, monkeypa
     assert (((half - ref) * keep).abs().max() / ref.abs().max()).item() < 0.03
 
 
+@pytest.mark.parametrize("kind", ["gaussian-query", "hysan", "hybrid-gate", "shaw-key-value"])
+def test_kernel_options_reach_every_kind_of_fused_call(kind, monkeypatch):
+    """``flex.KERNEL_OPTIONS`` (the probe's ``blocks`` variant) is what every fused call
+    without options of its own takes: a Gaussian branch, HySAN's and the hybrid's
+    windows; Shaw et al.'s table keeps its own, on CUDA. The output does not change."""
+    module = _module(kind, False).eval()
+    x = torch.randn(9, B, C)
+    seen = []
+    original = flex._call_kind
+
+    def spy(function, q, key_of, args_of, options):
+        seen.append(options)
+        return original(function, q, key_of, args_of, options)
+
+    monkeypatch.setattr(flex, "_call_kind", spy)
+    with torch.no_grad():
+        ref = _run(module, x, "flex", None)
+        assert seen and set(map(str, seen)) == {"None"}
+        seen.clear()
+        monkeypatch.setattr(flex, "KERNEL_OPTIONS", flex.SMALL_BLOCKS)
+        out = _run(module, x, "flex", None)
+    assert seen and all(options == flex.SMALL_BLOCKS for options in seen)
+    torch.testing.assert_close(out, ref)
+
+
 @pytest.mark.parametrize("kind", ["gaussian-query", "shaw-key-value", "hysan", "dual-context"])
 def test_flex_continues_a_prefix_in_incremental_decoding(kind):
     """Several target tokens fed at once after a cached prefix (``Tq < Tk``: the

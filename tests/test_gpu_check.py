@@ -331,12 +331,12 @@ def test_the_stages_bench_then_warm_up_in_parallel_then_time_one_run_at_a_time(t
     assert sorted(line.split(" systems=")[1] for line in warm[:4]) == [
         "hybrid (gate, enc 1-2)", "hysan e1 (gated)", "localness (query, enc 1-3)", "localness + rel_pos"]
     assert {line.split(" systems=")[0] for line in warm[:4]} == {
-        "bench bf16 impls=auto+eager lengths=128 repeats=1 profile=no group=16"}
+        "bench bf16 impls=auto+eager lengths=128 repeats=1 profile=no group=14"}
     assert warm[4:] == ["bench-end repeats=1"] * 4
     # (a third of the limit, 13 s, would leave the benchmark less than 30 s)
     assert "benchmark warm-up, bf16: 4 systems at once, one round each (at most 10 s)" in proc.stderr
     # then the benchmark itself, profiled, with what is left of its limit
-    assert timed[0] == ("bench bf16 impls=auto+eager lengths=128 repeats=4 profile=yes group=16 systems=transformer|"
+    assert timed[0] == ("bench bf16 impls=auto+eager lengths=128 repeats=4 profile=yes group=14 systems=transformer|"
                         "localness (query, enc 1-3)|localness + rel_pos|hybrid (gate, enc 1-2)|hysan e1 (gated)|"
                         "enc-dc (f=2)|dec-dc (f=2)|full-dc (f=2)")
     assert timed[1] == "bench-end repeats=4"
@@ -405,7 +405,7 @@ def test_a_benchmark_limit_too_short_for_a_warm_up_runs_the_benchmark_alone(tmp_
     assert "no time for the bf16 benchmark's warm-up" in proc.stderr
     assert "benchmark, bf16 (at most 35 s)" in proc.stderr
     assert [line.split(" systems=")[0] for line in runs.read_text().splitlines()] == [
-        "bench bf16 impls=auto lengths=128,512 repeats=4 profile=yes group=8", "bench-end repeats=4"]
+        "bench bf16 impls=auto lengths=128,512 repeats=4 profile=yes group=7", "bench-end repeats=4"]
 
 
 def test_the_probe_stage_runs_the_attention_probe_in_the_first_dtype(tmp_path):

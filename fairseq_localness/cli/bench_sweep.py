@@ -197,8 +197,7 @@ def report(sweep: List[dict], args, machine: str) -> Tuple[dict, str]:
     if len(lengths) < len(args.lengths) or partial:
         md += ["", f"Lengths measured so far: {lengths} of {args.lengths}."]
     for entry in partial:
-        md += ["", f"T = {entry['length']} so far: {entry['partial']} (the run went on; the other systems' "
-                   f"rows come later)."]
+        md += ["", f"T = {entry['length']} so far: {entry['partial']} (the run went on)."]
     md += ["", sweep_table(rows, lengths)]
     for entry in sweep:
         md += [f"## T = {entry['length']}", "", table(entry["results"], machine)]

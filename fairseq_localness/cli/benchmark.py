@@ -190,11 +190,14 @@ SETTINGS = ("size", "dtype", "attention_impl", "batch_size", "src_len", "tgt_len
 
 
 def _write(args, payload: dict, md: str):
+    """bench.json, then bench.md, each written whole or not at all (a run killed by its
+    time limit while writing keeps the previous round's)."""
     os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "bench.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(args.output_dir, "bench.json"), "w") as f:
-        json.dump(payload, f, indent=2)
+    for name, text in (("bench.json", json.dumps(payload, indent=2)), ("bench.md", md)):
+        path = os.path.join(args.output_dir, name)
+        with open(path + ".partial", "w") as f:
+            f.write(text)
+        os.replace(path + ".partial", path)
 
 
 def main(argv=None):
@@ -231,8 +234,7 @@ def main(argv=None):
     else:
         def after_round(partial, where):  # so that a run stopped by a time limit keeps its rounds
             payload.update(machine=machine(), results=records(partial), partial=where)
-            _write(args, payload, f"So far: {where} (the run went on; the other systems' rows come later).\n\n"
-                   + table(partial, payload["machine"]))
+            _write(args, payload, f"So far: {where} (the run went on).\n\n" + table(partial, payload["machine"]))
 
         results = run(args, after_round)
         payload.pop("partial", None)

@@ -97,6 +97,11 @@ logger = logging.getLogger(__name__)
 # memory (issue 38, measured on an H200: the default blocks ran out of it).
 TABLE_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
 
+# The kernel options of every fused call that has none of its own (None: Inductor's
+# defaults; Shaw et al.'s table keeps TABLE_KERNEL_OPTIONS). A switch for measurements:
+# scripts/gpu_attention_probe.py's ``blocks`` variant sets SMALL_BLOCKS here.
+KERNEL_OPTIONS = None
+
 # An unbounded side of a window, in the geometry.
 _UNBOUNDED = 1 << 30
 
@@ -516,8 +521,8 @@ class _Terms:
 
     def options(self, q: Tensor):
         """The kernel options of the call: :data:`TABLE_KERNEL_OPTIONS` with a bucket
-        table on CUDA, else None (the default blocks)."""
-        return TABLE_KERNEL_OPTIONS if (self.has_table and q.device.type == "cuda") else None
+        table on CUDA, else :data:`KERNEL_OPTIONS` (None: the default blocks)."""
+        return TABLE_KERNEL_OPTIONS if (self.has_table and q.device.type == "cuda") else KERNEL_OPTIONS
 
     def window(self, window: Window, tgt_len: int, src_len: int, device: torch.device):
         """The block mask and the geometry of ``window`` for a call of these terms."""
@@ -772,7 +777,7 @@ def flex_windows(ctx: AttentionContext, v: Tensor, scale: float, windows: Sequen
     def args_of(options):
         return (grouped, k, v, scale, block_mask, padding, geometry, options, function, tuple(flags), *tensors)
 
-    result = _call_kind(_attend_windows, grouped, key_of, args_of, None)
+    result = _call_kind(_attend_windows, grouped, key_of, args_of, KERNEL_OPTIONS)
     return result if function is None else FusedOutput(*result)
 
 
