@@ -373,7 +373,7 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         weights = None
         if self._use_sdpa(query, need_weights, ctx):
             if self.relative_positions is not None and (self._dropout_active()
-                                                        or dense.applies(ctx, self.attention_impl)):
+                                                        or dense.takes(self.attention_impl, ctx.tgt_len)):
                 # Shaw et al.'s key term only (no values): a float mask for SDPA
                 key_term = self.relative_positions.key_scores(q * self.scaling, ctx)
                 soft_bias = key_term if soft_bias is None else soft_bias + key_term

@@ -362,7 +362,7 @@ def fused_windows(
         return None
     if ctx.tgt_len == 1:
         return _one_row_windows(ctx, v, branches, scale, dropout)
-    if dense.applies(ctx, impl):
+    if dense.takes(impl, ctx.tgt_len):
         return _dense_windows(ctx, v, branches, base_blocked, dropout) if stacked_fusion else None
     if "fused" not in ctx.cache:
         ctx.cache["fused"] = _fused_terms(ctx, scale, dropout, relative_positions, impl)
@@ -470,7 +470,7 @@ def branch_attention(
         call_scores, value = fused
         if impl == "flex" or call_scores or value is not None or _has_own(description):
             return flex.flex_branch(ctx, v, scale, description, call_scores, value)
-    if dense.applies(ctx, impl):
+    if dense.takes(impl, ctx.tgt_len):
         return dense.dense_attention(ctx, v, description, base_blocked, soft_bias,
                                      dropout.p if dropout is not None else 0.0)
     out = _recomputed(ctx, v, description, base_blocked, soft_bias, scale, dropout, relative_positions)

@@ -80,12 +80,6 @@ from fairseq_localness.modules.kernels.sdpa import padding_bias
 from fairseq_localness.modules.scores import BucketScore, Description, GaussianScore, Window
 
 
-def applies(ctx: AttentionContext, impl: str) -> bool:
-    """Whether a call of a core with ``attention_impl`` ``impl`` takes this path
-    (:func:`takes`)."""
-    return takes(impl, ctx.tgt_len)
-
-
 def takes(impl: str, tgt_len: int) -> bool:
     """Whether a call of ``tgt_len`` query rows with ``attention_impl`` ``impl`` takes
     this path: ``"dense"`` and a full pass (``Tq > 1``; one row is a beam-search step)."""
