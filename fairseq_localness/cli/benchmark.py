@@ -192,12 +192,11 @@ SETTINGS = ("size", "dtype", "attention_impl", "batch_size", "src_len", "tgt_len
 def _write(args, payload: dict, md: str):
     """bench.json, then bench.md, each written whole or not at all (a run killed by its
     time limit while writing keeps the previous round's)."""
+    from fairseq_localness.corpus.files import _atomic_write
+
     os.makedirs(args.output_dir, exist_ok=True)
-    for name, text in (("bench.json", json.dumps(payload, indent=2)), ("bench.md", md)):
-        path = os.path.join(args.output_dir, name)
-        with open(path + ".partial", "w") as f:
-            f.write(text)
-        os.replace(path + ".partial", path)
+    _atomic_write(os.path.join(args.output_dir, "bench.json"), json.dumps(payload, indent=2))
+    _atomic_write(os.path.join(args.output_dir, "bench.md"), md)
 
 
 def main(argv=None):
