@@ -24,8 +24,8 @@ from test_flex_path import B, C, CUDA_TOL, H, KINDS, _FlexCalls, _module, _paddi
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# kinds whose branches have something of their own or no value term: the dense path;
-# Shaw et al.'s value term (shaw-key-value, gaussian+shaw) takes the eager path
+# kinds with Shaw et al.'s value term: one autograd function per branch
+# (dense.dense_relative) instead of an SDPA call
 VALUE_TERM_KINDS = ("shaw-key-value", "gaussian+shaw")
 
 
@@ -63,7 +63,8 @@ def test_dense_path_equals_the_eager_reference_outputs_and_gradients(kind, causa
     _check_against_eager(kind, causal, side, torch.float32, "cpu", 1e-5)
 
 
-@pytest.mark.parametrize("kind", ["gaussian-query", "hysan", "hybrid-gate", "shaw-key"])
+@pytest.mark.parametrize("kind", ["gaussian-query", "hysan", "hybrid-gate", "shaw-key", "shaw-key-value",
+                                  "gaussian+shaw"])
 def test_dense_path_in_bfloat16_is_within_its_rounding(kind):
     _check_against_eager(kind, False, "left", torch.bfloat16, "cpu", 0.05)
 
@@ -95,22 +96,39 @@ class _Spies:
         return spy
 
 
+class _RelativeCalls:
+    """Records the attention dropout of each call of :class:`~.dense._RelativeAttention`."""
+
+    def __init__(self, monkeypatch):
+        self.dropout = []
+        original = dense._RelativeAttention.apply
+
+        def spy(*args):
+            self.dropout.append(args[-1])
+            return original(*args)
+
+        monkeypatch.setattr(dense._RelativeAttention, "apply", spy)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("kind", [k for k in KINDS if k != "dual-context"])
 def test_each_branch_is_one_sdpa_call_with_a_float_mask_and_nothing_else(kind, causal, monkeypatch):
     """In training, each branch of a full pass is one SDPA call, not the fused call, the
     recomputation per block or the band, with a float mask in the query's dtype whose
     rows lie a multiple of 8 elements apart where it is the cached one; a call with
-    Shaw et al.'s value term takes the eager path (no SDPA call)."""
+    Shaw et al.'s value term is one call of :class:`~.dense._RelativeAttention` per
+    branch instead (no SDPA call, no eager path)."""
     module = _module(kind, causal)
     x = torch.randn(21, B, C, requires_grad=True)
     padding = _padding("right" if causal else "left", B, 21, [21, 13, 5])
     spies = _Spies(monkeypatch)
+    relative = _RelativeCalls(monkeypatch)
     _run(module, x, "dense", padding).sum().backward()
     assert spies.flex.count == 0 and spies.other == []
     cores = [m for m in module.modules() if isinstance(m, AttentionCore)]
     branches = sum(len(core.branches) for core in cores)
     assert spies.sdpa == (0 if kind in VALUE_TERM_KINDS else branches)
+    assert len(relative.dropout) == (branches if kind in VALUE_TERM_KINDS else 0)
     for q, mask, is_causal in spies.masks:
         assert mask is not None and mask.dtype == q.dtype and not is_causal
         # the cached masks and the biases added to them alike
@@ -329,7 +347,7 @@ def test_cuda_paths_on_the_cpu_keep_dense_cores_off_the_fused_calls(monkeypatch)
             assert calls.count >= 1, kind  # ("auto" takes them there: the check above could fail)
 
 
-@pytest.mark.parametrize("kind", ["gaussian-query", "hysan", "shaw-key", "hybrid-gate"])
+@pytest.mark.parametrize("kind", ["gaussian-query", "hysan", "shaw-key", "hybrid-gate", "shaw-key-value"])
 def test_a_chunk_after_a_cached_prefix_cross_attention_an_attn_mask_and_one_sentence(kind):
     """Beyond full self-attention passes: several queries after a cached prefix (``Tq <
     Tk``, causal), encoder-decoder attention over a padded source, a caller's float
@@ -361,7 +379,7 @@ def test_a_chunk_after_a_cached_prefix_cross_attention_an_attn_mask_and_one_sent
             torch.testing.assert_close(call(mod, "dense"), call(mod, "eager"), atol=2e-6, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("kind", ["gaussian-query", "shaw-key", "hysan"])
+@pytest.mark.parametrize("kind", ["gaussian-query", "shaw-key", "hysan", "gaussian+shaw"])
 def test_a_learned_bias_with_a_callers_soft_attn_mask_has_the_eager_gradients(kind):
     """A learned bias (the Gaussian: :class:`~.dense._BiasedMask` with ``extra``; Shaw
     et al.'s key term: ``extra`` alone) plus the finite part of a caller's float
@@ -387,7 +405,8 @@ def test_a_learned_bias_with_a_callers_soft_attn_mask_has_the_eager_gradients(ki
         assert _relative(a, b, floor) < 1e-5
 
 
-@pytest.mark.parametrize("kind", ["gaussian-query", "gaussian-head", "shaw-key", "hysan"])
+@pytest.mark.parametrize("kind", ["gaussian-query", "gaussian-head", "shaw-key", "hysan", "shaw-key-value",
+                                  "gaussian+shaw"])
 def test_dense_path_in_float16_on_the_cpu_is_within_its_rounding(kind):
     """float16 (the Gaussian's bias shifted by its row maximum and floored before the
     cast): outputs and gradients against the float32 eager reference."""
@@ -472,3 +491,129 @@ def test_cuda_dense_path_equals_eager_outputs_and_gradients(kind, causal, dtype,
     """On CUDA, SDPA's kernels with the learned biases' gradients (the memory-efficient
     kernel) against the eager reference in float32, outputs and every gradient."""
     _check_against_eager(kind, causal, side, dtype, "cuda", CUDA_TOL[dtype])
+
+
+def _shaw_inputs(tgt_len, src_len, dtype=torch.float64, bias=True, seed=0):
+    """Inputs of :class:`~.dense._RelativeAttention`: q, k, v ``2 x 2 x T x 4``, a bias
+    with a blocked key per row (gradients through the rest), ``w^K``, ``w^V`` (K = 2)
+    and the buckets of ``RelativePositions``' cached table (queries bottom-right
+    aligned)."""
+    from fairseq_localness.modules.relative_position import RelativePositions
+
+    gen = torch.Generator().manual_seed(seed)
+    rel = RelativePositions(4, 2)
+    q, k, v = (torch.randn(2, 2, t, 4, generator=gen, dtype=dtype, requires_grad=True)
+               for t in (tgt_len, src_len, src_len))
+    terms = None
+    if bias:
+        terms = torch.randn(2, 2, tgt_len, src_len, generator=gen, dtype=dtype)
+        terms[..., 0, -1] = float("-inf")  # a blocked key: no gradient through it
+        terms.requires_grad_(True)
+    w_k, w_v = (torch.randn(5, 4, generator=gen, dtype=dtype, requires_grad=True) for _ in range(2))
+    return q, k, v, terms, w_k, w_v, rel._buckets(tgt_len, src_len, "cpu")[None], rel
+
+
+def _shaw_reference(q, k, v, terms, w_k, w_v, buckets, scale, keep=None, p=0.0):
+    """Shaw et al. (2018), eq. 3-4 written out with the ``Tq x Tk x Dh`` tensors of
+    ``a^K_ij`` and ``a^V_ij`` (their section 3.3 avoids them; a test can afford them)."""
+    a_k, a_v = w_k[buckets[0]], w_v[buckets[0]]  # Tq x Tk x Dh
+    energies = (q @ k.transpose(-1, -2) + torch.einsum("bhid,ijd->bhij", q, a_k)) * scale
+    if terms is not None:
+        energies = energies + terms
+    alpha = torch.softmax(energies, -1)
+    if keep is not None:
+        alpha = alpha * keep / (1 - p)
+    return alpha @ v + torch.einsum("bhij,ijd->bhid", alpha, a_v)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3], ids=["no-dropout", "dropout"])
+@pytest.mark.parametrize("lengths", [(6, 6), (3, 7)], ids=["full", "after-a-prefix"])
+def test_shaws_value_term_function_has_the_gradients_of_its_equations(lengths, dropout):
+    """:class:`~.dense._RelativeAttention` in float64: ``gradcheck`` of every input (q,
+    k, v, the bias, ``w^K``, ``w^V``), the dropout's mask drawn alike in every call (the
+    generator seeded before each), and its output == eq. 3-4 written out with that
+    mask (and without dropout, with none)."""
+    q, k, v, terms, w_k, w_v, buckets, _ = _shaw_inputs(*lengths)
+    scale = 0.5
+
+    def call(*inputs):
+        torch.manual_seed(11)
+        return dense._RelativeAttention.apply(*inputs[:6], buckets, scale, dropout)
+
+    inputs = (q, k, v, terms, w_k, w_v)
+    assert torch.autograd.gradcheck(call, inputs)
+    keep = None
+    if dropout:
+        torch.manual_seed(11)
+        keep = torch.ops.aten.native_dropout(torch.empty(2, 2, *lengths), dropout, True)[1]
+        assert 0 < keep.sum() < keep.numel()
+    want = _shaw_reference(*inputs, buckets, scale, keep, dropout)
+    torch.testing.assert_close(call(*inputs), want)
+
+
+def test_shaws_value_term_function_without_a_bias_and_in_half_precision():
+    """No bias (the call's mask and score terms none), and in bfloat16 and float16 against
+    the float64 equations: outputs and every gradient within half precision's
+    rounding."""
+    q, k, v, _, w_k, w_v, buckets, _ = _shaw_inputs(5, 5, bias=False)
+    want = _shaw_reference(q, k, v, None, w_k, w_v, buckets, 0.5)
+    grads = torch.autograd.grad(want.pow(2).sum(), (q, k, v, w_k, w_v))
+    for dtype in (torch.float64, torch.bfloat16, torch.float16):
+        inputs = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
+        embeddings = [t.detach().to(dtype).requires_grad_(True) for t in (w_k, w_v)]
+        got = dense._RelativeAttention.apply(*inputs, None, *embeddings, buckets, 0.5, 0.0)
+        assert got.dtype == dtype
+        got_grads = torch.autograd.grad(got.double().pow(2).sum(), inputs + embeddings)
+        tol = 1e-10 if dtype == torch.float64 else 0.03
+        assert _relative(got, want) < tol, dtype
+        for a, b in zip(got_grads, grads):
+            assert a.dtype == dtype and _relative(a, b) < tol, dtype
+
+
+def test_the_value_term_with_attention_dropout_takes_the_function_where_cuda_would(monkeypatch):
+    """With attention dropout (which the fused call does not draw): on CUDA's paths the
+    value term is one call of the function per branch under every setting but
+    ``"eager"``; on the CPU's own paths ``"auto"`` keeps the eager path and ``"dense"``
+    takes the function. Without dropout, ``"auto"`` on CUDA's paths keeps the fused
+    call."""
+    relative = _RelativeCalls(monkeypatch)
+    flex_calls = _FlexCalls(monkeypatch)
+
+    def calls(impl, dropout=0.25):
+        module = KINDS["gaussian+shaw"](False).train()
+        module.dropout_module.p = dropout
+        before = len(relative.dropout)
+        x = torch.randn(9, B, C, requires_grad=True)
+        _run(module, x, impl, _padding("left", B, 9, [9, 5, 2])).sum().backward()
+        return relative.dropout[before:]
+
+    assert calls("auto") == [] and calls("eager") == []
+    assert calls("dense") == [0.25]
+    with emulation.cuda_paths_on_cpu():
+        assert calls("auto") == [0.25] and calls("sdpa") == [0.25] and calls("dense") == [0.25]
+        assert calls("eager") == []
+        assert calls("auto", dropout=0.0) == [] and flex_calls.count == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["shaw-key-value", "gaussian+shaw"])
+def test_the_value_term_function_keeps_less_for_the_backward_pass_than_the_eager_path(kind, dtype):
+    """With attention dropout, the bytes of the tensors kept for the backward pass (each
+    storage once) by a sublayer with Shaw et al.'s value term: under 0.75 of the eager
+    path's (measured 0.53-0.68: the eager path also keeps the dropped distribution in
+    the values' dtype, and its Gaussian's ``Tq x Tk`` intermediates)."""
+    module = KINDS[kind](False).to(dtype).train()
+    module.dropout_module.p = 0.1
+    kept = {}
+    for impl in ("eager", "dense"):
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        x = torch.randn(40, B, C, dtype=dtype, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            _run(module, x, impl, _padding("left", B, 40, [40, 30, 9]))
+        kept[impl] = sum(storages.values())
+    assert kept["dense"] < 0.75 * kept["eager"], kept

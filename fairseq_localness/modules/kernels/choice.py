@@ -12,8 +12,9 @@ where it applies except where the eager path was measured to be as fast, ``"sdpa
 wherever it applies, ``"flex"`` likewise with every branch in the fused kernel
 (:mod:`.flex`; on a CPU its forward pass only, for the tests), ``"dense"`` likewise
 with every branch of a full pass one SDPA call with its mask and bias given whole
-(:mod:`.dense`: no compiled call; Shaw et al.'s value term on the eager path; not yet
-measured on a GPU against the fused call), ``"eager"`` never.
+(:mod:`.dense`: no compiled call; a call with Shaw et al.'s value term one autograd
+function per branch, :func:`~.dense.dense_relative`; not yet measured on a GPU against
+the fused call), ``"eager"`` never.
 
 The kernel layer. A branch describes its distribution once, as data
 (:meth:`~fairseq_localness.modules.context.AttentionBranch.describe`, a
@@ -43,12 +44,17 @@ The call (:func:`use_fast_path`): the first row that matches decides.
 +--------------------------------------+---------+---------+-----------------+---------+
 | one branch, asked for its weights    | any     | any     | any             | eager   |
 +--------------------------------------+---------+---------+-----------------+---------+
-| Shaw et al.'s value term with        | any     | any     | any             | eager   |
-| attention dropout (only the eager    |         |         |                 |         |
-| path draws it on the distribution    |         |         |                 |         |
-| the value term needs)                |         |         |                 |         |
-+--------------------------------------+---------+---------+-----------------+---------+
 | any                                  | any     | float64 | any             | eager   |
++--------------------------------------+---------+---------+-----------------+---------+
+| Shaw et al.'s value term with        | CUDA    | any     | Tq > 1          | one     |
+| attention dropout, or with           | (any    |         |                 | autograd|
+| ``"dense"`` (:func:`takes_relative`) | with    |         |                 | function|
+|                                      | dense)  |         |                 | [9]_    |
++--------------------------------------+---------+---------+-----------------+---------+
+| Shaw et al.'s value term with        | any     | any     | any             | eager   |
+| attention dropout otherwise (the     |         |         |                 |         |
+| fused call draws no dropout; the     |         |         |                 |         |
+| CPU keeps its measured path)         |         |         |                 |         |
 +--------------------------------------+---------+---------+-----------------+---------+
 | ``"auto"``: several branches trained | CPU     | float32 | any             | eager   |
 | with attention dropout               |         |         |                 | [1]_    |
@@ -213,6 +219,16 @@ otherwise):
    (Dec-DC) at 8 sentences of 32 tokens, 32 steps, 7 rounds (the transformer, which
    takes neither, 1.023: the noise); 0.988, 1.004 and 1.025 at 2 sentences of 256
    tokens, 64 steps, 5 rounds. So the CPU keeps its measured kernels.
+.. [9] :func:`~.dense.dense_relative`: Shaw et al.'s key term, the mask and score
+   terms, the softmax, the dropout and both value products as one autograd function
+   with its own backward pass. Counted on the CPU on CUDA's paths (a benchmark
+   training step of localness + rel_pos, width 32, 2 x 16 tokens, float32, SDPA and
+   each compiled call one operator forward and one backward): 2,205 operators on the
+   eager path against 2,147 with ``"dense"``; with attention dropout 0.1 under
+   ``"auto"``, 2,277 against 2,219 (the transformer's: 1,575 and 1,599). It keeps the
+   float32 distribution and the dropout's mask for its backward pass, where the eager
+   path also keeps the dropped distribution in the values' dtype. Not yet measured on
+   a GPU; the CPU's ``"auto"`` keeps the eager path it was measured with.
 """
 from typing import Optional
 
@@ -289,7 +305,8 @@ def use_fast_path(
         return False
     if need_weights and branches == 1:
         return False
-    if value_term and (dropout or dense.takes(impl, query.size(0))):
+    if value_term and (dropout or dense.takes(impl, query.size(0))) \
+            and not takes_relative(impl, query.device, query.size(0), dropout):
         return False
     if query.dtype not in _SDPA_DTYPES:
         return False
@@ -302,6 +319,17 @@ def use_fast_path(
             # alone take one product for all (fused_windows), other branches the eager path
             return windows and not dropout
     return True
+
+
+def takes_relative(impl: str, device: torch.device, tgt_len: int, dropout: bool) -> bool:
+    """Whether a call with Shaw et al.'s value term takes :func:`~.dense.dense_relative`
+    (one autograd function per branch): a full pass (``Tq > 1``) with ``"dense"``, or
+    with attention dropout on a device of :data:`FUSED_DEVICES` (CUDA), where the fused
+    call draws no dropout. Elsewhere such a call with dropout takes the eager path (on a
+    CPU, ``"auto"`` keeps the paths measured there)."""
+    if tgt_len == 1:
+        return False
+    return dense.takes(impl, tgt_len) or (dropout and device.type in FUSED_DEVICES)
 
 
 def _fused_terms(ctx, scale, dropout, rel, impl):
@@ -463,6 +491,11 @@ def branch_attention(
     ``impl``: the core's ``attention_impl``.
     """
     description = branch.describe(ctx)
+    rel = relative_positions
+    if rel is not None and rel.value_embeddings is not None \
+            and takes_relative(impl, ctx.q.device, ctx.tgt_len, dropout is not None):
+        return dense.dense_relative(ctx, v, description, base_blocked, soft_bias, scale,
+                                    dropout.p if dropout is not None else 0.0, rel)
     if "fused" not in ctx.cache:  # once per call, for all its branches
         ctx.cache["fused"] = _fused_terms(ctx, scale, dropout, relative_positions, impl)
     fused = ctx.cache["fused"]

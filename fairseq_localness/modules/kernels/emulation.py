@@ -7,7 +7,9 @@ duration of a ``with`` block:
 
 * :data:`.choice.FUSED_DEVICES`: every call with anything of its own goes to one
   FlexAttention call (:mod:`.flex`), in training too; several branches that are
-  windows alone to one call for all (HySAN's, the hybrid's);
+  windows alone to one call for all (HySAN's, the hybrid's); a call with Shaw et
+  al.'s value term and attention dropout to one autograd function per branch
+  (:func:`.dense.dense_relative`);
 * :data:`~fairseq_localness.modules.projections.STACKED_PROJECTION_DEVICES`: the
   projections of one input as one product (and Yang et al.'s P and D together);
 * :data:`~fairseq_localness.modules.dual_context.JOINT_PASS_DEVICES`: the Dual
@@ -25,7 +27,7 @@ kernels do not take, :func:`.flex.supports`) still takes the fused call; Shaw et
 table gets no kernel options (the CUDA kernel's block sizes); several windows of one
 query row over more than :data:`.choice.EAGER_MAX_KEYS` keys take a step per window
 (each one fused call), and a call the fused kernel does not take (attention dropout)
-keeps the CPU's kernels.
+keeps the CPU's kernels, but for Shaw et al.'s value term (above).
 
 The fused calls run uncompiled on the CPU: torch's reference implementation of
 FlexAttention (``torch.nn.attention.flex_attention``), which computes the scores of
