@@ -41,11 +41,11 @@ import logging
 import os
 import re
 import sys
-import tempfile
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from fairseq_localness.atomic import replacing
 from fairseq_localness.checkpoint import CheckpointError, add_trust_argument, torch_load_checkpoint, trusting
 
 logger = logging.getLogger("fairseq_localness.average")
@@ -250,20 +250,13 @@ def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
 
 
 def save_atomic(state: dict, output: str):
-    """``torch.save`` to a temporary file next to ``output``, then rename it."""
-    directory = os.path.dirname(os.path.abspath(output))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(output) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    """``torch.save`` to a temporary file next to ``output``, on disk before it is renamed
+    to ``output`` (:func:`fairseq_localness.atomic.replacing`)."""
+    with replacing(output) as tmp:
+        with open(tmp, "xb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -192,11 +192,11 @@ SETTINGS = ("size", "dtype", "attention_impl", "batch_size", "src_len", "tgt_len
 def _write(args, payload: dict, md: str):
     """bench.json, then bench.md, each written whole or not at all (a run killed by its
     time limit while writing keeps the previous round's)."""
-    from fairseq_localness.corpus.files import _atomic_write
+    from fairseq_localness.atomic import write_text
 
     os.makedirs(args.output_dir, exist_ok=True)
-    _atomic_write(os.path.join(args.output_dir, "bench.json"), json.dumps(payload, indent=2))
-    _atomic_write(os.path.join(args.output_dir, "bench.md"), md)
+    write_text(os.path.join(args.output_dir, "bench.json"), json.dumps(payload, indent=2))
+    write_text(os.path.join(args.output_dir, "bench.md"), md)
 
 
 def main(argv=None):

@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 
+from fairseq_localness.atomic import replacing
 from fairseq_localness.checkpoint import add_trust_argument, trusting
 
 logger = logging.getLogger("fairseq_localness.dump")
@@ -80,9 +81,8 @@ def main(args):
             "checkpoint with at least one locality layer\n")
         sys.exit(2)
     written = lines = 0
-    tmp = args.output + ".tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as out:
+    with replacing(args.output) as tmp:  # (no file under the name unless it is whole)
+        with open(tmp, "x", encoding="utf-8") as out:
             for sent in iter_sentence_stats(
                 model, task, args.split, max_sentences=args.max_sentences, batch_size=args.batch_size,
                 with_attention=args.with_attention, use_cuda=use_cuda, show_progress=False,
@@ -98,10 +98,6 @@ def main(args):
                 f"fairseq-localness-dump: error: the model of {args.path} (--arch {_arch(cfg)}) recorded no "
                 f"statistics over {written} sentence(s) of '{args.split}': nothing to dump\n")
             sys.exit(2)
-        os.replace(tmp, args.output)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     logger.info("wrote statistics of %d sentences to %s", written, args.output)
     return written
 

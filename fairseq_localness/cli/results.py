@@ -82,6 +82,7 @@ import os
 import sys
 from typing import Dict
 
+from fairseq_localness.atomic import write_text
 from fairseq_localness.cli.results_runs import NAME_RE, ResultsError, read_manifest, read_run
 from fairseq_localness.cli.results_stats import aggregate
 from fairseq_localness.cli.results_tables import per_seed_tsv, render
@@ -92,10 +93,7 @@ PROG = "fairseq-localness-results"
 
 
 def _write(path: str, text: str):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_text(path, text)
 
 
 # --------------------------------------------------------------------------- command line

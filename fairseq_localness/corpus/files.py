@@ -7,24 +7,12 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Dict, List, Optional
 
+from fairseq_localness.atomic import write_text
 from fairseq_localness.corpus.config import CorpusConfig
 from fairseq_localness.corpus.generate import GENERATOR_VERSION, iter_corpus
 from fairseq_localness.corpus.lexicon import detokenize, tokenize
 from fairseq_localness.corpus.size import check_size
 from fairseq_localness.corpus.stats import _StatsAccumulator
-
-
-def _atomic_write(path: str, text: str):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 
@@ -72,7 +60,7 @@ def write_corpus(out_dir: str, cfg: Optional[CorpusConfig] = None, progress: boo
                 os.unlink(path)
     result = {split: stats[split].stats() for split in ("train", "valid", "test")}
     meta = {"generator_version": GENERATOR_VERSION, "config": asdict(cfg), "stats": result}
-    _atomic_write(os.path.join(out_dir, "corpus.json"), json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_text(os.path.join(out_dir, "corpus.json"), json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return result
 
 

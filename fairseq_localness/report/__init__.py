@@ -35,6 +35,7 @@ import subprocess
 import time
 from typing import List, Optional
 
+from fairseq_localness.atomic import write_text
 from fairseq_localness.report.collect import ReportError, collect
 
 __all__ = ["ReportError", "write_report", "record_run"]
@@ -53,10 +54,7 @@ def write_report(work_dir: str, out: Optional[str] = None, driver: Optional[str]
     curves = figures.curves(work)
     paper = figures.paper_figures(work, driver)
     text = page.render(work, curves, paper, driver, now)
-    tmp = out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, out)
+    write_text(out, text)
     return out
 
 
@@ -100,8 +98,5 @@ def record_run(work_dir: str, command: str, driver: str, title: str = "", device
             "hardware": hardware(devices)}
     os.makedirs(work_dir, exist_ok=True)
     path = os.path.join(work_dir, "run.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=1)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    write_text(path, json.dumps(info, indent=1) + "\n")
     return path

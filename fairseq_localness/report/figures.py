@@ -11,6 +11,7 @@ import os
 import re
 from typing import Dict, List, Optional
 
+from fairseq_localness.atomic import replacing
 from fairseq_localness.analysis.plotting import pyplot
 from fairseq_localness.report.collect import Row, Work
 
@@ -75,8 +76,8 @@ def draw_curves(row: Row, path: str, panels: List[str]):
 
 def _draw(job):
     row, path, panels = job
-    draw_curves(row, path + ".tmp.png", panels)
-    os.replace(path + ".tmp.png", path)
+    with replacing(path, ".png") as tmp:
+        draw_curves(row, tmp, panels)
 
 
 def draw_all(jobs):

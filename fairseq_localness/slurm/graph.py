@@ -2,6 +2,8 @@
 import os
 import re
 
+from fairseq_localness.atomic import write_text
+
 
 class Job:
     def __init__(self, key, kind, row, seed, nodes, tasks, gpus, needs):
@@ -57,7 +59,5 @@ def read_rows(state_dir):
 def write_rows(state_dir, rows):
     """rows.tsv with the rows it holds and these, each once."""
     known = read_rows(state_dir)
-    with open(rows_path(state_dir) + ".tmp", "w", encoding="utf-8") as f:
-        for r in known + [r for r in rows if r not in known]:
-            f.write("ROW\t" + "\t".join(r) + "\n")
-    os.replace(rows_path(state_dir) + ".tmp", rows_path(state_dir))
+    rows = known + [r for r in rows if r not in known]
+    write_text(rows_path(state_dir), "".join("ROW\t" + "\t".join(r) + "\n" for r in rows))

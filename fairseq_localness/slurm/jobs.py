@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from fairseq_localness.atomic import write_text
 from fairseq_localness.slurm.cluster import load_json
 from fairseq_localness.slurm.graph import read_rows, safe
 
@@ -37,9 +38,7 @@ class Step:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         state.update(job_id=os.environ.get("SLURM_JOB_ID", ""), restarts=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
                      time=time.time())
-        with open(path + ".tmp", "w") as f:
-            json.dump(state, f)
-        os.replace(path + ".tmp", path)
+        write_text(path, json.dumps(state))
 
     def __call__(self):
         import submitit

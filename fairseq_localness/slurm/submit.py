@@ -11,6 +11,7 @@ import shutil
 import sys
 import time
 
+from fairseq_localness.atomic import write_text
 from fairseq_localness.slurm import SlurmError, UsageError, check_slurm_arg
 from fairseq_localness.slurm.cluster import MAX_MINUTES, ask, job_states, load_json, need_slurm, partitions, read_queue
 from fairseq_localness.slurm.graph import read_graph, safe, write_rows
@@ -76,9 +77,7 @@ def check(args):
 
 
 def write_json(path, value):
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_text(path, json.dumps(value, indent=1))
 
 
 def submit(args):
