@@ -7,6 +7,8 @@ bfloat16. The CUDA twin (skipped without a GPU) runs it in float32, float16 and
 bfloat16, where SDPA's memory-efficient kernel computes the learned biases'
 gradients.
 """
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -348,11 +350,12 @@ def test_cuda_paths_on_the_cpu_keep_dense_cores_off_the_fused_calls(monkeypatch)
 
 
 @pytest.mark.parametrize("kind", ["gaussian-query", "hysan", "shaw-key", "hybrid-gate", "shaw-key-value"])
-def test_a_chunk_after_a_cached_prefix_cross_attention_an_attn_mask_and_one_sentence(kind):
+def test_a_chunk_after_a_cached_prefix_cross_attention_an_attn_mask_and_one_sentence(kind, monkeypatch):
     """Beyond full self-attention passes: several queries after a cached prefix (``Tq <
     Tk``, causal), encoder-decoder attention over a padded source, a caller's float
     ``attn_mask`` (the per-call mask), and a batch of one sentence: each == eager."""
     torch.manual_seed(3)
+    relative = _RelativeCalls(monkeypatch)
     module = _module(kind, True).eval()
     prefix, chunk = torch.randn(6, B, C), torch.randn(4, B, C)
     outs = {}
@@ -363,6 +366,7 @@ def test_a_chunk_after_a_cached_prefix_cross_attention_an_attn_mask_and_one_sent
             module(prefix, prefix, prefix, incremental_state=state, need_weights=False)
             outs[impl] = module(chunk, chunk, chunk, incremental_state=state, need_weights=False)[0]
     torch.testing.assert_close(outs["dense"], outs["eager"], atol=2e-6, rtol=1e-5)
+    assert len(relative.dropout) == (2 if kind == "shaw-key-value" else 0)  # the prefix's call and the chunk's
     cross = AttentionCore(C, H, branches=[GaussianLocalness(C, H)] if kind == "gaussian-query" else None)
     src, tgt = torch.randn(11, B, C), torch.randn(5, B, C)
     padding = _padding("left", B, 11, [11, 7, 2])
@@ -380,7 +384,7 @@ def test_a_chunk_after_a_cached_prefix_cross_attention_an_attn_mask_and_one_sent
 
 
 @pytest.mark.parametrize("kind", ["gaussian-query", "shaw-key", "hysan", "gaussian+shaw"])
-def test_a_learned_bias_with_a_callers_soft_attn_mask_has_the_eager_gradients(kind):
+def test_a_learned_bias_with_a_callers_soft_attn_mask_has_the_eager_gradients(kind, monkeypatch):
     """A learned bias (the Gaussian: :class:`~.dense._BiasedMask` with ``extra``; Shaw
     et al.'s key term: ``extra`` alone) plus the finite part of a caller's float
     ``attn_mask``: outputs and every gradient == eager's."""
@@ -398,7 +402,9 @@ def test_a_learned_bias_with_a_callers_soft_attn_mask_has_the_eager_gradients(ki
         out.pow(2).sum().backward()
         return [out, x.grad] + [p.grad for p in module.parameters() if p.grad is not None]
 
+    relative = _RelativeCalls(monkeypatch)
     ref, got = run("eager"), run("dense")
+    assert len(relative.dropout) == (1 if kind == "gaussian+shaw" else 0)
     assert len(got) == len(ref)
     floor = 0.01 * max(t.norm().item() for t in ref)
     for a, b in zip(got, ref):
@@ -409,7 +415,8 @@ def test_a_learned_bias_with_a_callers_soft_attn_mask_has_the_eager_gradients(ki
                                   "gaussian+shaw"])
 def test_dense_path_in_float16_on_the_cpu_is_within_its_rounding(kind):
     """float16 (the Gaussian's bias shifted by its row maximum and floored before the
-    cast): outputs and gradients against the float32 eager reference."""
+    cast; with Shaw et al.'s value term a float32 bias): outputs and gradients against
+    the float32 eager reference."""
     _check_against_eager(kind, False, "left", torch.float16, "cpu", 0.02)
 
 
@@ -495,7 +502,7 @@ def test_cuda_dense_path_equals_eager_outputs_and_gradients(kind, causal, dtype,
 
 def _shaw_inputs(tgt_len, src_len, dtype=torch.float64, bias=True, seed=0):
     """Inputs of :class:`~.dense._RelativeAttention`: q, k, v ``2 x 2 x T x 4``, a bias
-    with a blocked key per row (gradients through the rest), ``w^K``, ``w^V`` (K = 2)
+    with a blocked key in the first query row (gradients through the rest), ``w^K``, ``w^V`` (K = 2)
     and the buckets of ``RelativePositions``' cached table (queries bottom-right
     aligned)."""
     from fairseq_localness.modules.relative_position import RelativePositions
@@ -617,3 +624,47 @@ def test_the_value_term_function_keeps_less_for_the_backward_pass_than_the_eager
             _run(module, x, impl, _padding("left", B, 40, [40, 30, 9]))
         kept[impl] = sum(storages.values())
     assert kept["dense"] < 0.75 * kept["eager"], kept
+
+
+@pytest.mark.parametrize("kind", ["shaw-key-value", "gaussian+shaw"])
+def test_the_value_terms_dropout_route_equals_the_eager_path_where_dropout_keeps_everything(kind, monkeypatch):
+    """Attention dropout drawn but keeping every entry (p = 1e-12): on CUDA's paths under
+    ``"auto"`` and ``"sdpa"``, and with ``"dense"`` on the CPU's, the function's outputs
+    and every gradient == the eager path's: Shaw et al.'s key term counted once (the
+    core adds it to the call's soft bias only where the function does not compute it)."""
+    relative = _RelativeCalls(monkeypatch)
+    module = _module(kind, False).train()
+    module.dropout_module.p = 1e-12
+    torch.manual_seed(5)
+    x32 = torch.randn(13, B, C)
+    padding = _padding("left", B, 13, [13, 8, 2])
+
+    def run(impl):
+        x = x32.clone().requires_grad_(True)
+        module.zero_grad()
+        out = _run(module, x, impl, padding)
+        out.pow(2).sum().backward()
+        return [out, x.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+
+    ref = run("eager")
+    floor = 0.01 * max(t.norm().item() for t in ref)
+    runs = [("dense", False)] + [(impl, True) for impl in ("auto", "sdpa", "dense")]
+    for impl, cuda_paths in runs:
+        before = len(relative.dropout)
+        with emulation.cuda_paths_on_cpu() if cuda_paths else contextlib.nullcontext():
+            got = run(impl)
+        assert relative.dropout[before:] == [1e-12], impl
+        assert len(got) == len(ref)
+        for a, b in zip(got, ref):
+            assert _relative(a, b, floor) < 1e-5, impl
+
+
+def test_the_value_term_function_under_dropout_one_keeps_nothing_and_stays_finite():
+    """p = 1: every weight dropped, so the output is 0 and so is every gradient (no
+    division by ``1 - p``)."""
+    q, k, v, terms, w_k, w_v, buckets, _ = _shaw_inputs(4, 4, dtype=torch.float32)
+    out = dense._RelativeAttention.apply(q, k, v, terms, w_k, w_v, buckets, 0.5, 1.0)
+    assert torch.equal(out, torch.zeros_like(out))
+    grads = torch.autograd.grad(out.sum(), (q, k, v, terms, w_k, w_v))
+    for grad in grads:
+        assert torch.isfinite(grad).all() and not grad.any()

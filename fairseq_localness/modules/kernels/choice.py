@@ -112,6 +112,11 @@ and nothing else; ``l``, ``r`` or both unbounded), with ``r <= 0`` in a causal c
 +--------------------------------------+--------+-------+-----------------+-----------------------+
 | kind of branch                       | device | dtype | length          | kernel                |
 +======================================+========+=======+=================+=======================+
+| any branch of a call with Shaw et    | CUDA;  | any   | Tq > 1          | ``dense_relative``    |
+| al.'s value term, with attention     | any    |       |                 | (:mod:`.dense`, one   |
+| dropout or ``"dense"``               | with   |       |                 | autograd function)    |
+| (:func:`takes_relative`)             | dense  |       |                 | [9]_                  |
++--------------------------------------+--------+-------+-----------------+-----------------------+
 | any branch, ``attention_impl=        | CPU,   | any   | Tq > 1; on CUDA | :mod:`.flex` (CPU:    |
 | "flex"``, no ``attn_mask`` of the    | no     |       | Dh >= 16        | forward only)         |
 | call's own, no attention dropout     | grads; |       |                 |                       |
@@ -484,7 +489,8 @@ def branch_attention(
     taken once).
 
     ``base_blocked``: the call's padding and causal mask; ``soft_bias``: the finite
-    part of a float ``attn_mask`` (and, with attention dropout, Shaw et al.'s key
+    part of a float ``attn_mask`` (and, with attention dropout or ``"dense"``, Shaw et
+    al.'s key term, but where :func:`~.dense.dense_relative` computes it with the value
     term); ``scale``: ``1 / sqrt(Dh)``; ``dropout``: the attention dropout where it is
     drawn in this call, else None; ``relative_positions``: the core's
     :class:`~fairseq_localness.modules.relative_position.RelativePositions`, or None;

@@ -60,8 +60,9 @@ return: a full pass with it is one autograd function instead (:func:`dense_relat
 dropout and both value products in one forward and one backward pass of its own
 (a training step of localness + rel_pos counted on the CPU on CUDA's paths: 2,147
 operators against 2,205 with the eager path, the transformer's 1,575), keeping less
-for the backward pass than the eager path does. The same function takes such calls with attention dropout on CUDA under
-the other settings, where the fused call draws no dropout. One query row (a decoding
+for the backward pass than the eager path does. The same function takes such calls
+with attention dropout on CUDA under every other setting but ``"eager"``, where the
+fused call draws no dropout. One query row (a decoding
 step) takes the kernels ``"auto"`` takes (:mod:`.step`; on CUDA one fused call).
 
 Not yet run on a GPU. Which of SDPA's kernels takes a float mask whose bias needs
@@ -158,9 +159,10 @@ def dense_relative(ctx: AttentionContext, v: Tensor, description: Description, b
                    soft_bias: Optional[Tensor], scale: float, dropout_p: float, relative_positions) -> Tensor:
     """One branch of a full pass with Shaw et al.'s key and value terms (2018, eq. 3-4),
     ``B x H x Tq x Dh``: :class:`_RelativeAttention` with the branch's and the call's
-    mask and score terms as one float32 bias (the mask of :func:`_float_mask`, Yang et
-    al.'s Gaussian by :class:`_BiasedMask`), the rows without keys zeroed after it as
-    :func:`dense_attention` does. ``relative_positions``: the core's
+    mask and score terms as one bias (the mask of :func:`_float_mask`, in the query's
+    dtype, alone; with score terms, float32: Yang et al.'s Gaussian by
+    :class:`_BiasedMask`), the rows without keys unblocked in that mask and zeroed
+    after the call as :func:`dense_attention` does. ``relative_positions``: the core's
     :class:`~..relative_position.RelativePositions` (with value embeddings)."""
     gaussian, extra = _terms(description, ctx.src_len, soft_bias)
     mask, row_empty = _float_mask(ctx, description, base_blocked)
@@ -199,10 +201,16 @@ class _RelativeAttention(torch.autograd.Function):
     attention dropout 0.1, float32 and bfloat16: 0.53 to 0.68 of the eager path's
     bytes, ``tests/test_dense_path.py``).
 
-    The products run in the inputs' dtype, the softmax and what is summed over keys or
-    buckets in float32: the sums per bucket, ``W^V``'s and ``W^K``'s gradients, the
-    energies' gradient. Gradients come back in each input's dtype; the bias's is that of
-    the energies (``sum_to_size`` of its shape), where it needs one."""
+    The products with q, k and v run in the inputs' dtype (their sums over keys too,
+    as SDPA's), the softmax in float32, and so do the sums per bucket, the products
+    with ``W^V`` and ``W^K`` and their gradients, and the energies' gradient (under
+    autocast the forward pass's products run in its dtype). Gradients come back in
+    each input's dtype; the bias's is that of the energies (``sum_to_size`` of its
+    shape), where it needs one.
+
+    Every row must keep a key: a row whose bias is ``-inf`` throughout gives NaN,
+    forward and backward (:func:`dense_relative` unblocks such rows and zeroes them
+    after the call)."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, key_embeddings, value_embeddings, buckets, scale, dropout_p):
@@ -245,17 +253,19 @@ class _RelativeAttention(torch.autograd.Function):
         grad_v = grad_value_embeddings = None
         if needs[2]:
             dropped = probs3 if keep is None else torch.ops.aten.native_dropout_backward(
-                probs3, keep.view(rows, tgt_len, src_len), 1.0 / (1.0 - dropout_p))
+                probs3, keep.view(rows, tgt_len, src_len), _kept_scale(dropout_p))
             grad_v = torch.bmm(dropped.to(v3.dtype).transpose(1, 2), grad).view(bsz, heads, src_len, head_dim)
         if needs[5]:
             grad_value_embeddings = sums.view(-1, buckets_n).t().mm(grad.reshape(-1, head_dim).to(wide))
             grad_value_embeddings = grad_value_embeddings.to(value_embeddings.dtype)
+        if not (needs[0] or needs[1] or needs[3] or needs[4]):  # nothing before the softmax
+            return None, None, grad_v, None, None, grad_value_embeddings, None, None, None
         # d alpha = grad v^T + (grad W^V^T)[buckets]
         per_bucket = torch.matmul(grad, value_embeddings.to(v3.dtype).t())  # rows x Tq x R
         grad_dropped = torch.baddbmm(per_bucket.gather(-1, index), grad, v3.transpose(1, 2)).to(wide)
         if keep is not None:
             grad_dropped = torch.ops.aten.native_dropout_backward(
-                grad_dropped, keep.view(rows, tgt_len, src_len), 1.0 / (1.0 - dropout_p))
+                grad_dropped, keep.view(rows, tgt_len, src_len), _kept_scale(dropout_p))
         grad_energies = torch._softmax_backward_data(grad_dropped, probs3, -1, wide)  # rows x Tq x Tk
         grad_bias = None
         if needs[3]:
@@ -275,6 +285,12 @@ class _RelativeAttention(torch.autograd.Function):
                     grad_key_embeddings = per_bucket.view(-1, buckets_n).t().mm(q3.reshape(-1, head_dim).to(wide))
                     grad_key_embeddings = grad_key_embeddings.to(key_embeddings.dtype)
         return grad_q, grad_k, grad_v, grad_bias, grad_key_embeddings, grad_value_embeddings, None, None, None
+
+
+def _kept_scale(dropout_p: float) -> float:
+    """The factor of a kept entry under dropout ``p``: ``1 / (1 - p)`` (0 at ``p = 1``,
+    where nothing is kept and no gradient flows, as the eager path's dropout)."""
+    return 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)
 
 
 def _terms(description: Description, src_len: int,
