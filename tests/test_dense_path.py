@@ -22,7 +22,7 @@ from fairseq_localness.modules.kernels import banded, choice, dense, emulation, 
 from fairseq_localness.modules.kernels.choice import ATTENTION_IMPLS
 from fairseq_localness.modules.kernels.sdpa import padding_bias
 from fairseq_localness.modules.scores import Description, Window
-from test_flex_path import B, C, CUDA_TOL, H, KINDS, _FlexCalls, _module, _padding, _relative, _run
+from test_flex_path import B, C, CUDA_DTYPES, CUDA_TOL, H, KINDS, _FlexCalls, _module, _padding, _relative, _run
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -668,3 +668,25 @@ def test_the_value_term_function_under_dropout_one_keeps_nothing_and_stays_finit
     grads = torch.autograd.grad(out.sum(), (q, k, v, terms, w_k, w_v))
     for grad in grads:
         assert torch.isfinite(grad).all() and not grad.any()
+
+
+@cuda
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=str)
+@pytest.mark.parametrize("kind", VALUE_TERM_KINDS)
+def test_cuda_value_terms_dropout_route_equals_eager(kind, dtype, monkeypatch):
+    """On CUDA, ``"auto"`` with attention dropout (drawn, keeping everything: p = 1e-12)
+    takes the function for Shaw et al.'s value term: outputs and every gradient against
+    the float32 eager reference."""
+    relative = _RelativeCalls(monkeypatch)
+    module = _module(kind, False, device="cuda").train()
+    module.dropout_module.p = 1e-12
+    torch.manual_seed(1)
+    x32 = torch.randn(37, B, C, device="cuda")
+    padding = _padding("left", B, 37, [37, 20, 1], device="cuda")
+    ref = _outputs_and_gradients(module, x32, "eager", padding)
+    got = _outputs_and_gradients(module, x32, "auto", padding, dtype)
+    assert relative.dropout == [1e-12]
+    assert len(got) == len(ref)
+    floor = 0.01 * max(t.norm().item() for t in ref)
+    for a, b in zip(got, ref):
+        assert _relative(a, b, floor) < CUDA_TOL[dtype]
