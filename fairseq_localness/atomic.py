@@ -7,7 +7,10 @@ old file or the new one, never a part; a write that fails or is interrupted leav
 old file as it was and removes its temporary file. Each write has a temporary name of
 its own, so that two processes writing the same file (two tasks of one SLURM job) do
 not write into one temporary file; it is created with the permissions any new file
-gets (the umask's), which the rename keeps.
+gets (the umask's), which the rename keeps. The temporary file is on disk before the
+rename (``fsync``), and the rename before the write returns (``fsync`` of the
+directory): after a crash the file is the old one or the new one, not an empty one (a
+rename may reach the disk before the data it names, e.g. on XFS).
 """
 import contextlib
 import os
@@ -25,11 +28,24 @@ def replacing(path: str, suffix: str = "") -> Iterator[str]:
     tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp{suffix}")
     try:
         yield tmp
+        _sync(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    try:
+        _sync(directory)
+    except OSError:  # (a file system whose directories cannot be synced)
+        pass
+
+
+def _sync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_text(path: str, text: str) -> None:

@@ -67,7 +67,11 @@ SET_BY_OPTION = ("partition", "nodes", "gpus-per-node", "cpus-per-task", "mem", 
                  "constraint")
 SET_BY_GRAPH = ("signal", "dependency", "kill-on-invalid-dep", "open-mode", "output", "error", "wrap", "chdir",
                 "job-name", "array", "ntasks", "ntasks-per-node", "requeue", "no-requeue", "gpus", "gpus-per-task",
-                "mem-per-cpu", "mem-per-gpu", "wckey", "parsable", "wait", "test-only")
+                "mem-per-cpu", "mem-per-gpu", "wckey", "parsable", "wait", "test-only",
+                # synonyms and neighbours of those: sbatch's --tasks-per-node is --ntasks-per-node; GPUs
+                # through --gres or per GPU would contradict the graph's; --clusters would submit where
+                # squeue, which follows the run's jobs, does not look
+                "tasks-per-node", "gres", "ntasks-per-gpu", "cpus-per-gpu", "clusters")
 
 
 def check_slurm_arg(arg):
@@ -77,8 +81,9 @@ def check_slurm_arg(arg):
     if not (eq and re.fullmatch(r"[a-z][a-z0-9-]*", key)):
         raise UsageError(f"--slurm-arg: expected KEY=VALUE with an sbatch option's long name as KEY "
                          f"(e.g. exclude=node7, mail-type=END), got {arg!r}")
-    if "\n" in value or "\r" in value:
-        raise UsageError(f"--slurm-arg {key}=...: expected a value on one line, got {value!r}")
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        raise UsageError(f"--slurm-arg {key}=...: expected a value on one line, without control characters, "
+                         f"got {value!r}")
     for name in SET_BY_OPTION + SET_BY_GRAPH:
         if name.startswith(key):
             by = f"--{name}" if name in SET_BY_OPTION else "the job graph itself"

@@ -1,9 +1,12 @@
 """What the cluster says: its SLURM commands and partitions, and the state of each
 submitted job (SLURM's queue, read once per command and checked, and the state the job
 recorded itself)."""
-import getpass
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -34,7 +37,7 @@ STATES = {
     "BOOT_FAIL": ("failed", "SLURM: BOOT_FAIL (its node did not boot)"),
     "DEADLINE": ("failed", "SLURM: DEADLINE (past its deadline)"),
     "PREEMPTED": ("failed", "SLURM: PREEMPTED (stopped for another job)"),
-    "SPECIAL_EXIT": ("failed", "SLURM: SPECIAL_EXIT"),
+    "SPECIAL_EXIT": ("queued", "held after its requeue (SPECIAL_EXIT): 'scontrol release' starts it"),
     "CANCELLED": ("cancelled", ""), "REVOKED": ("cancelled", "revoked"),
 }
 LIVE = ("queued", "running", "ending")
@@ -54,6 +57,44 @@ def load_json(path):
         return {}
 
 
+def load_registry(state_dir):
+    """``submitted.json`` of a state directory: the jobs submitted from it; {} where there
+    is none. A registry that cannot be read is a SlurmError, never "nothing submitted":
+    that would submit every job again beside the live ones and forget them."""
+    path = os.path.join(state_dir, "submitted.json")
+    try:
+        with open(path) as f:
+            registry = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise SlurmError(f"{path}: cannot be read ({' '.join(str(e).split())[:120]}); it records the jobs submitted "
+                         f"from {state_dir}: restore it, or cancel those jobs (squeue --me: names starting "
+                         f"'{job_prefix(state_dir)}') and remove it; nothing was submitted, cancelled or "
+                         "recorded") from None
+    if not isinstance(registry, dict) or not all(isinstance(r, dict) and "job_id" in r for r in registry.values()):
+        raise SlurmError(f"{path}: not a registry of submitted jobs (expected {{key: {{job_id: ...}}}}); nothing "
+                         "was submitted, cancelled or recorded")
+    return registry
+
+
+def job_prefix(state_dir):
+    """The start of the name of every job submitted from ``state_dir``: ``fl-`` and 6 hex
+    digits of its absolute path (``fl-1a2b3c-``)."""
+    return "fl-" + hashlib.sha1(os.path.abspath(state_dir).encode()).hexdigest()[:6] + "-"
+
+
+@contextlib.contextmanager
+def locked(state_dir, exclusive=True):
+    """The state directory's lock (``state_dir/lock``), held for the block: exclusive for
+    what submits or cancels, shared for what only reads and then starts a run (a local
+    run's check); a submission in progress finishes before either reads the registry."""
+    os.makedirs(state_dir, exist_ok=True)
+    with open(os.path.join(state_dir, "lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
 def need_slurm():
     missing = [c for c in ("sbatch", "squeue", "scontrol", "scancel", "sinfo") if shutil.which(c) is None]
     if missing:
@@ -61,11 +102,11 @@ def need_slurm():
                          "that submits to a SLURM cluster (or scripts/slurm/local_cluster.sh start for a local one)")
 
 
-def ask(cmd):
+def ask(cmd, env=None):
     """The standard output of a SLURM command; SlurmError, in one line, when it fails or does
     not answer within TIMEOUT seconds."""
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{cmd[0]} did not answer within {TIMEOUT:g} s (is the cluster up? 'scontrol ping'); "
                          "nothing was submitted, cancelled or recorded") from None
@@ -98,25 +139,67 @@ def minutes_of(limit):
     return ((d * 24 + h) * 60 + mi) + (s > 0)
 
 
-_LINE = re.compile(r"(\d+)(?:_\S*)?\s+([A-Z_]+)\s+(\d+|N/A)(?:\s+(.*))?")
+_LINE = re.compile(r"(\d+)(?:[_+]\S*)?\s+([A-Z_]+)\s+(\d+|N/A)(?:\s+(.*))?")
 
 
-def read_queue():
-    """{job id: (SLURM state, restarts, reason)} of this user's jobs that SLURM still knows
-    (squeue -t all: the queued, the running and those that ended a few minutes ago); a line
-    that is not squeue's is a SlurmError."""
-    out = ask(["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-O",
-               "JobID:30,State:24,RestartCnt:8,Reason:80"])
-    queue = {}
+class Queue(dict):
+    """{job id: (SLURM state, restarts, reason)} as :func:`read_queue` reads it, with
+    ``names``: {job id: the job's name}."""
+
+    def __init__(self, entries=(), names=None):
+        super().__init__(entries)
+        self.names = dict(names or {})
+
+
+def user():
+    """The name of the account this process runs as (not $USER or $LOGNAME, which squeue
+    does not go by)."""
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def squeue_environment():
+    """This process's environment without what narrows squeue's listing (its SQUEUE_*
+    variables: a partition, account, QOS, names, states or format of the user's own;
+    SLURM_CLUSTERS), so that no job of the run is missing from it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_") and k != "SLURM_CLUSTERS"}
+
+
+def read_queue(known=None):
+    """This user's jobs that SLURM still knows (squeue -t all, over every partition, hidden
+    ones too: the queued, the running and those that ended a few minutes ago), as a
+    :class:`Queue`. A line that is not squeue's is a SlurmError where its job is one of
+    ``known`` (job ids: the registry's), or wherever ``known`` is None; another job of
+    the user's that the line does not describe (a heterogeneous job's ``200+0`` parses)
+    is left out."""
+    out = ask(["squeue", "-h", "-a", "-t", "all", "-u", user(), "-O",
+               "JobID:30,State:24,RestartCnt:8,Reason:80,Name:120"], env=squeue_environment())
+    queue = Queue()
     for line in out.splitlines():
         if not line.strip():
             continue
         m = _LINE.fullmatch(line.strip())
         if not m or m.group(2) not in STATES:
-            raise SlurmError(f"squeue answered {line.strip()[:80]!r}, not a job id, one of SLURM's job states, a "
-                             "restart count and a reason; nothing was submitted, cancelled or recorded")
-        queue[m.group(1)] = (m.group(2), int(m.group(3)) if m.group(3).isdigit() else 0, (m.group(4) or "").strip())
+            first = re.match(r"\d+", line.strip())
+            if known is None or (first and first.group(0) in known):
+                raise SlurmError(f"squeue answered {line.strip()[:80]!r}, not a job id, one of SLURM's job states, "
+                                 "a restart count, a reason and a name; nothing was submitted, cancelled or recorded")
+            continue
+        rest = (m.group(4) or "").split()
+        name = rest.pop() if len(rest) > 1 else ""  # (the job's name last; ours have no space)
+        queue[m.group(1)] = (m.group(2), int(m.group(3)) if m.group(3).isdigit() else 0, " ".join(rest))
+        queue.names[m.group(1)] = name
     return queue
+
+
+def strangers(state_dir, registry, queue):
+    """The live jobs in ``queue`` named for ``state_dir`` (:func:`job_prefix`) that the
+    registry does not record, as ``[(job id, name)]``: a submission interrupted after
+    sbatch queued a job and before the registry recorded it (sbatch's answer lost, the
+    command killed), or a registry restored from an older copy. Submitting or running
+    beside them would run a training twice."""
+    prefix, ids = job_prefix(state_dir), {r["job_id"] for r in registry.values()}
+    return [(job, name) for job, name in getattr(queue, "names", {}).items()
+            if name.startswith(prefix) and job not in ids and STATES[queue[job][0]][0] in LIVE]
 
 
 class State:
@@ -135,14 +218,19 @@ def job_states(state_dir, registry, queue):
     """{key: State} of the submitted jobs (registry: submitted.json's), from one reading of
     the queue (read_queue) and the jobs' records: a job SLURM knows is what SLURM says (its
     record tells why a job failed); one it no longer knows is what it recorded, or failed if
-    it started and recorded no end, or cancelled if it never started."""
+    it started and recorded no end, or cancelled if it never started. A job id in the
+    queue whose name is not one of the state directory's (:func:`job_prefix`; where the
+    queue has names) is another job that SLURM gave the same id (its ids restarted or
+    wrapped around), not this one."""
     states = {}
+    names, prefix = getattr(queue, "names", None), job_prefix(state_dir)
     for key, rec in registry.items():
         mine = load_json(os.path.join(state_dir, "jobs", safe(key) + ".json"))
         if mine.get("job_id") != rec["job_id"]:
             mine = {}
         restarts = mine.get("restarts", 0)
-        if rec["job_id"] in queue:
+        ours = rec["job_id"] in queue and (names is None or names.get(rec["job_id"], "").startswith(prefix))
+        if ours:
             word, sq_restarts, reason = queue[rec["job_id"]]
             what, words = STATES[word]
             restarts = max(restarts, sq_restarts)

@@ -3,6 +3,7 @@ import os
 import re
 
 from fairseq_localness.atomic import write_text
+from fairseq_localness.slurm import UsageError
 
 
 class Job:
@@ -13,13 +14,21 @@ class Job:
         self.commands = []
 
 
+# the fields of each kind of line of a graph, its tag included
+FIELDS = {"ROW": 6, "JOB": 9, "CMD": 3}
+
+
 def read_graph(path):
     """(rows, jobs): rows a list of (row, seed, run dir, score file, dataset); jobs a dict key -> Job,
     in the order of the file (each job after the jobs it needs)."""
     rows, jobs = [], {}
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             fields = line.rstrip("\n").split("\t")
+            if fields[0] in FIELDS and len(fields) != FIELDS[fields[0]]:
+                raise UsageError(f"{path}:{number}: a {fields[0]} line of {len(fields)} tab-separated fields, "
+                                 f"expected {FIELDS[fields[0]]}: a tab in a path, a name or a command (the graph "
+                                 "separates its fields by tabs); expected none")
             if fields[0] == "ROW":
                 if tuple(fields[1:]) not in rows:
                     rows.append(tuple(fields[1:]))

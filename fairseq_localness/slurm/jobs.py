@@ -38,6 +38,11 @@ class Step:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         state.update(job_id=os.environ.get("SLURM_JOB_ID", ""), restarts=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
                      time=time.time())
+        if state.get("state") == "running":
+            before = load_json(path)
+            if before.get("state") == "failed" and (before.get("job_id"), before.get("restarts")) == \
+                    (state["job_id"], state["restarts"]):
+                return  # (another task of this run of the job failed first: its message stays)
         write_text(path, json.dumps(state))
 
     def __call__(self):

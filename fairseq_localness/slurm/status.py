@@ -7,7 +7,9 @@ import shutil
 import sys
 
 from fairseq_localness.slurm import UsageError
-from fairseq_localness.slurm.cluster import ask, job_states, load_json, need_slurm, read_queue
+from fairseq_localness.slurm.cluster import (
+    ask, job_prefix, job_states, load_json, load_registry, locked, need_slurm, read_queue, strangers,
+)
 from fairseq_localness.slurm.graph import read_graph
 
 
@@ -45,14 +47,26 @@ def row_state(keys, states, registry, score_exists):
     return "incomplete (its jobs ended, its score is missing; --slurm submits it again)", keys[-1]
 
 
+def _strangers_line(args, found):
+    """What --status and --cancel say of :func:`~.cluster.strangers`."""
+    return (f"{args.prog}: {len(found)} live job(s) named for {args.state_dir} ('{job_prefix(args.state_dir)}...') "
+            f"that its submitted.json does not record: {', '.join(f'{j} ({n})' for j, n in found)}; if they are "
+            f"this run's (a submission interrupted after sbatch queued them), "
+            f"'scancel {' '.join(j for j, _ in found)}'")
+
+
 def status(args):
     rows, jobs = read_graph(args.graph)
-    registry = load_json(os.path.join(args.state_dir, "submitted.json"))
+    registry = load_registry(args.state_dir)
     if not registry:
         print(f"{args.prog}: nothing submitted from {args.state_dir} yet")
         return
     need_slurm()
-    states = job_states(args.state_dir, registry, read_queue())
+    queue = read_queue({r["job_id"] for r in registry.values()})
+    found = strangers(args.state_dir, registry, queue)
+    if found:
+        print(_strangers_line(args, found))
+    states = job_states(args.state_dir, registry, queue)
     in_rows = set()
     for row, seed, run_dir, score, dataset in rows:
         keys = row_keys(registry, row, seed, dataset)
@@ -86,9 +100,18 @@ def cancel(args):
     prepare job when no other row's live job needs it, the table's when no other row's
     job is left queued or running."""
     rows, jobs = read_graph(args.graph)
-    registry = load_json(os.path.join(args.state_dir, "submitted.json"))
     need_slurm()
-    states = job_states(args.state_dir, registry, read_queue())
+    if not os.path.isdir(args.state_dir):
+        print(f"{args.prog}: cancelled 0 job(s): nothing submitted from {args.state_dir}")
+        return
+    with locked(args.state_dir):  # (a submission in progress ends first: its jobs are then in the registry)
+        _cancel(args, rows, jobs)
+
+
+def _cancel(args, rows, jobs):
+    registry = load_registry(args.state_dir)
+    queue = read_queue({r["job_id"] for r in registry.values()})
+    states = job_states(args.state_dir, registry, queue)
     selected = {(r[0], r[1]) for r in rows}
     if rows:
         mine = {k for k, r in registry.items() if r["kind"] in ("train", "eval") and (r["row"], r["seed"]) in selected}
@@ -108,19 +131,31 @@ def cancel(args):
     print(f"{args.prog}: cancelled {len(live)} job(s)" + (": " + ", ".join(f"{k} (job {registry[k]['job_id']})"
                                                                              for k in live) if live else "")
           + (f"; {kept} job(s) of other rows left queued or running" if kept else ""))
+    found = strangers(args.state_dir, registry, queue)
+    if found:
+        print(_strangers_line(args, found))
 
 
 def busy(args):
     """A local run's check: stop, naming the job, when a row it would run (lines 'row<TAB>seed<TAB>dataset'
     on standard input) has a queued or running job submitted from the state directory."""
-    registry = load_json(os.path.join(args.state_dir, "submitted.json"))
-    if not registry:
+    if not os.path.isdir(args.state_dir):
         return
+    with locked(args.state_dir, exclusive=False):  # (a submission in progress ends first)
+        registry = load_registry(args.state_dir)
     wanted = [line.rstrip("\n").split("\t") for line in sys.stdin if line.strip()]
     if shutil.which("squeue") is None:
+        if not registry:
+            return
         raise UsageError(f"{args.state_dir}/submitted.json records jobs submitted to SLURM, and squeue is not on PATH "
                          "to tell whether they still run; run where SLURM is, or remove that directory if they ended")
-    states = job_states(args.state_dir, registry, read_queue())
+    queue = read_queue({r["job_id"] for r in registry.values()})
+    found = strangers(args.state_dir, registry, queue)
+    if found:
+        raise UsageError(f"{', '.join(f'job {j} ({n})' for j, n in found)}: live on the cluster, named for "
+                         f"{args.state_dir}, and not in its submitted.json (a submission interrupted after sbatch "
+                         "queued them?); one trainer per run directory: scancel them or wait for them, then run")
+    states = job_states(args.state_dir, registry, queue)
     for row, seed, dataset in wanted:
         for key in row_keys(registry, row, seed, dataset):
             s = states[key]

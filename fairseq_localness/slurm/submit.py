@@ -2,18 +2,19 @@
 resources and dependencies, the jobs that are neither done nor queued nor running
 submitted through submitit (or, with --dry-run, printed)."""
 import contextlib
-import fcntl
-import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import time
 
 from fairseq_localness.atomic import write_text
 from fairseq_localness.slurm import SlurmError, UsageError, check_slurm_arg
-from fairseq_localness.slurm.cluster import MAX_MINUTES, ask, job_states, load_json, need_slurm, partitions, read_queue
+from fairseq_localness.slurm.cluster import (
+    MAX_MINUTES, ask, job_prefix, job_states, load_registry, locked, need_slurm, partitions, read_queue, strangers,
+)
 from fairseq_localness.slurm.graph import read_graph, safe, write_rows
 from fairseq_localness.slurm.jobs import FinalStep, Step, TrainStep
 from fairseq_localness.slurm.times import time_minutes
@@ -54,6 +55,12 @@ def check(args):
     (and SLURM's), every --slurm-arg (check_slurm_arg)."""
     if args.signal_delay < 10:
         raise UsageError(f"--signal-delay: expected a whole number >= 10, got '{args.signal_delay}'")
+    for name in ("partition", "mem", "account", "qos", "constraint"):
+        value = getattr(args, name, None)
+        if value and re.search(r"[\x00-\x1f\x7f]", str(value)):
+            raise UsageError(f"--{name.replace('_', '-')}: {str(value)!r} has a line break or another control "
+                             "character; each of sbatch's options is one line of the job's script: expected a value "
+                             "without one")
     if args.time and not isinstance(args.time, int):
         try:
             args.time = time_minutes(args.time, args.signal_delay)
@@ -90,15 +97,25 @@ def submit(args):
                          "option: expected a directory without one")
     check(args)
     rows, jobs = read_graph(args.graph)
-    args.name = "fl-" + hashlib.sha1(os.path.abspath(args.state_dir).encode()).hexdigest()[:6]
+    args.name = job_prefix(args.state_dir)[:-1]
     state_dir = os.path.abspath(args.state_dir)
-    if not args.dry_run:
-        os.makedirs(state_dir, exist_ok=True)
-        lock = open(os.path.join(state_dir, "lock"), "w")
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one submission at a time: no duplicate jobs
+    if args.dry_run:
+        return _submit(args, rows, jobs, state_dir)
+    with locked(state_dir):  # one submission at a time: no duplicate jobs
+        return _submit(args, rows, jobs, state_dir)
+
+
+def _submit(args, rows, jobs, state_dir):
     reg_path = os.path.join(state_dir, "submitted.json")
-    registry = load_json(reg_path)
-    states = job_states(state_dir, registry, read_queue())  # (a failing squeue stops here: nothing submitted)
+    registry = load_registry(state_dir)
+    queue = read_queue({r["job_id"] for r in registry.values()})  # (a failing squeue stops here: nothing submitted)
+    found = strangers(state_dir, registry, queue)
+    if found:
+        raise SlurmError(f"{', '.join(f'job {j} ({n})' for j, n in found)}: queued or running, named for {state_dir}, "
+                         f"and not in {reg_path} (a submission interrupted after sbatch queued them?); submitting "
+                         f"now could run a training twice: 'scancel {' '.join(j for j, _ in found)}' if they are "
+                         "this run's, or wait for them to end; nothing was submitted, cancelled or recorded")
+    states = job_states(state_dir, registry, queue)
     datasets = {(r[0], r[1]): r[4] for r in rows}
     # the plan: what is live stays; the rest of the graph is submitted, the table last
     kept = [(k, states[k].what) for k in jobs if k != "final" and k in states and states[k].live]
@@ -150,7 +167,12 @@ def submit(args):
             params["dependency"] = dep
         if job.kind == "final" and final is not None and final.what == "queued":
             # the table waits for the new jobs too: the queued one is replaced (a running one ends as it is)
-            ask(["scancel", registry[key]["job_id"]])
+            try:
+                ask(["scancel", registry[key]["job_id"]])
+            except SlurmError as e:
+                done = f"submitted and recorded before it: {', '.join(new)}" if new else "nothing submitted"
+                raise SlurmError(str(e).split("; nothing was submitted")[0] + f" (replacing the queued table job "
+                                 f"{registry[key]['job_id']}); {done}; submit again to finish") from None
         ids[key] = sbatch(step, params, state_dir, args.max_requeues, key, new)
         registry[key] = dict(job_id=ids[key], kind=job.kind, row=job.row, seed=job.seed,
                              dataset=datasets.get((job.row, job.seed), ""),

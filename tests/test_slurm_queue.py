@@ -1,0 +1,206 @@
+"""What the SLURM commands take from the queue and the registry, without a cluster:
+squeue's listing whatever the environment, job ids that SLURM gave another job, live
+jobs that the registry lost, a registry that cannot be read, the work directory's lock,
+and bad input that would reach the job's script (docs/slurm.md, "The queue's word")."""
+import argparse
+import io
+import json
+import os
+import pwd
+import threading
+import time
+
+import pytest
+
+from conftest import tool_env
+from fairseq_localness.slurm import SlurmError, UsageError, check_slurm_arg
+from fairseq_localness.slurm import cluster, graph, status, submit
+from fairseq_localness.slurm.cluster import Queue, job_prefix, job_states, load_registry, read_queue, strangers
+from fairseq_localness.slurm.jobs import Step
+
+
+def _fake_squeue(tmp_path, script):
+    """A directory first on PATH whose squeue runs ``script`` (sh)."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "squeue").write_text("#!/bin/sh\n" + script + "\n")
+    (bin_dir / "squeue").chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{tool_env()['PATH']}"
+
+
+def test_squeue_lists_every_job_of_the_account_whatever_the_environment(tmp_path, monkeypatch):
+    """squeue runs with -a (hidden partitions too), for the account the process runs as
+    (not $USER), and without the SQUEUE_* variables and SLURM_CLUSTERS that would narrow
+    its listing and hide a live job (which would then read as ended)."""
+    seen = tmp_path / "seen"
+    monkeypatch.setenv("PATH", _fake_squeue(tmp_path, f'echo "$@" > {seen}.args; env > {seen}.env'))
+    for name, value in (("SQUEUE_PARTITION", "debug"), ("SQUEUE_ACCOUNT", "other"), ("SQUEUE_NAMES", "x"),
+                        ("SLURM_CLUSTERS", "elsewhere"), ("USER", "somebody-else"), ("LOGNAME", "somebody-else")):
+        monkeypatch.setenv(name, value)
+    assert read_queue() == {}
+    args = open(f"{seen}.args").read().split()
+    assert "-a" in args and args[args.index("-u") + 1] == pwd.getpwuid(os.getuid()).pw_name
+    env = open(f"{seen}.env").read()
+    assert "SQUEUE_" not in env and "SLURM_CLUSTERS" not in env and "USER=somebody-else" in env
+
+
+def test_the_queue_reads_names_and_leaves_out_other_jobs_it_cannot_read(tmp_path, monkeypatch):
+    lines = ["101 RUNNING 0 None fl-abcdef-train_r_1", "102 PENDING 1 Dependency fl-abcdef-eval_r_1",
+             "200+0 RUNNING 0 None a heterogeneous job", "300 ODD_STATE 0 None someone-else"]
+    monkeypatch.setenv("PATH", _fake_squeue(tmp_path, "printf '%s\\n' " + " ".join(f"'{x}'" for x in lines)))
+    queue = read_queue({"101", "102"})
+    assert queue["101"] == ("RUNNING", 0, "None") and queue["102"] == ("PENDING", 1, "Dependency")
+    assert queue.names["101"] == "fl-abcdef-train_r_1" and "300" not in queue
+    assert queue["200"][0] == "RUNNING"  # (a heterogeneous job's first component)
+    with pytest.raises(SlurmError, match="squeue answered '300 ODD_STATE"):
+        read_queue({"300"})  # a line of one of the run's jobs that is not squeue's
+    with pytest.raises(SlurmError, match="squeue answered '300 ODD_STATE"):
+        read_queue()  # (strict where no job ids are given)
+
+
+def _registry(state_dir, **keys):
+    return {key.replace("_", ":"): {"job_id": job, "kind": key.split("_")[0], "row": "r", "seed": "1",
+                                    "log": "-"} for key, job in keys.items()}
+
+
+def test_a_job_id_that_slurm_gave_another_job_is_not_the_runs(tmp_path):
+    """Ids restart or wrap around: a registry id that the queue lists under a name not of
+    this work directory is another job; the run's own is gone (here: it never recorded a
+    start, so cancelled), and its state is not the other job's."""
+    state_dir = str(tmp_path / "state")
+    registry = _registry(state_dir, train_r_1="101")
+    prefix = job_prefix(state_dir)
+    theirs = Queue({"101": ("RUNNING", 0, "None")}, {"101": "other-project-train"})
+    assert job_states(state_dir, registry, theirs)["train:r:1"].what == "cancelled"
+    ours = Queue({"101": ("RUNNING", 0, "None")}, {"101": prefix + "train_r_1"})
+    assert job_states(state_dir, registry, ours)["train:r:1"].what == "running"
+    assert job_states(state_dir, registry, {"101": ("RUNNING", 0, "None")})["train:r:1"].what == "running"
+
+
+def test_live_jobs_named_for_the_work_directory_that_the_registry_lacks_are_found(tmp_path):
+    state_dir = str(tmp_path / "state")
+    prefix = job_prefix(state_dir)
+    assert prefix.startswith("fl-") and len(prefix) == 10 and job_prefix(state_dir + "/") == prefix
+    queue = Queue({"101": ("RUNNING", 0, "None"), "102": ("PENDING", 0, "None"), "103": ("COMPLETED", 0, "None"),
+                   "104": ("RUNNING", 0, "None"), "105": ("SPECIAL_EXIT", 0, "None")},
+                  {"101": prefix + "train_r_1", "102": prefix + "train-lane0", "103": prefix + "eval_r_1",
+                   "104": "fl-000000-train_r_1", "105": prefix + "train_r_2"})
+    registry = _registry(state_dir, train_r_1="101")
+    assert strangers(state_dir, registry, queue) == [("102", prefix + "train-lane0"), ("105", prefix + "train_r_2")]
+
+
+def test_special_exit_is_a_held_job_not_a_failed_one(tmp_path):
+    state_dir = str(tmp_path)
+    state = job_states(state_dir, _registry(state_dir, train_r_1="7"), {"7": ("SPECIAL_EXIT", 1, "None")})
+    assert state["train:r:1"].live and "scontrol release" in state["train:r:1"].why
+
+
+def test_a_registry_that_cannot_be_read_stops_instead_of_reading_as_nothing_submitted(tmp_path):
+    state_dir = tmp_path / "state"
+    assert load_registry(str(state_dir)) == {}  # none: nothing submitted
+    state_dir.mkdir()
+    for text in ("", "{\"train:r:1\": {\"job_id\"", "[1, 2]", "{\"train:r:1\": 5}"):
+        (state_dir / "submitted.json").write_text(text)
+        with pytest.raises(SlurmError) as e:
+            load_registry(str(state_dir))
+        assert str(e.value).startswith(str(state_dir / "submitted.json")) and "\n" not in str(e.value)
+    (state_dir / "submitted.json").write_text("")
+    args = argparse.Namespace(state_dir=str(state_dir), graph=str(_graph(tmp_path)), prog="slurm")
+    with pytest.raises(SlurmError, match="submitted.json: cannot be read"):
+        status.status(args)
+
+
+def _graph(tmp_path):
+    path = tmp_path / "graph.tsv"
+    path.write_text("JOB\ttrain:r:1\ttrain\tr\t1\t1\t1\t0\t\nCMD\ttrain:r:1\techo hi\n")
+    return path
+
+
+def test_a_graph_line_with_a_tab_too_many_is_refused(tmp_path):
+    path = tmp_path / "graph.tsv"
+    path.write_text("JOB\ttrain:run\ttrain\trun\t1\t1\t1\t0\t\nCMD\ttrain:run\tfairseq-train --save-dir a\tb\n")
+    with pytest.raises(UsageError, match=r"graph.tsv:2: a CMD line of 4 tab-separated fields, expected 3"):
+        graph.read_graph(str(path))
+    assert list(graph.read_graph(str(_graph(tmp_path)))[1]) == ["train:r:1"]
+
+
+def test_submission_busy_check_status_and_cancel_name_the_live_jobs_the_registry_lost(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """A job sbatch queued whose registry entry was never written: a submission and a
+    local run stop, naming it and nothing submitted; --status and --cancel name it with
+    the scancel that cancels it (and cancel nothing of its own)."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "submitted.json").write_text(json.dumps(_registry(str(state_dir), prepare_d="100")))
+    prefix = job_prefix(str(state_dir))
+    queue = Queue({"100": ("COMPLETED", 0, "None"), "101": ("RUNNING", 0, "None")},
+                  {"100": prefix + "prepare_d", "101": prefix + "train_r_1"})
+    for module in (submit, status):
+        monkeypatch.setattr(module, "read_queue", lambda known=None: queue)
+    monkeypatch.setattr(status, "need_slurm", lambda: None)
+    monkeypatch.setattr(submit, "check", lambda args: None)
+    monkeypatch.setattr(submit, "sbatch", lambda *a: pytest.fail("submitted beside a live job"))
+    monkeypatch.setenv("PATH", _fake_squeue(tmp_path, "exit 0"))
+    args = argparse.Namespace(state_dir=str(state_dir), graph=str(_graph(tmp_path)), prog="slurm", dry_run=False)
+    with pytest.raises(SlurmError, match=r"^job 101 \(" + prefix + r"train_r_1\): queued or running, named for "):
+        submit.submit(args)
+    monkeypatch.setattr("sys.stdin", io.StringIO("r\t1\td\n"))
+    with pytest.raises(UsageError, match=r"^job 101 \(.*\): live on the cluster"):
+        status.busy(args)
+    status.status(args)
+    status.cancel(args)
+    out = capsys.readouterr().out
+    assert out.count("live job(s) named for") == 2 and out.count("'scancel 101'") == 2
+    assert "cancelled 0 job(s)" in out
+
+
+def test_cancel_waits_for_a_submission_in_progress(tmp_path, monkeypatch):
+    state_dir = str(tmp_path / "state")
+    os.makedirs(state_dir)
+    monkeypatch.setattr(status, "need_slurm", lambda: None)
+    monkeypatch.setattr(status, "read_queue", lambda known=None: Queue())
+    args = argparse.Namespace(state_dir=state_dir, graph=str(_graph(tmp_path)), prog="slurm")
+    finished = []
+    with cluster.locked(state_dir):
+        worker = threading.Thread(target=lambda: (status.cancel(args), finished.append(time.time())))
+        worker.start()
+        time.sleep(0.5)
+        assert not finished  # (waiting for the lock)
+        released = time.time()
+    worker.join(10)
+    assert finished and finished[0] >= released
+
+
+@pytest.mark.parametrize("option", ["account", "mem", "qos", "constraint", "partition"])
+def test_a_line_break_in_an_option_that_reaches_the_script_is_refused(option):
+    args = argparse.Namespace(signal_delay=30, time=None, slurm_arg=[], partition=None, mem=None, account=None,
+                              qos=None, constraint=None)
+    setattr(args, option, "proj\ntouch /tmp/injected #")
+    with pytest.raises(UsageError, match=rf"^--{option}: 'proj\\ntouch .*control character"):
+        submit.check(args)
+    with pytest.raises(UsageError, match="without control characters"):
+        check_slurm_arg("comment=a\x0bb")
+
+
+@pytest.mark.parametrize("key", ["tasks-per-node", "clusters", "cluster", "gres", "cpus-per-gpu", "ntasks-per-gpu"])
+def test_slurm_arg_refuses_the_neighbours_of_what_the_graph_sets(key):
+    with pytest.raises(UsageError, match=rf"^--slurm-arg {key}=\.\.\.: sbatch's --"):
+        check_slurm_arg(f"{key}=4")
+
+
+def test_a_tasks_failure_is_not_overwritten_by_task_zeros_start(tmp_path, monkeypatch):
+    """Tasks of one job: another task's failure written first stays when task 0 then
+    records its start (same job id, same restart count); a later restart's start does not
+    keep it."""
+    step = Step("train:r:1", ["true"], str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "55")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    step._write(state="failed", message="task 1: out of memory", log="-")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    step._write(state="running", log="-")
+    path = tmp_path / "jobs" / "train_r_1.json"
+    assert json.loads(path.read_text())["state"] == "failed"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    step._write(state="running", log="-")
+    assert json.loads(path.read_text())["state"] == "running"
