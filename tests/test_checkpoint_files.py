@@ -144,7 +144,9 @@ def test_file_settings_are_unset_when_loaded_trusted_or_not(real, tmp_path, monk
         assert not hasattr(torch_load_checkpoint(legacy)["args"], "load_pretrained_decoder_from")
     monkeypatch.setenv(TRUST_ENV, "0")
     real_cfg = forge.load_real(real["path"])["cfg"]
-    assert torch_load_checkpoint(real["path"])["cfg"] == real_cfg  # nothing of a real checkpoint is dropped
+    assert real_cfg["model"].data == real_cfg["task"]["data"]  # (fairseq-train's copy of its arguments)
+    real_cfg["model"].data = None  # a data directory but the task's: a nested task's, unset (test_checkpoint_archive)
+    assert torch_load_checkpoint(real["path"])["cfg"] == real_cfg  # nothing else of a real checkpoint is dropped
 
     def fconv(cfg):
         cfg["model"].pretrained, cfg["model"].pretrained_checkpoint = "True", str(tmp_path / "self.pt")
@@ -340,7 +342,9 @@ def test_with_the_switch_the_settings_are_still_bounded(real, tmp_path, monkeypa
     elsewhere = forge.with_state(real["path"], tmp_path / "extra.pt", lambda s: s["extra_state"].__setitem__("l", loop))
     assert f"set {TRUST_ENV}=1" in refused(elsewhere, UntrustedCheckpointError, "it contains itself (a cycle)")
     monkeypatch.setenv(TRUST_ENV, "1")
-    assert torch_load_checkpoint(elsewhere)["cfg"] == forge.load_real(real["path"])["cfg"]
+    real_cfg = forge.load_real(real["path"])["cfg"]
+    real_cfg["model"].data = None  # (a data directory but the task's: unset, test_checkpoint_archive)
+    assert torch_load_checkpoint(elsewhere)["cfg"] == real_cfg
 
 
 def test_an_analysis_tool_reads_no_fifo_in_the_data_directory_a_checkpoint_records(real, tmp_path):

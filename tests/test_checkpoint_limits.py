@@ -12,9 +12,11 @@ import collections
 import contextlib
 import io
 import json
+import math
 import os
 import random
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -221,8 +223,20 @@ def _crafted(real, tmp, case):
     if case == "a character device":
         return "/dev/zero", MalformedCheckpointError, "it is a character device, not a regular file"
     if case == "an update count past 2**31":
-        return (forge.with_state(r, out, lambda st: st["optimizer_history"][-1].__setitem__("num_updates", 2 ** 70)),
-                MalformedCheckpointError, "num_updates = 1180591620717411303424 is not an integer in 0 .. 2**31")
+        return (forge.with_state(r, out, lambda st: st["optimizer_history"][-1].__setitem__("num_updates", 2 ** 40)),
+                MalformedCheckpointError, "num_updates = 1099511627776 is not an integer in 0 .. 2**31")
+    if case == "an integer of 100 KB multiplied in a tensor's size":  # hours of math.prod before the fix
+        big = b"\x8b" + struct.pack("<I", 100_000) + b"\x01" * 100_000 + b"q\x07"  # LONG4, BINPUT 7
+        size = b"(" + b"h\x07" * 64 + b"K\x00t"  # (big, ..., big, 0): a size whose product has 64 factors
+        ops = forge.pickle_ops(big, b"0", size)
+        return forge.as_checkpoint(ops, out, r), UntrustedCheckpointError, "an integer of more than 64 bits"
+    if case == "a best score of -inf":  # fairseq would never write checkpoint_best.pt again in the resumed run
+        return (forge.with_state(r, out, lambda st: st.setdefault("extra_state", {}).__setitem__("best", -math.inf)),
+                MalformedCheckpointError, "its extra_state's best is -inf, not a finite number")
+    if case == "text encoded again and again":  # 600 bytes objects of 1 MB from a file of 1 MB, before the fix
+        text = forge.binunicode("a" * 1_000_000) + forge.binunicode("latin1") + b"\x86q\x02"
+        ops = forge.pickle_ops(b"]c_codecs\nencode\nq\x01", text, b"Ra(" + b"h\x01h\x02R" * 600 + b"e")
+        return forge.as_checkpoint(ops, out, r), UntrustedCheckpointError, "encodes more bytes than it holds"
     if case == "code in adam_betas":
         code = forge.code_setting(m)
         return (forge.with_settings(r, out, lambda cfg: cfg["optimizer"].__setitem__("adam_betas", code)),
@@ -241,7 +255,8 @@ CRAFTED = ["bytearray of 2 GiB", "STACK_GLOBAL of memoized strings", "INST", "OB
            "bytes as a setting", "a string as the iterator's position", "weights that are a list",
            "an unknown meter", "no model entry", "overlapping views of one storage", "a literal of 10**10 values",
            "more zip members than a checkpoint needs", "a FIFO", "a directory", "a character device",
-           "an update count past 2**31"]
+           "an update count past 2**31", "an integer of 100 KB multiplied in a tensor's size",
+           "text encoded again and again", "a best score of -inf"]
 
 
 @pytest.mark.parametrize("case", CRAFTED)
@@ -657,3 +672,39 @@ def test_the_allowlist_is_what_the_scan_and_torch_are_given():
             "numpy.core.multiarray._reconstruct"} <= given
     assert {g for g in given if not g.startswith("numpy.dtypes.")} <= scan.GLOBALS
     assert literals.fairseq_eval is eval
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_refused_unless_trusted(monkeypatch):
+    """A build that fails on ``meta`` part-way (wav2vec 2.0's initialisation does) leaves
+    the model's size unknown: refused in one line naming the file, before the real
+    build; built where the file is trusted."""
+    from fairseq_localness.checkpoint import TRUST_ENV
+    from fairseq_localness.checkpoint.model_size import guarded_build_model, remember_weights
+
+    built = []
+
+    def build_model(cfg, task, from_checkpoint=False):
+        layer = torch.nn.Linear(4, 4)
+        if layer.weight.is_meta:
+            layer.weight.sum().item()  # (what an initialisation reading a value does on meta)
+        built.append(layer)
+        return layer
+
+    remember_weights({"model": {"w": torch.zeros(16)}}, "/runs/ckpt.pt")
+    guarded = guarded_build_model(build_model)
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    with pytest.raises(UntrustedCheckpointError) as e:
+        guarded({}, None, from_checkpoint=True)
+    message = str(e.value)
+    assert message.startswith("refusing to load checkpoint '/runs/ckpt.pt': its model cannot be built on torch's "
+                              "meta device") and "\n" not in message and built == []
+    monkeypatch.setenv(TRUST_ENV, "1")
+    assert isinstance(guarded({}, None, from_checkpoint=True), torch.nn.Linear) and len(built) == 1
+
+
+def test_a_name_with_a_terminals_escape_sequences_is_shown_escaped():
+    """A refusal quotes what the file chose (a member's name): control characters, a
+    terminal's escape sequences among them, are shown as ``\\xNN``, never written."""
+    error = CheckpointError("f.pt", "member 'a\x1b]52;c;aGk=\x07\x1b[2K\x9b' and a\ttab")
+    assert "\x1b" not in str(error) and "\x07" not in str(error) and "\x9b" not in str(error)
+    assert str(error) == "refusing to load checkpoint 'f.pt': member 'a\\x1b]52;c;aGk=\\x07\\x1b[2K\\x9b' and a tab"

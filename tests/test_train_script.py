@@ -461,3 +461,32 @@ def test_help_promises_the_resume_and_the_split():
     text = run_script("train.sh", ["--help"]).stdout
     for fragment in ("newest readable checkpoint", "--effective-tokens T", "m x processes x u is at most T"):
         assert fragment in text, fragment
+
+
+def test_a_fifo_or_folder_as_checkpoint_last_is_refused_without_waiting(tmp_path):
+    """``checkpoint_last.pt`` that is a FIFO (opening it would wait for a writer) or a
+    folder: the resume check refuses it at once, naming it; a FIFO among the older
+    checkpoints is passed over as unreadable."""
+    import threading
+
+    from fairseq_localness.cli.train_check import resume_point
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    os.mkfifo(d / "checkpoint_last.pt")
+    answer = []
+    worker = threading.Thread(target=lambda: answer.append(resume_point(str(d))), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert answer and answer[0].startswith(f"refused {d}/checkpoint_last.pt is not a regular file"), answer
+    os.remove(d / "checkpoint_last.pt")
+    os.mkdir(d / "checkpoint_last.pt")
+    assert resume_point(str(d)).startswith("refused ")
+    os.rmdir(d / "checkpoint_last.pt")
+    save(d / "checkpoint_last.pt", 4, truncate_to=100)
+    os.mkfifo(d / "checkpoint_best.pt")
+    answer.clear()
+    worker = threading.Thread(target=lambda: answer.append(resume_point(str(d))), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert answer == ["unreadable "]

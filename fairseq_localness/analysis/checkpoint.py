@@ -28,7 +28,11 @@ def load_checkpoint(path: str, data: Optional[str] = None, cpu: bool = False, wh
         stored = getattr(getattr(cfg, "task", None), "data", None) if cfg is not None else None
         if stored is None and state.get("args") is not None:
             stored = getattr(state["args"], "data", None)
-        if not stored or not os.path.isdir(str(stored).split(os.pathsep)[0]):
+        from fairseq.utils import split_paths
+
+        # (split as fairseq's task splits it: on ':' but for a URL, whose paths '|' separates)
+        folder = split_paths(str(stored))[0] if stored else ""
+        if not stored or not os.path.isdir(folder):
             raise AnalysisError(
                 f"the data directory recorded in {path} ({stored!r}) does not exist here; "
                 "pass the binarized data directory (DATA) as the first argument"
@@ -36,7 +40,6 @@ def load_checkpoint(path: str, data: Optional[str] = None, cpu: bool = False, wh
         del state
         from fairseq_localness.checkpoint.files import check_named_file
 
-        folder = str(stored).split(os.pathsep)[0]
         for name in sorted(os.listdir(folder)):  # a FIFO there would hang the task's setup, a large file fill memory
             if name.startswith("dict.") and name.endswith(".txt"):
                 check_named_file(os.path.join(folder, name), path,

@@ -16,8 +16,16 @@ TRUST_HINT = (f"if you trust this file, set {TRUST_ENV}=1 to load it with full u
               "(see docs/security.md)")
 
 
+_CONTROL = dict.fromkeys([*range(0x20), 0x7F, *range(0x80, 0xA0)])
+
+
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    """``text`` on one line, its whitespace collapsed and any other control character
+    (a terminal's escape sequences in a name a file chose) shown as ``\\xNN``."""
+    text = " ".join(str(text).split())
+    if any(ord(c) in _CONTROL for c in text):
+        text = "".join(c if ord(c) not in _CONTROL else f"\\x{ord(c):02x}" for c in text)
+    return text
 
 
 def _cut(text: str, limit: int) -> str:

@@ -25,9 +25,14 @@ the checkpoint's folder (no symlink out of it) where fairseq found them there, a
 regular files of at most :data:`MAX_FILE_BYTES` (no FIFO, device or directory).
 """
 import argparse
+import atexit
 import logging
 import os
+import posixpath
+import shutil
 import stat
+import tarfile
+import tempfile
 import threading
 from typing import Optional
 
@@ -75,6 +80,10 @@ COMMAND_LINE_ONLY = frozenset({
 a checkpoint's settings (``data`` is replaced by the command line's, the hub's folder,
 or checked by the analysis tools; ``user_dir`` is not imported), left as they are."""
 
+DATA_HOLDERS = frozenset({"cfg.task", "args"})
+"""Where fairseq takes the data directory from when it loads a checkpoint (and replaces
+it by the command line's or the hub's folder): ``data`` anywhere else is unset."""
+
 SECOND_CHECKPOINT = {"pretrained_checkpoint": "pretrained"}
 """A setting naming a checkpoint without which the model cannot be built, with the
 setting that asks for it."""
@@ -82,6 +91,14 @@ setting that asks for it."""
 MAX_FILE_BYTES = 64 << 20
 """The largest file the hub reads beside a checkpoint: a sentencepiece model, BPE codes
 or a dictionary of a translation model is a few megabytes."""
+
+MAX_ARCHIVE_BYTES = 16 << 30
+"""The most a model archive given to ``from_pretrained`` may hold, its files' sizes summed
+(fairseq's largest published translation models are a few gigabytes)."""
+
+MAX_ARCHIVE_MEMBERS = 10_000
+"""The most files and folders such an archive may hold (a model, its dictionaries and
+BPE files are a handful)."""
 
 HUB_FILES = ("code", "bpecodes", "sentencepiece.bpe.model", "merges.txt", "vocab.json")
 """The files fairseq's ``from_pretrained`` takes from beside the checkpoint
@@ -158,6 +175,15 @@ def drop_file_settings(settings, file: str):
                     file, f"its setting {path}.{key} = {short_repr(value, 80)} holds a path separator, and fairseq "
                     f"reads it as part of a file name (dict.{{name}}.txt); a name there is a plain word",
                     trust_helps=False)
+        if path not in DATA_HOLDERS and items.get("data") not in (None, ""):
+            # a data directory anywhere else is one a nested task reads (wav2vec 2.0's CTC
+            # model sets up its pretraining task from cfg.model.data, and reads its
+            # dictionaries there): not the command line's, so not read (not logged: every
+            # checkpoint of fairseq-train holds its training data's path in cfg.model)
+            if isinstance(container, dict):
+                container["data"] = None
+            else:
+                setattr(container, "data", None)
         for key in [k for k in items if k in FILE_SETTINGS]:
             value, off = items[key], FILE_SETTINGS[key]
             if value is None or value is False or value is True or value == off:
@@ -230,18 +256,35 @@ def check_named_file(path: str, file: str, what: str, folder: Optional[str] = No
                 "only files of at most that size are read")
 
 
+def _read_by_a_task(name: str) -> bool:
+    """A file a task set up from the hub's folder may read: a dictionary (``dict.*.txt``;
+    ``input0/dict.txt`` and ``label/dict.txt`` of the sentence-classification tasks) or a
+    YAML configuration (the speech tasks' ``config_yaml``)."""
+    return (name.startswith("dict.") and name.endswith(".txt")) or name.endswith((".yaml", ".yml"))
+
+
 def check_beside(folder: str):
     """The files fairseq's ``from_pretrained`` reads from ``folder`` (its BPE and
-    tokenizer files, :data:`HUB_FILES`, and its dictionaries): each one present is a
-    regular file of bounded size inside the folder."""
+    tokenizer files, :data:`HUB_FILES`, its dictionaries and what a task reads there,
+    one folder down too): each one present is a regular file of bounded size inside
+    the folder."""
     try:
         names = os.listdir(folder)
     except OSError:
         return  # not a folder: fairseq says so
     for name in sorted(names):
-        if name in HUB_FILES or (name.startswith("dict.") and name.endswith(".txt")):
-            check_named_file(os.path.join(folder, name), folder, f"its file {name!r}, which the hub reads,",
-                             folder)
+        path = os.path.join(folder, name)
+        if name in HUB_FILES or _read_by_a_task(name):
+            check_named_file(path, folder, f"its file {name!r}, which the hub reads,", folder)
+        elif os.path.isdir(path):  # (a link to a folder too: a file read through it must stay inside)
+            try:
+                inner = os.listdir(path)
+            except OSError:
+                continue
+            for sub in sorted(inner):
+                if _read_by_a_task(sub):
+                    check_named_file(os.path.join(path, sub), folder,
+                                     f"its file {name + '/' + sub!r}, which a task may read,", folder)
 
 
 def check_hub_settings(cfg, file: str):
@@ -256,3 +299,54 @@ def check_hub_settings(cfg, file: str):
             value = section.get(key, None) if hasattr(section, "get") else getattr(section, key, None)
             if isinstance(value, str) and value and "://" not in value and value != "???":
                 check_named_file(value, file, f"the file {value!r} of its setting {group}.{key}")
+
+
+def extract_archive(path: str) -> str:
+    """A model archive (``.tar.gz``, ``.tar.bz2``: what ``from_pretrained`` takes in place
+    of a folder) extracted into a folder of its own, removed when the process ends; the
+    folder of its files, as fairseq's ``file_utils.load_archive_file`` returns it (the
+    members' common prefix). Unlike fairseq's, which extracts every member as it is
+    named and then deletes the archive and puts the folder in its place, the archive is
+    left as it is, and it is refused, before anything is written, unless it is a regular
+    file whose members are regular files and folders only (no link, device or FIFO),
+    each named inside the folder (no absolute name, no ``..``), at most
+    :data:`MAX_ARCHIVE_MEMBERS` of them and :data:`MAX_ARCHIVE_BYTES` in all; the
+    extraction itself runs with tarfile's ``data`` filter as a second guard."""
+    what = "the model archive"
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        _refuse(path, what, f"cannot be read ({e.strerror or e})")
+    if not stat.S_ISREG(info.st_mode):
+        _refuse(path, what, "is not a regular file (a FIFO or device would never end); expected a .tar.gz or "
+                ".tar.bz2 file or a folder")
+    try:
+        archive = tarfile.open(path, "r:*")
+    except (tarfile.TarError, OSError) as e:
+        _refuse(path, what, f"is not a tar archive ({e}); expected a .tar.gz or .tar.bz2 file or a folder")
+    with archive:
+        members, total = [], 0
+        try:
+            for member in archive:
+                members.append(member)
+                if len(members) > MAX_ARCHIVE_MEMBERS:
+                    _refuse(path, what, f"holds more than {MAX_ARCHIVE_MEMBERS:,} files; a model's archive holds "
+                            "a handful")
+                name = member.name
+                if posixpath.isabs(name) or ".." in name.split("/") or "\\" in name:
+                    _refuse(path, what, f"names a file outside its folder ({short_repr(name)}); only names inside "
+                            "it are extracted")
+                if not (member.isreg() or member.isdir()):
+                    _refuse(path, what, f"holds {short_repr(name)}, a link, device or FIFO; only regular files and "
+                            "folders are extracted")
+                total += member.size
+                if total > MAX_ARCHIVE_BYTES:
+                    _refuse(path, what, f"holds more than {MAX_ARCHIVE_BYTES:,} bytes; only archives of at most "
+                            "that size are extracted")
+        except tarfile.TarError as e:
+            _refuse(path, what, f"cannot be read as a tar archive ({e})")
+        top = os.path.commonprefix([m.name for m in members])
+        folder = tempfile.mkdtemp(prefix="fairseq-localness-archive-")
+        atexit.register(shutil.rmtree, folder, True)
+        archive.extractall(folder, members=members, filter="data")
+    return os.path.join(folder, top)

@@ -15,7 +15,8 @@ as they are registered: more elements than the checkpoint stores plus a quarter 
 tensors than :data:`TENSORS_PER_STORAGE` per tensor it stores plus :data:`SLACK_TENSORS`,
 or a build longer than :data:`MAX_BUILD_SECONDS`, is refused in one line naming the
 file, as soon as the build passes the bound (a model of ``encoder_layers = 10**6``
-would take an hour to build even on ``meta``).
+would take an hour to build even on ``meta``). A model that cannot be built on
+``meta`` at all is refused too, unless the file is trusted: its size is unknown.
 :func:`remember_weights` notes what the last checkpoint loaded stores: the elements
 of its storages, each storage counted once however many names point at it (one
 storage under 300 names is one storage), and the number of its storages.
@@ -28,7 +29,7 @@ import time
 
 import torch
 
-from fairseq_localness.checkpoint.errors import UntrustedCheckpointError
+from fairseq_localness.checkpoint.errors import CheckpointError, UntrustedCheckpointError
 
 SLACK = 1 << 24
 """Elements a model may have beyond what its checkpoint stores: 64 MiB in float32."""
@@ -129,8 +130,19 @@ def guarded_build_model(build_model):
                 raise UntrustedCheckpointError(
                     _last.file, f"its settings describe a model {e.what}; fairseq would build and allocate it all "
                     "before comparing", trust_helps=False) from None
-            except Exception:  # a model that cannot be built without memory: fairseq's own build decides
-                pass
+            except CheckpointError:  # (a refusal of the build's own, e.g. of a setting fairseq evaluates)
+                raise
+            except Exception as e:
+                # a model that cannot be built without memory (wav2vec 2.0's initialisation fails on
+                # meta part-way, before layers whose size the settings choose): its size is unknown,
+                # and fairseq would allocate it whole; built only where the user trusts the file
+                from fairseq_localness.checkpoint.load import trusted
+
+                if not trusted():
+                    raise UntrustedCheckpointError(
+                        _last.file, f"its model cannot be built on torch's meta device to check its size against "
+                        f"the weights it stores ({type(e).__name__}: {' '.join(str(e).split())[:80]}); fairseq "
+                        "would build and allocate it all") from None
         return build_model(cfg, task, from_checkpoint)
 
     guarded._fairseq_localness_guarded = True

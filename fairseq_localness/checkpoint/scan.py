@@ -274,6 +274,7 @@ class _Machine:
 
     # ---- the run
     def run(self, data: bytes):
+        self.encodable = len(data)  # (the bytes _codecs.encode may give in all: see call)
         try:
             for count, (op, arg, _) in enumerate(pickletools.genops(io.BytesIO(data))):
                 if count == MAX_OPCODES:
@@ -315,6 +316,11 @@ class _Machine:
         elif op in ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
                     "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES",
                     "BINBYTES8"):
+            if type(arg) is int and arg.bit_length() > 64:
+                # (torch.save writes no such number; products of a few, a tensor's size say, would
+                # cost the scan hours: an integer of 100 KB repeated through the memo)
+                self.refuse("its pickle holds an integer of more than 64 bits, which a fairseq checkpoint never "
+                            "holds")
             s.append(arg)
         elif op == "EMPTY_TUPLE":
             s.append(())
@@ -428,9 +434,17 @@ class _Machine:
             if len(args) != 2 or not isinstance(args[0], str) or args[1] != "latin1":
                 self.malformed("_codecs.encode called with anything but (text, 'latin1')")
             try:
-                return args[0].encode("latin1")
+                encoded = args[0].encode("latin1")
             except UnicodeEncodeError:
                 self.malformed("_codecs.encode of text that is not latin-1")
+            # each call makes new bytes (torch's unpickler too): text stored once and encoded
+            # again through the memo would multiply the pickle's size; torch.save encodes each
+            # array's bytes once, never more than the pickle holds
+            self.encodable -= len(encoded)
+            if self.encodable < 0:
+                self.refuse("its pickle encodes more bytes than it holds (the same text encoded again and "
+                            "again), which torch.save never writes")
+            return encoded
         if func.name == REBUILD_TENSOR:
             return self.tensor(args)
         if func.name in NUMPY_RECONSTRUCT:

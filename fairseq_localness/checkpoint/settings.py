@@ -320,18 +320,28 @@ def _tensors(value, file, where):
         raise MalformedCheckpointError(file, f"its {where} is not a dict of named tensors, as fairseq writes it")
 
 
-def _number(value, file, where, none=True):
+def _number(value, file, where, none=True, finite=False):
     """A number as fairseq writes one: a Python number, or (after a distributed run's
-    all-reduce, or from numpy) a one-element tensor or numeric array."""
+    all-reduce, or from numpy) a one-element tensor or numeric array; with ``finite``,
+    not infinite or NaN (a best score of ``-inf`` would keep fairseq from ever writing
+    ``checkpoint_best.pt`` again in a resumed run)."""
     if value is None and none:
         return
     if isinstance(value, _NUMBER) and not isinstance(value, bool):
-        return
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return
-    if isinstance(value, (np.ndarray, np.generic)) and value.size == 1 and value.dtype.kind in "biuf":
-        return
-    raise MalformedCheckpointError(file, f"its {where} is a {_describe(value)}, not a number")
+        number = value
+    elif isinstance(value, torch.Tensor) and value.numel() == 1:
+        number = value.item()
+    elif isinstance(value, (np.ndarray, np.generic)) and value.size == 1 and value.dtype.kind in "biuf":
+        number = value.item()
+    else:
+        raise MalformedCheckpointError(file, f"its {where} is a {_describe(value)}, not a number")
+    if finite:
+        try:
+            finite = math.isfinite(number)
+        except TypeError:  # (a complex number)
+            finite = False
+        if not finite:
+            raise MalformedCheckpointError(file, f"its {where} is {short_repr(number)}, not a finite number")
 
 
 def _check_locality_meter(state: dict, file: str, where: str):
@@ -392,7 +402,7 @@ def check_structure(state, file: str):
         raise MalformedCheckpointError(file, f"its extra_state is a {_describe(extra)}, not a dict")
     for key in ("best", "val_loss"):
         if key in extra:
-            _number(extra[key], file, f"extra_state's {key}")
+            _number(extra[key], file, f"extra_state's {key}", finite=key == "best")
     if "previous_training_time" in extra:
         _number(extra["previous_training_time"], file, "extra_state's previous_training_time", none=False)
     iterator = extra.get("train_iterator")

@@ -45,6 +45,7 @@ import argparse
 import itertools
 import os
 import re
+import stat
 import sys
 from typing import List, Optional
 
@@ -140,13 +141,14 @@ def _readable(path: str) -> bool:
     kill during fairseq's copy) or otherwise damaged; a checkpoint refused as unsafe is
     not taken for a cut-short one: its refusal (UntrustedCheckpointError) is raised."""
     from fairseq_localness.checkpoint import UntrustedCheckpointError, check_file, torch_load_checkpoint, trusted
+    from fairseq_localness.checkpoint.load import open_regular
 
     trust = trusted()  # (a ValueError where the switch is neither yes nor no)
     try:
         if trust:
             torch_load_checkpoint(path, map_location="cpu")
         else:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:  # (a FIFO is not waited for: not readable)
                 check_file(f, path)
         return True
     except UntrustedCheckpointError:
@@ -186,6 +188,9 @@ def resume_point(save_dir: str) -> str:
     try:
         if not os.path.exists(last):
             return "none"
+        if not stat.S_ISREG(os.stat(last).st_mode):  # (a FIFO would never end, a device never answer)
+            return (f"refused {last} is not a regular file (a FIFO, device or directory); expected the "
+                    "checkpoint fairseq writes there, or none")
         if _readable(last):
             return "last"
         names = [n for n in os.listdir(save_dir) if re.fullmatch(r"checkpoint(_best|\d+|_\d+_\d+)\.pt", n)]

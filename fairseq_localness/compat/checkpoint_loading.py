@@ -93,16 +93,31 @@ def _one_line_failures(function, files_of):
 
 def _checked_folder(load_archive_file):
     """fairseq's ``file_utils.load_archive_file`` (through which ``from_pretrained``
-    finds its folder), checking the BPE, tokenizer and dictionary files the hub will
-    read from that folder (:func:`~fairseq_localness.checkpoint.files.check_beside`)."""
+    finds its folder), an archive extracted by
+    :func:`~fairseq_localness.checkpoint.files.extract_archive` instead of fairseq's
+    own extraction, and the BPE, tokenizer and dictionary files the hub will read from
+    that folder checked (:func:`~fairseq_localness.checkpoint.files.check_beside`)."""
     from fairseq_localness.checkpoint.files import check_beside
 
     if getattr(load_archive_file, _MARK, False):
         return load_archive_file
 
     @functools.wraps(load_archive_file)
-    def wrapper(*args, **kwargs):
-        folder = load_archive_file(*args, **kwargs)
+    def wrapper(archive_file, *args, **kwargs):
+        from fairseq.file_utils import cached_path
+
+        from fairseq_localness.checkpoint.files import extract_archive
+
+        try:  # (a name of fairseq's archive map, a URL, a path)
+            resolved = cached_path(archive_file, cache_dir=None)
+        except EnvironmentError:
+            resolved = None
+        if isinstance(resolved, str) and os.path.exists(resolved) and not os.path.isdir(resolved):
+            # an archive: extracted safely and left in place (fairseq's own would extract
+            # every member as named, then delete the archive: extract_archive)
+            folder = extract_archive(resolved)
+        else:
+            folder = load_archive_file(archive_file, *args, **kwargs)
         if isinstance(folder, str):
             check_beside(folder)
         return folder

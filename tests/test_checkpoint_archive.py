@@ -1,0 +1,163 @@
+"""A model archive given to ``from_pretrained`` (fairseq's ``file_utils.load_archive_file``):
+extracted into a folder of its own, left in place, and refused before anything is
+written where a member would land outside that folder or is not a regular file or
+folder (``checkpoint.files.extract_archive``)."""
+import io
+import os
+import tarfile
+
+import pytest
+
+from fairseq_localness.checkpoint import files
+from fairseq_localness.checkpoint.errors import UntrustedCheckpointError
+from fairseq_localness.compat.checkpoint_loading import patch_checkpoint_loading
+
+
+def _archive(path, members):
+    """A .tar.gz at ``path`` of ``(TarInfo fields, data)`` pairs."""
+    with tarfile.open(path, "w:gz") as tar:
+        for fields, data in members:
+            info = tarfile.TarInfo(fields.pop("name"))
+            for key, value in fields.items():
+                setattr(info, key, value)
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return str(path)
+
+
+def _good(tmp_path):
+    return _archive(tmp_path / "model.tar.gz", [
+        ({"name": "model", "type": tarfile.DIRTYPE}, None),
+        ({"name": "model/model.pt"}, b"weights"),
+        ({"name": "model/dict.src.txt"}, b"a 1\n"),
+    ])
+
+
+def test_an_archive_is_extracted_into_a_folder_of_its_own_and_left_in_place(tmp_path):
+    path = _good(tmp_path)
+    before = open(path, "rb").read()
+    folder = files.extract_archive(path)
+    assert sorted(os.listdir(folder)) == ["dict.src.txt", "model.pt"]
+    assert open(os.path.join(folder, "model.pt"), "rb").read() == b"weights"
+    assert os.path.isfile(path) and open(path, "rb").read() == before  # (fairseq's deletes it)
+    assert not os.path.commonpath([folder, str(tmp_path)]) == str(tmp_path)
+
+
+@pytest.mark.parametrize("member, reason", [
+    ({"name": "model/../../evil.pth"}, "names a file outside its folder"),
+    ({"name": "/tmp/evil.pth"}, "names a file outside its folder"),
+    ({"name": "model/link", "type": tarfile.SYMTYPE, "linkname": "/etc"}, "a link, device or FIFO"),
+    ({"name": "model/hard", "type": tarfile.LNKTYPE, "linkname": "model/model.pt"}, "a link, device or FIFO"),
+    ({"name": "model/fifo", "type": tarfile.FIFOTYPE}, "a link, device or FIFO"),
+    ({"name": "model/dev", "type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 5}, "a link, device or FIFO"),
+])
+def test_a_member_outside_the_folder_or_not_a_file_refuses_the_archive_before_anything_is_written(
+        tmp_path, monkeypatch, member, reason):
+    monkeypatch.setattr(files.tempfile, "mkdtemp", lambda **k: pytest.fail("extracted"))
+    data = b"x" if member.get("type", tarfile.REGTYPE) == tarfile.REGTYPE else None
+    path = _archive(tmp_path / "model.tar.gz", [({"name": "model/model.pt"}, b"w"), (dict(member), data)])
+    with pytest.raises(UntrustedCheckpointError, match=reason) as e:
+        files.extract_archive(path)
+    assert "\n" not in str(e.value) and os.path.isfile(path)
+
+
+def test_an_archive_past_its_bounds_or_not_an_archive_is_refused(tmp_path, monkeypatch):
+    path = _good(tmp_path)
+    monkeypatch.setattr(files, "MAX_ARCHIVE_BYTES", 10)
+    with pytest.raises(UntrustedCheckpointError, match="holds more than 10 bytes"):
+        files.extract_archive(path)
+    monkeypatch.setattr(files, "MAX_ARCHIVE_BYTES", 1 << 30)
+    monkeypatch.setattr(files, "MAX_ARCHIVE_MEMBERS", 2)
+    with pytest.raises(UntrustedCheckpointError, match="holds more than 2 files"):
+        files.extract_archive(path)
+    (tmp_path / "plain.tar.gz").write_bytes(b"not an archive")
+    with pytest.raises(UntrustedCheckpointError, match="is not a tar archive"):
+        files.extract_archive(str(tmp_path / "plain.tar.gz"))
+    os.mkfifo(tmp_path / "fifo.tar.gz")
+    with pytest.raises(UntrustedCheckpointError, match="is not a regular file"):
+        files.extract_archive(str(tmp_path / "fifo.tar.gz"))
+
+
+def test_fairseqs_load_archive_file_goes_through_it(tmp_path):
+    """The route ``from_pretrained`` takes: a path to an archive is extracted safely (the
+    archive left), a folder is returned as it is, a traversal refused."""
+    from fairseq import file_utils
+
+    patch_checkpoint_loading()
+    path = _good(tmp_path)
+    folder = file_utils.load_archive_file(path)
+    assert os.path.isfile(path) and sorted(os.listdir(folder)) == ["dict.src.txt", "model.pt"]
+    assert file_utils.load_archive_file(folder) == folder
+    bad = _archive(tmp_path / "bad.tar.gz", [({"name": "m/../../../evil.pth"}, b"import os")])
+    with pytest.raises(UntrustedCheckpointError, match="outside its folder"):
+        file_utils.load_archive_file(bad)
+    assert not (tmp_path.parent / "evil.pth").exists()
+
+
+def test_a_data_directory_outside_the_task_is_unset(tmp_path):
+    """``data`` is the command line's (``cfg.task``, legacy ``args``): anywhere else in a
+    checkpoint's settings it names a directory a nested task would read its
+    dictionaries from (wav2vec 2.0's CTC model sets its pretraining task's from
+    ``cfg.model.data``), and is unset."""
+    import argparse
+
+    settings = {"cfg": {"task": {"data": "/data/bin"}, "model": {"data": "/tmp/evil",
+                                                                  "w2v_args": {"task": {"data": "/tmp/evil2"}}}},
+                "args": argparse.Namespace(data="/data/bin")}
+    files.drop_file_settings(settings, "ckpt.pt")
+    assert settings["cfg"]["task"]["data"] == "/data/bin" and settings["args"].data == "/data/bin"
+    assert settings["cfg"]["model"]["data"] is None and settings["cfg"]["model"]["w2v_args"]["task"]["data"] is None
+
+
+def test_what_a_task_reads_in_a_subfolder_of_the_hubs_folder_is_checked(tmp_path):
+    """``input0/dict.txt`` and ``label/dict.txt`` (sentence classification), a YAML
+    configuration (the speech tasks): a FIFO, or a link out of the folder, is refused;
+    other files (the weights) are not read here."""
+    folder = tmp_path / "hub"
+    (folder / "input0").mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"x" * 100)
+    (folder / "input0" / "dict.txt").write_text("a 1\n")
+    files.check_beside(str(folder))
+    os.mkfifo(folder / "label")  # (not a folder: not listed)
+    files.check_beside(str(folder))
+    os.remove(folder / "label")
+    (folder / "label").mkdir()
+    os.mkfifo(folder / "label" / "dict.txt")
+    with pytest.raises(UntrustedCheckpointError, match=r"its file 'label/dict.txt', which a task may read, is not a "
+                                                         "regular file"):
+        files.check_beside(str(folder))
+    os.remove(folder / "label" / "dict.txt")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "dict.txt").write_text("a 1\n")
+    os.rmdir(folder / "label")
+    os.symlink(outside, folder / "label")
+    with pytest.raises(UntrustedCheckpointError, match="outside the checkpoint's folder"):
+        files.check_beside(str(folder))
+    os.remove(folder / "label")
+    os.mkfifo(folder / "config.yaml")
+    with pytest.raises(UntrustedCheckpointError, match="'config.yaml', which the hub reads, is not a regular file"):
+        files.check_beside(str(folder))
+
+
+def test_an_analysis_tool_splits_the_recorded_data_directory_as_fairseq_does(tmp_path, monkeypatch):
+    """fairseq splits a data setting holding '://' on '|', not ':': the folder the tool
+    checks for a FIFO is the one fairseq's task then reads (``<D>::/`` here)."""
+    import argparse
+
+    from fairseq import checkpoint_utils
+
+    from fairseq_localness.analysis.checkpoint import load_checkpoint
+    from fairseq_localness.checkpoint import CheckpointError
+
+    folder = tmp_path / "d::"
+    folder.mkdir()
+    os.mkfifo(folder / "dict.src.txt")
+    ckpt = tmp_path / "model.pt"
+    ckpt.write_bytes(b"x")
+    state = {"cfg": argparse.Namespace(task=argparse.Namespace(data=f"{tmp_path}/d:://|x"))}
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", lambda path: state)
+    monkeypatch.setattr(checkpoint_utils, "load_model_ensemble_and_task", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(CheckpointError, match="the dictionary 'dict.src.txt' in the data directory it records"):
+        load_checkpoint(str(ckpt), None, True)
