@@ -161,3 +161,18 @@ def test_an_analysis_tool_splits_the_recorded_data_directory_as_fairseq_does(tmp
     monkeypatch.setattr(checkpoint_utils, "load_model_ensemble_and_task", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(CheckpointError, match="the dictionary 'dict.src.txt' in the data directory it records"):
         load_checkpoint(str(ckpt), None, True)
+
+
+def test_a_dictionary_of_more_symbols_than_any_vocabulary_is_refused(tmp_path, monkeypatch):
+    """Within the size bound a dictionary of one-letter symbols costs fairseq about 30
+    times its size in memory: more lines than :data:`MAX_DICTIONARY_SYMBOLS` are refused
+    (beside a checkpoint, and in a subfolder)."""
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "dict.src.txt").write_text("".join(f"{i} 1\n" for i in range(50)))
+    monkeypatch.setattr(files, "MAX_DICTIONARY_SYMBOLS", 50)
+    files.check_beside(str(folder))
+    (folder / "dict.src.txt").write_text("".join(f"{i} 1\n" for i in range(51)))
+    with pytest.raises(UntrustedCheckpointError, match="'dict.src.txt', which the hub reads, holds 51 lines, more "
+                                                         "than the 50 symbols a dictionary takes"):
+        files.check_beside(str(folder))

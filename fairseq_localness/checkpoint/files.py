@@ -92,6 +92,12 @@ MAX_FILE_BYTES = 64 << 20
 """The largest file the hub reads beside a checkpoint: a sentencepiece model, BPE codes
 or a dictionary of a translation model is a few megabytes."""
 
+MAX_DICTIONARY_SYMBOLS = 1_000_000
+"""The most lines a dictionary the hub or a task reads may hold: a joined BPE vocabulary is
+tens of thousands of symbols, mBART's 250,000; fairseq's ``Dictionary`` keeps about 230
+bytes per symbol (an 8 MiB file of a million one-letter symbols took 240 MB, so 64 MiB of
+them would take about 1.9 GB per dictionary)."""
+
 MAX_ARCHIVE_BYTES = 16 << 30
 """The most a model archive given to ``from_pretrained`` may hold, its files' sizes summed
 (fairseq's largest published translation models are a few gigabytes)."""
@@ -254,6 +260,12 @@ def check_named_file(path: str, file: str, what: str, folder: Optional[str] = No
     if info.st_size > MAX_FILE_BYTES:
         _refuse(file, what, f"is {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} such a file takes; "
                 "only files of at most that size are read")
+    if os.path.basename(path).startswith("dict") and path.endswith(".txt"):
+        with open(path, "rb") as f:  # (a regular file of bounded size: read whole at once)
+            symbols = f.read().count(b"\n")
+        if symbols > MAX_DICTIONARY_SYMBOLS:
+            _refuse(file, what, f"holds {symbols:,} lines, more than the {MAX_DICTIONARY_SYMBOLS:,} symbols a "
+                    "dictionary takes; fairseq keeps about 230 bytes per symbol")
 
 
 def _read_by_a_task(name: str) -> bool:
