@@ -241,6 +241,19 @@ def _refuse(file, what, reason):
     raise UntrustedCheckpointError(file, f"{what} {reason}", trust_helps=False)
 
 
+def _regular_file(path: str, file: str, what: str, expected: str) -> os.stat_result:
+    """``os.stat(path)`` of a regular file; else the refusal of ``file`` (``what`` names
+    the path in it, ``expected`` says what is read)."""
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        _refuse(file, what, f"cannot be read ({e.strerror or e})")
+    if not stat.S_ISREG(info.st_mode):
+        _refuse(file, what, f"is not a regular file (a FIFO, device or directory would never end or never answer); "
+                f"{expected}")
+    return info
+
+
 def check_named_file(path: str, file: str, what: str, folder: Optional[str] = None):
     """The file at ``path`` (``what`` names it in the refusal of ``file``) is a regular
     file of at most :data:`MAX_FILE_BYTES`, and, with ``folder``, inside it once every
@@ -250,13 +263,7 @@ def check_named_file(path: str, file: str, what: str, folder: Optional[str] = No
         if os.path.commonpath([real, inside]) != inside:
             _refuse(file, what, f"is a link to {real!r}, outside the checkpoint's folder {folder!r}; only files "
                     "inside it are read")
-    try:
-        info = os.stat(path)
-    except OSError as e:
-        _refuse(file, what, f"cannot be read ({e.strerror or e})")
-    if not stat.S_ISREG(info.st_mode):
-        _refuse(file, what, "is not a regular file (a FIFO, device or directory would never end or never "
-                "answer); only regular files are read")
+    info = _regular_file(path, file, what, "only regular files are read")
     if info.st_size > MAX_FILE_BYTES:
         _refuse(file, what, f"is {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} such a file takes; "
                 "only files of at most that size are read")
@@ -325,13 +332,7 @@ def extract_archive(path: str) -> str:
     :data:`MAX_ARCHIVE_MEMBERS` of them and :data:`MAX_ARCHIVE_BYTES` in all; the
     extraction itself runs with tarfile's ``data`` filter as a second guard."""
     what = "the model archive"
-    try:
-        info = os.stat(path)
-    except OSError as e:
-        _refuse(path, what, f"cannot be read ({e.strerror or e})")
-    if not stat.S_ISREG(info.st_mode):
-        _refuse(path, what, "is not a regular file (a FIFO or device would never end); expected a .tar.gz or "
-                ".tar.bz2 file or a folder")
+    _regular_file(path, path, what, "expected a .tar.gz or .tar.bz2 file or a folder")
     try:
         archive = tarfile.open(path, "r:*")
     except (tarfile.TarError, OSError) as e:
