@@ -708,3 +708,40 @@ def test_a_name_with_a_terminals_escape_sequences_is_shown_escaped():
     error = CheckpointError("f.pt", "member 'a\x1b]52;c;aGk=\x07\x1b[2K\x9b' and a\ttab")
     assert "\x1b" not in str(error) and "\x07" not in str(error) and "\x9b" not in str(error)
     assert str(error) == "refusing to load checkpoint 'f.pt': member 'a\\x1b]52;c;aGk=\\x07\\x1b[2K\\x9b' and a tab"
+
+
+def test_bart_builds_on_meta_for_the_size_check_and_then_for_real(monkeypatch):
+    """fairseq's ``init_bert_params`` (BART, mBART, RoBERTa, wav2vec 2.0) reads values on
+    the host, which a tensor on ``meta`` has none of: it is skipped in the build on
+    ``meta``, so such a model is counted there (refused when too large) and built for
+    real, untrusted, as before the refusal of models that fail on ``meta``."""
+    from fairseq import options
+    from fairseq.data import Dictionary
+    from fairseq.models import build_model
+    from fairseq.tasks.translation import TranslationTask
+
+    from fairseq_localness.checkpoint import TRUST_ENV
+    from fairseq_localness.checkpoint.model_size import _last, guarded_build_model
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    dictionary = Dictionary()
+    for i in range(20):
+        dictionary.add_symbol(f"w{i}")
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "/data", "--arch", "bart_base", "--task", "translation", "-s", "a", "-t", "b", "--encoder-layers", "1",
+        "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+        "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2"])
+    task = TranslationTask(args, dictionary, dictionary)
+    model = guarded_build_model(build_model)
+    monkeypatch.setattr(_last, "file", "/runs/bart.pt", raising=False)
+    monkeypatch.setattr(_last, "storages", 100, raising=False)
+    monkeypatch.setattr(_last, "numel", 100_000, raising=False)
+    built = model(args, task, from_checkpoint=True)
+    assert not any(p.is_meta for p in built.parameters())
+    from fairseq_localness.checkpoint import model_size
+
+    monkeypatch.setattr(model_size, "SLACK", 0)  # (a model far larger than the file: refused)
+    monkeypatch.setattr(_last, "numel", 10, raising=False)
+    with pytest.raises(UntrustedCheckpointError, match="its settings describe a model of more than"):
+        model(args, task, from_checkpoint=True)

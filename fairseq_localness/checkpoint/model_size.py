@@ -24,6 +24,7 @@ storage under 300 names is one storage), and the number of its storages.
 import contextlib
 import copy
 import functools
+import sys
 import threading
 import time
 
@@ -112,6 +113,39 @@ def _bounded(max_numel: int, max_tensors: int, seconds: float):
             handle.remove()
 
 
+INITIALISERS = ("init_bert_params",)
+"""fairseq's initialisers that read a weight's values on the host (``init_bert_params``:
+``data.cpu().normal_()``, used by BART, mBART, RoBERTa, wav2vec 2.0 and the
+non-autoregressive transformers), which a tensor on ``meta`` has none of: skipped in
+the build on ``meta``, which allocates and initialises nothing anyway."""
+
+
+@contextlib.contextmanager
+def _initialisers_skipped():
+    """:data:`INITIALISERS` replaced by a function that does nothing, in every module
+    that holds them (the models import them by name), for the block."""
+    try:
+        from fairseq.modules import transformer_sentence_encoder
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    originals = {name: getattr(transformer_sentence_encoder, name) for name in INITIALISERS
+                 if hasattr(transformer_sentence_encoder, name)}
+    replaced = [(module, name) for module in list(sys.modules.values()) for name, original in originals.items()
+                if module is not None and getattr(module, name, None) is original]
+    for module, name in replaced:
+        setattr(module, name, _no_initialisation)
+    try:
+        yield
+    finally:
+        for module, name in replaced:
+            setattr(module, name, originals[name])
+
+
+def _no_initialisation(module):
+    return None
+
+
 def guarded_build_model(build_model):
     """``fairseq.models.build_model`` that refuses a checkpoint's model larger than
     the checkpoint (see the module docstring)."""
@@ -124,7 +158,8 @@ def guarded_build_model(build_model):
         if from_checkpoint and stored is not None:
             max_numel, max_tensors = stored + stored // 4 + SLACK, _last.storages * TENSORS_PER_STORAGE + SLACK_TENSORS
             try:  # (on a copy: building may change the settings, e.g. --encoder-layers-to-keep)
-                with torch.device("meta"), _bounded(max_numel, max_tensors, MAX_BUILD_SECONDS):
+                with torch.device("meta"), _bounded(max_numel, max_tensors, MAX_BUILD_SECONDS), \
+                        _initialisers_skipped():
                     build_model(copy.deepcopy(cfg), task, from_checkpoint)
             except _TooLarge as e:
                 raise UntrustedCheckpointError(
@@ -133,9 +168,9 @@ def guarded_build_model(build_model):
             except CheckpointError:  # (a refusal of the build's own, e.g. of a setting fairseq evaluates)
                 raise
             except Exception as e:
-                # a model that cannot be built without memory (wav2vec 2.0's initialisation fails on
-                # meta part-way, before layers whose size the settings choose): its size is unknown,
-                # and fairseq would allocate it whole; built only where the user trusts the file
+                # a model that cannot be built without memory (an initialiser of a model outside this
+                # package that reads values, beyond INITIALISERS): its size is unknown, and fairseq
+                # would allocate it whole; built only where the user trusts the file
                 from fairseq_localness.checkpoint.load import trusted
 
                 if not trusted():
