@@ -47,10 +47,11 @@ def test_an_archive_is_extracted_into_a_folder_of_its_own_and_left_in_place(tmp_
 @pytest.mark.parametrize("member, reason", [
     ({"name": "model/../../evil.pth"}, "names a file outside its folder"),
     ({"name": "/tmp/evil.pth"}, "names a file outside its folder"),
-    ({"name": "model/link", "type": tarfile.SYMTYPE, "linkname": "/etc"}, "a link, device or FIFO"),
-    ({"name": "model/hard", "type": tarfile.LNKTYPE, "linkname": "model/model.pt"}, "a link, device or FIFO"),
-    ({"name": "model/fifo", "type": tarfile.FIFOTYPE}, "a link, device or FIFO"),
-    ({"name": "model/dev", "type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 5}, "a link, device or FIFO"),
+    ({"name": "model/link", "type": tarfile.SYMTYPE, "linkname": "/etc"}, "a link to '/etc' outside its folder"),
+    ({"name": "model/up", "type": tarfile.SYMTYPE, "linkname": "../../etc"}, "a link to '../../etc' outside"),
+    ({"name": "model/hard", "type": tarfile.LNKTYPE, "linkname": "../x"}, "a link to '../x' outside its folder"),
+    ({"name": "model/fifo", "type": tarfile.FIFOTYPE}, "a device or FIFO"),
+    ({"name": "model/dev", "type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 5}, "a device or FIFO"),
 ])
 def test_a_member_outside_the_folder_or_not_a_file_refuses_the_archive_before_anything_is_written(
         tmp_path, monkeypatch, member, reason):
@@ -176,3 +177,33 @@ def test_a_dictionary_of_more_symbols_than_any_vocabulary_is_refused(tmp_path, m
     with pytest.raises(UntrustedCheckpointError, match="'dict.src.txt', which the hub reads, holds 51 lines, more "
                                                          "than the 50 symbols a dictionary takes"):
         files.check_beside(str(folder))
+
+
+def test_links_inside_the_archives_folder_are_extracted(tmp_path):
+    """GNU tar stores a file it meets twice as a hard link, and a joined dictionary is
+    often a symbolic link to the other: both inside the folder load."""
+    path = _archive(tmp_path / "model.tar.gz", [
+        ({"name": "model", "type": tarfile.DIRTYPE}, None),
+        ({"name": "model/model.pt"}, b"weights"),
+        ({"name": "model/dict.src.txt"}, b"a 1\n"),
+        ({"name": "model/dict.tgt.txt", "type": tarfile.SYMTYPE, "linkname": "dict.src.txt"}, None),
+        ({"name": "model/copy.pt", "type": tarfile.LNKTYPE, "linkname": "model/model.pt"}, None),
+    ])
+    folder = files.extract_archive(path)
+    assert open(os.path.join(folder, "dict.tgt.txt")).read() == "a 1\n"
+    assert open(os.path.join(folder, "copy.pt"), "rb").read() == b"weights"
+    files.check_beside(folder)
+
+
+def test_a_large_dictionary_loads_where_the_file_is_trusted(tmp_path, monkeypatch):
+    from fairseq_localness.checkpoint import TRUST_ENV
+
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "dict.src.txt").write_text("".join(f"{i} 1\n" for i in range(51)))
+    monkeypatch.setattr(files, "MAX_DICTIONARY_SYMBOLS", 50)
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    with pytest.raises(UntrustedCheckpointError, match=f"holds 51 lines.*set {TRUST_ENV}=1"):
+        files.check_beside(str(folder))
+    monkeypatch.setenv(TRUST_ENV, "1")
+    files.check_beside(str(folder))

@@ -6,7 +6,6 @@ import argparse
 import io
 import json
 import os
-import pwd
 import threading
 import time
 
@@ -39,18 +38,19 @@ def test_squeue_lists_every_job_of_the_account_whatever_the_environment(tmp_path
         monkeypatch.setenv(name, value)
     assert read_queue() == {}
     args = open(f"{seen}.args").read().split()
-    assert "-a" in args and args[args.index("-u") + 1] == pwd.getpwuid(os.getuid()).pw_name
+    assert "-a" in args and args[args.index("-u") + 1] == str(os.getuid())
     env = open(f"{seen}.env").read()
     assert "SQUEUE_" not in env and "SLURM_CLUSTERS" not in env and "USER=somebody-else" in env
 
 
 def test_the_queue_reads_names_and_leaves_out_other_jobs_it_cannot_read(tmp_path, monkeypatch):
-    lines = ["101 RUNNING 0 None fl-abcdef-train_r_1", "102 PENDING 1 Dependency fl-abcdef-eval_r_1",
-             "200+0 RUNNING 0 None a heterogeneous job", "300 ODD_STATE 0 None someone-else"]
+    lines = ["101 RUNNING 0 fl-abcdef-train_r_1 None", "102 PENDING 1 fl-abcdef-eval_r_1 ReqNodeNotAvail, x",
+             "103 RUNNING 0 fl-abcdef-train_r_2", "200+0 RUNNING 0 hetero None", "300 ODD_STATE 0 someone-else None"]
     monkeypatch.setenv("PATH", _fake_squeue(tmp_path, "printf '%s\\n' " + " ".join(f"'{x}'" for x in lines)))
     queue = read_queue({"101", "102"})
-    assert queue["101"] == ("RUNNING", 0, "None") and queue["102"] == ("PENDING", 1, "Dependency")
+    assert queue["101"] == ("RUNNING", 0, "None") and queue["102"] == ("PENDING", 1, "ReqNodeNotAvail, x")
     assert queue.names["101"] == "fl-abcdef-train_r_1" and "300" not in queue
+    assert queue["103"] == ("RUNNING", 0, "") and queue.names["103"] == "fl-abcdef-train_r_2"  # (no reason)
     assert queue["200"][0] == "RUNNING"  # (a heterogeneous job's first component)
     with pytest.raises(SlurmError, match="squeue answered '300 ODD_STATE"):
         read_queue({"300"})  # a line of one of the run's jobs that is not squeue's
@@ -204,3 +204,51 @@ def test_a_tasks_failure_is_not_overwritten_by_task_zeros_start(tmp_path, monkey
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     step._write(state="running", log="-")
     assert json.loads(path.read_text())["state"] == "running"
+
+
+def test_a_job_is_known_by_the_name_recorded_at_its_submission_however_the_directory_is_spelled(tmp_path):
+    """The registry records each job's name: the state directory reached through a link
+    (or relative to another directory) names the same jobs; a registry written before
+    names were recorded takes the prefix of either spelling."""
+    real = tmp_path / "real"
+    real.mkdir()
+    os.symlink(real, tmp_path / "link")
+    name = job_prefix(str(real / "slurm")) + "train_r_1"
+    queue = Queue({"101": ("RUNNING", 0, "None")}, {"101": name})
+    recorded = {"train:r:1": {"job_id": "101", "name": name, "kind": "train", "row": "r", "seed": "1", "log": "-"}}
+    for spelling in (real / "slurm", tmp_path / "link" / "slurm"):
+        assert job_states(str(spelling), recorded, queue)["train:r:1"].what == "running"
+        assert job_states(str(spelling), _registry(str(spelling), train_r_1="101"), queue)["train:r:1"].live
+        assert strangers(str(spelling), {}, queue) == [("101", name)]
+    other = Queue({"101": ("RUNNING", 0, "None")}, {"101": name + "x"})
+    assert job_states(str(real / "slurm"), recorded, other)["train:r:1"].what == "cancelled"
+
+
+@pytest.mark.parametrize("variable", ["SBATCH_JOB_NAME", "SLURM_CLUSTERS", "SBATCH_CLUSTERS"])
+def test_an_environment_that_would_hide_or_rename_the_runs_jobs_is_refused(variable, monkeypatch):
+    args = argparse.Namespace(signal_delay=30, time=None, slurm_arg=[], partition=None, mem=None, account=None,
+                              qos=None, constraint=None)
+    monkeypatch.setenv(variable, "other")
+    with pytest.raises(UsageError, match=rf"^{variable}='other' is set: sbatch would .*; expected it unset"):
+        submit.check(args)
+
+
+def test_the_lock_is_taken_where_its_file_can_only_be_read(tmp_path):
+    """A shared lock opens the lock file for reading (NFS's flock emulation needs it; a
+    lock file another user created may be read-only to this one); one that cannot be
+    opened at all is one line."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "lock").write_text("")
+    os.chmod(state_dir / "lock", 0o444)
+    with cluster.locked(str(state_dir), exclusive=False):
+        pass
+    if os.geteuid() != 0:  # (root opens it for writing anyway)
+        with pytest.raises(SlurmError, match="the lock of the state directory cannot be opened"):
+            with cluster.locked(str(state_dir)):
+                pass
+    missing = tmp_path / "file"
+    missing.write_text("")
+    with pytest.raises(SlurmError, match="the lock of the state directory cannot be opened"):
+        with cluster.locked(str(missing / "state")):
+            pass

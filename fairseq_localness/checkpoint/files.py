@@ -271,8 +271,12 @@ def check_named_file(path: str, file: str, what: str, folder: Optional[str] = No
         with open(path, "rb") as f:  # (a regular file of bounded size: read whole at once)
             symbols = f.read().count(b"\n")
         if symbols > MAX_DICTIONARY_SYMBOLS:
-            _refuse(file, what, f"holds {symbols:,} lines, more than the {MAX_DICTIONARY_SYMBOLS:,} symbols a "
-                    "dictionary takes; fairseq keeps about 230 bytes per symbol")
+            from fairseq_localness.checkpoint.load import trusted
+
+            if not trusted():  # (a word-level vocabulary may be larger: the switch reads it)
+                raise UntrustedCheckpointError(file, f"{what} holds {symbols:,} lines, more than the "
+                                               f"{MAX_DICTIONARY_SYMBOLS:,} symbols a dictionary takes (fairseq "
+                                               "keeps about 230 bytes per symbol)")
 
 
 def _read_by_a_task(name: str) -> bool:
@@ -327,10 +331,11 @@ def extract_archive(path: str) -> str:
     members' common prefix). Unlike fairseq's, which extracts every member as it is
     named and then deletes the archive and puts the folder in its place, the archive is
     left as it is, and it is refused, before anything is written, unless it is a regular
-    file whose members are regular files and folders only (no link, device or FIFO),
-    each named inside the folder (no absolute name, no ``..``), at most
-    :data:`MAX_ARCHIVE_MEMBERS` of them and :data:`MAX_ARCHIVE_BYTES` in all; the
-    extraction itself runs with tarfile's ``data`` filter as a second guard."""
+    file whose members are regular files, folders and links to them (no device or FIFO),
+    each named inside the folder and linking inside it (no absolute name, no ``..``), at
+    most :data:`MAX_ARCHIVE_MEMBERS` of them and :data:`MAX_ARCHIVE_BYTES` in all; the
+    extraction itself runs with tarfile's ``data`` filter as a second guard where this
+    Python has it."""
     what = "the model archive"
     _regular_file(path, path, what, "expected a .tar.gz or .tar.bz2 file or a folder")
     try:
@@ -349,9 +354,15 @@ def extract_archive(path: str) -> str:
                 if posixpath.isabs(name) or ".." in name.split("/") or "\\" in name:
                     _refuse(path, what, f"names a file outside its folder ({short_repr(name)}); only names inside "
                             "it are extracted")
-                if not (member.isreg() or member.isdir()):
-                    _refuse(path, what, f"holds {short_repr(name)}, a link, device or FIFO; only regular files and "
-                            "folders are extracted")
+                if member.issym() or member.islnk():  # (GNU tar links files it meets twice)
+                    start = posixpath.dirname(name) if member.issym() else ""
+                    target = posixpath.normpath(posixpath.join(start, member.linkname))
+                    if posixpath.isabs(member.linkname) or target == ".." or target.startswith("../"):
+                        _refuse(path, what, f"holds {short_repr(name)}, a link to {short_repr(member.linkname)} "
+                                "outside its folder; only links inside it are extracted")
+                elif not (member.isreg() or member.isdir()):
+                    _refuse(path, what, f"holds {short_repr(name)}, a device or FIFO; only regular files, folders "
+                            "and links inside the folder are extracted")
                 total += member.size
                 if total > MAX_ARCHIVE_BYTES:
                     _refuse(path, what, f"holds more than {MAX_ARCHIVE_BYTES:,} bytes; only archives of at most "
@@ -361,5 +372,6 @@ def extract_archive(path: str) -> str:
         top = os.path.commonprefix([m.name for m in members])
         folder = tempfile.mkdtemp(prefix="fairseq-localness-archive-")
         atexit.register(shutil.rmtree, folder, True)
-        archive.extractall(folder, members=members, filter="data")
+        # (tarfile's extraction filters: Python 3.8.17, 3.9.17, 3.10.12, 3.11.4 and later)
+        archive.extractall(folder, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return os.path.join(folder, top)

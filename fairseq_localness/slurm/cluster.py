@@ -6,7 +6,6 @@ import fcntl
 import hashlib
 import json
 import os
-import pwd
 import re
 import shutil
 import subprocess
@@ -18,6 +17,8 @@ from fairseq_localness.slurm.graph import safe
 TIMEOUT = float(os.environ.get("FAIRSEQ_LOCALNESS_SLURM_TIMEOUT", "30"))
 # SLURM's largest time limit: minutes in 32 bits, below INFINITE and NO_VAL (slurm.h).
 MAX_MINUTES = 0xFFFFFFFD
+# The width of the job's name in squeue's listing (the run's names are far shorter).
+NAME_WIDTH = 255
 
 # SLURM's job states (squeue(1), JOB STATE CODES), each mapped once: what --status calls
 # it (queued, running, ending: live; done; failed; cancelled) and, where SLURM's word
@@ -78,21 +79,57 @@ def load_registry(state_dir):
     return registry
 
 
-def job_prefix(state_dir):
+def job_prefix(state_dir, path=os.path.abspath):
     """The start of the name of every job submitted from ``state_dir``: ``fl-`` and 6 hex
-    digits of its absolute path (``fl-1a2b3c-``)."""
-    return "fl-" + hashlib.sha1(os.path.abspath(state_dir).encode()).hexdigest()[:6] + "-"
+    digits of its absolute path (``fl-1a2b3c-``; ``path``: how the path is made
+    absolute)."""
+    return "fl-" + hashlib.sha1(path(state_dir).encode()).hexdigest()[:6] + "-"
+
+
+def job_prefixes(state_dir):
+    """The prefixes a job submitted from ``state_dir`` may carry: of its absolute path as
+    given now, and with its links resolved (the same directory reached another way)."""
+    return tuple({job_prefix(state_dir), job_prefix(state_dir, os.path.realpath)})
+
+
+def _name_is(record, name, state_dir):
+    """Whether ``name`` (from the queue) is the name of the registry's job ``record``:
+    the name recorded at its submission; for a registry written before names were
+    recorded, a name of the state directory's (:func:`job_prefixes`)."""
+    if record.get("name"):
+        return name == record["name"][:NAME_WIDTH]
+    return name.startswith(job_prefixes(state_dir))
 
 
 @contextlib.contextmanager
 def locked(state_dir, exclusive=True):
     """The state directory's lock (``state_dir/lock``), held for the block: exclusive for
-    what submits or cancels, shared for what only reads and then starts a run (a local
-    run's check); a submission in progress finishes before either reads the registry."""
-    os.makedirs(state_dir, exist_ok=True)
-    with open(os.path.join(state_dir, "lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    what submits or cancels, shared for what only reads (``--status``, a local run's
+    check); a submission in progress finishes before any of them reads the registry
+    (waiting for it is said once on stderr). Opened for reading where shared (NFS's
+    emulation of ``flock`` by ``fcntl`` needs it) and for reading and writing where
+    exclusive; a lock that cannot be opened or taken is a SlurmError in one line."""
+    import sys
+
+    path = os.path.join(state_dir, "lock")
+    try:
+        os.makedirs(state_dir, exist_ok=True)
+        fd = os.open(path, (os.O_RDWR if exclusive else os.O_RDONLY) | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise SlurmError(f"{path}: the lock of the state directory cannot be opened ({e.strerror or e}); expected "
+                         "a directory this user can write (or read, for --status and a local run)") from None
+    try:
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for the submission in progress from {state_dir} (its lock, {path})", file=sys.stderr)
+            fcntl.flock(fd, mode)
+        except OSError as e:
+            raise SlurmError(f"{path}: the lock of the state directory cannot be taken ({e.strerror or e})") from None
         yield
+    finally:
+        os.close(fd)
 
 
 def need_slurm():
@@ -152,9 +189,10 @@ class Queue(dict):
 
 
 def user():
-    """The name of the account this process runs as (not $USER or $LOGNAME, which squeue
-    does not go by)."""
-    return pwd.getpwuid(os.getuid()).pw_name
+    """The account this process runs as, by its number (not $USER or $LOGNAME, which
+    squeue does not go by; a number, which squeue takes, also where the account has no
+    entry in the password database, as in a container)."""
+    return str(os.getuid())
 
 
 def squeue_environment():
@@ -172,7 +210,7 @@ def read_queue(known=None):
     the user's that the line does not describe (a heterogeneous job's ``200+0`` parses)
     is left out."""
     out = ask(["squeue", "-h", "-a", "-t", "all", "-u", user(), "-O",
-               "JobID:30,State:24,RestartCnt:8,Reason:80,Name:120"], env=squeue_environment())
+               f"JobID:30,State:24,RestartCnt:8,Name:{NAME_WIDTH},Reason:80"], env=squeue_environment())
     queue = Queue()
     for line in out.splitlines():
         if not line.strip():
@@ -184,9 +222,8 @@ def read_queue(known=None):
                 raise SlurmError(f"squeue answered {line.strip()[:80]!r}, not a job id, one of SLURM's job states, "
                                  "a restart count, a reason and a name; nothing was submitted, cancelled or recorded")
             continue
-        rest = (m.group(4) or "").split()
-        name = rest.pop() if len(rest) > 1 else ""  # (the job's name last; ours have no space)
-        queue[m.group(1)] = (m.group(2), int(m.group(3)) if m.group(3).isdigit() else 0, " ".join(rest))
+        name, _, reason = (m.group(4) or "").strip().partition(" ")  # (ours have no space; the reason may)
+        queue[m.group(1)] = (m.group(2), int(m.group(3)) if m.group(3).isdigit() else 0, reason.strip())
         queue.names[m.group(1)] = name
     return queue
 
@@ -197,9 +234,9 @@ def strangers(state_dir, registry, queue):
     sbatch queued a job and before the registry recorded it (sbatch's answer lost, the
     command killed), or a registry restored from an older copy. Submitting or running
     beside them would run a training twice."""
-    prefix, ids = job_prefix(state_dir), {r["job_id"] for r in registry.values()}
+    prefixes, ids = job_prefixes(state_dir), {r["job_id"] for r in registry.values()}
     return [(job, name) for job, name in getattr(queue, "names", {}).items()
-            if name.startswith(prefix) and job not in ids and STATES[queue[job][0]][0] in LIVE]
+            if name.startswith(prefixes) and job not in ids and STATES[queue[job][0]][0] in LIVE]
 
 
 class State:
@@ -219,17 +256,17 @@ def job_states(state_dir, registry, queue):
     the queue (read_queue) and the jobs' records: a job SLURM knows is what SLURM says (its
     record tells why a job failed); one it no longer knows is what it recorded, or failed if
     it started and recorded no end, or cancelled if it never started. A job id in the
-    queue whose name is not one of the state directory's (:func:`job_prefix`; where the
-    queue has names) is another job that SLURM gave the same id (its ids restarted or
-    wrapped around), not this one."""
+    queue under another name than the job's (:func:`_name_is`; where the queue has names)
+    is another job that SLURM gave the same id (its ids restarted or wrapped around),
+    not this one."""
     states = {}
-    names, prefix = getattr(queue, "names", None), job_prefix(state_dir)
+    names = getattr(queue, "names", None)
     for key, rec in registry.items():
         mine = load_json(os.path.join(state_dir, "jobs", safe(key) + ".json"))
         if mine.get("job_id") != rec["job_id"]:
             mine = {}
         restarts = mine.get("restarts", 0)
-        ours = rec["job_id"] in queue and (names is None or names.get(rec["job_id"], "").startswith(prefix))
+        ours = rec["job_id"] in queue and (names is None or _name_is(rec, names.get(rec["job_id"], ""), state_dir))
         if ours:
             word, sq_restarts, reason = queue[rec["job_id"]]
             what, words = STATES[word]

@@ -57,12 +57,16 @@ def _strangers_line(args, found):
 
 def status(args):
     rows, jobs = read_graph(args.graph)
-    registry = load_registry(args.state_dir)
-    if not registry:
+    if not os.path.isdir(args.state_dir):
         print(f"{args.prog}: nothing submitted from {args.state_dir} yet")
         return
-    need_slurm()
-    queue = read_queue({r["job_id"] for r in registry.values()})
+    with locked(args.state_dir, exclusive=False):  # (a submission in progress ends first)
+        registry = load_registry(args.state_dir)
+        if not registry:
+            print(f"{args.prog}: nothing submitted from {args.state_dir} yet")
+            return
+        need_slurm()
+        queue = read_queue({r["job_id"] for r in registry.values()})
     found = strangers(args.state_dir, registry, queue)
     if found:
         print(_strangers_line(args, found))

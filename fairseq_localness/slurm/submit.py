@@ -55,6 +55,12 @@ def check(args):
     (and SLURM's), every --slurm-arg (check_slurm_arg)."""
     if args.signal_delay < 10:
         raise UsageError(f"--signal-delay: expected a whole number >= 10, got '{args.signal_delay}'")
+    for variable in ("SBATCH_JOB_NAME", "SLURM_CLUSTERS", "SBATCH_CLUSTERS"):
+        if os.environ.get(variable):
+            raise UsageError(f"{variable}={os.environ[variable]!r} is set: sbatch would "
+                             + ("name the jobs otherwise than the run follows them in the queue"
+                                if variable == "SBATCH_JOB_NAME" else "submit to another cluster than the one whose "
+                                "queue the run reads") + f"; expected it unset (env -u {variable} ...)")
     for name in ("partition", "mem", "account", "qos", "constraint"):
         value = getattr(args, name, None)
         if value and re.search(r"[\x00-\x1f\x7f]", str(value)):
@@ -174,7 +180,7 @@ def _submit(args, rows, jobs, state_dir):
                 raise SlurmError(str(e).split("; nothing was submitted")[0] + f" (replacing the queued table job "
                                  f"{registry[key]['job_id']}); {done}; submit again to finish") from None
         ids[key] = sbatch(step, params, state_dir, args.max_requeues, key, new)
-        registry[key] = dict(job_id=ids[key], kind=job.kind, row=job.row, seed=job.seed,
+        registry[key] = dict(job_id=ids[key], name=params["job_name"], kind=job.kind, row=job.row, seed=job.seed,
                              dataset=datasets.get((job.row, job.seed), ""),
                              log=os.path.join(state_dir, "logs", f"{ids[key]}_0_log.err"), submitted=time.time())
         if job.kind == "final":
