@@ -227,7 +227,11 @@ def test_status_writes_the_page_of_a_half_finished_graph(yang_rehearsal, tmp_pat
     bin_dir.mkdir()
     for cmd in ("sbatch", "scontrol", "scancel", "sinfo"):
         (bin_dir / cmd).write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "squeue").write_text("#!/bin/sh\necho '105 RUNNING 0 None'\necho '106 PENDING 0 Priority'\n")
+    from fairseq_localness.slurm.cluster import job_prefix
+
+    prefix = job_prefix(state)  # (the jobs' names as submitted from this work directory: id, state, restarts, name)
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\necho '105 RUNNING 0 {prefix}train_en-de.big_1 None'\n"
+                                    f"echo '106 PENDING 0 {prefix}train_en-de.big_localness_1 Priority'\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     env = tool_env({"PATH": f"{bin_dir}:{tool_env()['PATH']}"})

@@ -328,18 +328,19 @@ def _number(value, file, where, none=True, finite=False):
     if value is None and none:
         return
     if isinstance(value, _NUMBER) and not isinstance(value, bool):
-        number = value
+        pass
     elif isinstance(value, torch.Tensor) and value.numel() == 1:
-        number = value.item()
+        pass
     elif isinstance(value, (np.ndarray, np.generic)) and value.size == 1 and value.dtype.kind in "biuf":
-        number = value.item()
+        pass
     else:
         raise MalformedCheckpointError(file, f"its {where} is a {_describe(value)}, not a number")
     if finite:
         try:
+            number = value if isinstance(value, _NUMBER) else value.item()
             finite = math.isfinite(number)
-        except TypeError:  # (a complex number)
-            finite = False
+        except (TypeError, RuntimeError):  # (a complex number; a tensor without data)
+            number, finite = value, False
         if not finite:
             raise MalformedCheckpointError(file, f"its {where} is {short_repr(number)}, not a finite number")
 
