@@ -173,7 +173,11 @@ try:
     wrapped = DistributedFairseqModel(args, torch.nn.Linear(3, 2), dist.group.WORLD, torch.device("cpu"))
     out = wrapped(torch.ones(4, 3))
     out.sum().backward()
-    print("output shape", tuple(out.shape))
+    print("output shape", tuple(out.shape), flush=True)
+    # the wrapper (DDP's reducer and its threads) goes before the group it uses: destroyed
+    # after it, at the interpreter's exit, it aborted the process now and then (exit status
+    # -6, "terminate called without an active exception")
+    del wrapped, out
 finally:
     dist.destroy_process_group()
 """
