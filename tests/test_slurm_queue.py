@@ -135,8 +135,7 @@ def test_submission_busy_check_status_and_cancel_name_the_live_jobs_the_registry
     prefix = job_prefix(str(state_dir))
     queue = Queue({"100": ("COMPLETED", 0, "None"), "101": ("RUNNING", 0, "None")},
                   {"100": prefix + "prepare_d", "101": prefix + "train_r_1"})
-    for module in (submit, status):
-        monkeypatch.setattr(module, "read_queue", lambda known=None: queue)
+    monkeypatch.setattr(cluster, "read_queue", lambda known=None: queue)
     monkeypatch.setattr(status, "need_slurm", lambda: None)
     monkeypatch.setattr(submit, "check", lambda args: None)
     monkeypatch.setattr(submit, "sbatch", lambda *a: pytest.fail("submitted beside a live job"))
@@ -158,7 +157,7 @@ def test_cancel_waits_for_a_submission_in_progress(tmp_path, monkeypatch):
     state_dir = str(tmp_path / "state")
     os.makedirs(state_dir)
     monkeypatch.setattr(status, "need_slurm", lambda: None)
-    monkeypatch.setattr(status, "read_queue", lambda known=None: Queue())
+    monkeypatch.setattr(cluster, "read_queue", lambda known=None: Queue())
     args = argparse.Namespace(state_dir=state_dir, graph=str(_graph(tmp_path)), prog="slurm")
     finished = []
     with cluster.locked(state_dir):

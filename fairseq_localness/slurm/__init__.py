@@ -74,6 +74,10 @@ SET_BY_GRAPH = ("signal", "dependency", "kill-on-invalid-dep", "open-mode", "out
                 "tasks-per-node", "gres", "ntasks-per-gpu", "cpus-per-gpu", "clusters")
 
 
+# characters that end or bend a line of a job's script (a value of an sbatch option is one line)
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def check_slurm_arg(arg):
     """--slurm-arg KEY=VALUE checked: an sbatch option by its long name, none that the graph sets
     (nor an abbreviation of one: sbatch reads a unique prefix as the option), the value on one line."""
@@ -81,7 +85,7 @@ def check_slurm_arg(arg):
     if not (eq and re.fullmatch(r"[a-z][a-z0-9-]*", key)):
         raise UsageError(f"--slurm-arg: expected KEY=VALUE with an sbatch option's long name as KEY "
                          f"(e.g. exclude=node7, mail-type=END), got {arg!r}")
-    if re.search(r"[\x00-\x1f\x7f]", value):
+    if CONTROL_CHARACTERS.search(value):
         raise UsageError(f"--slurm-arg {key}=...: expected a value on one line, without control characters, "
                          f"got {value!r}")
     for name in SET_BY_OPTION + SET_BY_GRAPH:

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 from fairseq_localness.slurm import SlurmError, UsageError
 from fairseq_localness.slurm.graph import safe
@@ -109,8 +110,6 @@ def locked(state_dir, exclusive=True):
     (waiting for it is said once on stderr). Opened for reading where shared (NFS's
     emulation of ``flock`` by ``fcntl`` needs it) and for reading and writing where
     exclusive; a lock that cannot be opened or taken is a SlurmError in one line."""
-    import sys
-
     path = os.path.join(state_dir, "lock")
     try:
         os.makedirs(state_dir, exist_ok=True)
@@ -237,6 +236,14 @@ def strangers(state_dir, registry, queue):
     prefixes, ids = job_prefixes(state_dir), {r["job_id"] for r in registry.values()}
     return [(job, name) for job, name in getattr(queue, "names", {}).items()
             if name.startswith(prefixes) and job not in ids and STATES[queue[job][0]][0] in LIVE]
+
+
+def read_run(state_dir, registry):
+    """The registry's jobs now, from one reading of the queue: ``(states, strangers)``,
+    :func:`job_states` and :func:`strangers` of it (a failing squeue is a SlurmError
+    before either)."""
+    queue = read_queue({r["job_id"] for r in registry.values()})
+    return job_states(state_dir, registry, queue), strangers(state_dir, registry, queue)
 
 
 class State:

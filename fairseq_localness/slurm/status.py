@@ -7,9 +7,7 @@ import shutil
 import sys
 
 from fairseq_localness.slurm import UsageError
-from fairseq_localness.slurm.cluster import (
-    ask, job_prefix, job_states, load_json, load_registry, locked, need_slurm, read_queue, strangers,
-)
+from fairseq_localness.slurm.cluster import ask, job_prefix, load_json, load_registry, locked, need_slurm, read_run
 from fairseq_localness.slurm.graph import read_graph
 
 
@@ -66,11 +64,9 @@ def status(args):
             print(f"{args.prog}: nothing submitted from {args.state_dir} yet")
             return
         need_slurm()
-        queue = read_queue({r["job_id"] for r in registry.values()})
-    found = strangers(args.state_dir, registry, queue)
+        states, found = read_run(args.state_dir, registry)
     if found:
         print(_strangers_line(args, found))
-    states = job_states(args.state_dir, registry, queue)
     in_rows = set()
     for row, seed, run_dir, score, dataset in rows:
         keys = row_keys(registry, row, seed, dataset)
@@ -114,8 +110,7 @@ def cancel(args):
 
 def _cancel(args, rows, jobs):
     registry = load_registry(args.state_dir)
-    queue = read_queue({r["job_id"] for r in registry.values()})
-    states = job_states(args.state_dir, registry, queue)
+    states, found = read_run(args.state_dir, registry)
     selected = {(r[0], r[1]) for r in rows}
     if rows:
         mine = {k for k, r in registry.items() if r["kind"] in ("train", "eval") and (r["row"], r["seed"]) in selected}
@@ -135,7 +130,6 @@ def _cancel(args, rows, jobs):
     print(f"{args.prog}: cancelled {len(live)} job(s)" + (": " + ", ".join(f"{k} (job {registry[k]['job_id']})"
                                                                              for k in live) if live else "")
           + (f"; {kept} job(s) of other rows left queued or running" if kept else ""))
-    found = strangers(args.state_dir, registry, queue)
     if found:
         print(_strangers_line(args, found))
 
@@ -153,13 +147,11 @@ def busy(args):
             return
         raise UsageError(f"{args.state_dir}/submitted.json records jobs submitted to SLURM, and squeue is not on PATH "
                          "to tell whether they still run; run where SLURM is, or remove that directory if they ended")
-    queue = read_queue({r["job_id"] for r in registry.values()})
-    found = strangers(args.state_dir, registry, queue)
+    states, found = read_run(args.state_dir, registry)
     if found:
         raise UsageError(f"{', '.join(f'job {j} ({n})' for j, n in found)}: live on the cluster, named for "
                          f"{args.state_dir}, and not in its submitted.json (a submission interrupted after sbatch "
                          "queued them?); one trainer per run directory: scancel them or wait for them, then run")
-    states = job_states(args.state_dir, registry, queue)
     for row, seed, dataset in wanted:
         for key in row_keys(registry, row, seed, dataset):
             s = states[key]

@@ -5,15 +5,14 @@ import contextlib
 import io
 import json
 import os
-import re
 import shutil
 import sys
 import time
 
 from fairseq_localness.atomic import write_text
-from fairseq_localness.slurm import SlurmError, UsageError, check_slurm_arg
+from fairseq_localness.slurm import CONTROL_CHARACTERS, SlurmError, UsageError, check_slurm_arg
 from fairseq_localness.slurm.cluster import (
-    MAX_MINUTES, ask, job_prefix, job_states, load_registry, locked, need_slurm, partitions, read_queue, strangers,
+    MAX_MINUTES, ask, job_prefix, load_registry, locked, need_slurm, partitions, read_run,
 )
 from fairseq_localness.slurm.graph import read_graph, safe, write_rows
 from fairseq_localness.slurm.jobs import FinalStep, Step, TrainStep
@@ -63,7 +62,7 @@ def check(args):
                                 "queue the run reads") + f"; expected it unset (env -u {variable} ...)")
     for name in ("partition", "mem", "account", "qos", "constraint"):
         value = getattr(args, name, None)
-        if value and re.search(r"[\x00-\x1f\x7f]", str(value)):
+        if value and CONTROL_CHARACTERS.search(str(value)):
             raise UsageError(f"--{name.replace('_', '-')}: {str(value)!r} has a line break or another control "
                              "character; each of sbatch's options is one line of the job's script: expected a value "
                              "without one")
@@ -114,14 +113,12 @@ def submit(args):
 def _submit(args, rows, jobs, state_dir):
     reg_path = os.path.join(state_dir, "submitted.json")
     registry = load_registry(state_dir)
-    queue = read_queue({r["job_id"] for r in registry.values()})  # (a failing squeue stops here: nothing submitted)
-    found = strangers(state_dir, registry, queue)
+    states, found = read_run(state_dir, registry)  # (a failing squeue stops here: nothing submitted)
     if found:
         raise SlurmError(f"{', '.join(f'job {j} ({n})' for j, n in found)}: queued or running, named for {state_dir}, "
                          f"and not in {reg_path} (a submission interrupted after sbatch queued them?); submitting "
                          f"now could run a training twice: 'scancel {' '.join(j for j, _ in found)}' if they are "
                          "this run's, or wait for them to end; nothing was submitted, cancelled or recorded")
-    states = job_states(state_dir, registry, queue)
     datasets = {(r[0], r[1]): r[4] for r in rows}
     # the plan: what is live stays; the rest of the graph is submitted, the table last
     kept = [(k, states[k].what) for k in jobs if k != "final" and k in states and states[k].live]
