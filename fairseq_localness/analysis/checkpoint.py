@@ -38,10 +38,10 @@ def load_checkpoint(path: str, data: Optional[str] = None, cpu: bool = False, wh
                 "pass the binarized data directory (DATA) as the first argument"
             )
         del state
-        from fairseq_localness.checkpoint.files import check_named_file
+        from fairseq_localness.checkpoint.files import check_named_file, is_dictionary
 
         for name in sorted(os.listdir(folder)):  # a FIFO there would hang the task's setup, a large file fill memory
-            if name.startswith("dict.") and name.endswith(".txt"):
+            if is_dictionary(name):
                 check_named_file(os.path.join(folder, name), path,
                                  f"the dictionary {name!r} in the data directory it records ({folder!r})", folder)
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)

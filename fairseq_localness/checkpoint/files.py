@@ -279,11 +279,16 @@ def check_named_file(path: str, file: str, what: str, folder: Optional[str] = No
                                                "keeps about 230 bytes per symbol)")
 
 
+def is_dictionary(name: str) -> bool:
+    """Whether a file name is one of fairseq's dictionaries (``dict.*.txt``, ``dict.txt``)."""
+    return name.startswith("dict.") and name.endswith(".txt")
+
+
 def _read_by_a_task(name: str) -> bool:
     """A file a task set up from the hub's folder may read: a dictionary (``dict.*.txt``;
     ``input0/dict.txt`` and ``label/dict.txt`` of the sentence-classification tasks) or a
     YAML configuration (the speech tasks' ``config_yaml``)."""
-    return (name.startswith("dict.") and name.endswith(".txt")) or name.endswith((".yaml", ".yml"))
+    return is_dictionary(name) or name.endswith((".yaml", ".yml"))
 
 
 def check_beside(folder: str):

@@ -327,13 +327,9 @@ def _number(value, file, where, none=True, finite=False):
     ``checkpoint_best.pt`` again in a resumed run)."""
     if value is None and none:
         return
-    if isinstance(value, _NUMBER) and not isinstance(value, bool):
-        pass
-    elif isinstance(value, torch.Tensor) and value.numel() == 1:
-        pass
-    elif isinstance(value, (np.ndarray, np.generic)) and value.size == 1 and value.dtype.kind in "biuf":
-        pass
-    else:
+    if not (isinstance(value, _NUMBER) and not isinstance(value, bool)
+            or isinstance(value, torch.Tensor) and value.numel() == 1
+            or isinstance(value, (np.ndarray, np.generic)) and value.size == 1 and value.dtype.kind in "biuf"):
         raise MalformedCheckpointError(file, f"its {where} is a {_describe(value)}, not a number")
     if finite:
         try:

@@ -108,16 +108,18 @@ def _checked_folder(load_archive_file):
 
         from fairseq_localness.checkpoint.files import extract_archive
 
-        try:  # (a name of fairseq's archive map, a URL, a path)
+        try:  # (a name of fairseq's archive map, a URL, a path: resolved once, as fairseq's own does)
             resolved = cached_path(archive_file, cache_dir=None)
         except EnvironmentError:
             resolved = None
-        if isinstance(resolved, str) and os.path.exists(resolved) and not os.path.isdir(resolved):
+        if not isinstance(resolved, str):  # (not found: fairseq's own says so)
+            folder = load_archive_file(archive_file, *args, **kwargs)
+        elif os.path.isdir(resolved):
+            folder = resolved
+        else:
             # an archive: extracted safely and left in place (fairseq's own would extract
             # every member as named, then delete the archive: extract_archive)
             folder = extract_archive(resolved)
-        else:
-            folder = load_archive_file(archive_file, *args, **kwargs)
         if isinstance(folder, str):
             check_beside(folder)
         return folder

@@ -62,8 +62,8 @@ dropout and both value products in one forward and one backward pass of its own
 operators against 2,205 with the eager path, the transformer's 1,575), keeping less
 for the backward pass than the eager path does. The same function takes such calls
 with attention dropout on CUDA under every other setting but ``"eager"``, where the
-fused call draws no dropout. One query row (a decoding
-step) takes the kernels ``"auto"`` takes (:mod:`.step`; on CUDA one fused call).
+fused call draws no dropout. One query row (a decoding step) takes the kernels
+``"auto"`` takes (:mod:`.step`; on CUDA one fused call).
 
 Not yet run on a GPU. Which of SDPA's kernels takes a float mask whose bias needs
 gradients on an H100 or H200 (cuDNN's comes first there in recent torch) is for the
