@@ -44,6 +44,23 @@ def test_an_archive_is_extracted_into_a_folder_of_its_own_and_left_in_place(tmp_
     assert not os.path.commonpath([folder, str(tmp_path)]) == str(tmp_path)
 
 
+@pytest.mark.parametrize("names, folder", [
+    (["model1.pt", "model2.pt", "dict.src.txt"], ""),  # (fairseq's common prefix of characters: 'model')
+    (["./model1.pt", "./model2.pt"], ""),
+    (["wmt/model1.pt", "wmt/model2.pt"], "wmt"),
+    (["wmt/sub/model.pt"], "wmt/sub"),
+])
+def test_the_folder_is_the_members_common_folder(tmp_path, names, folder):
+    top = files.extract_archive(_archive(tmp_path / "m.tar.gz", [({"name": n}, b"w") for n in names]))
+    assert os.path.isdir(top) and sorted(os.listdir(top)) == sorted(
+        {n.removeprefix("./").removeprefix(folder + "/").split("/")[0] for n in names})
+    assert top.rstrip("/").endswith(folder) if folder else os.path.basename(top).startswith(
+        "fairseq-localness-archive-")
+    empty = _archive(tmp_path / "empty.tar.gz", [])
+    with pytest.raises(UntrustedCheckpointError, match="holds no files"):
+        files.extract_archive(empty)
+
+
 @pytest.mark.parametrize("member, reason", [
     ({"name": "model/../../evil.pth"}, "names a file outside its folder"),
     ({"name": "/tmp/evil.pth"}, "names a file outside its folder"),

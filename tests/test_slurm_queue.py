@@ -251,3 +251,76 @@ def test_the_lock_is_taken_where_its_file_can_only_be_read(tmp_path):
     with pytest.raises(SlurmError, match="the lock of the state directory cannot be opened"):
         with cluster.locked(str(missing / "state")):
             pass
+
+
+def _submission(tmp_path, monkeypatch, queue, registry):
+    """A state directory with ``registry``, a graph of a training, its evaluation and the
+    table, and submit's SLURM calls recorded: [(what, key or job id, dependency)]."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(exist_ok=True)
+    (state_dir / "submitted.json").write_text(json.dumps(registry))
+    path = tmp_path / "graph.tsv"
+    path.write_text("JOB\ttrain:r:1\ttrain\tr\t1\t1\t1\t0\t\nCMD\ttrain:r:1\techo train\n"
+                    "JOB\teval:r:1\teval\tr\t1\t1\t1\t0\ttrain:r:1\nCMD\teval:r:1\techo eval\n"
+                    "JOB\tfinal\tfinal\t-\t-\t1\t1\t0\ttrain:r:1 eval:r:1\nCMD\tfinal\t#table echo table\n")
+    calls, new_ids = [], iter(range(200, 300))
+    monkeypatch.setattr(cluster, "read_queue", lambda known=None: queue)
+    monkeypatch.setattr(submit, "check", lambda args: setattr(args, "time_minutes", 60))
+    monkeypatch.setattr(submit, "ask", lambda cmd: calls.append((cmd[0], cmd[1], None)))
+    monkeypatch.setattr(submit, "sbatch", lambda step, params, *a: (
+        calls.append(("sbatch", step.key if hasattr(step, "key") else a[2], params.get("dependency", ""))),
+        str(next(new_ids)))[1])
+    args = argparse.Namespace(state_dir=str(state_dir), graph=str(path), prog="slurm", dry_run=False, max_jobs=10,
+                              max_running=0, max_requeues=3, slurm_arg=[], signal_delay=90, partition=None,
+                              cpus_per_task=None, mem=None, account=None, qos=None, constraint=None)
+    return args, calls
+
+
+def test_a_queued_job_that_waits_for_a_job_submitted_again_is_replaced_after_it(tmp_path, monkeypatch, capsys):
+    """The training failed and its evaluation is still queued (SLURM has not yet killed it
+    for its dependency, or never will): submitting again replaces the evaluation, which
+    would wait for the failed training forever, by one after the new training; the table
+    job waits for the new jobs, not the cancelled ones."""
+    state_dir = str(tmp_path / "state")
+    prefix = job_prefix(state_dir)
+    registry = {k: dict(r, name=prefix + graph.safe(k)) for k, r in
+                _registry(state_dir, train_r_1="101", eval_r_1="102", final="103").items()}
+    queue = Queue({"101": ("FAILED", 0, "NonZeroExitCode"), "102": ("PENDING", 0, "DependencyNeverSatisfied"),
+                   "103": ("PENDING", 0, "Dependency")}, {k: registry[key]["name"] for k, key in
+                                                           (("101", "train:r:1"), ("102", "eval:r:1"),
+                                                            ("103", "final"))})
+    args, calls = _submission(tmp_path, monkeypatch, queue, registry)
+    submit.submit(args)
+    assert calls == [("sbatch", "train:r:1", ""), ("scancel", "102", None), ("sbatch", "eval:r:1", "afterok:200"),
+                     ("scancel", "103", None), ("sbatch", "final", "afterany:200:201")], calls
+    saved = json.loads((tmp_path / "state" / "submitted.json").read_text())
+    assert {k: r["job_id"] for k, r in saved.items()} == {"train:r:1": "200", "eval:r:1": "201", "final": "202"}
+    assert "1 queued job(s) cancelled and submitted again after the new job(s) they wait for: eval:r:1" in (
+        capsys.readouterr().err)
+    # a queued evaluation whose training is live stays, and so does the table job: nothing to submit
+    queue = Queue({"200": ("RUNNING", 0, "None"), "201": ("PENDING", 0, "Dependency"),
+                   "202": ("PENDING", 0, "Dependency")}, {j: saved[k]["name"] for k, j in
+                                                          (("train:r:1", "200"), ("eval:r:1", "201"),
+                                                           ("final", "202"))})
+    args, calls = _submission(tmp_path, monkeypatch, queue, saved)
+    submit.submit(args)
+    assert calls == [] and "0 job(s) submitted, 3 queued, running or done" in capsys.readouterr().err
+    # --dry-run names the job it would replace, and replaces nothing
+    queue = Queue({"200": ("CANCELLED", 0, "None"), "201": ("PENDING", 0, "Dependency"),
+                   "202": ("PENDING", 0, "Dependency")}, queue.names)
+    args, calls = _submission(tmp_path, monkeypatch, queue, saved)
+    args.dry_run = True
+    submit.submit(args)
+    out = capsys.readouterr().out
+    assert calls == [] and "job eval:r:1 (eval): " in out and "(replacing queued job 201, which waits for a job " \
+        "submitted again)" in out, out
+
+
+@pytest.mark.parametrize("name", ["w%j", "w\\x"], ids=["percent", "backslash"])
+def test_a_state_directory_that_sbatch_would_read_as_a_pattern_is_refused(tmp_path, monkeypatch, name):
+    state_dir = tmp_path / name / "slurm"
+    args = argparse.Namespace(state_dir=str(state_dir), graph=str(_graph(tmp_path)), prog="slurm", dry_run=False)
+    monkeypatch.setattr(submit, "check", lambda args: pytest.fail("checked the cluster"))
+    with pytest.raises(UsageError, match=r"the run's SLURM state directory, has a '%' or a backslash; sbatch reads"):
+        submit.submit(args)
+    assert not (tmp_path / name).exists()

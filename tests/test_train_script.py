@@ -379,6 +379,19 @@ def test_a_run_directory_with_a_line_break_is_refused_before_anything_is_written
     assert not save.exists()
 
 
+@pytest.mark.parametrize("name", ["run%j", "run\\x"], ids=["percent", "backslash"])
+def test_a_slurm_run_directory_that_sbatch_would_read_as_a_pattern_is_refused(tmp_path, stub_env, name):
+    """sbatch expands '%j' in the job's log paths (SAVE_DIR/slurm/logs/...): with --slurm such a
+    directory is refused before anything is written; a run here may have it."""
+    data_bin = fake_data_bin(tmp_path / "bin", longest=100)
+    save = tmp_path / name
+    p = run_script("train.sh", ["--arch", "transformer", "--data-bin", data_bin, "--save-dir", save, "--max-update",
+                                "10", "--src", "en", "--tgt", "de", "--cpu", "--slurm"], env=stub_env, check=False)
+    assert p.returncode == 2 and p.stderr.startswith(
+        f"train.sh: error: --save-dir: '{save}' has a '%' or a backslash; sbatch reads the job's log paths"), p.stderr
+    assert p.stderr.count("\n") == 1 and not save.exists()
+
+
 def test_the_hardware_line_names_devices_capability_and_xla(capsys):
     """``train_check args --hardware``: 'hardware: N CC XLA', whole numbers, XLA 0 or 1
     (on this machine: its own devices)."""

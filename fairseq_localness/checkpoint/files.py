@@ -333,7 +333,7 @@ def extract_archive(path: str) -> str:
     """A model archive (``.tar.gz``, ``.tar.bz2``: what ``from_pretrained`` takes in place
     of a folder) extracted into a folder of its own, removed when the process ends; the
     folder of its files, as fairseq's ``file_utils.load_archive_file`` returns it (the
-    members' common prefix). Unlike fairseq's, which extracts every member as it is
+    members' common folder). Unlike fairseq's, which extracts every member as it is
     named and then deletes the archive and puts the folder in its place, the archive is
     left as it is, and it is refused, before anything is written, unless it is a regular
     file whose members are regular files, folders and links to them (no device or FIFO),
@@ -374,9 +374,13 @@ def extract_archive(path: str) -> str:
                             "that size are extracted")
         except tarfile.TarError as e:
             _refuse(path, what, f"cannot be read as a tar archive ({e})")
-        top = os.path.commonprefix([m.name for m in members])
+        if not members:
+            _refuse(path, what, "holds no files; expected a model's folder of checkpoint and dictionaries")
         folder = tempfile.mkdtemp(prefix="fairseq-localness-archive-")
         atexit.register(shutil.rmtree, folder, True)
         # (tarfile's extraction filters: Python 3.8.17, 3.9.17, 3.10.12, 3.11.4 and later)
         archive.extractall(folder, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    return os.path.join(folder, top)
+    # the members' common folder, name by name (fairseq's common prefix of characters makes
+    # 'model' of 'model1.pt' and 'model2.pt'), or the folder itself where they share none
+    top = os.path.normpath(os.path.join(folder, posixpath.commonpath([posixpath.normpath(m.name) for m in members])))
+    return top if os.path.isdir(top) else os.path.dirname(top)

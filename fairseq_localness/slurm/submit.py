@@ -100,6 +100,11 @@ def submit(args):
     if "\n" in os.path.abspath(args.state_dir) or "\r" in args.state_dir:
         raise UsageError(f"--work-dir: {args.state_dir!r} has a line break; SLURM's job scripts take one line per "
                          "option: expected a directory without one")
+    if "%" in os.path.abspath(args.state_dir) or "\\" in os.path.abspath(args.state_dir):
+        raise UsageError(f"{os.path.abspath(args.state_dir)!r}, the run's SLURM state directory, has a '%' or a "
+                         "backslash; sbatch reads the jobs' log paths as patterns ('%j' is the job id, a backslash "
+                         "turns the patterns off), so the logs would be written elsewhere than the run reads them: "
+                         "expected a --work-dir (train.sh: --save-dir) whose absolute path has neither")
     check(args)
     rows, jobs = read_graph(args.graph)
     args.name = job_prefix(args.state_dir)[:-1]
@@ -121,8 +126,11 @@ def _submit(args, rows, jobs, state_dir):
                          "this run's, or wait for them to end; nothing was submitted, cancelled or recorded")
     datasets = {(r[0], r[1]): r[4] for r in rows}
     # the plan: what is live stays; the rest of the graph is submitted, the table last
-    kept = [(k, states[k].what) for k in jobs if k != "final" and k in states and states[k].live]
-    todo = [k for k in jobs if k != "final" and not (k in states and states[k].live)]
+    live = {k for k in jobs if k != "final" and k in states and states[k].live}
+    replaced = waiting_for_resubmitted(jobs, states, live)
+    live -= replaced
+    kept = [(k, states[k].what) for k in jobs if k in live]
+    todo = [k for k in jobs if k != "final" and k not in live]
     final = states.get("final")
     if "final" in jobs and (todo or final is None or final.what in ("failed", "cancelled")):
         todo.append("final")
@@ -131,7 +139,8 @@ def _submit(args, rows, jobs, state_dir):
     if len(todo) > args.max_jobs:
         raise UsageError(f"{len(todo)} jobs to submit, more than --max-jobs {args.max_jobs} (a guard against "
                          f"flooding the queue); give --max-jobs {len(todo)} to submit them")
-    ids = {k: registry[k]["job_id"] for k in registry if k in states and states[k].live and k != "final"}
+    ids = {k: registry[k]["job_id"] for k in registry
+           if k in states and states[k].live and k != "final" and k not in replaced}
     new, train_k = [], 0
     if not args.dry_run:  # (the graph kept for reading, the rows for the table job)
         if os.path.abspath(args.graph) != os.path.join(state_dir, "graph.tsv"):
@@ -160,7 +169,9 @@ def _submit(args, rows, jobs, state_dir):
         else:
             step = Step(key, job.commands, state_dir)
         if args.dry_run:
-            print(f"job {key} ({job.kind}): {describe(params, dep)}")
+            print(f"job {key} ({job.kind}): {describe(params, dep)}" + (
+                f" (replacing queued job {registry[key]['job_id']}, which waits for a job submitted again)"
+                if key in replaced else ""))
             for c in job.commands:
                 print("    " + (c[len('#table '):] if c.startswith("#table ") else c))
             ids[key] = f"<{key}>"
@@ -168,14 +179,16 @@ def _submit(args, rows, jobs, state_dir):
             continue
         if dep:
             params["dependency"] = dep
-        if job.kind == "final" and final is not None and final.what == "queued":
-            # the table waits for the new jobs too: the queued one is replaced (a running one ends as it is)
+        if key in replaced or (job.kind == "final" and final is not None and final.what == "queued"):
+            # the table waits for the new jobs too, and a queued job for the new job it needs: the queued one
+            # is replaced (a running one ends as it is)
             try:
                 ask(["scancel", registry[key]["job_id"]])
             except SlurmError as e:
                 done = f"submitted and recorded before it: {', '.join(new)}" if new else "nothing submitted"
-                raise SlurmError(str(e).split("; nothing was submitted")[0] + f" (replacing the queued table job "
-                                 f"{registry[key]['job_id']}); {done}; submit again to finish") from None
+                raise SlurmError(str(e).split("; nothing was submitted")[0] + f" (replacing the queued "
+                                 f"{'table job' if key == 'final' else key + ' job'} {registry[key]['job_id']}); "
+                                 f"{done}; submit again to finish") from None
         ids[key] = sbatch(step, params, state_dir, args.max_requeues, key, new)
         registry[key] = dict(job_id=ids[key], name=params["job_name"], kind=job.kind, row=job.row, seed=job.seed,
                              dataset=datasets.get((job.row, job.seed), ""),
@@ -192,7 +205,23 @@ def _submit(args, rows, jobs, state_dir):
         return
     print(f"{args.prog}: {len(new)} job(s) submitted, {len(kept)} queued, running or done"
           + (f": {', '.join(k + ' ' + s for k, s in kept)}" if kept else "")
+          + (f"; {len(replaced)} queued job(s) cancelled and submitted again after the new job(s) they wait for: "
+             f"{', '.join(k for k in jobs if k in replaced)}" if replaced else "")
           + f"; '{args.prog} ... --status' shows them, '{args.prog} ... --cancel' cancels them", file=sys.stderr)
+
+
+def waiting_for_resubmitted(jobs, states, live):
+    """The queued jobs of ``jobs`` (the graph's, in its order) that need a job submitted
+    again (one not in ``live``), directly or through another such job. Each waits for the
+    old job, failed or cancelled, which SLURM will never count as done (or, where SLURM
+    has not yet killed it for that, will be): each is cancelled and submitted again after
+    the new job it needs, as the table job is."""
+    replaced = set()
+    for key, job in jobs.items():
+        if key in live and states[key].what == "queued" and any(
+                need in jobs and (need not in live or need in replaced) for need in job.needs):
+            replaced.add(key)
+    return replaced
 
 
 def sbatch(step, params, state_dir, max_requeues, key, submitted):
