@@ -659,6 +659,22 @@ def test_the_value_terms_dropout_route_equals_the_eager_path_where_dropout_keeps
             assert _relative(a, b, floor) < 1e-5, impl
 
 
+@pytest.mark.parametrize("impl, device, tgt_len, dropout, value_term, route", [
+    ("auto", "cuda", 9, False, True, "fused"),  # the fused call computes both terms
+    ("sdpa", "cpu", 9, False, True, "fused"),
+    ("auto", "cuda", 1, True, True, "eager"),  # (a beam-search step draws no dropout in practice)
+    ("auto", "cuda", 9, True, True, "function"),  # the fused call draws no dropout
+    ("sdpa", "cuda", 9, True, True, "function"),
+    ("auto", "cpu", 9, True, True, "eager"),  # the CPU keeps the path measured there
+    ("dense", "cpu", 9, False, True, "function"),
+    ("dense", "cpu", 1, False, True, "fused"),  # one query row: the step kernel
+    ("dense", "cpu", 9, False, False, "bias"),  # the key term alone: SDPA's float mask
+    ("auto", "cpu", 9, True, False, "bias"),
+])
+def test_the_relative_terms_route_is_one_rule(impl, device, tgt_len, dropout, value_term, route):
+    assert choice.relative_route(impl, torch.device(device), tgt_len, dropout, value_term) == route
+
+
 def test_the_value_term_function_under_dropout_one_keeps_nothing_and_stays_finite():
     """p = 1: every weight dropped, so the output is 0 and so is every gradient (no
     division by ``1 - p``)."""

@@ -72,9 +72,8 @@ from fairseq_localness.modules.incremental import (
     STEP_DTYPES, IncrementalBuffer, append_to_cache, grown_store, joined_padding, reordered_key_value_rows,
     search_constants, used_padding,
 )
-from fairseq_localness.modules.kernels import dense
 from fairseq_localness.modules.kernels.choice import (
-    branch_attention, check_impl, fused_windows, takes_relative, use_fast_path,
+    branch_attention, check_impl, fused_windows, relative_route, use_fast_path,
 )
 from fairseq_localness.modules.observe import Observable, probs_key
 from fairseq_localness.modules.projections import stacked_linear, stacked_parameters, stacks_projections
@@ -375,9 +374,8 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
         weights = None
         if self._use_sdpa(query, need_weights, ctx):
             rel = self.relative_positions
-            if rel is not None and (self._dropout_active() or dense.takes(self.attention_impl, ctx.tgt_len)) \
-                    and not (rel.value_embeddings is not None and takes_relative(
-                        self.attention_impl, q.device, ctx.tgt_len, self._dropout_active())):
+            if rel is not None and relative_route(self.attention_impl, q.device, ctx.tgt_len, self._dropout_active(),
+                                                  rel.value_embeddings is not None) == "bias":
                 # Shaw et al.'s key term only (no values): a float mask for SDPA (with the
                 # value term, dense.dense_relative computes both)
                 key_term = self.relative_positions.key_scores(q * self.scaling, ctx)

@@ -310,8 +310,7 @@ def use_fast_path(
         return False
     if need_weights and branches == 1:
         return False
-    if value_term and (dropout or dense.takes(impl, query.size(0))) \
-            and not takes_relative(impl, query.device, query.size(0), dropout):
+    if value_term and relative_route(impl, query.device, query.size(0), dropout, value_term) == "eager":
         return False
     if query.dtype not in _SDPA_DTYPES:
         return False
@@ -335,6 +334,25 @@ def takes_relative(impl: str, device: torch.device, tgt_len: int, dropout: bool)
     if tgt_len == 1:
         return False
     return dense.takes(impl, tgt_len) or (dropout and device.type in FUSED_DEVICES)
+
+
+def relative_route(impl: str, device: torch.device, tgt_len: int, dropout: bool, value_term: bool) -> str:
+    """Where a call of a core with Shaw et al.'s terms computes them, the one rule that
+    :func:`use_fast_path`, the core and :func:`branch_attention` read:
+
+    - ``"fused"``: within the kernel the call takes (CUDA's fused call, the CPU's
+      recomputed kernels, the step kernel of one query row, or the eager path), the
+      call drawing no attention dropout and not being ``"dense"``'s;
+    - ``"function"``: :func:`~.dense.dense_relative`, both terms (:func:`takes_relative`);
+    - ``"bias"``: the key term alone (no value term), as part of SDPA's float mask;
+    - ``"eager"``: the value term where neither the fused call nor the function takes
+      it (attention dropout on a CPU under ``"auto"``): the eager path.
+    """
+    if not (dropout or dense.takes(impl, tgt_len)):
+        return "fused"
+    if not value_term:
+        return "bias"
+    return "function" if takes_relative(impl, device, tgt_len, dropout) else "eager"
 
 
 def _fused_terms(ctx, scale, dropout, rel, impl):
@@ -498,8 +516,8 @@ def branch_attention(
     """
     description = branch.describe(ctx)
     rel = relative_positions
-    if rel is not None and rel.value_embeddings is not None \
-            and takes_relative(impl, ctx.q.device, ctx.tgt_len, dropout is not None):
+    if rel is not None and relative_route(impl, ctx.q.device, ctx.tgt_len, dropout is not None,
+                                          rel.value_embeddings is not None) == "function":
         return dense.dense_relative(ctx, v, description, base_blocked, soft_bias, scale,
                                     dropout.p if dropout is not None else 0.0, rel)
     if "fused" not in ctx.cache:  # once per call, for all its branches
