@@ -559,6 +559,30 @@ def test_sbatchs_refusal_is_said_once_in_the_error(tmp_path, monkeypatch, capsys
     assert capsys.readouterr().err == "UserWarning: a warning\n"
 
 
+def test_an_sbatch_that_does_not_answer_is_stopped_and_said_in_one_line(tmp_path, monkeypatch, capsys):
+    """sbatch retries for as long as the controller is busy: past the SLURM commands'
+    time limit it is stopped, and the error says that a job it may have queued is named
+    by the next submission."""
+    from fairseq_localness.slurm import cluster
+    from fairseq_localness.slurm.submit import sbatch
+
+    env = fake_squeue(tmp_path, "exit 0")
+    sbatch_path = tmp_path / "fake-bin" / "sbatch"
+    sbatch_path.write_text("#!/bin/sh\necho 'sbatch: error: Slurm temporarily unable to accept job, sleeping and "
+                           "retrying' >&2\nexec sleep 60\n")
+    sbatch_path.chmod(0o755)
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.setattr(cluster, "TIMEOUT", 1.0)
+    started = time.time()
+    with pytest.raises(SlurmError) as e:
+        sbatch(_no_op, {"time": 5}, str(tmp_path / "state"), 3, "eval:r:1", ["train:r:1"])
+    assert time.time() - started < 20
+    assert str(e.value) == ("sbatch did not answer within 1 s for eval:r:1 (a busy controller? "
+                            "FAIRSEQ_LOCALNESS_SLURM_TIMEOUT sets the limit); a job it may have queued all the same "
+                            "is named by the next submission or --status; submitted before it: train:r:1")
+    assert capsys.readouterr().err == ""  # (sbatch's words are not said twice)
+
+
 @pytest.mark.timeout(200)
 def test_train_sh_slurm_status_cancel_and_its_refusals(cluster, tiny_data_bin, tmp_path):
     save = tmp_path / "held"

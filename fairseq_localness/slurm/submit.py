@@ -10,7 +10,7 @@ import sys
 import time
 
 from fairseq_localness.atomic import write_text
-from fairseq_localness.slurm import CONTROL_CHARACTERS, SlurmError, UsageError, check_slurm_arg
+from fairseq_localness.slurm import CONTROL_CHARACTERS, SlurmError, UsageError, check_slurm_arg, cluster
 from fairseq_localness.slurm.cluster import (
     MAX_MINUTES, ask, job_prefix, load_registry, locked, need_slurm, partitions, read_run,
 )
@@ -224,12 +224,26 @@ def waiting_for_resubmitted(jobs, states, live):
     return replaced
 
 
-def sbatch(step, params, state_dir, max_requeues, key, submitted):
-    """Submit one step through submitit; its job id. sbatch's refusal is a SlurmError in one line
-    that names what was submitted before it."""
+def _bounded_executor(folder, max_requeues):
+    """submitit's ``SlurmExecutor`` whose sbatch runs under coreutils' ``timeout`` for
+    :data:`~.cluster.TIMEOUT` seconds (exit status 124 past it): sbatch itself retries
+    for as long as the controller says it is busy ("Slurm temporarily unable to accept
+    job, sleeping and retrying"), with the state directory's lock held all the while."""
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=os.path.join(state_dir, "logs"), max_num_timeout=max_requeues)
+    class BoundedExecutor(submitit.SlurmExecutor):
+        def _make_submission_command(self, submission_file_path):
+            command = super()._make_submission_command(submission_file_path)
+            return ["timeout", "-k", "5", f"{cluster.TIMEOUT:g}", *command] if shutil.which("timeout") else command
+
+    return BoundedExecutor(folder=folder, max_num_timeout=max_requeues)
+
+
+def sbatch(step, params, state_dir, max_requeues, key, submitted):
+    """Submit one step through submitit; its job id. sbatch's refusal, or its silence
+    past :data:`~.cluster.TIMEOUT` seconds, is a SlurmError in one line that names what
+    was submitted before it."""
+    executor = _bounded_executor(os.path.join(state_dir, "logs"), max_requeues)
     executor.update_parameters(**params)
     printed = io.StringIO()
     try:
@@ -242,6 +256,13 @@ def sbatch(step, params, state_dir, max_requeues, key, submitted):
         refusal = str(e)
         sys.stderr.writelines(line + "\n" for line in printed.getvalue().splitlines()
                               if line.strip() and line.strip() not in refusal)  # (a warning, say)
+        status = getattr(e, "returncode", getattr(e.__cause__, "returncode", None))  # (submitit: the cause's)
+        if status in (124, 137):  # (timeout's: past the limit; killed after it)
+            raise SlurmError(f"sbatch did not answer within {cluster.TIMEOUT:g} s for {key} (a busy controller? "
+                             "FAIRSEQ_LOCALNESS_SLURM_TIMEOUT sets the limit); a job it may have queued all the same "
+                             "is named by the next submission or --status" + (
+                                 f"; submitted before it: {', '.join(submitted)}" if submitted
+                                 else "; nothing else submitted")) from None
         raise SlurmError(f"sbatch refused {key}: {said}" + (f"; submitted before it: {', '.join(submitted)}"
                                                             if submitted else "; nothing submitted")) from None
     sys.stderr.write(printed.getvalue())
