@@ -225,9 +225,11 @@ fi
 [[ "$SAVE_DIR" != *[$'\n\r']* ]] || die "--save-dir: '$SAVE_DIR' has a line break; train.sh reads the run \
 directory as one line: expected a directory without one"
 if (( SLURM_SUBMIT )); then
-    [[ "$SAVE_DIR" != *[%\\]* ]] || die "--save-dir: '$SAVE_DIR' has a '%' or a backslash; sbatch reads the job's \
-log paths (in SAVE_DIR/slurm/logs) as patterns ('%j' is the job id, a backslash turns the patterns off): expected a \
-directory without either"
+    # (the absolute path, as sbatch gets it; --status and --cancel read what was submitted before)
+    [[ "$SAVE_DIR" == /* ]] && abs_save="$SAVE_DIR" || abs_save="$PWD/$SAVE_DIR"
+    (( SLURM_STATUS || SLURM_CANCEL )) || [[ "$abs_save" != *[%\\]* ]] || die "--save-dir: '$abs_save' has a '%' \
+or a backslash; sbatch reads the job's log paths (in SAVE_DIR/slurm/logs) as patterns ('%j' is the job id, a \
+backslash turns the patterns off): expected a directory without either"
     GPN="" k=0
     for (( k = 0; k < ${#SLURM_OPTS[@]}; k += 2 )); do
         [[ "${SLURM_OPTS[k]}" == --gpus-per-node ]] && GPN="${SLURM_OPTS[k+1]}"

@@ -80,6 +80,24 @@ def test_a_member_outside_the_folder_or_not_a_file_refuses_the_archive_before_an
     assert "\n" not in str(e.value) and os.path.isfile(path)
 
 
+@pytest.mark.skipif(not hasattr(tarfile, "data_filter"), reason="tarfile without extraction filters")
+def test_a_chain_of_links_that_leads_out_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    """Each link names a place inside the folder, but ``esc`` goes through ``sub/up``
+    (a link to the folder's parent): tarfile's data filter refuses it; the refusal is
+    the module's, and the folder is removed."""
+    made = []
+    mkdtemp = files.tempfile.mkdtemp
+    monkeypatch.setattr(files.tempfile, "mkdtemp", lambda **k: made.append(mkdtemp(**k)) or made[-1])
+    path = _archive(tmp_path / "m.tar.gz", [
+        ({"name": "sub", "type": tarfile.DIRTYPE}, None),
+        ({"name": "sub/up", "type": tarfile.SYMTYPE, "linkname": ".."}, None),
+        ({"name": "esc", "type": tarfile.SYMTYPE, "linkname": "sub/up/.."}, None),
+    ])
+    with pytest.raises(UntrustedCheckpointError, match="holds a member that tarfile's data filter refuses"):
+        files.extract_archive(path)
+    assert made and not os.path.exists(made[0])
+
+
 def test_an_archive_past_its_bounds_or_not_an_archive_is_refused(tmp_path, monkeypatch):
     path = _good(tmp_path)
     monkeypatch.setattr(files, "MAX_ARCHIVE_BYTES", 10)

@@ -253,7 +253,7 @@ def test_the_lock_is_taken_where_its_file_can_only_be_read(tmp_path):
             pass
 
 
-def _submission(tmp_path, monkeypatch, queue, registry):
+def _submission(tmp_path, monkeypatch, queue, registry, first_id=200):
     """A state directory with ``registry``, a graph of a training, its evaluation and the
     table, and submit's SLURM calls recorded: [(what, key or job id, dependency)]."""
     state_dir = tmp_path / "state"
@@ -263,7 +263,7 @@ def _submission(tmp_path, monkeypatch, queue, registry):
     path.write_text("JOB\ttrain:r:1\ttrain\tr\t1\t1\t1\t0\t\nCMD\ttrain:r:1\techo train\n"
                     "JOB\teval:r:1\teval\tr\t1\t1\t1\t0\ttrain:r:1\nCMD\teval:r:1\techo eval\n"
                     "JOB\tfinal\tfinal\t-\t-\t1\t1\t0\ttrain:r:1 eval:r:1\nCMD\tfinal\t#table echo table\n")
-    calls, new_ids = [], iter(range(200, 300))
+    calls, new_ids = [], iter(range(first_id, first_id + 100))
     monkeypatch.setattr(cluster, "read_queue", lambda known=None: queue)
     monkeypatch.setattr(submit, "check", lambda args: setattr(args, "time_minutes", 60))
     monkeypatch.setattr(submit, "ask", lambda cmd: calls.append((cmd[0], cmd[1], None)))
@@ -291,10 +291,12 @@ def test_a_queued_job_that_waits_for_a_job_submitted_again_is_replaced_after_it(
                                                             ("103", "final"))})
     args, calls = _submission(tmp_path, monkeypatch, queue, registry)
     submit.submit(args)
-    assert calls == [("sbatch", "train:r:1", ""), ("scancel", "102", None), ("sbatch", "eval:r:1", "afterok:200"),
-                     ("scancel", "103", None), ("sbatch", "final", "afterany:200:201")], calls
+    # (the queued table job first: cancelling the evaluation could otherwise start it)
+    assert calls == [("scancel", "103", None), ("sbatch", "train:r:1", ""), ("scancel", "102", None),
+                     ("sbatch", "eval:r:1", "afterok:200"), ("sbatch", "final", "afterany:200:201")], calls
     saved = json.loads((tmp_path / "state" / "submitted.json").read_text())
     assert {k: r["job_id"] for k, r in saved.items()} == {"train:r:1": "200", "eval:r:1": "201", "final": "202"}
+    assert saved["eval:r:1"]["after"] == ["200"] and saved["train:r:1"]["after"] == []
     assert "1 queued job(s) cancelled and submitted again after the new job(s) they wait for: eval:r:1" in (
         capsys.readouterr().err)
     # a queued evaluation whose training is live stays, and so does the table job: nothing to submit
@@ -313,7 +315,78 @@ def test_a_queued_job_that_waits_for_a_job_submitted_again_is_replaced_after_it(
     submit.submit(args)
     out = capsys.readouterr().out
     assert calls == [] and "job eval:r:1 (eval): " in out and "(replacing queued job 201, which waits for a job " \
-        "submitted again)" in out, out
+        "that failed, was cancelled or was submitted again)" in out, out
+
+
+def _three_jobs(tmp_path, train, evaluation, final, **records):
+    state_dir = str(tmp_path / "state")
+    prefix = job_prefix(state_dir)
+    registry = {k: dict(r, name=prefix + graph.safe(k)) for k, r in
+                _registry(state_dir, train_r_1="101", eval_r_1="102", final="103").items()}
+    for key, fields in records.items():
+        registry[key.replace("_", ":")].update(fields)
+    queue = Queue({"101": train, "102": evaluation, "103": final},
+                  {j: registry[k]["name"] for k, j in (("train:r:1", "101"), ("eval:r:1", "102"), ("final", "103"))})
+    return queue, registry
+
+
+def test_a_queued_job_whose_need_is_done_or_running_stays(tmp_path, monkeypatch, capsys):
+    """The evaluation queued after a training that finished (waiting for a GPU: the
+    graph holds the training until the row's score exists, so it is submitted again and
+    resumes its last checkpoint), that runs, or that was requeued, is the run's normal
+    state: a submission leaves it as it is."""
+    for train in (("COMPLETED", 0, "None"), ("RUNNING", 0, "None"), ("REQUEUED", 1, "None")):
+        queue, registry = _three_jobs(tmp_path, train, ("PENDING", 0, "Resources"), ("PENDING", 0, "Dependency"),
+                                      eval_r_1={"after": ["101"]})
+        args, calls = _submission(tmp_path, monkeypatch, queue, registry)
+        submit.submit(args)
+        assert not [c for c in calls if c[1] in ("102", "eval:r:1")], (train, calls)
+        assert "cancelled and submitted again" not in capsys.readouterr().err
+        assert calls == ([("scancel", "103", None), ("sbatch", "train:r:1", ""),
+                          ("sbatch", "final", "afterany:102:200")] if train[0] == "COMPLETED" else []), calls
+
+
+def test_a_submission_stopped_halfway_is_finished_by_the_next(tmp_path, monkeypatch, capsys):
+    """The training was submitted again (job 200) and the cancel of the queued evaluation
+    failed: the next submission replaces the evaluation, which waits for job 101, not
+    200 (the registry records what each job waits for)."""
+    queue, registry = _three_jobs(tmp_path, ("FAILED", 0, "None"), ("PENDING", 0, "DependencyNeverSatisfied"),
+                                  ("PENDING", 0, "Dependency"), eval_r_1={"after": ["101"]})
+    args, calls = _submission(tmp_path, monkeypatch, queue, registry)
+
+    def scancel_fails(cmd):
+        calls.append((cmd[0], cmd[1], None))
+        if cmd[1] == "102":
+            raise SlurmError("scancel failed (exit status 1: no); nothing was submitted, cancelled or recorded")
+
+    monkeypatch.setattr(submit, "ask", scancel_fails)
+    with pytest.raises(SlurmError, match=r"^scancel failed \(exit status 1: no\) \(replacing the queued eval:r:1 "
+                                         r"job 102\); submitted and recorded before it: train:r:1; cancelled to be "
+                                         r"replaced: final \(job 103\); submit again to finish$"):
+        submit.submit(args)
+    saved = json.loads((tmp_path / "state" / "submitted.json").read_text())
+    assert saved["train:r:1"]["job_id"] == "200" and saved["eval:r:1"]["job_id"] == "102"
+    queue = Queue({"200": ("PENDING", 0, "None"), "102": ("PENDING", 0, "DependencyNeverSatisfied"),
+                   "103": ("CANCELLED", 0, "None")},
+                  {"200": saved["train:r:1"]["name"], "102": saved["eval:r:1"]["name"], "103": saved["final"]["name"]})
+    args, calls = _submission(tmp_path, monkeypatch, queue, saved, first_id=201)
+    submit.submit(args)
+    assert calls == [("scancel", "102", None), ("sbatch", "eval:r:1", "afterok:200"),
+                     ("sbatch", "final", "afterany:200:201")], calls
+
+
+def test_sbatchs_refusal_after_a_cancel_names_the_cancelled_jobs(tmp_path, monkeypatch):
+    queue, registry = _three_jobs(tmp_path, ("FAILED", 0, "None"), ("PENDING", 0, "DependencyNeverSatisfied"),
+                                  ("PENDING", 0, "Dependency"))
+    args, calls = _submission(tmp_path, monkeypatch, queue, registry)
+
+    def refused(step, *a):
+        raise SlurmError(f"sbatch refused {step.key}: no; nothing submitted")
+
+    monkeypatch.setattr(submit, "sbatch", refused)
+    with pytest.raises(SlurmError, match=r"^sbatch refused train:r:1: no; nothing submitted; cancelled to be "
+                                         r"replaced: final \(job 103\); submit again to finish$"):
+        submit.submit(args)
 
 
 @pytest.mark.parametrize("name", ["w%j", "w\\x"], ids=["percent", "backslash"])

@@ -390,6 +390,14 @@ def test_a_slurm_run_directory_that_sbatch_would_read_as_a_pattern_is_refused(tm
     assert p.returncode == 2 and p.stderr.startswith(
         f"train.sh: error: --save-dir: '{save}' has a '%' or a backslash; sbatch reads the job's log paths"), p.stderr
     assert p.stderr.count("\n") == 1 and not save.exists()
+    # a relative directory: its absolute path is checked
+    (tmp_path / name).mkdir()
+    p = run_script("train.sh", ["--arch", "transformer", "--data-bin", data_bin, "--save-dir", "run", "--max-update",
+                                "10", "--src", "en", "--tgt", "de", "--cpu", "--slurm"], env=stub_env, check=False,
+                   cwd=str(tmp_path / name))
+    assert p.returncode == 2 and p.stderr.startswith(
+        f"train.sh: error: --save-dir: '{tmp_path / name}/run' has a '%' or a backslash"), p.stderr
+    assert os.listdir(tmp_path / name) == []
 
 
 def test_the_hardware_line_names_devices_capability_and_xla(capsys):

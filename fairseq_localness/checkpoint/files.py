@@ -379,7 +379,13 @@ def extract_archive(path: str) -> str:
         folder = tempfile.mkdtemp(prefix="fairseq-localness-archive-")
         atexit.register(shutil.rmtree, folder, True)
         # (tarfile's extraction filters: Python 3.8.17, 3.9.17, 3.10.12, 3.11.4 and later)
-        archive.extractall(folder, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        try:
+            archive.extractall(folder, members=members,
+                               **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        except getattr(tarfile, "FilterError", ()) as e:  # (a chain of links, each inside, that leads out)
+            shutil.rmtree(folder, True)
+            _refuse(path, what, f"holds a member that tarfile's data filter refuses ({e}); only regular files, "
+                    "folders and links inside the folder are extracted")
     # the members' common folder, name by name (fairseq's common prefix of characters makes
     # 'model' of 'model1.pt' and 'model2.pt'), or the folder itself where they share none
     top = os.path.normpath(os.path.join(folder, posixpath.commonpath([posixpath.normpath(m.name) for m in members])))

@@ -127,7 +127,7 @@ def _submit(args, rows, jobs, state_dir):
     datasets = {(r[0], r[1]): r[4] for r in rows}
     # the plan: what is live stays; the rest of the graph is submitted, the table last
     live = {k for k in jobs if k != "final" and k in states and states[k].live}
-    replaced = waiting_for_resubmitted(jobs, states, live)
+    replaced = waiting_for_resubmitted(jobs, states, live, registry)
     live -= replaced
     kept = [(k, states[k].what) for k in jobs if k in live]
     todo = [k for k in jobs if k != "final" and k not in live]
@@ -141,11 +141,15 @@ def _submit(args, rows, jobs, state_dir):
                          f"flooding the queue); give --max-jobs {len(todo)} to submit them")
     ids = {k: registry[k]["job_id"] for k in registry
            if k in states and states[k].live and k != "final" and k not in replaced}
-    new, train_k = [], 0
+    new, train_k, cancelled = [], 0, []
     if not args.dry_run:  # (the graph kept for reading, the rows for the table job)
         if os.path.abspath(args.graph) != os.path.join(state_dir, "graph.tsv"):
             shutil.copyfile(args.graph, os.path.join(state_dir, "graph.tsv"))
         write_rows(state_dir, rows)
+        if "final" in todo and final is not None and final.what == "queued":
+            # the table waits for the new jobs too: the queued one is replaced, first (cancelling a replaced
+            # job could otherwise end the last job it waits for and start it); a running one ends as it is
+            _cancel(registry, "final", "the queued table job", new, cancelled)
     for key in todo:
         job = jobs[key]
         if job.kind == "final":  # after every live job of the state directory, whichever submission's
@@ -153,6 +157,7 @@ def _submit(args, rows, jobs, state_dir):
         else:
             deps = [ids[k] for k in job.needs if k in ids]
             dep = "afterok:" + ":".join(deps) if deps else ""
+        after = dep[len("afterok:"):].split(":") if dep else []
         params = resources(job, args)
         if job.kind == "train" and args.max_running:
             params["job_name"] = f"{args.name}-train-lane{train_k % args.max_running}"
@@ -170,8 +175,8 @@ def _submit(args, rows, jobs, state_dir):
             step = Step(key, job.commands, state_dir)
         if args.dry_run:
             print(f"job {key} ({job.kind}): {describe(params, dep)}" + (
-                f" (replacing queued job {registry[key]['job_id']}, which waits for a job submitted again)"
-                if key in replaced else ""))
+                f" (replacing queued job {registry[key]['job_id']}, which waits for a job that failed, was "
+                "cancelled or was submitted again)" if key in replaced else ""))
             for c in job.commands:
                 print("    " + (c[len('#table '):] if c.startswith("#table ") else c))
             ids[key] = f"<{key}>"
@@ -179,22 +184,21 @@ def _submit(args, rows, jobs, state_dir):
             continue
         if dep:
             params["dependency"] = dep
-        if key in replaced or (job.kind == "final" and final is not None and final.what == "queued"):
-            # the table waits for the new jobs too, and a queued job for the new job it needs: the queued one
-            # is replaced (a running one ends as it is)
-            try:
-                ask(["scancel", registry[key]["job_id"]])
-            except SlurmError as e:
-                done = f"submitted and recorded before it: {', '.join(new)}" if new else "nothing submitted"
-                raise SlurmError(str(e).split("; nothing was submitted")[0] + f" (replacing the queued "
-                                 f"{'table job' if key == 'final' else key + ' job'} {registry[key]['job_id']}); "
-                                 f"{done}; submit again to finish") from None
-        ids[key] = sbatch(step, params, state_dir, args.max_requeues, key, new)
+        if key in replaced:  # (a queued job for the new job it needs)
+            _cancel(registry, key, f"the queued {key} job", new, cancelled)
+        try:
+            ids[key] = sbatch(step, params, state_dir, args.max_requeues, key, new)
+        except SlurmError as e:
+            if not cancelled:
+                raise
+            raise SlurmError(f"{e}; cancelled to be replaced: {', '.join(cancelled)}; submit again to finish") from None
         registry[key] = dict(job_id=ids[key], name=params["job_name"], kind=job.kind, row=job.row, seed=job.seed,
                              dataset=datasets.get((job.row, job.seed), ""),
                              log=os.path.join(state_dir, "logs", f"{ids[key]}_0_log.err"), submitted=time.time())
         if job.kind == "final":
             registry[key]["commands"] = cmds
+        else:  # (the job ids it waits for: waiting_for_resubmitted)
+            registry[key]["after"] = after
         write_json(reg_path, registry)
         new.append(key)
         print(f"{args.prog}: submitted {key}: job {ids[key]}" + (f" (after {dep})" if dep else ""), file=sys.stderr)
@@ -210,18 +214,43 @@ def _submit(args, rows, jobs, state_dir):
           + f"; '{args.prog} ... --status' shows them, '{args.prog} ... --cancel' cancels them", file=sys.stderr)
 
 
-def waiting_for_resubmitted(jobs, states, live):
-    """The queued jobs of ``jobs`` (the graph's, in its order) that need a job submitted
-    again (one not in ``live``), directly or through another such job. Each waits for the
-    old job, failed or cancelled, which SLURM will never count as done (or, where SLURM
-    has not yet killed it for that, will be): each is cancelled and submitted again after
-    the new job it needs, as the table job is."""
+def waiting_for_resubmitted(jobs, states, live, registry):
+    """The queued jobs of ``jobs`` (the graph's, in its order) that wait for a job SLURM
+    will never count as done, or not for the job the run now has: a job they need that
+    failed, was cancelled or was never submitted (submitted now), one that is itself
+    replaced, or one submitted again since they were queued (its job id not among those
+    the registry records that they wait for, ``after``: a submission stopped halfway).
+    Each is cancelled and submitted again after the new job it needs, as the table job
+    is. A job it needs that is done (submitted again only where its outputs are missing)
+    or live, and was queued before it, leaves it as it is."""
     replaced = set()
     for key, job in jobs.items():
-        if key in live and states[key].what == "queued" and any(
-                need in jobs and (need not in live or need in replaced) for need in job.needs):
-            replaced.add(key)
+        if key not in live or states[key].what != "queued":
+            continue
+        after = registry.get(key, {}).get("after")
+        for need in job.needs:
+            if need not in jobs:
+                continue
+            ended = need not in live and (need not in states or states[need].what in ("failed", "cancelled"))
+            moved = after is not None and need in registry and registry[need]["job_id"] not in after
+            if need in replaced or ended or moved:
+                replaced.add(key)
+                break
     return replaced
+
+
+def _cancel(registry, key, what, submitted, cancelled):
+    """scancel the registry's job ``key`` (``what``: its words) to replace it; a failure is a
+    SlurmError that names what was submitted and cancelled before it."""
+    try:
+        ask(["scancel", registry[key]["job_id"]])
+    except SlurmError as e:
+        done = f"submitted and recorded before it: {', '.join(submitted)}" if submitted else "nothing submitted"
+        if cancelled:
+            done += f"; cancelled to be replaced: {', '.join(cancelled)}"
+        raise SlurmError(str(e).split("; nothing was submitted")[0] + f" (replacing {what} "
+                         f"{registry[key]['job_id']}); {done}; submit again to finish") from None
+    cancelled.append(f"{key} (job {registry[key]['job_id']})")
 
 
 def _bounded_executor(folder, max_requeues):
@@ -234,7 +263,9 @@ def _bounded_executor(folder, max_requeues):
     class BoundedExecutor(submitit.SlurmExecutor):
         def _make_submission_command(self, submission_file_path):
             command = super()._make_submission_command(submission_file_path)
-            return ["timeout", "-k", "5", f"{cluster.TIMEOUT:g}", *command] if shutil.which("timeout") else command
+            # (--foreground: sbatch stays in the terminal's process group, so that Ctrl-C stops it too)
+            limit = f"{cluster.TIMEOUT:.3f}"
+            return ["timeout", "--foreground", "-k", "5", limit, *command] if shutil.which("timeout") else command
 
     return BoundedExecutor(folder=folder, max_num_timeout=max_requeues)
 
@@ -257,7 +288,7 @@ def sbatch(step, params, state_dir, max_requeues, key, submitted):
         sys.stderr.writelines(line + "\n" for line in printed.getvalue().splitlines()
                               if line.strip() and line.strip() not in refusal)  # (a warning, say)
         status = getattr(e, "returncode", getattr(e.__cause__, "returncode", None))  # (submitit: the cause's)
-        if status in (124, 137):  # (timeout's: past the limit; killed after it)
+        if status in (124, 137, -9):  # (timeout's: past the limit; killed after it)
             raise SlurmError(f"sbatch did not answer within {cluster.TIMEOUT:g} s for {key} (a busy controller? "
                              "FAIRSEQ_LOCALNESS_SLURM_TIMEOUT sets the limit); a job it may have queued all the same "
                              "is named by the next submission or --status" + (
