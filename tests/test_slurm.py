@@ -532,17 +532,22 @@ def _no_op():
     return None
 
 
+def _fake_sbatch(tmp_path, monkeypatch, script):
+    """sbatch (and squeue, which answers nothing) first on PATH: ``script`` (sh)."""
+    env = fake_squeue(tmp_path, "exit 0")
+    sbatch_path = tmp_path / "fake-bin" / "sbatch"
+    sbatch_path.write_text(f"#!/bin/sh\n{script}\n")
+    sbatch_path.chmod(0o755)
+    monkeypatch.setenv("PATH", env["PATH"])
+
+
 def test_sbatchs_refusal_is_said_once_in_the_error(tmp_path, monkeypatch, capsys):
     """submitit prints sbatch's stderr before it raises: the refusal appears once, in
     the one-line SlurmError naming the step and what was submitted before it."""
     from fairseq_localness.slurm.submit import sbatch
 
-    env = fake_squeue(tmp_path, "exit 0")
-    sbatch_path = tmp_path / "fake-bin" / "sbatch"
-    sbatch_path.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid node name "
-                           "specified' >&2\nexit 1\n")
-    sbatch_path.chmod(0o755)
-    monkeypatch.setenv("PATH", env["PATH"])
+    _fake_sbatch(tmp_path, monkeypatch, "echo 'sbatch: error: Batch job submission failed: Invalid node name "
+                 "specified' >&2\nexit 1")
     with pytest.raises(SlurmError) as e:
         sbatch(_no_op, {"time": 5}, str(tmp_path / "state"), 3, "train:r:1", ["prepare:d"])
     assert str(e.value) == ("sbatch refused train:r:1: sbatch: error: Batch job submission failed: Invalid node name "
@@ -566,12 +571,8 @@ def test_an_sbatch_that_does_not_answer_is_stopped_and_said_in_one_line(tmp_path
     from fairseq_localness.slurm import cluster
     from fairseq_localness.slurm.submit import sbatch
 
-    env = fake_squeue(tmp_path, "exit 0")
-    sbatch_path = tmp_path / "fake-bin" / "sbatch"
-    sbatch_path.write_text("#!/bin/sh\necho 'sbatch: error: Slurm temporarily unable to accept job, sleeping and "
-                           "retrying' >&2\nexec sleep 60\n")
-    sbatch_path.chmod(0o755)
-    monkeypatch.setenv("PATH", env["PATH"])
+    _fake_sbatch(tmp_path, monkeypatch, "echo 'sbatch: error: Slurm temporarily unable to accept job, sleeping and "
+                 "retrying' >&2\nexec sleep 60")
     monkeypatch.setattr(cluster, "TIMEOUT", 1.0)
     started = time.time()
     with pytest.raises(SlurmError) as e:

@@ -276,19 +276,32 @@ def _submission(tmp_path, monkeypatch, queue, registry, first_id=200):
     return args, calls
 
 
+def _queue(registry, train, evaluation, final):
+    """The queue of the registry's training, evaluation and table jobs in these states."""
+    keys = ("train:r:1", "eval:r:1", "final")
+    return Queue({registry[k]["job_id"]: state for k, state in zip(keys, (train, evaluation, final))},
+                 {registry[k]["job_id"]: registry[k]["name"] for k in keys})
+
+
+def _three_jobs(tmp_path, train, evaluation, final, **records):
+    """A registry of jobs 101 (training), 102 (evaluation) and 103 (table) with their
+    names and ``records``' fields, and the queue of them in these states."""
+    state_dir = str(tmp_path / "state")
+    prefix = job_prefix(state_dir)
+    registry = {k: dict(r, name=prefix + graph.safe(k)) for k, r in
+                _registry(state_dir, train_r_1="101", eval_r_1="102", final="103").items()}
+    for key, fields in records.items():
+        registry[key.replace("_", ":")].update(fields)
+    return _queue(registry, train, evaluation, final), registry
+
+
 def test_a_queued_job_that_waits_for_a_job_submitted_again_is_replaced_after_it(tmp_path, monkeypatch, capsys):
     """The training failed and its evaluation is still queued (SLURM has not yet killed it
     for its dependency, or never will): submitting again replaces the evaluation, which
     would wait for the failed training forever, by one after the new training; the table
     job waits for the new jobs, not the cancelled ones."""
-    state_dir = str(tmp_path / "state")
-    prefix = job_prefix(state_dir)
-    registry = {k: dict(r, name=prefix + graph.safe(k)) for k, r in
-                _registry(state_dir, train_r_1="101", eval_r_1="102", final="103").items()}
-    queue = Queue({"101": ("FAILED", 0, "NonZeroExitCode"), "102": ("PENDING", 0, "DependencyNeverSatisfied"),
-                   "103": ("PENDING", 0, "Dependency")}, {k: registry[key]["name"] for k, key in
-                                                           (("101", "train:r:1"), ("102", "eval:r:1"),
-                                                            ("103", "final"))})
+    queue, registry = _three_jobs(tmp_path, ("FAILED", 0, "NonZeroExitCode"),
+                                  ("PENDING", 0, "DependencyNeverSatisfied"), ("PENDING", 0, "Dependency"))
     args, calls = _submission(tmp_path, monkeypatch, queue, registry)
     submit.submit(args)
     # (the queued table job first: cancelling the evaluation could otherwise start it)
@@ -300,34 +313,18 @@ def test_a_queued_job_that_waits_for_a_job_submitted_again_is_replaced_after_it(
     assert "1 queued job(s) cancelled and submitted again after the new job(s) they wait for: eval:r:1" in (
         capsys.readouterr().err)
     # a queued evaluation whose training is live stays, and so does the table job: nothing to submit
-    queue = Queue({"200": ("RUNNING", 0, "None"), "201": ("PENDING", 0, "Dependency"),
-                   "202": ("PENDING", 0, "Dependency")}, {j: saved[k]["name"] for k, j in
-                                                          (("train:r:1", "200"), ("eval:r:1", "201"),
-                                                           ("final", "202"))})
+    queue = _queue(saved, ("RUNNING", 0, "None"), ("PENDING", 0, "Dependency"), ("PENDING", 0, "Dependency"))
     args, calls = _submission(tmp_path, monkeypatch, queue, saved)
     submit.submit(args)
     assert calls == [] and "0 job(s) submitted, 3 queued, running or done" in capsys.readouterr().err
     # --dry-run names the job it would replace, and replaces nothing
-    queue = Queue({"200": ("CANCELLED", 0, "None"), "201": ("PENDING", 0, "Dependency"),
-                   "202": ("PENDING", 0, "Dependency")}, queue.names)
+    queue = _queue(saved, ("CANCELLED", 0, "None"), ("PENDING", 0, "Dependency"), ("PENDING", 0, "Dependency"))
     args, calls = _submission(tmp_path, monkeypatch, queue, saved)
     args.dry_run = True
     submit.submit(args)
     out = capsys.readouterr().out
     assert calls == [] and "job eval:r:1 (eval): " in out and "(replacing queued job 201, which waits for a job " \
         "that failed, was cancelled or was submitted again)" in out, out
-
-
-def _three_jobs(tmp_path, train, evaluation, final, **records):
-    state_dir = str(tmp_path / "state")
-    prefix = job_prefix(state_dir)
-    registry = {k: dict(r, name=prefix + graph.safe(k)) for k, r in
-                _registry(state_dir, train_r_1="101", eval_r_1="102", final="103").items()}
-    for key, fields in records.items():
-        registry[key.replace("_", ":")].update(fields)
-    queue = Queue({"101": train, "102": evaluation, "103": final},
-                  {j: registry[k]["name"] for k, j in (("train:r:1", "101"), ("eval:r:1", "102"), ("final", "103"))})
-    return queue, registry
 
 
 def test_a_queued_job_whose_need_is_done_or_running_stays(tmp_path, monkeypatch, capsys):
@@ -366,9 +363,8 @@ def test_a_submission_stopped_halfway_is_finished_by_the_next(tmp_path, monkeypa
         submit.submit(args)
     saved = json.loads((tmp_path / "state" / "submitted.json").read_text())
     assert saved["train:r:1"]["job_id"] == "200" and saved["eval:r:1"]["job_id"] == "102"
-    queue = Queue({"200": ("PENDING", 0, "None"), "102": ("PENDING", 0, "DependencyNeverSatisfied"),
-                   "103": ("CANCELLED", 0, "None")},
-                  {"200": saved["train:r:1"]["name"], "102": saved["eval:r:1"]["name"], "103": saved["final"]["name"]})
+    queue = _queue(saved, ("PENDING", 0, "None"), ("PENDING", 0, "DependencyNeverSatisfied"),
+                   ("CANCELLED", 0, "None"))
     args, calls = _submission(tmp_path, monkeypatch, queue, saved, first_id=201)
     submit.submit(args)
     assert calls == [("scancel", "102", None), ("sbatch", "eval:r:1", "afterok:200"),
