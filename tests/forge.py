@@ -178,3 +178,40 @@ def write(path, data: bytes):
     with open(path, "wb") as f:
         f.write(data)
     return str(path)
+
+
+def _directory(infos, shift) -> bytes:
+    """A zip central directory of ``infos`` (stored members), each local header moved
+    by ``shift`` bytes."""
+    out = b""
+    for info in infos:
+        name = info.filename.encode()
+        out += struct.pack("<4s4B4HL2L5H2L", b"PK\x01\x02", 20, 0, 20, 0, info.flag_bits & ~0x8, 0, 0, 0,
+                           info.CRC, info.compress_size, info.file_size, len(name), 0, 0, 0, 0, 0,
+                           info.header_offset + shift) + name
+    return out
+
+
+def two_directories(checked, loaded, out):
+    """One file that is two torch.save zips (``checked``, ``loaded``: the paths of two
+    files of the same member names and counts) with two central directories back to
+    back: Python's zipfile, which takes the directory just before the end record and
+    shifts every offset by the bytes before it, reads ``checked``'s members; a reader
+    that takes the directory where the end record says reads ``loaded``'s."""
+    data = {path: file_bytes(path) for path in (checked, loaded)}
+    infos = {}
+    for path in (checked, loaded):
+        with zipfile.ZipFile(path) as z:
+            infos[path] = (z.infolist(), z.start_dir)
+    (shown, shown_dir), (hidden, hidden_dir) = infos[checked], infos[loaded]
+    assert [i.filename.split("/", 1)[1] for i in shown] == [i.filename.split("/", 1)[1] for i in hidden]
+    body = data[loaded][:hidden_dir]
+    start = len(body)
+    body += data[checked][:shown_dir]
+    first = _directory(hidden, 0)
+    second = _directory(shown, start - len(first))  # (zipfile's shift: the first directory's length)
+    assert len(first) == len(second)
+    where = len(body)
+    body += first + second
+    body += struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(hidden), len(hidden), len(second), where, 0)
+    return write(out, body)

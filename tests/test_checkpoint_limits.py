@@ -266,6 +266,34 @@ def test_a_crafted_checkpoint_is_refused_in_one_line(real, tmp_path, case):
     assert not (tmp_path / "marker").exists()
 
 
+def test_a_zip_that_torch_and_python_read_differently_is_refused(tmp_path):
+    """Two central directories back to back: Python's zipfile (the scan) would read a
+    harmless checkpoint, torch's reader another, whose one weight is 10**6 copies of
+    one value (a stride-0 view the scan refuses: here, 10**9 would take 4 GB)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()  # (the same file name: the same member names)
+    harmless = forge.tensor_file({"model": collections.OrderedDict(w=torch.zeros(1))}, tmp_path / "a" / "w.pt")
+    hidden = forge.tensor_file({"model": collections.OrderedDict(w=torch.zeros(1).expand(10 ** 6))},
+                               tmp_path / "b" / "w.pt")
+    path = forge.two_directories(harmless, hidden, tmp_path / "both.pt")
+    assert zipfile.ZipFile(path).read("w/data.pkl") == forge.data_pkl(harmless)  # (what zipfile reads)
+    assert torch.load(path, weights_only=True)["model"]["w"].shape == (10 ** 6,)  # (what torch reads)
+    refused(path, UntrustedCheckpointError, "its zip directory is not where its end record says")
+
+
+def test_torchs_reader_is_asked_where_each_member_lies(tmp_path):
+    """The members Python's zipfile found, each against torch's reader: one that lies
+    elsewhere for torch (here: zipfile's record moved by a byte) is refused; so is the
+    file of two directories where the first check is left out."""
+    path = forge.tensor_file({"w": torch.zeros(3)}, tmp_path / "w.pt")
+    with open(path, "rb") as f:
+        infos = zipfile.ZipFile(f).infolist()
+        scan._same_members_for_torch(f, infos, path)
+        infos[0].header_offset += 1
+        with pytest.raises(UntrustedCheckpointError, match="torch's zip reader and Python's find its member"):
+            scan._same_members_for_torch(f, infos, path)
+
+
 def test_a_weight_tied_under_several_names_loads(real, tmp_path):
     """``state_dict()`` gives each name of a tied weight (``--share-all-embeddings``,
     ``--share-decoder-input-output-embed``) a tensor of its own over one storage: the

@@ -116,6 +116,15 @@ def read_container(f, name: str, size: int) -> Container:
             UnicodeDecodeError, NotImplementedError) as e:
         raise MalformedCheckpointError(name, f"its zip directory cannot be read ({short_error(e)}): the file is cut "
                                        "short or is not a checkpoint") from None
+    # zipfile looks for the directory just before the end record (data put before an
+    # archive shifts every offset), torch's reader where the end record says: where the
+    # two differ, each would read other members (a second directory), so they must agree
+    if z.start_dir != end[zipfile._ECD_OFFSET]:
+        raise UntrustedCheckpointError(
+            name, f"its zip directory is not where its end record says (at byte {z.start_dir}, not "
+            f"{end[zipfile._ECD_OFFSET]}), which torch.save never writes and which would let torch read other members "
+            "than the ones checked")
+    _same_members_for_torch(f, infos, name)
     # torch's reader takes the folder of the first member as the archive's, and finds
     # members by name ignoring case, the later of two equal names winning: names must
     # be one folder's and unique ignoring case, or the pickle read is not the one scanned
@@ -172,6 +181,32 @@ def read_container(f, name: str, size: int) -> Container:
     prefix = top + "/data/"
     records = {i.filename[len(prefix):]: i.file_size for i in infos if i.filename.startswith(prefix)}
     return Container(top, data, records)
+
+
+def _same_members_for_torch(f, infos, name: str) -> None:
+    """That torch's own zip reader (the one ``torch.load`` reads with) finds the members
+    zipfile found, each at the same place and of the same size, so that the pickle and
+    the storages checked are the ones torch reads."""
+    import torch
+
+    position = f.tell()
+    try:
+        f.seek(0)
+        reader = torch._C.PyTorchFileReader(f)
+        records = set(reader.get_all_records())
+        ours = {info.filename.split("/", 1)[1]: info for info in infos}
+        differ = sorted(records ^ set(ours)) or sorted(
+            record for record, info in ours.items()
+            if (reader.get_record_header_offset(record), reader.get_record_size(record))
+            != (info.header_offset, info.file_size))
+    except RuntimeError as e:
+        raise MalformedCheckpointError(name, f"torch cannot read its zip directory ({short_error(e)})") from None
+    finally:
+        f.seek(position)
+    if differ:
+        raise UntrustedCheckpointError(
+            name, f"torch's zip reader and Python's find its member '{differ[0][:80]}' differently, which torch.save "
+            "never writes and which would let torch read another member than the one checked")
 
 
 # --------------------------------------------------------------------------- the pickle
