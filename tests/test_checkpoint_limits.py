@@ -772,3 +772,33 @@ def test_bart_builds_on_meta_for_the_size_check_and_then_for_real(monkeypatch):
     monkeypatch.setattr(_last, "numel", 10, raising=False)
     with pytest.raises(UntrustedCheckpointError, match="its settings describe a model of more than"):
         model(args, task, from_checkpoint=True)
+
+
+def test_a_task_that_does_not_pass_from_checkpoint_on_still_has_its_model_checked(real, tmp_path):
+    """fairseq passes ``from_checkpoint`` only to a task whose ``build_model`` names it:
+    ``sentence_prediction_adapters`` builds its model without it. Within
+    ``load_model_ensemble_and_task`` (here through the hub) the model is checked all the
+    same: a RoBERTa of 1,500,000 learned positions (1.5 GB) from a file storing 4
+    values is refused before it is allocated."""
+    from fairseq.models.roberta import RobertaModel
+
+    folder = tmp_path / "hub"
+    (folder / "input0").mkdir(parents=True)
+    (folder / "input0" / "dict.txt").write_text("a 1\nb 1\n")
+    state = forge.load_real(real["path"])
+    state["cfg"]["task"] = {"_name": "sentence_prediction_adapters", "data": str(folder), "num_classes": 1,
+                            "regression_target": True, "classification_head_name": "x", "seed": 1,
+                            "max_positions": 1_500_000}
+    state["cfg"]["model"] = argparse.Namespace(_name="roberta", arch="roberta", encoder_layers=1,
+                                               encoder_embed_dim=256, encoder_ffn_embed_dim=256,
+                                               encoder_attention_heads=4)
+    state["cfg"]["criterion"] = {"_name": "sentence_prediction", "classification_head_name": "x",
+                                 "regression_target": True}
+    for key in ("args", "last_optimizer_state", "criterion", "task_state"):
+        state.pop(key, None)
+    state["model"] = collections.OrderedDict(w=torch.zeros(4))
+    torch.save(state, folder / "model.pt")
+    start = time.monotonic()
+    with pytest.raises(UntrustedCheckpointError, match="its settings describe a model of more than 16,777,221 weight"):
+        RobertaModel.from_pretrained(str(folder), "model.pt")
+    assert time.monotonic() - start < 20

@@ -7,8 +7,9 @@ checkpoint of a few kilobytes whose settings claim ``max_source_positions =
 (the sinusoidal positions are not stored at all, so such a file would even load).
 
 :func:`guarded_build_model` wraps ``fairseq.models.build_model``: when a model is
-built for a checkpoint (``from_checkpoint=True``, as ``load_model_ensemble_and_task``
-builds it, for generation, the hub and the analyses), it is first built on torch's
+built for a checkpoint (``from_checkpoint=True``, or anywhere within
+``load_model_ensemble_and_task``, :func:`loading_checkpoint`: generation, the hub and
+the analyses), it is first built on torch's
 ``meta`` device, which allocates nothing, and its weights and buffers are counted
 as they are registered: more elements than the checkpoint stores plus a quarter plus
 :data:`SLACK` (buffers that are not stored, such as the positions' table), or more
@@ -58,6 +59,21 @@ class _TooLarge(Exception):
         self.what = what
 
 _last = threading.local()
+
+
+@contextlib.contextmanager
+def loading_checkpoint():
+    """The block is fairseq's load of a checkpoint's model (``load_model_ensemble_and_task``):
+    every model built in it is built for the checkpoint, whether or not its task passes
+    ``from_checkpoint`` on (fairseq passes it only to a task whose ``build_model`` names
+    it: ``sentence_prediction_adapters``, ``speech_dlm_task`` and ``nlu_finetuning`` do
+    not, and their models would be built unchecked)."""
+    depth = getattr(_last, "loading", 0)
+    _last.loading = depth + 1
+    try:
+        yield
+    finally:
+        _last.loading = depth
 
 
 def remember_weights(state, file: str):
@@ -155,7 +171,7 @@ def guarded_build_model(build_model):
     @functools.wraps(build_model)
     def guarded(cfg, task, from_checkpoint=False):
         stored = getattr(_last, "numel", None)
-        if from_checkpoint and stored is not None:
+        if (from_checkpoint or getattr(_last, "loading", 0)) and stored is not None:
             max_numel, max_tensors = stored + stored // 4 + SLACK, _last.storages * TENSORS_PER_STORAGE + SLACK_TENSORS
             try:  # (on a copy: building may change the settings, e.g. --encoder-layers-to-keep)
                 with torch.device("meta"), _bounded(max_numel, max_tensors, MAX_BUILD_SECONDS), \

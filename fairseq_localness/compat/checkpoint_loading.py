@@ -65,6 +65,24 @@ class _TorchWithLoad(types.ModuleType):
         return getattr(torch, name)
 
 
+def _building_for_checkpoint(function):
+    """``load_model_ensemble_and_task`` within which every model built is built for the
+    checkpoint, and so checked against its size
+    (:func:`~fairseq_localness.checkpoint.model_size.loading_checkpoint`); unchanged
+    where it is already patched."""
+    from fairseq_localness.checkpoint.model_size import loading_checkpoint
+
+    if getattr(function, _MARK, False):
+        return function
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with loading_checkpoint():
+            return function(*args, **kwargs)
+
+    return wrapper
+
+
 def _one_line_failures(function, files_of):
     """``function`` (which builds a model from a checkpoint) with every failure that
     is not about the environment (a missing file is) raised as one
@@ -248,7 +266,8 @@ def patch_checkpoint_loading():
     checkpoint_utils.load_checkpoint_to_cpu = _one_line_failures(
         checkpoint_utils.load_checkpoint_to_cpu, lambda path, *a, **k: str(path))
     checkpoint_utils.load_model_ensemble_and_task = _one_line_failures(
-        checkpoint_utils.load_model_ensemble_and_task, lambda filenames, *a, **k: ", ".join(map(str, filenames)))
+        _building_for_checkpoint(checkpoint_utils.load_model_ensemble_and_task),
+        lambda filenames, *a, **k: ", ".join(map(str, filenames)))
     trainer.Trainer.load_checkpoint = _one_line_failures(
         trainer.Trainer.load_checkpoint, lambda self, filename, *a, **k: str(filename))
     file_utils.load_archive_file = _checked_folder(file_utils.load_archive_file)
