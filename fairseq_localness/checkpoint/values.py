@@ -69,13 +69,20 @@ def _weights(state):
 
 def check_finite(state, file: str):
     """Refuse a checkpoint whose weights hold NaN or infinite values, as the
-    checkpoints of a training run that diverged do (one pass over the weights)."""
+    checkpoints of a training run that diverged do (one pass over the weights, each
+    view of a storage once however many names it has)."""
     if not isinstance(state, dict):
         return
+    seen = set()  # (a weight under many names is checked once: 130,000 names of one tensor took an hour)
     for what, weights in _weights(state):
         for name, tensor in weights.items():
             if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()):
                 continue
+            view = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                    tensor.stride(), tensor.dtype)
+            if view in seen:
+                continue
+            seen.add(view)
             finite = torch.isfinite(tensor)
             if not bool(finite.all()):
                 bad = int(finite.numel() - finite.sum())
