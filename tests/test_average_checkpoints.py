@@ -165,6 +165,24 @@ def test_tied_parameters_are_not_double_counted(tmp_path, capsys):
     assert torch.equal(avg["dec.embed"], torch.full((2, 2), 2.0))
 
 
+def test_a_tie_undone_by_views_of_another_shape_is_refused_before_any_copy(tmp_path, capsys, monkeypatch):
+    """One weight under 300 names in the first input, 300 one-element views of one
+    storage in the second: the shapes are compared before the sum is copied for each
+    name the second input unties (300 copies of the first input's weight, gigabytes
+    from two small files, before the refusal)."""
+    shared = torch.zeros(1000)
+    a = make_ckpt(str(tmp_path / "a.pt"), {f"w{i}": shared for i in range(300)})
+    storage = torch.zeros(300)
+    b = make_ckpt(str(tmp_path / "b.pt"), {f"w{i}": storage[i:i + 1] for i in range(300)})
+    copies = []
+    clone = torch.Tensor.clone
+    monkeypatch.setattr(torch.Tensor, "clone", lambda t, *a, **k: copies.append(t.numel()) or clone(t, *a, **k))
+    code, _, err = run(["--inputs", a, b, "--output", tmp_path / "avg.pt"], capsys)
+    assert code != 0 and "parameter 'w0' has shape (1,) in" in err and err.count("\n") == 1, err
+    assert copies.count(1000) <= 1, copies  # (the first input's sum, once)
+    assert not (tmp_path / "avg.pt").exists()
+
+
 class _RunsCode:
     def __init__(self, marker):
         self.marker = marker

@@ -218,6 +218,13 @@ def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
             )
         if list(params.keys()) != keys:
             raise AverageError(_describe_key_mismatch(path, keys, list(params.keys()), inputs[0]))
+        for k, names in groups.items():  # (before any sum is copied for names this input unties)
+            for name in names if k in sums else ():
+                if params[name].shape != sums[k].shape:
+                    raise AverageError(
+                        f"parameter '{name}' has shape {tuple(params[name].shape)} in '{path}' but "
+                        f"{tuple(sums[k].shape)} in '{inputs[0]}'"
+                    )
         for first, names in list(groups.items()):
             for part in _tie(params, names)[1:]:  # tied in the inputs so far, not in this one: sums of their own
                 groups[first] = [n for n in groups[first] if n not in part]
@@ -229,12 +236,6 @@ def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
                 dtypes[k] = p.dtype
                 sums[k] = p.detach().to(torch.float64 if p.is_floating_point() else torch.int64).clone()
                 continue
-            for name in names:
-                if params[name].shape != sums[k].shape:
-                    raise AverageError(
-                        f"parameter '{name}' has shape {tuple(params[name].shape)} in '{path}' but "
-                        f"{tuple(sums[k].shape)} in '{inputs[0]}'"
-                    )
             sums[k] += p.detach().to(sums[k].dtype)
         del state, params
     n = len(inputs)
