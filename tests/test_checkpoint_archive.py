@@ -98,6 +98,29 @@ def test_a_chain_of_links_that_leads_out_is_refused_and_nothing_is_left(tmp_path
     assert made and not os.path.exists(made[0])
 
 
+@pytest.mark.parametrize("first", [True, False], ids=["first member", "second member"])
+@pytest.mark.parametrize("kind", [tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE], ids=["gnu", "pax"])
+def test_an_extended_header_past_its_bound_is_refused_before_it_is_read(tmp_path, monkeypatch, kind, first):
+    """tarfile reads a GNU long name or a pax header whole, the first one while the
+    archive is opened: a 765 KB .tar.gz claiming a name of 768 MB took 2.6 GB. The
+    header's size is refused before it is read (here, with a bound of 64 KB, 128 KB)."""
+    import gzip
+
+    monkeypatch.setattr(files, "MAX_ARCHIVE_HEADER_BYTES", 64 << 10)
+    monkeypatch.setattr(files.tempfile, "mkdtemp", lambda **k: pytest.fail("extracted"))
+    path = tmp_path / "long.tar.gz"
+    header = tarfile.TarInfo("././@LongLink")
+    header.type, header.size = kind, 128 << 10
+    with gzip.open(path, "wb") as f:
+        if not first:
+            f.write(tarfile.TarInfo("model").tobuf(tarfile.GNU_FORMAT))
+        f.write(header.tobuf(tarfile.GNU_FORMAT) + b"a" * header.size)
+        f.write(tarfile.TarInfo("model/model.pt").tobuf(tarfile.GNU_FORMAT) + b"\0" * 1024)
+    with pytest.raises(UntrustedCheckpointError, match="holds a member's extended header of 131,072 bytes, more "
+                                                       "than the 65,536 a long name needs"):
+        files.extract_archive(str(path))
+
+
 def test_an_archive_past_its_bounds_or_not_an_archive_is_refused(tmp_path, monkeypatch):
     path = _good(tmp_path)
     monkeypatch.setattr(files, "MAX_ARCHIVE_BYTES", 10)

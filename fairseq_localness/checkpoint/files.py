@@ -106,6 +106,27 @@ MAX_ARCHIVE_MEMBERS = 10_000
 """The most files and folders such an archive may hold (a model, its dictionaries and
 BPE files are a handful)."""
 
+MAX_ARCHIVE_HEADER_BYTES = 1 << 20
+"""The most bytes of one member's extended header in such an archive (a GNU long name or
+link, a pax header: a path of a few hundred bytes), which tarfile reads whole into
+memory, when the archive is opened for its first member."""
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A member whose extended header (GNU long name or link, pax) is refused past
+    :data:`MAX_ARCHIVE_HEADER_BYTES`, before tarfile reads it."""
+
+    def _proc_member(self, tarfile_):
+        if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                         tarfile.SOLARIS_XHDTYPE) and self.size > MAX_ARCHIVE_HEADER_BYTES:
+            raise _LongHeader(f"a member's extended header of {self.size:,} bytes, more than the "
+                              f"{MAX_ARCHIVE_HEADER_BYTES:,} a long name needs")
+        return super()._proc_member(tarfile_)
+
+
+class _LongHeader(tarfile.TarError):
+    pass
+
 HUB_FILES = ("code", "bpecodes", "sentencepiece.bpe.model", "merges.txt", "vocab.json")
 """The files fairseq's ``from_pretrained`` takes from beside the checkpoint
 (``fairseq.hub_utils``), besides the dictionaries ``dict.*.txt``."""
@@ -344,7 +365,9 @@ def extract_archive(path: str) -> str:
     what = "the model archive"
     _regular_file(path, path, what, "expected a .tar.gz or .tar.bz2 file or a folder")
     try:
-        archive = tarfile.open(path, "r:*")
+        archive = tarfile.open(path, "r:*", tarinfo=_BoundedTarInfo)
+    except _LongHeader as e:
+        _refuse(path, what, f"holds {e}")
     except (tarfile.TarError, OSError) as e:
         _refuse(path, what, f"is not a tar archive ({e}); expected a .tar.gz or .tar.bz2 file or a folder")
     with archive:
@@ -372,6 +395,8 @@ def extract_archive(path: str) -> str:
                 if total > MAX_ARCHIVE_BYTES:
                     _refuse(path, what, f"holds more than {MAX_ARCHIVE_BYTES:,} bytes; only archives of at most "
                             "that size are extracted")
+        except _LongHeader as e:
+            _refuse(path, what, f"holds {e}")
         except tarfile.TarError as e:
             _refuse(path, what, f"cannot be read as a tar archive ({e})")
         if not members:
