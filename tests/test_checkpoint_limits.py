@@ -802,3 +802,18 @@ def test_a_task_that_does_not_pass_from_checkpoint_on_still_has_its_model_checke
     with pytest.raises(UntrustedCheckpointError, match="its settings describe a model of more than 16,777,221 weight"):
         RobertaModel.from_pretrained(str(folder), "model.pt")
     assert time.monotonic() - start < 20
+
+
+def test_a_string_that_fairseq_reads_as_a_long_list_counts_its_values(real, tmp_path):
+    """fairseq's upgrade of legacy ``args`` reads a string held by a field that is not a
+    string with ``ast.literal_eval`` and writes the list into one hydra override, parsed
+    in a time that grows with the square of its values (95,000 zeros in 190,000
+    characters: ten minutes). Its values count toward the args' bound; a short one
+    loads."""
+    long = forge.with_legacy_args(real["path"], tmp_path / "long.pt",
+                                  lambda a: setattr(a, "log_interval", "[" + ",".join(["0"] * 2000) + "]"))
+    refused(long, UntrustedCheckpointError, "its args expand to more than 1000 values once fairseq reads their "
+                                            "strings as literals")
+    short = forge.with_legacy_args(real["path"], tmp_path / "short.pt",
+                                   lambda a: setattr(a, "adam_betas", "(0.9, 0.98)"))
+    assert torch_load_checkpoint(short, map_location="cpu")["args"].adam_betas == "(0.9, 0.98)"

@@ -254,12 +254,43 @@ def bound_settings(settings: Dict[str, object], file: str, plain: bool = True):
     refusal does not suggest trusting the file."""
     for key, value in settings.items():
         if value is not None:
-            _, chars = measure(value, file, f"its {key}", MAX_SETTINGS_NODES[key], trust_helps=False,
-                               any_leaf=not plain)
+            nodes, chars = measure(value, file, f"its {key}", MAX_SETTINGS_NODES[key], trust_helps=False,
+                                   any_leaf=not plain)
             if chars > MAX_SETTINGS_CHARS[key]:
                 raise UntrustedCheckpointError(
                     file, f"its {key} expands to more than {MAX_SETTINGS_CHARS[key]} characters when copied",
                     trust_helps=False)
+            if key == "args" and nodes + _read_as_literals(value) > MAX_SETTINGS_NODES[key]:
+                raise UntrustedCheckpointError(
+                    file, f"its args expand to more than {MAX_SETTINGS_NODES[key]} values once fairseq reads their "
+                    "strings as literals (fairseq's upgrade of older settings turns a string such as '[0, 0, ...]' "
+                    "into one hydra override, parsed in a time that grows with the square of its values)",
+                    trust_helps=False)
+
+
+def _read_as_literals(args) -> int:
+    """The values that the strings of legacy ``args`` add when fairseq's upgrade of older
+    settings reads them with ``ast.literal_eval`` (those of a field that is not a
+    string; counted here for every string that reads as a list, tuple, set or dict)."""
+    added = 0
+    for text in _strings(vars(args) if isinstance(args, argparse.Namespace) else args):
+        if text.lstrip()[:1] not in ("[", "(", "{"):
+            continue
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        stack = [value]
+        while stack:
+            value = stack.pop()
+            added += 1
+            if isinstance(value, dict):
+                stack.extend(value.keys())
+                stack.extend(value.values())
+            elif isinstance(value, (list, tuple, set, frozenset)):
+                stack.extend(value)
+        added -= 1  # (the string itself was counted)
+    return added
 
 
 def check_settings(settings: Dict[str, object], file: str, plain: bool = True, bounded: bool = False):
