@@ -200,6 +200,42 @@ def test_what_a_task_reads_in_a_subfolder_of_the_hubs_folder_is_checked(tmp_path
         files.check_beside(str(folder))
 
 
+def test_the_files_a_tasks_yaml_configuration_names_are_checked(tmp_path, monkeypatch):
+    """The speech tasks open the files their ``config.yaml`` names as they are set up
+    (``speaker_set_filename`` read line by line: ``/dev/zero`` took 2.4 GB in 2 s, a
+    FIFO hung): each string naming an existing path that is not a folder must be a
+    regular file of bounded size (unless trusted), inside the folder or not; names of
+    nothing, of folders, and plain words pass."""
+    from fairseq_localness.checkpoint import TRUST_ENV
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    folder = tmp_path / "hub"
+    (folder / "fbank").mkdir(parents=True)
+    (folder / "spm.model").write_bytes(b"x" * 100)
+    outside = tmp_path / "gcmvn.npz"
+    outside.write_bytes(b"x" * 10)
+    config = folder / "config.yaml"
+    config.write_text(f"bpe_tokenizer:\n  bpe: sentencepiece\n  sentencepiece_model: spm.model\n"
+                      f"audio_root: fbank\nglobal_cmvn: {{stats_npz_path: {outside}}}\nvocab_filename: missing.txt\n"
+                      "transforms: &t [utterance_cmvn]\nagain: *t\n")
+    files.check_beside(str(folder))
+    for named in ("/dev/zero", "speakers.txt"):
+        if named == "speakers.txt":
+            os.mkfifo(folder / named)
+        config.write_text(f"speaker_set_filename: {named}\n")
+        with pytest.raises(UntrustedCheckpointError, match=f"the file '{named}' named by its file 'config.yaml' is "
+                                                           "not a regular file"):
+            files.check_beside(str(folder))
+    os.remove(folder / "speakers.txt")
+    config.write_text("vocoder: {type: hifigan, checkpoint: spm.model}\n")
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", 50)
+    with pytest.raises(UntrustedCheckpointError, match="the file 'spm.model' named by its file 'config.yaml' is 100 "
+                                                       "bytes, more than the 50"):
+        files.check_beside(str(folder))
+    monkeypatch.setenv(TRUST_ENV, "1")
+    files.check_beside(str(folder))
+
+
 def test_an_analysis_tool_splits_the_recorded_data_directory_as_fairseq_does(tmp_path, monkeypatch):
     """fairseq splits a data setting holding '://' on '|', not ':': the folder the tool
     checks for a FIFO is the one fairseq's task then reads (``<D>::/`` here)."""

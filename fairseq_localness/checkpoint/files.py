@@ -312,6 +312,55 @@ def _read_by_a_task(name: str) -> bool:
     return is_dictionary(name) or name.endswith((".yaml", ".yml"))
 
 
+MAX_CONFIG_VALUES = 100_000
+"""The most values a task's YAML configuration beside a checkpoint may hold (a speech
+task's ``config.yaml`` holds a few dozen)."""
+
+
+def check_configured_files(path: str, file: str, what: str):
+    """The files a task's YAML configuration (``path``, already checked as a file) names,
+    which the task opens as it is set up (the speech tasks' ``speaker_set_filename``,
+    ``vocab_filename``, their multitask dictionaries, the vocoder's checkpoint): every
+    string of it that names an existing path (relative to the file's folder, as the tasks
+    read them, or absolute) that is not a folder must be a regular file (not
+    ``/dev/zero``, a FIFO or a device, which would never end or never answer), of at
+    most :data:`MAX_FILE_BYTES` unless the checkpoint is trusted (a vocoder may be
+    larger). It may lie outside the checkpoint's folder: a configuration written where
+    the model was trained names its files there."""
+    import yaml
+
+    from fairseq_localness.checkpoint.load import trusted
+
+    try:
+        with open(path, "rb") as f:
+            config = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError, RecursionError) as e:
+        _refuse(file, what, f"cannot be read as YAML ({short_repr(' '.join(str(e).split()))})")
+    base, seen, stack, values = os.path.dirname(path), set(), [config], 0
+    while stack:
+        value = stack.pop()
+        if id(value) in seen:  # (an alias is one value, read once)
+            continue
+        seen.add(id(value))
+        values += 1
+        if values > MAX_CONFIG_VALUES:
+            _refuse(file, what, f"holds more than {MAX_CONFIG_VALUES:,} values, far more than a task's configuration")
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            stack.extend(value)
+        elif isinstance(value, str) and value and "\0" not in value and "://" not in value:
+            named = os.path.join(base, value)
+            if not os.path.lexists(named) or os.path.isdir(named):
+                continue
+            info = _regular_file(named, file, f"the file {value!r} named by {what}", "only regular files are read")
+            if info.st_size > MAX_FILE_BYTES and not trusted():
+                _refuse(file, f"the file {value!r} named by {what}", f"is {info.st_size:,} bytes, more than the "
+                        f"{MAX_FILE_BYTES:,} such a file takes; only files of at most that size are read unless the "
+                        "checkpoint is trusted")
+
+
 def check_beside(folder: str):
     """The files fairseq's ``from_pretrained`` reads from ``folder`` (its BPE and
     tokenizer files, :data:`HUB_FILES`, its dictionaries and what a task reads there,
@@ -324,7 +373,7 @@ def check_beside(folder: str):
     for name in sorted(names):
         path = os.path.join(folder, name)
         if name in HUB_FILES or _read_by_a_task(name):
-            check_named_file(path, folder, f"its file {name!r}, which the hub reads,", folder)
+            _check_read_file(path, folder, f"its file {name!r}", "which the hub reads")
         elif os.path.isdir(path):  # (a link to a folder too: a file read through it must stay inside)
             try:
                 inner = os.listdir(path)
@@ -332,8 +381,16 @@ def check_beside(folder: str):
                 continue
             for sub in sorted(inner):
                 if _read_by_a_task(sub):
-                    check_named_file(os.path.join(path, sub), folder,
-                                     f"its file {name + '/' + sub!r}, which a task may read,", folder)
+                    _check_read_file(os.path.join(path, sub), folder, f"its file {name + '/' + sub!r}",
+                                     "which a task may read")
+
+
+def _check_read_file(path: str, folder: str, what: str, by: str):
+    """:func:`check_named_file` inside ``folder``, and a YAML configuration's own files
+    (``what``: the file's words in a refusal, ``by``: what reads it)."""
+    check_named_file(path, folder, f"{what}, {by},", folder)
+    if path.endswith((".yaml", ".yml")):
+        check_configured_files(path, folder, what)
 
 
 def check_hub_settings(cfg, file: str):
