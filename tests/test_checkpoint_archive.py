@@ -236,6 +236,30 @@ def test_the_files_a_tasks_yaml_configuration_names_are_checked(tmp_path, monkey
     files.check_beside(str(folder))
 
 
+def test_the_dictionaries_of_a_folder_are_bounded_together(tmp_path, monkeypatch):
+    """Each dictionary is bounded, and so are their number (links to one file cost
+    nothing: 3,000 of them, with multilingual_translation's language tokens, took 1.7
+    GB) and, unless the checkpoint is trusted, their lines together."""
+    from fairseq_localness.checkpoint import TRUST_ENV
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "dict.en.txt").write_text("a 1\nb 1\nc 1\n")
+    for lang in ("de", "fr", "es"):
+        os.symlink("dict.en.txt", folder / f"dict.{lang}.txt")
+    files.check_beside(str(folder))
+    monkeypatch.setattr(files, "MAX_HUB_DICTIONARIES", 3)
+    with pytest.raises(UntrustedCheckpointError, match="its folder holds 4 dictionaries, more than the 3 a model"):
+        files.check_beside(str(folder))
+    monkeypatch.setattr(files, "MAX_HUB_DICTIONARIES", 4)
+    monkeypatch.setattr(files, "MAX_HUB_SYMBOLS", 10)
+    with pytest.raises(UntrustedCheckpointError, match="its dictionaries hold more than 10 lines together"):
+        files.check_beside(str(folder))
+    monkeypatch.setenv(TRUST_ENV, "1")
+    files.check_beside(str(folder))
+
+
 def test_an_analysis_tool_splits_the_recorded_data_directory_as_fairseq_does(tmp_path, monkeypatch):
     """fairseq splits a data setting holding '://' on '|', not ':': the folder the tool
     checks for a FIFO is the one fairseq's task then reads (``<D>::/`` here)."""

@@ -98,6 +98,16 @@ tens of thousands of symbols, mBART's 250,000; fairseq's ``Dictionary`` keeps ab
 bytes per symbol (an 8 MiB file of a million one-letter symbols took 240 MB, so 64 MiB of
 them would take about 1.9 GB per dictionary)."""
 
+MAX_HUB_DICTIONARIES = 1_000
+"""The most dictionaries a checkpoint's folder may hold for the hub and its task to read
+(a multilingual model has one per language: tens; links to one file cost nothing, and
+``multilingual_translation`` with ``encoder_langtok`` adds every language's token to
+every dictionary: N dictionaries, N * N symbols)."""
+
+MAX_HUB_SYMBOLS = 4_000_000
+"""The most lines all those dictionaries may hold together, unless the checkpoint is
+trusted (about 1 GB of fairseq's dictionaries)."""
+
 MAX_ARCHIVE_BYTES = 16 << 30
 """The most a model archive given to ``from_pretrained`` may hold, its files' sizes summed
 (fairseq's largest published translation models are a few gigabytes)."""
@@ -275,10 +285,10 @@ def _regular_file(path: str, file: str, what: str, expected: str) -> os.stat_res
     return info
 
 
-def check_named_file(path: str, file: str, what: str, folder: Optional[str] = None):
+def check_named_file(path: str, file: str, what: str, folder: Optional[str] = None) -> int:
     """The file at ``path`` (``what`` names it in the refusal of ``file``) is a regular
     file of at most :data:`MAX_FILE_BYTES`, and, with ``folder``, inside it once every
-    symlink is resolved."""
+    symlink is resolved. Returns the lines of a dictionary (``dict*.txt``), else 0."""
     if folder is not None:
         real, inside = os.path.realpath(path), os.path.realpath(folder)
         if os.path.commonpath([real, inside]) != inside:
@@ -298,6 +308,8 @@ def check_named_file(path: str, file: str, what: str, folder: Optional[str] = No
                 raise UntrustedCheckpointError(file, f"{what} holds {symbols:,} lines, more than the "
                                                f"{MAX_DICTIONARY_SYMBOLS:,} symbols a dictionary takes (fairseq "
                                                "keeps about 230 bytes per symbol)")
+        return symbols
+    return 0
 
 
 def is_dictionary(name: str) -> bool:
@@ -365,32 +377,47 @@ def check_beside(folder: str):
     """The files fairseq's ``from_pretrained`` reads from ``folder`` (its BPE and
     tokenizer files, :data:`HUB_FILES`, its dictionaries and what a task reads there,
     one folder down too): each one present is a regular file of bounded size inside
-    the folder."""
+    the folder; at most :data:`MAX_HUB_DICTIONARIES` dictionaries, of at most
+    :data:`MAX_HUB_SYMBOLS` lines in all unless the checkpoint is trusted."""
+    from fairseq_localness.checkpoint.load import trusted
+
     try:
         names = os.listdir(folder)
     except OSError:
         return  # not a folder: fairseq says so
+    read = []  # (path, words, by)
     for name in sorted(names):
         path = os.path.join(folder, name)
         if name in HUB_FILES or _read_by_a_task(name):
-            _check_read_file(path, folder, f"its file {name!r}", "which the hub reads")
+            read.append((path, f"its file {name!r}", "which the hub reads"))
         elif os.path.isdir(path):  # (a link to a folder too: a file read through it must stay inside)
             try:
                 inner = os.listdir(path)
             except OSError:
                 continue
-            for sub in sorted(inner):
-                if _read_by_a_task(sub):
-                    _check_read_file(os.path.join(path, sub), folder, f"its file {name + '/' + sub!r}",
-                                     "which a task may read")
+            read.extend((os.path.join(path, sub), f"its file {name + '/' + sub!r}", "which a task may read")
+                        for sub in sorted(inner) if _read_by_a_task(sub))
+    dictionaries = sum(is_dictionary(os.path.basename(path)) for path, _, _ in read)
+    if dictionaries > MAX_HUB_DICTIONARIES:
+        _refuse(folder, "its folder", f"holds {dictionaries:,} dictionaries, more than the {MAX_HUB_DICTIONARIES:,} "
+                "a model reads (one per language)")
+    symbols = 0
+    for path, what, by in read:
+        symbols += _check_read_file(path, folder, what, by)
+        if symbols > MAX_HUB_SYMBOLS and not trusted():
+            raise UntrustedCheckpointError(folder, f"its dictionaries hold more than {MAX_HUB_SYMBOLS:,} lines "
+                                           "together, more than a model reads (fairseq keeps about 230 bytes per "
+                                           "symbol)")
 
 
-def _check_read_file(path: str, folder: str, what: str, by: str):
+def _check_read_file(path: str, folder: str, what: str, by: str) -> int:
     """:func:`check_named_file` inside ``folder``, and a YAML configuration's own files
-    (``what``: the file's words in a refusal, ``by``: what reads it)."""
-    check_named_file(path, folder, f"{what}, {by},", folder)
+    (``what``: the file's words in a refusal, ``by``: what reads it); the lines of a
+    dictionary, else 0."""
+    symbols = check_named_file(path, folder, f"{what}, {by},", folder)
     if path.endswith((".yaml", ".yml")):
         check_configured_files(path, folder, what)
+    return symbols
 
 
 def check_hub_settings(cfg, file: str):
