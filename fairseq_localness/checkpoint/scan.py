@@ -124,7 +124,6 @@ def read_container(f, name: str, size: int) -> Container:
             name, f"its zip directory is not where its end record says (at byte {z.start_dir}, not "
             f"{end[zipfile._ECD_OFFSET]}), which torch.save never writes and which would let torch read other members "
             "than the ones checked")
-    _same_members_for_torch(f, infos, name)
     # torch's reader takes the folder of the first member as the archive's, and finds
     # members by name ignoring case, the later of two equal names winning: names must
     # be one folder's and unique ignoring case, or the pickle read is not the one scanned
@@ -144,6 +143,7 @@ def read_container(f, name: str, size: int) -> Container:
                 "case), which torch.save never writes and which would let torch read another pickle than the one "
                 "checked")
         seen[folded] = info.filename
+    _same_members_for_torch(f, infos, name)
     pickles = [i for i in infos if i.filename == f"{top}/data.pkl"]
     if len(pickles) != 1:
         raise MalformedCheckpointError(name, "it is a zip file without torch's data.pkl: not a torch.save checkpoint")
