@@ -293,6 +293,31 @@ def test_torchs_reader_is_asked_where_each_member_lies(tmp_path):
             scan._same_members_for_torch(f, infos, path)
 
 
+def test_torchs_reader_must_read_the_pickle_checked(tmp_path):
+    """The bytes torch's reader gives as the pickle are those checked (two zip64 end
+    records, each reader following its own, let a stored pickle be checked and the
+    same bytes inflated by torch into another pickle)."""
+    path = forge.tensor_file({"w": torch.zeros(3)}, tmp_path / "w.pt")
+    pickle = forge.data_pkl(path)
+    with open(path, "rb") as f:
+        reader = scan._same_members_for_torch(f, zipfile.ZipFile(f).infolist(), path)
+        scan._same_pickle_for_torch(reader, pickle, path)
+        with pytest.raises(UntrustedCheckpointError, match="torch's zip reader and Python's read different bytes as "
+                                                           "its pickle"):
+            scan._same_pickle_for_torch(reader, pickle[:-1] + b"!", path)
+
+
+def test_a_member_name_torch_cannot_decode_is_one_line(tmp_path):
+    """A member whose name is not UTF-8 (Python's zipfile reads it as cp437, torch's
+    reader fails to decode it) is refused in one line, not with pybind's error."""
+    path = forge.repack(forge.tensor_file({"w": torch.zeros(3)}, tmp_path / "w.pt"), tmp_path / "named.pt",
+                        add=[("w/extraX", b"")])
+    data = forge.file_bytes(path)
+    assert data.count(b"w/extraX") == 2
+    forge.write(path, data.replace(b"w/extraX", b"w/extra\xff"))
+    refused(path, MalformedCheckpointError, "torch cannot read its zip directory")
+
+
 def test_a_weight_tied_under_several_names_loads(real, tmp_path):
     """``state_dict()`` gives each name of a tied weight (``--share-all-embeddings``,
     ``--share-decoder-input-output-embed``) a tensor of its own over one storage: the

@@ -143,7 +143,7 @@ def read_container(f, name: str, size: int) -> Container:
                 "case), which torch.save never writes and which would let torch read another pickle than the one "
                 "checked")
         seen[folded] = info.filename
-    _same_members_for_torch(f, infos, name)
+    reader = _same_members_for_torch(f, infos, name)
     pickles = [i for i in infos if i.filename == f"{top}/data.pkl"]
     if len(pickles) != 1:
         raise MalformedCheckpointError(name, "it is a zip file without torch's data.pkl: not a torch.save checkpoint")
@@ -178,15 +178,16 @@ def read_container(f, name: str, size: int) -> Container:
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, KeyError, NotImplementedError) as e:
         raise MalformedCheckpointError(name, f"its pickle cannot be read ({short_error(e)}): the file is cut short or "
                                        "damaged") from None
+    _same_pickle_for_torch(reader, data, name)
     prefix = top + "/data/"
     records = {i.filename[len(prefix):]: i.file_size for i in infos if i.filename.startswith(prefix)}
     return Container(top, data, records)
 
 
-def _same_members_for_torch(f, infos, name: str) -> None:
+def _same_members_for_torch(f, infos, name: str):
     """That torch's own zip reader (the one ``torch.load`` reads with) finds the members
     zipfile found, each at the same place and of the same size, so that the pickle and
-    the storages checked are the ones torch reads."""
+    the storages checked are the ones torch reads; torch's reader."""
     import torch
 
     position = f.tell()
@@ -199,7 +200,7 @@ def _same_members_for_torch(f, infos, name: str) -> None:
             record for record, info in ours.items()
             if (reader.get_record_header_offset(record), reader.get_record_size(record))
             != (info.header_offset, info.file_size))
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:  # (a name that is not UTF-8: pybind's UnicodeDecodeError)
         raise MalformedCheckpointError(name, f"torch cannot read its zip directory ({short_error(e)})") from None
     finally:
         f.seek(position)
@@ -207,6 +208,22 @@ def _same_members_for_torch(f, infos, name: str) -> None:
         raise UntrustedCheckpointError(
             name, f"torch's zip reader and Python's find its member '{differ[0][:80]}' differently, which torch.save "
             "never writes and which would let torch read another member than the one checked")
+    return reader
+
+
+def _same_pickle_for_torch(reader, data: bytes, name: str) -> None:
+    """That torch's reader reads the pickle that was read to be checked, byte for byte
+    (its directory may say otherwise than Python's of how the bytes are stored: two
+    zip64 end records, each reader following its own, let a stored pickle be checked
+    and the same bytes inflated into another run; the size is the same, bounded)."""
+    try:
+        same = bytes(reader.get_record("data.pkl")) == data
+    except (RuntimeError, ValueError) as e:
+        raise MalformedCheckpointError(name, f"torch cannot read its pickle ({short_error(e)})") from None
+    if not same:
+        raise UntrustedCheckpointError(
+            name, "torch's zip reader and Python's read different bytes as its pickle, which torch.save never "
+            "writes and which would let torch unpickle another pickle than the one checked")
 
 
 # --------------------------------------------------------------------------- the pickle
