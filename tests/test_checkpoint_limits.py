@@ -839,6 +839,12 @@ def test_a_string_that_fairseq_reads_as_a_long_list_counts_its_values(real, tmp_
                                   lambda a: setattr(a, "log_interval", "[" + ",".join(["0"] * 2000) + "]"))
     refused(long, UntrustedCheckpointError, "its args expand to more than 1000 values once fairseq reads their "
                                             "strings as literals")
+    zeros = ",".join(["0"] * 2000)
+    for name, change in (("comment", lambda a: setattr(a, "log_interval", f"#x\n[{zeros}]")),
+                         ("continued", lambda a: setattr(a, "log_interval", f"\\\n[{zeros}]")),
+                         ("nested", lambda a: setattr(a, "inner", argparse.Namespace(log_interval=f"[{zeros}]")))):
+        path = forge.with_legacy_args(real["path"], tmp_path / f"{name}.pt", change)
+        refused(path, UntrustedCheckpointError, "its args expand to more than 1000 values")
     short = forge.with_legacy_args(real["path"], tmp_path / "short.pt",
                                    lambda a: setattr(a, "adam_betas", "(0.9, 0.98)"))
     assert torch_load_checkpoint(short, map_location="cpu")["args"].adam_betas == "(0.9, 0.98)"

@@ -271,11 +271,20 @@ def bound_settings(settings: Dict[str, object], file: str, plain: bool = True):
 def _read_as_literals(args) -> int:
     """The values that the strings of legacy ``args`` add when fairseq's upgrade of older
     settings reads them with ``ast.literal_eval`` (those of a field that is not a
-    string; counted here for every string that reads as a list, tuple, set or dict)."""
-    added = 0
-    for text in _strings(vars(args) if isinstance(args, argparse.Namespace) else args):
-        if text.lstrip()[:1] not in ("[", "(", "{"):
-            continue
+    string; counted here for every string that reads as a literal, in the namespaces
+    the args hold too)."""
+    added, texts, stack = 0, [], [args]
+    while stack:  # (the strings of the args, of the namespaces within them too: fairseq expands those)
+        value = stack.pop()
+        if isinstance(value, argparse.Namespace):
+            stack.extend(vars(value).values())
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend(value)
+        elif isinstance(value, str):
+            texts.append(value)
+    for text in texts:  # (every one: a comment or a line continuation may come before the list)
         try:
             value = ast.literal_eval(text)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
