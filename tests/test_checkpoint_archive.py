@@ -121,6 +121,25 @@ def test_an_extended_header_past_its_bound_is_refused_before_it_is_read(tmp_path
         files.extract_archive(str(path))
 
 
+def test_a_global_pax_header_or_a_sparse_member_is_refused_as_it_is_met(tmp_path, monkeypatch):
+    """tarfile copies a global pax header into every later member, and reads a sparse
+    member's map for as many entries as it claims: neither is in a model archive."""
+    monkeypatch.setattr(files.tempfile, "mkdtemp", lambda **k: pytest.fail("extracted"))
+    path = str(tmp_path / "global.tar.gz")
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT, pax_headers={"comment": "x"}) as tar:
+        tar.addfile(tarfile.TarInfo("model"))
+    with pytest.raises(UntrustedCheckpointError, match="holds a global pax header"):
+        files.extract_archive(path)
+    path = str(tmp_path / "sparse.tar.gz")
+    member = tarfile.TarInfo("model/model.pt")
+    member.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "model/model.pt",
+                          "GNU.sparse.realsize": "10"}
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(member)
+    with pytest.raises(UntrustedCheckpointError, match="holds a sparse member"):
+        files.extract_archive(path)
+
+
 def test_an_archive_past_its_bounds_or_not_an_archive_is_refused(tmp_path, monkeypatch):
     path = _good(tmp_path)
     monkeypatch.setattr(files, "MAX_ARCHIVE_BYTES", 10)
