@@ -4,6 +4,7 @@ written where a member would land outside that folder or is not a regular file o
 folder (``checkpoint.files.extract_archive``)."""
 import io
 import os
+import re
 import tarfile
 
 import pytest
@@ -220,39 +221,56 @@ def test_what_a_task_reads_in_a_subfolder_of_the_hubs_folder_is_checked(tmp_path
 
 
 def test_the_files_a_tasks_yaml_configuration_names_are_checked(tmp_path, monkeypatch):
-    """The speech tasks open the files their ``config.yaml`` names as they are set up
-    (``speaker_set_filename`` read line by line: ``/dev/zero`` took 2.4 GB in 2 s, a
-    FIFO hung): each string naming an existing path that is not a folder must be a
-    regular file of bounded size (unless trusted), inside the folder or not; names of
-    nothing, of folders, and plain words pass."""
+    """The speech tasks open the files their YAML configuration names as they are set
+    up (``speaker_set_filename`` read line by line: ``/dev/zero`` took 2.4 GB in 2 s, a
+    FIFO hung). Where a checkpoint's task is set up, fairseq's reading of the
+    configuration (whatever its name and folder) is checked first: each string naming
+    an existing path that is not a folder, absolute or relative to the working
+    directory or to the configuration's folder or one above it (the data directory),
+    must be a regular file of bounded size (unless trusted); names of nothing, of
+    folders, and plain words pass. A task set up from the command line reads the
+    user's own configuration as it is."""
+    from fairseq.data.audio import data_cfg
+
     from fairseq_localness.checkpoint import TRUST_ENV
+    from fairseq_localness.checkpoint.model_size import loading_checkpoint
 
     monkeypatch.delenv(TRUST_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
     folder = tmp_path / "hub"
     (folder / "fbank").mkdir(parents=True)
+    (folder / "conf").mkdir()
     (folder / "spm.model").write_bytes(b"x" * 100)
     outside = tmp_path / "gcmvn.npz"
     outside.write_bytes(b"x" * 10)
-    config = folder / "config.yaml"
+    config = folder / "conf" / "settings.conf"  # (config_yaml names any file, in any folder of the data's)
     config.write_text(f"bpe_tokenizer:\n  bpe: sentencepiece\n  sentencepiece_model: spm.model\n"
                       f"audio_root: fbank\nglobal_cmvn: {{stats_npz_path: {outside}}}\nvocab_filename: missing.txt\n"
                       "transforms: &t [utterance_cmvn]\nagain: *t\n")
-    files.check_beside(str(folder))
-    for named in ("/dev/zero", "speakers.txt"):
-        if named == "speakers.txt":
-            os.mkfifo(folder / named)
-        config.write_text(f"speaker_set_filename: {named}\n")
-        with pytest.raises(UntrustedCheckpointError, match=f"the file '{named}' named by its file 'config.yaml' is "
-                                                           "not a regular file"):
-            files.check_beside(str(folder))
-    os.remove(folder / "speakers.txt")
+    with loading_checkpoint():
+        assert data_cfg.get_config_from_yaml(config)["vocab_filename"] == "missing.txt"
+    os.mkfifo(folder / "speakers.txt")
+    for named, shown in (("/dev/zero", "/dev/zero"), ("speakers.txt", os.path.join(folder, "speakers.txt")),
+                         ("x://y", os.path.join(folder, "x://y"))):  # (fairseq opens the folder's x:/y)
+        if named == "x://y":
+            os.makedirs(folder / "x:")
+            os.mkfifo(folder / "x:" / "y")
+        config.write_text(f"speaker_set_filename: '{named}'\n")
+        with pytest.raises(UntrustedCheckpointError, match=f"the file '{re.escape(shown)}' named by the task's "
+                                                           "configuration .* is not a regular file"):
+            with loading_checkpoint():
+                data_cfg.get_config_from_yaml(config)
+    assert data_cfg.get_config_from_yaml(config)["speaker_set_filename"] == "x://y"  # (the user's own)
     config.write_text("vocoder: {type: hifigan, checkpoint: spm.model}\n")
     monkeypatch.setattr(files, "MAX_FILE_BYTES", 50)
-    with pytest.raises(UntrustedCheckpointError, match="the file 'spm.model' named by its file 'config.yaml' is 100 "
-                                                       "bytes, more than the 50"):
-        files.check_beside(str(folder))
+    with pytest.raises(UntrustedCheckpointError, match="the file '.*spm.model' named by the task's configuration .* "
+                                                       "is 100 bytes, more than the 50"):
+        files.check_configuration(config)
+    monkeypatch.setattr(files, "MAX_CONFIG_BYTES", 10)
+    with pytest.raises(UntrustedCheckpointError, match="is 48 bytes, more than the 10 a task's configuration takes"):
+        files.check_configuration(config)
     monkeypatch.setenv(TRUST_ENV, "1")
-    files.check_beside(str(folder))
+    files.check_configuration(config)
 
 
 def test_the_dictionaries_of_a_folder_are_bounded_together(tmp_path, monkeypatch):
@@ -273,7 +291,11 @@ def test_the_dictionaries_of_a_folder_are_bounded_together(tmp_path, monkeypatch
         files.check_beside(str(folder))
     monkeypatch.setattr(files, "MAX_HUB_DICTIONARIES", 4)
     monkeypatch.setattr(files, "MAX_HUB_SYMBOLS", 10)
-    with pytest.raises(UntrustedCheckpointError, match="its dictionaries hold more than 10 lines together"):
+    with pytest.raises(UntrustedCheckpointError, match="its dictionaries hold more than 10 lines or "):
+        files.check_beside(str(folder))
+    monkeypatch.setattr(files, "MAX_HUB_SYMBOLS", 100)
+    monkeypatch.setattr(files, "MAX_HUB_DICTIONARY_BYTES", 30)  # (4 x 12 bytes)
+    with pytest.raises(UntrustedCheckpointError, match="its dictionaries hold more than 100 lines or 30 bytes"):
         files.check_beside(str(folder))
     monkeypatch.setenv(TRUST_ENV, "1")
     files.check_beside(str(folder))

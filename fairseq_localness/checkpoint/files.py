@@ -26,6 +26,7 @@ regular files of at most :data:`MAX_FILE_BYTES` (no FIFO, device or directory).
 """
 import argparse
 import atexit
+import functools
 import logging
 import os
 import posixpath
@@ -104,9 +105,15 @@ MAX_HUB_DICTIONARIES = 1_000
 ``multilingual_translation`` with ``encoder_langtok`` adds every language's token to
 every dictionary: N dictionaries, N * N symbols)."""
 
-MAX_HUB_SYMBOLS = 4_000_000
+MAX_HUB_SYMBOLS = 16_000_000
 """The most lines all those dictionaries may hold together, unless the checkpoint is
-trusted (about 1 GB of fairseq's dictionaries)."""
+trusted (about 3.7 GB of fairseq's dictionaries: mBART-50's 52 languages of 250,001
+symbols each are 13 million)."""
+
+MAX_HUB_DICTIONARY_BYTES = 1 << 30
+"""The most bytes all those dictionaries may hold together, unless the checkpoint is
+trusted (fairseq keeps each line's symbol: 50 links to one 63 MiB dictionary of 63
+lines took 3 GB)."""
 
 MAX_ARCHIVE_BYTES = 16 << 30
 """The most a model archive given to ``from_pretrained`` may hold, its files' sizes summed
@@ -336,52 +343,85 @@ def _read_by_a_task(name: str) -> bool:
 
 
 MAX_CONFIG_VALUES = 100_000
-"""The most values a task's YAML configuration beside a checkpoint may hold (a speech
-task's ``config.yaml`` holds a few dozen)."""
+"""The most values a task's YAML configuration may hold (a speech task's ``config.yaml``
+holds a few dozen)."""
+
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest YAML configuration a task reads, unless the checkpoint is trusted (a few
+kilobytes; PyYAML parses about a megabyte a second)."""
 
 
-def check_configured_files(path: str, file: str, what: str):
-    """The files a task's YAML configuration (``path``, already checked as a file) names,
-    which the task opens as it is set up (the speech tasks' ``speaker_set_filename``,
-    ``vocab_filename``, their multitask dictionaries, the vocoder's checkpoint): every
-    string of it that names an existing path (relative to the file's folder, as the tasks
-    read them, or absolute) that is not a folder must be a regular file (not
-    ``/dev/zero``, a FIFO or a device, which would never end or never answer), of at
-    most :data:`MAX_FILE_BYTES` unless the checkpoint is trusted (a vocoder may be
-    larger). It may lie outside the checkpoint's folder: a configuration written where
-    the model was trained names its files there."""
+def check_configuration(path: str):
+    """The YAML configuration a task is about to read (``path``: fairseq's
+    ``data_cfg.get_config_from_yaml``, for the speech tasks' ``config_yaml`` and
+    ``multitask_config_yaml``), and the files it names, which the task opens as it is
+    set up (``speaker_set_filename``, ``vocab_filename``, a multitask dictionary, the
+    vocoder's checkpoint). The configuration is a regular file of at most
+    :data:`MAX_CONFIG_BYTES` and :data:`MAX_CONFIG_VALUES` values; each of its strings
+    that names an existing path that is not a folder, absolute or relative to any base
+    fairseq resolves such names against (the working directory, the configuration's
+    folder and the folders above it, among them the data directory), is a regular file
+    (not ``/dev/zero``, a FIFO or a device, which would never end or never answer) of at
+    most :data:`MAX_FILE_BYTES`. The sizes only unless the checkpoint is trusted (a
+    vocoder may be larger). Refusals name the checkpoint loaded last."""
     import yaml
 
     from fairseq_localness.checkpoint.load import trusted
 
+    file, what = last_file() or path, f"the task's configuration {os.fspath(path)!r}"
+    info = _regular_file(path, file, what, "only regular files are read")
+    if info.st_size > MAX_CONFIG_BYTES and not trusted():
+        _refuse(file, what, f"is {info.st_size:,} bytes, more than the {MAX_CONFIG_BYTES:,} a task's configuration "
+                "takes")
     try:
         with open(path, "rb") as f:
             config = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError, RecursionError) as e:
         _refuse(file, what, f"cannot be read as YAML ({short_repr(' '.join(str(e).split()))})")
-    base, seen, stack, values = os.path.dirname(path), set(), [config], 0
+    folder = os.path.dirname(os.path.abspath(path))
+    bases = [os.getcwd(), folder]
+    while os.path.dirname(bases[-1]) != bases[-1]:
+        bases.append(os.path.dirname(bases[-1]))
+    seen, stack, values = set(), [config], 0
     while stack:
         value = stack.pop()
-        if id(value) in seen:  # (an alias is one value, read once)
-            continue
-        seen.add(id(value))
         values += 1
         if values > MAX_CONFIG_VALUES:
             _refuse(file, what, f"holds more than {MAX_CONFIG_VALUES:,} values, far more than a task's configuration")
-        if isinstance(value, dict):
-            stack.extend(value.keys())
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple, set)):
-            stack.extend(value)
-        elif isinstance(value, str) and value and "\0" not in value and "://" not in value:
-            named = os.path.join(base, value)
-            if not os.path.lexists(named) or os.path.isdir(named):
+        if isinstance(value, (dict, list, tuple, set)):
+            if id(value) in seen:  # (an alias is one value, read once)
                 continue
-            info = _regular_file(named, file, f"the file {value!r} named by {what}", "only regular files are read")
-            if info.st_size > MAX_FILE_BYTES and not trusted():
-                _refuse(file, f"the file {value!r} named by {what}", f"is {info.st_size:,} bytes, more than the "
-                        f"{MAX_FILE_BYTES:,} such a file takes; only files of at most that size are read unless the "
-                        "checkpoint is trusted")
+            seen.add(id(value))
+            stack.extend(list(value.keys()) + list(value.values()) if isinstance(value, dict) else value)
+        elif isinstance(value, str) and value and "\0" not in value:
+            for named in dict.fromkeys(os.path.join(base, value) for base in bases):
+                if not os.path.lexists(named) or os.path.isdir(named):
+                    continue
+                found = _regular_file(named, file, f"the file {named!r} named by {what}", "only regular files are read")
+                if found.st_size > MAX_FILE_BYTES and not trusted():
+                    _refuse(file, f"the file {named!r} named by {what}", f"is {found.st_size:,} bytes, more than the "
+                            f"{MAX_FILE_BYTES:,} such a file takes; only files of at most that size are read unless "
+                            "the checkpoint is trusted")
+
+
+def checked_configuration(get_config_from_yaml):
+    """fairseq's ``data_cfg.get_config_from_yaml`` after :func:`check_configuration`
+    where a checkpoint's task is set up (within ``load_model_ensemble_and_task``: the
+    hub, whose folder is the checkpoint's; the analyses); a task set up from the
+    command line reads the user's own data as it is."""
+    from fairseq_localness.checkpoint.model_size import loading
+
+    if getattr(get_config_from_yaml, "_fairseq_localness_checked", False):
+        return get_config_from_yaml
+
+    @functools.wraps(get_config_from_yaml)
+    def checked(yaml_path):
+        if loading() and os.path.lexists(yaml_path):  # (a missing one: fairseq says so)
+            check_configuration(yaml_path)
+        return get_config_from_yaml(yaml_path)
+
+    checked._fairseq_localness_checked = True
+    return checked
 
 
 def check_beside(folder: str):
@@ -389,7 +429,8 @@ def check_beside(folder: str):
     tokenizer files, :data:`HUB_FILES`, its dictionaries and what a task reads there,
     one folder down too): each one present is a regular file of bounded size inside
     the folder; at most :data:`MAX_HUB_DICTIONARIES` dictionaries, of at most
-    :data:`MAX_HUB_SYMBOLS` lines in all unless the checkpoint is trusted."""
+    :data:`MAX_HUB_SYMBOLS` lines and :data:`MAX_HUB_DICTIONARY_BYTES` bytes in all
+    unless the checkpoint is trusted."""
     from fairseq_localness.checkpoint.load import trusted
 
     try:
@@ -412,23 +453,22 @@ def check_beside(folder: str):
     if dictionaries > MAX_HUB_DICTIONARIES:
         _refuse(folder, "its folder", f"holds {dictionaries:,} dictionaries, more than the {MAX_HUB_DICTIONARIES:,} "
                 "a model reads (one per language)")
-    symbols = 0
+    symbols = size = 0
     for path, what, by in read:
         symbols += _check_read_file(path, folder, what, by)
-        if symbols > MAX_HUB_SYMBOLS and not trusted():
-            raise UntrustedCheckpointError(folder, f"its dictionaries hold more than {MAX_HUB_SYMBOLS:,} lines "
-                                           "together, more than a model reads (fairseq keeps about 230 bytes per "
-                                           "symbol)")
+        size += os.stat(path).st_size if is_dictionary(os.path.basename(path)) else 0
+        if (symbols > MAX_HUB_SYMBOLS or size > MAX_HUB_DICTIONARY_BYTES) and not trusted():
+            raise UntrustedCheckpointError(folder, f"its dictionaries hold more than {MAX_HUB_SYMBOLS:,} lines or "
+                                           f"{MAX_HUB_DICTIONARY_BYTES:,} bytes together, more than a model reads "
+                                           "(fairseq keeps each symbol, and about 230 bytes more per symbol)")
 
 
 def _check_read_file(path: str, folder: str, what: str, by: str) -> int:
-    """:func:`check_named_file` inside ``folder``, and a YAML configuration's own files
-    (``what``: the file's words in a refusal, ``by``: what reads it); the lines of a
-    dictionary, else 0."""
-    symbols = check_named_file(path, folder, f"{what}, {by},", folder)
-    if path.endswith((".yaml", ".yml")):
-        check_configured_files(path, folder, what)
-    return symbols
+    """:func:`check_named_file` inside ``folder`` (``what``: the file's words in a
+    refusal, ``by``: what reads it); the lines of a dictionary, else 0. A YAML
+    configuration's own files are checked where a task reads it
+    (:func:`checked_configuration`)."""
+    return check_named_file(path, folder, f"{what}, {by},", folder)
 
 
 def check_hub_settings(cfg, file: str):

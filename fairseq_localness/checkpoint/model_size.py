@@ -76,6 +76,11 @@ def loading_checkpoint():
         _last.loading = depth
 
 
+def loading() -> bool:
+    """Whether this thread is within :func:`loading_checkpoint`."""
+    return bool(getattr(_last, "loading", 0))
+
+
 def remember_weights(state, file: str):
     """Note the elements of the weights ``state["model"]`` stores (from ``file``)."""
     model = state.get("model") if isinstance(state, dict) else None
@@ -171,7 +176,7 @@ def guarded_build_model(build_model):
     @functools.wraps(build_model)
     def guarded(cfg, task, from_checkpoint=False):
         stored = getattr(_last, "numel", None)
-        if (from_checkpoint or getattr(_last, "loading", 0)) and stored is not None:
+        if (from_checkpoint or loading()) and stored is not None:
             max_numel, max_tensors = stored + stored // 4 + SLACK, _last.storages * TENSORS_PER_STORAGE + SLACK_TENSORS
             try:  # (on a copy: building may change the settings, e.g. --encoder-layers-to-keep)
                 with torch.device("meta"), _bounded(max_numel, max_tensors, MAX_BUILD_SECONDS), \

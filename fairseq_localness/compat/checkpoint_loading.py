@@ -271,6 +271,11 @@ def patch_checkpoint_loading():
     trainer.Trainer.load_checkpoint = _one_line_failures(
         trainer.Trainer.load_checkpoint, lambda self, filename, *a, **k: str(filename))
     file_utils.load_archive_file = _checked_folder(file_utils.load_archive_file)
+    from fairseq.data.audio import data_cfg
+
+    from fairseq_localness.checkpoint.files import checked_configuration
+
+    data_cfg.get_config_from_yaml = checked_configuration(data_cfg.get_config_from_yaml)
     hub_utils.GeneratorHubInterface.__init__ = _one_line_hub(hub_utils.GeneratorHubInterface.__init__)
     hub_utils.from_pretrained = _named_dictionaries(hub_utils.from_pretrained)
     install_excepthook()
