@@ -123,6 +123,10 @@ MAX_ARCHIVE_MEMBERS = 10_000
 """The most files and folders such an archive may hold (a model, its dictionaries and
 BPE files are a handful)."""
 
+MAX_CHAINED_HEADERS = 4
+"""The most extended headers (GNU long name or link, pax) before one member of such an
+archive."""
+
 MAX_ARCHIVE_HEADER_BYTES = 1 << 20
 """The most bytes of one member's extended header in such an archive (a GNU long name or
 link, a pax header: a path of a few hundred bytes), which tarfile reads whole into
@@ -141,9 +145,19 @@ class _BoundedTarInfo(tarfile.TarInfo):
         if self.type == tarfile.XGLTYPE:
             raise _LongHeader("a global pax header, which tarfile applies to every member after it")
         if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
-                         tarfile.SOLARIS_XHDTYPE) and self.size > MAX_ARCHIVE_HEADER_BYTES:
-            raise _LongHeader(f"a member's extended header of {self.size:,} bytes, more than the "
-                              f"{MAX_ARCHIVE_HEADER_BYTES:,} a long name needs")
+                         tarfile.SOLARIS_XHDTYPE):
+            if self.size > MAX_ARCHIVE_HEADER_BYTES:
+                raise _LongHeader(f"a member's extended header of {self.size:,} bytes, more than the "
+                                  f"{MAX_ARCHIVE_HEADER_BYTES:,} a long name needs")
+            # tarfile reads the next header within this one's, keeping each: a chain of them
+            # (GNU tar writes at most a long link and a long name before a member) is refused
+            chained = getattr(tarfile_, "_fairseq_localness_headers", 0) + 1
+            if chained > MAX_CHAINED_HEADERS:
+                raise _LongHeader(f"more than {MAX_CHAINED_HEADERS} extended headers before one member, which "
+                                  "tarfile keeps all in memory")
+            tarfile_._fairseq_localness_headers = chained
+        else:
+            tarfile_._fairseq_localness_headers = 0
         return super()._proc_member(tarfile_)
 
     def _sparse(self, *args, **kwargs):
@@ -343,12 +357,13 @@ def _read_by_a_task(name: str) -> bool:
 
 
 MAX_CONFIG_VALUES = 100_000
-"""The most values a task's YAML configuration may hold (a speech task's ``config.yaml``
-holds a few dozen)."""
+"""The most values a task's YAML configuration may hold, counted as a copy counts them
+(each alias again: fairseq rebuilds some sections' dicts), trusted or not (a speech
+task's ``config.yaml`` holds a few dozen)."""
 
 MAX_CONFIG_BYTES = 1 << 20
 """The largest YAML configuration a task reads, unless the checkpoint is trusted (a few
-kilobytes; PyYAML parses about a megabyte a second)."""
+kilobytes; fairseq's PyYAML loader parses about 0.2 MB a second)."""
 
 
 def check_configuration(path: str):
@@ -378,16 +393,17 @@ def check_configuration(path: str):
             config = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError, RecursionError) as e:
         _refuse(file, what, f"cannot be read as YAML ({short_repr(' '.join(str(e).split()))})")
+    from fairseq_localness.checkpoint.settings import measure
+
+    # (counted as a copy counts them: fairseq rebuilds the dicts of some sections, each alias again)
+    measure(config, file, what, MAX_CONFIG_VALUES, trust_helps=False, any_leaf=True)
     folder = os.path.dirname(os.path.abspath(path))
     bases = [os.getcwd(), folder]
     while os.path.dirname(bases[-1]) != bases[-1]:
         bases.append(os.path.dirname(bases[-1]))
-    seen, stack, values = set(), [config], 0
+    seen, stack = set(), [config]
     while stack:
         value = stack.pop()
-        values += 1
-        if values > MAX_CONFIG_VALUES:
-            _refuse(file, what, f"holds more than {MAX_CONFIG_VALUES:,} values, far more than a task's configuration")
         if isinstance(value, (dict, list, tuple, set)):
             if id(value) in seen:  # (an alias is one value, read once)
                 continue
@@ -503,7 +519,7 @@ def extract_archive(path: str) -> str:
         archive = tarfile.open(path, "r:*", tarinfo=_BoundedTarInfo)
     except _LongHeader as e:
         _refuse(path, what, f"holds {e}")
-    except (tarfile.TarError, OSError) as e:
+    except (tarfile.TarError, OSError, RecursionError) as e:
         _refuse(path, what, f"is not a tar archive ({e}); expected a .tar.gz or .tar.bz2 file or a folder")
     with archive:
         members, total = [], 0
@@ -532,7 +548,7 @@ def extract_archive(path: str) -> str:
                             "that size are extracted")
         except _LongHeader as e:
             _refuse(path, what, f"holds {e}")
-        except tarfile.TarError as e:
+        except (tarfile.TarError, RecursionError) as e:
             _refuse(path, what, f"cannot be read as a tar archive ({e})")
         if not members:
             _refuse(path, what, "holds no files; expected a model's folder of checkpoint and dictionaries")
