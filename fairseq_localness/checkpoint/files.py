@@ -143,17 +143,17 @@ class _BoundedTarInfo(tarfile.TarInfo):
 
     def _proc_member(self, tarfile_):
         if self.type == tarfile.XGLTYPE:
-            raise _LongHeader("a global pax header, which tarfile applies to every member after it")
+            raise _RefusedHeader("a global pax header, which tarfile applies to every member after it")
         if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
                          tarfile.SOLARIS_XHDTYPE):
             if self.size > MAX_ARCHIVE_HEADER_BYTES:
-                raise _LongHeader(f"a member's extended header of {self.size:,} bytes, more than the "
+                raise _RefusedHeader(f"a member's extended header of {self.size:,} bytes, more than the "
                                   f"{MAX_ARCHIVE_HEADER_BYTES:,} a long name needs")
             # tarfile reads the next header within this one's, keeping each: a chain of them
             # (GNU tar writes at most a long link and a long name before a member) is refused
             chained = getattr(tarfile_, "_fairseq_localness_headers", 0) + 1
             if chained > MAX_CHAINED_HEADERS:
-                raise _LongHeader(f"more than {MAX_CHAINED_HEADERS} extended headers before one member, which "
+                raise _RefusedHeader(f"more than {MAX_CHAINED_HEADERS} extended headers before one member, which "
                                   "tarfile keeps all in memory")
             tarfile_._fairseq_localness_headers = chained
         else:
@@ -161,12 +161,12 @@ class _BoundedTarInfo(tarfile.TarInfo):
         return super()._proc_member(tarfile_)
 
     def _sparse(self, *args, **kwargs):
-        raise _LongHeader("a sparse member (GNU), whose map tarfile reads for as many entries as it claims")
+        raise _RefusedHeader("a sparse member (GNU), whose map tarfile reads for as many entries as it claims")
 
     _proc_sparse = _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _sparse
 
 
-class _LongHeader(tarfile.TarError):
+class _RefusedHeader(tarfile.TarError):
     pass
 
 HUB_FILES = ("code", "bpecodes", "sentencepiece.bpe.model", "merges.txt", "vocab.json")
@@ -393,7 +393,7 @@ def check_configuration(path: str):
             config = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError, RecursionError) as e:
         _refuse(file, what, f"cannot be read as YAML ({short_repr(' '.join(str(e).split()))})")
-    from fairseq_localness.checkpoint.settings import measure
+    from fairseq_localness.checkpoint.settings import measure, strings_within
 
     # (counted as a copy counts them: fairseq rebuilds the dicts of some sections, each alias again)
     measure(config, file, what, MAX_CONFIG_VALUES, trust_helps=False, any_leaf=True)
@@ -401,23 +401,15 @@ def check_configuration(path: str):
     bases = [os.getcwd(), folder]
     while os.path.dirname(bases[-1]) != bases[-1]:
         bases.append(os.path.dirname(bases[-1]))
-    seen, stack = set(), [config]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, (dict, list, tuple, set)):
-            if id(value) in seen:  # (an alias is one value, read once)
-                continue
-            seen.add(id(value))
-            stack.extend(list(value.keys()) + list(value.values()) if isinstance(value, dict) else value)
-        elif isinstance(value, str) and value and "\0" not in value:
-            for named in dict.fromkeys(os.path.join(base, value) for base in bases):
-                if not os.path.lexists(named) or os.path.isdir(named):
-                    continue
-                found = _regular_file(named, file, f"the file {named!r} named by {what}", "only regular files are read")
-                if found.st_size > MAX_FILE_BYTES and not trusted():
-                    _refuse(file, f"the file {named!r} named by {what}", f"is {found.st_size:,} bytes, more than the "
-                            f"{MAX_FILE_BYTES:,} such a file takes; only files of at most that size are read unless "
-                            "the checkpoint is trusted")
+    texts = dict.fromkeys(t for t in strings_within(config) if t and "\0" not in t)  # (an alias's once)
+    for named in dict.fromkeys(os.path.join(base, text) for text in texts for base in bases):
+        if not os.path.lexists(named) or os.path.isdir(named):
+            continue
+        found = _regular_file(named, file, f"the file {named!r} named by {what}", "only regular files are read")
+        if found.st_size > MAX_FILE_BYTES and not trusted():
+            _refuse(file, f"the file {named!r} named by {what}", f"is {found.st_size:,} bytes, more than the "
+                    f"{MAX_FILE_BYTES:,} such a file takes; only files of at most that size are read unless the "
+                    "checkpoint is trusted")
 
 
 def checked_configuration(get_config_from_yaml):
@@ -453,38 +445,31 @@ def check_beside(folder: str):
         names = os.listdir(folder)
     except OSError:
         return  # not a folder: fairseq says so
-    read = []  # (path, words, by)
+    read = []  # (path, its words in a refusal)
     for name in sorted(names):
         path = os.path.join(folder, name)
         if name in HUB_FILES or _read_by_a_task(name):
-            read.append((path, f"its file {name!r}", "which the hub reads"))
+            read.append((path, f"its file {name!r}, which the hub reads,"))
         elif os.path.isdir(path):  # (a link to a folder too: a file read through it must stay inside)
             try:
                 inner = os.listdir(path)
             except OSError:
                 continue
-            read.extend((os.path.join(path, sub), f"its file {name + '/' + sub!r}", "which a task may read")
+            read.extend((os.path.join(path, sub), f"its file {name + '/' + sub!r}, which a task may read,")
                         for sub in sorted(inner) if _read_by_a_task(sub))
-    dictionaries = sum(is_dictionary(os.path.basename(path)) for path, _, _ in read)
+    dictionaries = sum(is_dictionary(os.path.basename(path)) for path, _ in read)
     if dictionaries > MAX_HUB_DICTIONARIES:
         _refuse(folder, "its folder", f"holds {dictionaries:,} dictionaries, more than the {MAX_HUB_DICTIONARIES:,} "
                 "a model reads (one per language)")
     symbols = size = 0
-    for path, what, by in read:
-        symbols += _check_read_file(path, folder, what, by)
+    for path, what in read:  # (a YAML configuration's own files: where a task reads it, checked_configuration)
+        symbols += check_named_file(path, folder, what, folder)
         size += os.stat(path).st_size if is_dictionary(os.path.basename(path)) else 0
         if (symbols > MAX_HUB_SYMBOLS or size > MAX_HUB_DICTIONARY_BYTES) and not trusted():
             raise UntrustedCheckpointError(folder, f"its dictionaries hold more than {MAX_HUB_SYMBOLS:,} lines or "
                                            f"{MAX_HUB_DICTIONARY_BYTES:,} bytes together, more than a model reads "
                                            "(fairseq keeps each symbol, and about 230 bytes more per symbol)")
 
-
-def _check_read_file(path: str, folder: str, what: str, by: str) -> int:
-    """:func:`check_named_file` inside ``folder`` (``what``: the file's words in a
-    refusal, ``by``: what reads it); the lines of a dictionary, else 0. A YAML
-    configuration's own files are checked where a task reads it
-    (:func:`checked_configuration`)."""
-    return check_named_file(path, folder, f"{what}, {by},", folder)
 
 
 def check_hub_settings(cfg, file: str):
@@ -517,7 +502,7 @@ def extract_archive(path: str) -> str:
     _regular_file(path, path, what, "expected a .tar.gz or .tar.bz2 file or a folder")
     try:
         archive = tarfile.open(path, "r:*", tarinfo=_BoundedTarInfo)
-    except _LongHeader as e:
+    except _RefusedHeader as e:
         _refuse(path, what, f"holds {e}")
     except (tarfile.TarError, OSError, RecursionError) as e:
         _refuse(path, what, f"is not a tar archive ({e}); expected a .tar.gz or .tar.bz2 file or a folder")
@@ -546,7 +531,7 @@ def extract_archive(path: str) -> str:
                 if total > MAX_ARCHIVE_BYTES:
                     _refuse(path, what, f"holds more than {MAX_ARCHIVE_BYTES:,} bytes; only archives of at most "
                             "that size are extracted")
-        except _LongHeader as e:
+        except _RefusedHeader as e:
             _refuse(path, what, f"holds {e}")
         except (tarfile.TarError, RecursionError) as e:
             _refuse(path, what, f"cannot be read as a tar archive ({e})")

@@ -184,7 +184,7 @@ def _walk_settings(value, path, out, file):
             out.append((path, value))
 
 
-def _strings(value):
+def strings_within(value):
     """The strings in a literal's value (a string, or the strings inside lists,
     tuples, sets and dicts)."""
     stack, found = [value], []
@@ -333,7 +333,7 @@ def check_settings(settings: Dict[str, object], file: str, plain: bool = True, b
         read = []
         if "$" in value or "\\" in value:  # fairseq's upgrade of older settings reads them with ast.literal_eval
             try:
-                read = _strings(ast.literal_eval(value))
+                read = strings_within(ast.literal_eval(value))
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 pass
         if any("${" in text for text in [value, *read]):

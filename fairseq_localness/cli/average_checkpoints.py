@@ -219,8 +219,8 @@ def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
         if list(params.keys()) != keys:
             raise AverageError(_describe_key_mismatch(path, keys, list(params.keys()), inputs[0]))
         for k, names in groups.items():  # (before any sum is copied for names this input unties)
-            for name in names if k in sums else ():
-                if params[name].shape != sums[k].shape:
+            for name in names:
+                if k in sums and params[name].shape != sums[k].shape:
                     raise AverageError(
                         f"parameter '{name}' has shape {tuple(params[name].shape)} in '{path}' but "
                         f"{tuple(sums[k].shape)} in '{inputs[0]}'"

@@ -97,18 +97,18 @@ def submit(args):
     whatever their records say (the graph holds the steps whose outputs are missing), and the
     table job again when anything else is submitted, after every live job of the state
     directory (every submission's rows)."""
-    if "\n" in os.path.abspath(args.state_dir) or "\r" in args.state_dir:
+    state_dir = os.path.abspath(args.state_dir)
+    if "\n" in state_dir or "\r" in args.state_dir:
         raise UsageError(f"--work-dir: {args.state_dir!r} has a line break; SLURM's job scripts take one line per "
                          "option: expected a directory without one")
-    if "%" in os.path.abspath(args.state_dir) or "\\" in os.path.abspath(args.state_dir):
-        raise UsageError(f"{os.path.abspath(args.state_dir)!r}, the run's SLURM state directory, has a '%' or a "
+    if "%" in state_dir or "\\" in state_dir:
+        raise UsageError(f"{state_dir!r}, the run's SLURM state directory, has a '%' or a "
                          "backslash; sbatch reads the jobs' log paths as patterns ('%j' is the job id, a backslash "
                          "turns the patterns off), so the logs would be written elsewhere than the run reads them: "
                          "expected a --work-dir (train.sh: --save-dir) whose absolute path has neither")
     check(args)
     rows, jobs = read_graph(args.graph)
     args.name = job_prefix(args.state_dir)[:-1]
-    state_dir = os.path.abspath(args.state_dir)
     if args.dry_run:
         return _submit(args, rows, jobs, state_dir)
     with locked(state_dir):  # one submission at a time: no duplicate jobs
@@ -155,9 +155,8 @@ def _submit(args, rows, jobs, state_dir):
         if job.kind == "final":  # after every live job of the state directory, whichever submission's
             dep = "afterany:" + ":".join(ids[k] for k in ids) if ids else ""
         else:
-            deps = [ids[k] for k in job.needs if k in ids]
-            dep = "afterok:" + ":".join(deps) if deps else ""
-        after = dep[len("afterok:"):].split(":") if dep else []
+            after = [ids[k] for k in job.needs if k in ids]  # (recorded: waiting_for_resubmitted)
+            dep = "afterok:" + ":".join(after) if after else ""
         params = resources(job, args)
         if job.kind == "train" and args.max_running:
             params["job_name"] = f"{args.name}-train-lane{train_k % args.max_running}"
@@ -197,7 +196,7 @@ def _submit(args, rows, jobs, state_dir):
                              log=os.path.join(state_dir, "logs", f"{ids[key]}_0_log.err"), submitted=time.time())
         if job.kind == "final":
             registry[key]["commands"] = cmds
-        else:  # (the job ids it waits for: waiting_for_resubmitted)
+        else:
             registry[key]["after"] = after
         write_json(reg_path, registry)
         new.append(key)
