@@ -494,9 +494,10 @@ def _reorder_core(core, state, order):
 @pytest.mark.parametrize("kind,dtype", [(kind, torch.float32) for kind in STEP_KINDS]
                          + [("global", torch.bfloat16), ("shaw_local", torch.float16)])
 @pytest.mark.parametrize("start", ["step", "chunk"])
-def test_beam_search_steps_and_the_other_path_take_over_each_others_steps(kind, dtype, start, monkeypatch):
-    """Beam-search steps (no gradients: q, k and v one product, the keys and values in
-    the step store), chunks of several steps and a step with gradients (the other
+def test_beam_search_steps_and_the_other_path_take_over_each_others_steps(kind, dtype, start, step_route,
+                                                                           monkeypatch):
+    """Beam-search steps (no gradients: the keys and values in the step store, by either
+    route of ``step_route``), chunks of several steps and a step with gradients (the other
     path's cache), in any order, with reorders (one dropping a finished sentence, one
     while the store is past its first room), a beam-search step straight after a step
     of the other path (no reorder between: the store is there, but stale), and padding
@@ -542,9 +543,21 @@ def test_beam_search_steps_and_the_other_path_take_over_each_others_steps(kind, 
     torch.testing.assert_close(out, without, atol=tol / 10, rtol=tol / 10)
 
 
-def test_a_model_moved_to_another_dtype_during_a_search_steps_on():
-    """The stacked weights follow the parameters' dtype: a search whose model goes to
-    bfloat16 between two steps restacks them (and its cache is taken over)."""
+@pytest.fixture(params=["into_store", "stacked"])
+def step_route(request, monkeypatch):
+    """A beam-search step's two routes (``STACKED_STEP_DEVICES``): the CPU's, where the
+    keys' and values' products write into the step store, and CUDA's, one product with
+    the weights stacked per search, taken here on the CPU."""
+    import fairseq_localness.modules.attention as attention
+
+    if request.param == "stacked":
+        monkeypatch.setattr(attention, "STACKED_STEP_DEVICES", ("cuda", "cpu"))
+    return request.param
+
+
+def test_a_model_moved_to_another_dtype_during_a_search_steps_on(step_route):
+    """The step follows the parameters' dtype: a search whose model goes to bfloat16
+    between two steps restacks the weights (stacked route) and its cache is taken over."""
     torch.manual_seed(0)
     core = AttentionCore(C, H, self_attention=True, causal=True).eval()
     x, state = torch.randn(4, 2, C), {}
@@ -557,7 +570,7 @@ def test_a_model_moved_to_another_dtype_during_a_search_steps_on():
     torch.testing.assert_close(torch.cat(out), full[2:], atol=3e-2, rtol=3e-2)
 
 
-def test_a_hooked_or_replaced_projection_is_called_in_a_beam_search_step():
+def test_a_hooked_or_replaced_projection_is_called_in_a_beam_search_step(step_route):
     """A forward hook on a projection, or a projection replaced by another module, is
     called as itself: the step takes the other path (the stacked product would skip it)."""
     torch.manual_seed(0)
@@ -569,11 +582,13 @@ def test_a_hooked_or_replaced_projection_is_called_in_a_beam_search_step():
     assert len(calls) == 3
 
 
-def test_a_beam_search_step_projects_once_and_writes_its_keys_and_values_once():
-    """One self-attention step without gradients: q, k and v one product (the stacked
-    weights built at the search's first step, not again), the step's keys and values
-    one copy into the store (fairseq's MultiheadAttention: three products and two
-    concatenations); a reorder index-selects the store once."""
+def test_a_beam_search_step_projects_once_and_writes_its_keys_and_values_once(step_route):
+    """One self-attention step without gradients writes its keys and values into the
+    store once (fairseq's MultiheadAttention: three products and two concatenations):
+    on the CPU their products write there themselves (four products with q's and the
+    output's, no copy); on CUDA's route q, k and v are one product (the stacked weights
+    built at the search's first step, not again) and the keys and values one copy. A
+    reorder index-selects the store once."""
     torch.manual_seed(0)
     core = AttentionCore(C, H, self_attention=True, causal=True).eval()
     x, state = torch.randn(6, 5, C), {}
@@ -583,11 +598,30 @@ def test_a_beam_search_step_projects_once_and_writes_its_keys_and_values_once():
             _steps(core, x[5:], state)
         with OperatorCalls() as reorder:
             core.reorder_incremental_state(state, torch.tensor([4, 3, 2, 1, 0]))
-    assert step.names.count("addmm") == 2 and step.names.count("copy_") == 1 and "cat" not in step.names
+    products, copies = (4, 0) if step_route == "into_store" else (2, 1)
+    assert step.names.count("addmm") == products and step.names.count("copy_") == copies
+    assert "cat" not in step.names
     assert reorder.names.count("index_select") == 1
 
 
-def test_each_search_steps_with_the_parameters_it_starts_with():
+def test_a_beam_search_step_under_autocast_takes_the_stacked_product():
+    """Under autocast the step's products are cast (the products into the store, with
+    ``out=``, would not be): bfloat16 steps on the CPU give what the path without the
+    step store gives there."""
+    torch.manual_seed(0)
+    core = AttentionCore(C, H, self_attention=True, causal=True).eval()
+    x = torch.randn(5, 3, C)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with OperatorCalls() as calls:
+            out = torch.cat(_steps(core, x, {}))
+        core._beam_step_applies = lambda *args: False
+        without = torch.cat(_steps(core, x, {}))
+    assert out.dtype == without.dtype == torch.bfloat16
+    assert calls.names.count("copy_") >= 5  # the keys and values copied into the store, one copy a step
+    torch.testing.assert_close(out, without, atol=2e-2, rtol=2e-2)
+
+
+def test_each_search_steps_with_the_parameters_it_starts_with(step_route):
     """The stacked weights live in the search's incremental state: a new search uses
     the parameters as they are then, however they were changed (in place, through
     ``.data``, or replaced)."""
