@@ -621,6 +621,16 @@ def test_a_beam_search_step_under_autocast_takes_the_stacked_product():
     torch.testing.assert_close(out, without, atol=2e-2, rtol=2e-2)
 
 
+def test_a_beam_search_step_on_a_device_without_autocast():
+    """A device type that autocast does not know (``meta``: shapes only) takes the
+    step's products into the store, as the CPU does, without asking autocast."""
+    core = AttentionCore(C, H, self_attention=True, causal=True).eval().to("meta")
+    x = torch.randn(3, 2, C, device="meta")
+    with torch.no_grad():
+        out = _steps(core, x, {})
+    assert [o.shape for o in out] == [(1, 2, C)] * 3
+
+
 def test_each_search_steps_with_the_parameters_it_starts_with(step_route):
     """The stacked weights live in the search's incremental state: a new search uses
     the parameters as they are then, however they were changed (in place, through

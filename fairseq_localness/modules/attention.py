@@ -98,7 +98,8 @@ def set_attention_impl(model: nn.Module, impl: str) -> int:
 # rounds); whole searches beside the transformer's, 40 alternating rounds, 956 against
 # 998 ms (medians; per round 1.017 times as fast, quartiles 0.980-1.087). Under autocast
 # the stacked product, whose output autocast casts (the products into the store would
-# not be).
+# not be). A search's parameters are taken to stay as they are during it: the stacked
+# route keeps the weights of its first step, the other reads them at every step.
 STACKED_STEP_DEVICES = ("cuda",)
 
 
@@ -316,7 +317,9 @@ class AttentionCore(nn.Module, Observable, IncrementalBuffer):
     def _beam_step_project(self, query: Tensor, key_padding_mask: Optional[Tensor], incremental_state, saved):
         """q, k, v and the padding of all keys of a beam-search step (see above)."""
         bsz, dim = query.size(1), self.embed_dim
-        if query.device.type in STACKED_STEP_DEVICES or torch.is_autocast_enabled(query.device.type):
+        device = query.device.type
+        if device in STACKED_STEP_DEVICES or (torch.amp.is_autocast_available(device)
+                                              and torch.is_autocast_enabled(device)):
             qkv = F.linear(query, *self._stacked_qkv(incremental_state))  # 1 x B x 3C
             store, length = self._kv_store(saved, bsz, qkv)
             store[length] = qkv[0, :, dim:].view(bsz, 2, self.num_heads, self.head_dim).transpose(0, 1)
