@@ -327,6 +327,47 @@ def test_a_queued_job_that_waits_for_a_job_submitted_again_is_replaced_after_it(
         "that failed, was cancelled or was submitted again)" in out, out
 
 
+def test_queued_jobs_of_other_rows_left_waiting_for_a_job_that_ended_are_named(tmp_path, monkeypatch, capsys):
+    """Another row's queued job (recorded by an earlier submission, not in this graph)
+    that waits for the failed training, which this submission submits again, cannot be
+    replaced by it (it has not its step): the submission names it and says to submit its
+    row again; --dry-run names it too. One that waits for a live or done job is not named,
+    nor is one of this graph (replaced instead)."""
+    queue, registry = _three_jobs(tmp_path, ("FAILED", 0, "NonZeroExitCode"),
+                                  ("PENDING", 0, "DependencyNeverSatisfied"), ("PENDING", 0, "Dependency"))
+    prefix = job_prefix(str(tmp_path / "state"))
+    others = {"eval:s:1": ("104", ["101"]), "eval:s:2": ("105", ["106"]), "train:s:3": ("106", [])}
+    for key, (job_id, after) in others.items():
+        registry[key] = {"job_id": job_id, "kind": key.split(":")[0], "row": "s", "seed": key[-1], "log": "-",
+                         "name": prefix + graph.safe(key), "after": after}
+    queue = Queue(dict(queue, **{"104": ("PENDING", 0, "DependencyNeverSatisfied"), "105": ("PENDING", 0, "Dependency"),
+                                 "106": ("RUNNING", 0, "None")}),
+                  dict(queue.names, **{r["job_id"]: r["name"] for k, r in registry.items() if k in others}))
+    args, calls = _submission(tmp_path, monkeypatch, queue, registry)
+    args.dry_run = True
+    submit.submit(args)
+    out = capsys.readouterr().out
+    assert "1 queued job(s) of rows not in this submission" in out and "eval:s:1 (job 104)" in out, out
+    assert "eval:s:2" not in out and "eval:r:1 (job" not in out
+    args.dry_run = False
+    submit.submit(args)
+    err = capsys.readouterr().err
+    assert "1 queued job(s) of rows not in this submission wait for a job that failed or was cancelled" in err, err
+    assert "eval:s:1 (job 104); submit their rows again" in err and "eval:s:2" not in err
+    assert not [c for c in calls if c[1] in ("104", "105", "106", "eval:s:1", "eval:s:2")], calls
+    # submitted again after the training that replaced 101 was: a job waiting for 101 is named too
+    saved = json.loads((tmp_path / "state" / "submitted.json").read_text())
+    queue = Queue(dict(_queue(saved, ("RUNNING", 0, "None"), ("PENDING", 0, "Dependency"),
+                              ("PENDING", 0, "Dependency")), **{"104": ("PENDING", 0, "Dependency")}),
+                  dict(_queue(saved, ("RUNNING", 0, "None"), ("PENDING", 0, "Dependency"),
+                              ("PENDING", 0, "Dependency")).names, **{"104": saved["eval:s:1"]["name"]}))
+    for key in ("eval:s:2", "train:s:3"):
+        saved.pop(key)
+    args, calls = _submission(tmp_path, monkeypatch, queue, saved)
+    submit.submit(args)
+    assert calls == [] and "eval:s:1 (job 104)" in capsys.readouterr().err
+
+
 def test_a_queued_job_whose_need_is_done_or_running_stays(tmp_path, monkeypatch, capsys):
     """The evaluation queued after a training that finished (waiting for a GPU: the
     graph holds the training until the row's score exists, so it is submitted again and

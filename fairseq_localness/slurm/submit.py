@@ -201,16 +201,44 @@ def _submit(args, rows, jobs, state_dir):
         write_json(reg_path, registry)
         new.append(key)
         print(f"{args.prog}: submitted {key}: job {ids[key]}" + (f" (after {dep})" if dep else ""), file=sys.stderr)
+    left = stranded(jobs, states, registry, set(new))
+    left_line = (f"{len(left)} queued job(s) of rows not in this submission wait for a job that failed or was "
+                 f"cancelled (SLURM will not start them) or that is submitted again now (they would not wait for "
+                 f"the new one): {', '.join(left)}; submit their rows again (the driver without --only, or with "
+                 "theirs) to replace them") if left else ""
     if args.dry_run:
         for key, st in kept:
             print(f"job {key}: {st}, not submitted again")
+        if left:
+            print(f"# {left_line}")
         print(f"# {len(new)} job(s) to submit, {len(kept)} queued, running or done; nothing submitted (--dry-run)")
         return
     print(f"{args.prog}: {len(new)} job(s) submitted, {len(kept)} queued, running or done"
           + (f": {', '.join(k + ' ' + s for k, s in kept)}" if kept else "")
           + (f"; {len(replaced)} queued job(s) cancelled and submitted again after the new job(s) they wait for: "
              f"{', '.join(k for k in jobs if k in replaced)}" if replaced else "")
+          + (f"; {left_line}" if left else "")
           + f"; '{args.prog} ... --status' shows them, '{args.prog} ... --cancel' cancels them", file=sys.stderr)
+
+
+def stranded(jobs, states, registry, resubmitted):
+    """The queued jobs of the registry that are not in this submission's graph ``jobs``
+    (other rows', submitted before), as ``key (job id)``, that wait (their recorded
+    ``after``) for a job that failed or was cancelled (SLURM will not start them), or for
+    one that ``resubmitted`` (the keys submitted now) replaces (they would not wait for
+    the new one). This submission has not their steps to replace them; a submission of
+    their rows does (:func:`waiting_for_resubmitted`)."""
+    by_id = {record["job_id"]: key for key, record in registry.items()}
+    left = []
+    for key, record in registry.items():
+        if key in jobs or key == "final" or key not in states or states[key].what != "queued":
+            continue
+        for job_id in record.get("after") or []:
+            need = by_id.get(job_id)
+            if need is None or need in resubmitted or (need in states and states[need].what in ("failed", "cancelled")):
+                left.append(f"{key} (job {record['job_id']})")
+                break
+    return left
 
 
 def waiting_for_resubmitted(jobs, states, live, registry):
