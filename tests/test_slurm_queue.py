@@ -327,45 +327,41 @@ def test_a_queued_job_that_waits_for_a_job_submitted_again_is_replaced_after_it(
         "that failed, was cancelled or was submitted again)" in out, out
 
 
-def test_queued_jobs_of_other_rows_left_waiting_for_a_job_that_ended_are_named(tmp_path, monkeypatch, capsys):
-    """Another row's queued job (recorded by an earlier submission, not in this graph)
-    that waits for the failed training, which this submission submits again, cannot be
-    replaced by it (it has not its step): the submission names it and says to submit its
-    row again; --dry-run names it too. One that waits for a live or done job is not named,
-    nor is one of this graph (replaced instead)."""
-    queue, registry = _three_jobs(tmp_path, ("FAILED", 0, "NonZeroExitCode"),
-                                  ("PENDING", 0, "DependencyNeverSatisfied"), ("PENDING", 0, "Dependency"))
+def _other_rows(tmp_path, queue, registry, others):
+    """``registry`` and ``queue`` with jobs of other rows: {key: (job id, after, queue state)}."""
     prefix = job_prefix(str(tmp_path / "state"))
-    others = {"eval:s:1": ("104", ["101"]), "eval:s:2": ("105", ["106"]), "train:s:3": ("106", [])}
-    for key, (job_id, after) in others.items():
-        registry[key] = {"job_id": job_id, "kind": key.split(":")[0], "row": "s", "seed": key[-1], "log": "-",
-                         "name": prefix + graph.safe(key), "after": after}
-    queue = Queue(dict(queue, **{"104": ("PENDING", 0, "DependencyNeverSatisfied"), "105": ("PENDING", 0, "Dependency"),
-                                 "106": ("RUNNING", 0, "None")}),
-                  dict(queue.names, **{r["job_id"]: r["name"] for k, r in registry.items() if k in others}))
-    args, calls = _submission(tmp_path, monkeypatch, queue, registry)
-    args.dry_run = True
-    submit.submit(args)
-    out = capsys.readouterr().out
-    assert "1 queued job(s) of rows not in this submission" in out and "eval:s:1 (job 104)" in out, out
-    assert "eval:s:2" not in out and "eval:r:1 (job" not in out
-    args.dry_run = False
-    submit.submit(args)
-    err = capsys.readouterr().err
-    assert "1 queued job(s) of rows not in this submission wait for a job that failed or was cancelled" in err, err
-    assert "eval:s:1 (job 104); submit their rows again" in err and "eval:s:2" not in err
-    assert not [c for c in calls if c[1] in ("104", "105", "106", "eval:s:1", "eval:s:2")], calls
-    # submitted again after the training that replaced 101 was: a job waiting for 101 is named too
-    saved = json.loads((tmp_path / "state" / "submitted.json").read_text())
-    queue = Queue(dict(_queue(saved, ("RUNNING", 0, "None"), ("PENDING", 0, "Dependency"),
-                              ("PENDING", 0, "Dependency")), **{"104": ("PENDING", 0, "Dependency")}),
-                  dict(_queue(saved, ("RUNNING", 0, "None"), ("PENDING", 0, "Dependency"),
-                              ("PENDING", 0, "Dependency")).names, **{"104": saved["eval:s:1"]["name"]}))
-    for key in ("eval:s:2", "train:s:3"):
-        saved.pop(key)
-    args, calls = _submission(tmp_path, monkeypatch, queue, saved)
-    submit.submit(args)
-    assert calls == [] and "eval:s:1 (job 104)" in capsys.readouterr().err
+    for key, (job_id, after, _) in others.items():
+        registry[key] = {"job_id": job_id, "kind": key.split(":")[0], "row": key.split(":")[1], "seed": "1",
+                         "log": "-", "name": prefix + graph.safe(key), "after": after}
+    return Queue(dict(queue, **{job_id: state for job_id, _, state in others.values()}),
+                 dict(queue.names, **{registry[k]["job_id"]: registry[k]["name"] for k in others}))
+
+
+def test_queued_jobs_of_other_rows_left_waiting_for_a_job_that_ended_are_named(tmp_path, monkeypatch, capsys):
+    """Other rows' queued jobs (recorded by earlier submissions, not in this graph) that
+    wait for a job this submission submits again, or for one that failed, cannot be
+    replaced by it (it has not their steps): the submission names them and says to
+    submit their rows again; --dry-run names them too. Not named: one that waits for a
+    live job, one that waits for a job id an earlier submission replaced (that one named
+    it), and this graph's own (replaced instead)."""
+    pending, failed = ("PENDING", 0, "Dependency"), ("FAILED", 0, "NonZeroExitCode")
+    others = {"eval:s:1": ("104", ["101"], pending), "eval:u:1": ("105", ["106"], pending),
+              "train:u:1": ("106", [], ("RUNNING", 0, "None")), "eval:v:1": ("107", ["108"], pending),
+              "train:v:1": ("108", [], failed), "eval:w:1": ("109", ["99"], pending)}
+    for train in (failed, ("COMPLETED", 0, "None")):  # (a done training is submitted again: its score is missing)
+        queue, registry = _three_jobs(tmp_path, train, pending, pending)
+        queue = _other_rows(tmp_path, queue, registry, others)
+        for dry_run in (True, False):
+            args, calls = _submission(tmp_path, monkeypatch, queue, json.loads(json.dumps(registry)))
+            args.dry_run = dry_run
+            submit.submit(args)
+            out, err = capsys.readouterr()
+            said = out if dry_run else err
+            assert ("2 queued job(s) of rows not in this submission wait for a job that "
+                    + ("would be" if dry_run else "is") + " submitted again now") in said, said
+            assert "eval:s:1 (job 104), eval:v:1 (job 107); submit their rows again" in said, said
+            assert not [c for c in calls if c[1] in ("104", "105", "106", "107", "108", "109")], calls
+            assert "eval:u:1" not in said and "eval:w:1" not in said and "eval:r:1 (job" not in said
 
 
 def test_a_queued_job_whose_need_is_done_or_running_stays(tmp_path, monkeypatch, capsys):

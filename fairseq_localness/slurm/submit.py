@@ -141,6 +141,7 @@ def _submit(args, rows, jobs, state_dir):
                          f"flooding the queue); give --max-jobs {len(todo)} to submit them")
     ids = {k: registry[k]["job_id"] for k in registry
            if k in states and states[k].live and k != "final" and k not in replaced}
+    previous = {registry[k]["job_id"] for k in todo if k in registry}  # (the job ids replaced now)
     new, train_k, cancelled = [], 0, []
     if not args.dry_run:  # (the graph kept for reading, the rows for the table job)
         if os.path.abspath(args.graph) != os.path.join(state_dir, "graph.tsv"):
@@ -201,11 +202,11 @@ def _submit(args, rows, jobs, state_dir):
         write_json(reg_path, registry)
         new.append(key)
         print(f"{args.prog}: submitted {key}: job {ids[key]}" + (f" (after {dep})" if dep else ""), file=sys.stderr)
-    left = stranded(jobs, states, registry, set(new))
-    left_line = (f"{len(left)} queued job(s) of rows not in this submission wait for a job that failed or was "
-                 f"cancelled (SLURM will not start them) or that is submitted again now (they would not wait for "
-                 f"the new one): {', '.join(left)}; submit their rows again (the driver without --only, or with "
-                 "theirs) to replace them") if left else ""
+    left = stranded(jobs, states, registry, previous)
+    left_line = (f"{len(left)} queued job(s) of rows not in this submission wait for a job that "
+                 f"{'would be' if args.dry_run else 'is'} submitted again now (they would not wait for the new one) "
+                 f"or that failed or was cancelled (SLURM cancels them): {', '.join(left)}; submit their rows again "
+                 "(the driver without --only and --seeds, or with theirs) to replace them") if left else ""
     if args.dry_run:
         for key, st in kept:
             print(f"job {key}: {st}, not submitted again")
@@ -221,13 +222,15 @@ def _submit(args, rows, jobs, state_dir):
           + f"; '{args.prog} ... --status' shows them, '{args.prog} ... --cancel' cancels them", file=sys.stderr)
 
 
-def stranded(jobs, states, registry, resubmitted):
+def stranded(jobs, states, registry, previous):
     """The queued jobs of the registry that are not in this submission's graph ``jobs``
     (other rows', submitted before), as ``key (job id)``, that wait (their recorded
-    ``after``) for a job that failed or was cancelled (SLURM will not start them), or for
-    one that ``resubmitted`` (the keys submitted now) replaces (they would not wait for
-    the new one). This submission has not their steps to replace them; a submission of
-    their rows does (:func:`waiting_for_resubmitted`)."""
+    ``after``) for a job this submission submits again (``previous``: the job ids it
+    replaces; they would not wait for the new one) or for one that failed or was
+    cancelled (SLURM cancels them: ``--kill-on-invalid-dep``). This submission has not
+    their steps to replace them; a submission of their rows does
+    (:func:`waiting_for_resubmitted`). Jobs that wait for a job an earlier submission
+    replaced were named by that one."""
     by_id = {record["job_id"]: key for key, record in registry.items()}
     left = []
     for key, record in registry.items():
@@ -235,7 +238,8 @@ def stranded(jobs, states, registry, resubmitted):
             continue
         for job_id in record.get("after") or []:
             need = by_id.get(job_id)
-            if need is None or need in resubmitted or (need in states and states[need].what in ("failed", "cancelled")):
+            ended = need in states and states[need].what in ("failed", "cancelled")
+            if job_id in previous or (need is not None and ended):
                 left.append(f"{key} (job {record['job_id']})")
                 break
     return left
