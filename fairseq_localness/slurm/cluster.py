@@ -43,6 +43,8 @@ STATES = {
     "CANCELLED": ("cancelled", ""), "REVOKED": ("cancelled", "revoked"),
 }
 LIVE = ("queued", "running", "ending")
+# the states of a job that ended without its result: the jobs that need it never start
+LOST = ("failed", "cancelled")
 # squeue's reasons (squeue(1), JOB REASON CODES) that --status puts in words; "None" says nothing
 REASONS = {"None": "", "Dependency": "waiting for the jobs it needs", "BeginTime": "waiting for its start time",
            "DependencyNeverSatisfied": "a job it needs failed or was cancelled", "Priority": "waiting for its turn",
@@ -256,6 +258,10 @@ class State:
     @property
     def live(self):
         return self.what in LIVE
+
+    @property
+    def lost(self):
+        return self.what in LOST
 
 
 def job_states(state_dir, registry, queue):

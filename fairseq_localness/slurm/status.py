@@ -7,7 +7,9 @@ import shutil
 import sys
 
 from fairseq_localness.slurm import UsageError
-from fairseq_localness.slurm.cluster import ask, job_prefix, load_json, load_registry, locked, need_slurm, read_run
+from fairseq_localness.slurm.cluster import (
+    LOST, ask, job_prefix, load_json, load_registry, locked, need_slurm, read_run,
+)
 from fairseq_localness.slurm.graph import read_graph
 
 
@@ -38,7 +40,7 @@ def row_state(keys, states, registry, score_exists):
         k = next((k for k in keys if states[k].what == what), None)
         if k:
             s = states[k]
-            if what in ("failed", "cancelled"):
+            if what in LOST:
                 job = f"{k.split(':')[0]} job {registry[k]['job_id']}"
                 return f"{what} ({job}" + (f": {s.why}" if s.why else "") + ")", k
             return what + (f" ({s.why})" if s.why else ""), k

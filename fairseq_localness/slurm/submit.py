@@ -132,7 +132,7 @@ def _submit(args, rows, jobs, state_dir):
     kept = [(k, states[k].what) for k in jobs if k in live]
     todo = [k for k in jobs if k != "final" and k not in live]
     final = states.get("final")
-    if "final" in jobs and (todo or final is None or final.what in ("failed", "cancelled")):
+    if "final" in jobs and (todo or final is None or final.lost):
         todo.append("final")
     elif "final" in jobs:
         kept.append(("final", final.what))
@@ -238,8 +238,7 @@ def stranded(jobs, states, registry, previous):
             continue
         for job_id in record.get("after") or []:
             need = by_id.get(job_id)
-            ended = need in states and states[need].what in ("failed", "cancelled")
-            if job_id in previous or (need is not None and ended):
+            if job_id in previous or (need in states and states[need].lost):
                 left.append(f"{key} (job {record['job_id']})")
                 break
     return left
@@ -262,7 +261,7 @@ def waiting_for_resubmitted(jobs, states, live, registry):
         for need in job.needs:
             if need not in jobs:
                 continue
-            ended = need not in live and (need not in states or states[need].what in ("failed", "cancelled"))
+            ended = need not in live and (need not in states or states[need].lost)
             moved = after is not None and need in registry and registry[need]["job_id"] not in after
             if need in replaced or ended or moved:
                 replaced.add(key)
