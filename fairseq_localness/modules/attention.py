@@ -94,8 +94,8 @@ def set_attention_impl(model: nn.Module, impl: str) -> int:
 # and the values' written into the store by the products themselves (``out=``): no copy
 # of the weights per search nor of the keys and values per step. HySAN e1, beam search of
 # 8 sentences x 32 tokens, 16 steps, iwslt_de_en, one thread: one decoder self-attention
-# step replayed, 1,446 us against 1,639 for the stacked product (median of 30 alternating
-# rounds); whole searches beside the transformer's, 40 alternating rounds, 956 against
+# step replayed, 2,094 us against 2,300 for the stacked product (medians of 30 alternating
+# rounds of 40 calls); whole searches beside the transformer's, 40 alternating rounds, 956 against
 # 998 ms (medians; per round 1.017 times as fast, quartiles 0.980-1.087). Under autocast
 # the stacked product, whose output autocast casts (the products into the store would
 # not be). A search's parameters are taken to stay as they are during it: the stacked
