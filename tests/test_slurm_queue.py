@@ -341,13 +341,15 @@ def test_queued_jobs_of_other_rows_left_waiting_for_a_job_that_ended_are_named(t
     """Other rows' queued jobs (recorded by earlier submissions, not in this graph) that
     wait for a job this submission submits again, or for one that failed, cannot be
     replaced by it (it has not their steps): the submission names them and says to
-    submit their rows again; --dry-run names them too. Not named: one that waits for a
-    live job, one that waits for a job id an earlier submission replaced (that one named
-    it), and this graph's own (replaced instead)."""
+    submit their rows again; --dry-run names them too. So is one that waits for such a
+    job (eval:x:1, recorded before the training it waits for). Not named: one that waits
+    for a live job, one that waits for a job id an earlier submission replaced (that one
+    named it), and this graph's own (replaced instead)."""
     pending, failed = ("PENDING", 0, "Dependency"), ("FAILED", 0, "NonZeroExitCode")
     others = {"eval:s:1": ("104", ["101"], pending), "eval:u:1": ("105", ["106"], pending),
               "train:u:1": ("106", [], ("RUNNING", 0, "None")), "eval:v:1": ("107", ["108"], pending),
-              "train:v:1": ("108", [], failed), "eval:w:1": ("109", ["99"], pending)}
+              "train:v:1": ("108", [], failed), "eval:w:1": ("109", ["99"], pending),
+              "eval:x:1": ("111", ["110"], pending), "train:x:1": ("110", ["101"], pending)}
     for train in (failed, ("COMPLETED", 0, "None")):  # (a done training is submitted again: its score is missing)
         queue, registry = _three_jobs(tmp_path, train, pending, pending)
         queue = _other_rows(tmp_path, queue, registry, others)
@@ -357,10 +359,11 @@ def test_queued_jobs_of_other_rows_left_waiting_for_a_job_that_ended_are_named(t
             submit.submit(args)
             out, err = capsys.readouterr()
             said = out if dry_run else err
-            assert ("2 queued job(s) of rows not in this submission wait for a job that "
-                    + ("would be" if dry_run else "is") + " submitted again now") in said, said
-            assert "eval:s:1 (job 104), eval:v:1 (job 107); submit their rows again" in said, said
-            assert not [c for c in calls if c[1] in ("104", "105", "106", "107", "108", "109")], calls
+            assert ("4 queued job(s) of rows not in this submission wait, directly or through one another, for a "
+                    "job that " + ("would be" if dry_run else "is") + " submitted again now") in said, said
+            assert ("eval:s:1 (job 104), eval:v:1 (job 107), eval:x:1 (job 111), train:x:1 (job 110); submit their "
+                    "rows again") in said, said
+            assert not [c for c in calls if c[1] in ("104", "105", "106", "107", "108", "109", "110", "111")], calls
             assert "eval:u:1" not in said and "eval:w:1" not in said and "eval:r:1 (job" not in said
 
 

@@ -203,9 +203,10 @@ def _submit(args, rows, jobs, state_dir):
         new.append(key)
         print(f"{args.prog}: submitted {key}: job {ids[key]}" + (f" (after {dep})" if dep else ""), file=sys.stderr)
     left = stranded(jobs, states, registry, previous)
-    left_line = (f"{len(left)} queued job(s) of rows not in this submission wait for a job that "
-                 f"{'would be' if args.dry_run else 'is'} submitted again now (they would not wait for the new one) "
-                 f"or that failed or was cancelled (SLURM cancels them): {', '.join(left)}; submit their rows again "
+    left_line = (f"{len(left)} queued job(s) of rows not in this submission wait, directly or through "
+                 f"one another, for a job that {'would be' if args.dry_run else 'is'} submitted again now (they would "
+                 f"not wait for the new one) or that failed or was cancelled (SLURM cancels them): {', '.join(left)}; "
+                 "submit their rows again "
                  "(the driver without --only and --seeds, or with theirs) to replace them") if left else ""
     if args.dry_run:
         for key, st in kept:
@@ -224,24 +225,27 @@ def _submit(args, rows, jobs, state_dir):
 
 def stranded(jobs, states, registry, previous):
     """The queued jobs of the registry that are not in this submission's graph ``jobs``
-    (other rows', submitted before), as ``key (job id)``, that wait (their recorded
-    ``after``) for a job this submission submits again (``previous``: the job ids it
-    replaces; they would not wait for the new one) or for one that failed or was
-    cancelled (SLURM cancels them: ``--kill-on-invalid-dep``). This submission has not
-    their steps to replace them; a submission of their rows does
-    (:func:`waiting_for_resubmitted`). Jobs that wait for a job an earlier submission
-    replaced were named by that one."""
-    by_id = {record["job_id"]: key for key, record in registry.items()}
-    left = []
-    for key, record in registry.items():
-        if key in jobs or key == "final" or key not in states or states[key].what != "queued":
-            continue
-        for job_id in record.get("after") or []:
-            need = by_id.get(job_id)
-            if job_id in previous or (need in states and states[need].lost):
-                left.append(f"{key} (job {record['job_id']})")
-                break
-    return left
+    (other rows', submitted before), as ``key (job id)`` in the registry's order, that
+    wait (their recorded ``after``) for a job this submission submits again
+    (``previous``: the job ids it replaces; they would not wait for the new one), for
+    one that failed or was cancelled (SLURM cancels them: ``--kill-on-invalid-dep``),
+    or for another job named here (an evaluation queued after a training that waits
+    for a replaced job). This submission has not their steps to replace them; a
+    submission of their rows does (:func:`waiting_for_resubmitted`). Jobs that wait for
+    a job an earlier submission replaced were named by that one."""
+    ended = set(previous) | {record["job_id"] for key, record in registry.items()
+                             if key in states and states[key].lost}
+    queued = [key for key in registry
+              if key not in jobs and key != "final" and key in states and states[key].what == "queued"]
+    left, grew = set(), True
+    while grew:  # (the registry's order need not follow the dependencies)
+        grew = False
+        for key in queued:
+            if key not in left and ended.intersection(registry[key].get("after") or ()):
+                left.add(key)
+                ended.add(registry[key]["job_id"])
+                grew = True
+    return [f"{key} (job {registry[key]['job_id']})" for key in queued if key in left]
 
 
 def waiting_for_resubmitted(jobs, states, live, registry):
