@@ -320,7 +320,7 @@ def _regular_file(path: str, file: str, what: str, expected: str) -> os.stat_res
 def check_named_file(path: str, file: str, what: str, folder: Optional[str] = None) -> int:
     """The file at ``path`` (``what`` names it in the refusal of ``file``) is a regular
     file of at most :data:`MAX_FILE_BYTES`, and, with ``folder``, inside it once every
-    symlink is resolved. Returns the lines of a dictionary (``dict*.txt``), else 0."""
+    symlink is resolved. Returns the lines of a dictionary (:func:`is_dictionary`), else 0."""
     if folder is not None:
         real, inside = os.path.realpath(path), os.path.realpath(folder)
         if os.path.commonpath([real, inside]) != inside:
@@ -330,7 +330,7 @@ def check_named_file(path: str, file: str, what: str, folder: Optional[str] = No
     if info.st_size > MAX_FILE_BYTES:
         _refuse(file, what, f"is {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} such a file takes; "
                 "only files of at most that size are read")
-    if os.path.basename(path).startswith("dict") and path.endswith(".txt"):
+    if is_dictionary(os.path.basename(path)):
         with open(path, "rb") as f:  # (a regular file of bounded size: read whole at once)
             symbols = f.read().count(b"\n")
         if symbols > MAX_DICTIONARY_SYMBOLS:
