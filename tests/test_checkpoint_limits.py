@@ -840,11 +840,42 @@ def test_a_string_that_fairseq_reads_as_a_long_list_counts_its_values(real, tmp_
     refused(long, UntrustedCheckpointError, "its args expand to more than 1000 values once fairseq reads their "
                                             "strings as literals")
     zeros = ",".join(["0"] * 2000)
-    for name, change in (("comment", lambda a: setattr(a, "log_interval", f"#x\n[{zeros}]")),
-                         ("continued", lambda a: setattr(a, "log_interval", f"\\\n[{zeros}]")),
-                         ("nested", lambda a: setattr(a, "inner", argparse.Namespace(log_interval=f"[{zeros}]")))):
+    for name, change, where in (
+            ("comment", lambda a: setattr(a, "log_interval", f"#x\n[{zeros}]"), "args expand"),
+            ("continued", lambda a: setattr(a, "log_interval", f"\\\n[{zeros}]"), "args expand"),
+            ("nested", lambda a: setattr(a, "inner", argparse.Namespace(log_interval=f"[{zeros}]")),
+             "args.inner expands")):  # (the namespace that holds the list is named)
         path = forge.with_legacy_args(real["path"], tmp_path / f"{name}.pt", change)
-        refused(path, UntrustedCheckpointError, "its args expand to more than 1000 values")
+        refused(path, UntrustedCheckpointError, f"its {where} to more than 1000 values")
     short = forge.with_legacy_args(real["path"], tmp_path / "short.pt",
                                    lambda a: setattr(a, "adam_betas", "(0.9, 0.98)"))
     assert torch_load_checkpoint(short, map_location="cpu")["args"].adam_betas == "(0.9, 0.98)"
+
+
+def test_a_namespace_within_cfg_is_bounded_as_args_are(real, tmp_path):
+    """fairseq turns a Namespace anywhere in the settings into hydra overrides, not only
+    the legacy ``args``: wav2vec 2.0's and HuBERT's fine-tuned models convert their
+    ``cfg.model.w2v_args`` within ``build_model`` (a 62 KB checkpoint of
+    ``wav2vec_ctc`` whose ``w2v_args.update_freq`` was 30,000 zeros held
+    fairseq-generate past a minute). Each such Namespace is bounded as ``args`` are,
+    its strings read as literals included, and named; the model's own Namespace too.
+    A real checkpoint's model settings (about 230 values) load."""
+    zeros = "[" + ",".join(["0"] * 2000) + "]"
+
+    def nested(cfg):
+        cfg["model"].w2v_args = argparse.Namespace(update_freq=zeros)
+
+    path = forge.with_settings(real["path"], tmp_path / "nested.pt", nested)
+    refused(path, UntrustedCheckpointError, "its cfg.model.w2v_args expands to more than 1000 values once fairseq "
+                                            "reads their strings as literals")
+    path = forge.with_settings(real["path"], tmp_path / "model.pt", forge.set_model_option("log_interval", zeros))
+    refused(path, UntrustedCheckpointError, "its cfg.model expands to more than 1000 values once fairseq reads")
+    wide = argparse.Namespace(**{f"x{i}": i for i in range(1200)})
+    path = forge.with_settings(real["path"], tmp_path / "wide.pt", lambda cfg: cfg["task"].update(inner=[wide]))
+    refused(path, UntrustedCheckpointError, "its cfg.task.inner[0] expands to more than 1000 values when copied")
+    chars = forge.with_settings(real["path"], tmp_path / "chars.pt",
+                                forge.set_model_option("comment", "x" * 250_000))
+    refused(chars, UntrustedCheckpointError, "its cfg.model expands to more than 200000 characters when copied")
+    small = forge.with_settings(real["path"], tmp_path / "small.pt",
+                                lambda cfg: setattr(cfg["model"], "w2v_args", argparse.Namespace(update_freq="[1]")))
+    assert torch_load_checkpoint(small, map_location="cpu")["cfg"]["model"].w2v_args.update_freq == "[1]"

@@ -251,7 +251,14 @@ def bound_settings(settings: Dict[str, object], file: str, plain: bool = True):
     """The settings (``{"cfg": ..., "args": ...}``) hold no cycle and at most
     :data:`MAX_SETTINGS_NODES` values and :data:`MAX_SETTINGS_CHARS` characters counted
     as a copy would count them; trusted or not (``plain``: only data), so the
-    refusal does not suggest trusting the file."""
+    refusal does not suggest trusting the file.
+
+    Every ``Namespace`` in them, the legacy ``args`` or one within ``cfg`` (a model's
+    settings written by an older fairseq; wav2vec 2.0's and HuBERT's fine-tuned models
+    hold their pre-training settings as ``cfg.model.w2v_args``), is bounded as ``args``
+    are, its strings read as literals included: fairseq turns each into hydra
+    overrides (``convert_namespace_to_omegaconf``, also within ``build_model``), whose
+    parse grows with the square of a list's values."""
     for key, value in settings.items():
         if value is not None:
             nodes, chars = measure(value, file, f"its {key}", MAX_SETTINGS_NODES[key], trust_helps=False,
@@ -260,12 +267,50 @@ def bound_settings(settings: Dict[str, object], file: str, plain: bool = True):
                 raise UntrustedCheckpointError(
                     file, f"its {key} expands to more than {MAX_SETTINGS_CHARS[key]} characters when copied",
                     trust_helps=False)
-            if key == "args" and nodes + _read_as_literals(value) > MAX_SETTINGS_NODES[key]:
+            namespaces = _namespaces(value, key)
+            if len(namespaces) > MAX_NAMESPACES:
                 raise UntrustedCheckpointError(
-                    file, f"its args expand to more than {MAX_SETTINGS_NODES[key]} values once fairseq reads their "
-                    "strings as literals (fairseq's upgrade of older settings turns a string such as '[0, 0, ...]' "
-                    "into one hydra override, parsed in a time that grows with the square of its values)",
-                    trust_helps=False)
+                    file, f"its settings hold more than {MAX_NAMESPACES} namespaces, far more than fairseq writes; "
+                    "fairseq turns each into hundreds of overrides", trust_helps=False)
+            for where, namespace in namespaces:
+                _bound_namespace(namespace, where, file, plain)
+
+
+def _namespaces(value, path: str):
+    """``(dotted path, Namespace)`` of each ``Namespace`` in ``value`` (a shared one
+    once), the most deeply nested first: a refusal names the one that holds the
+    excess."""
+    found, seen, stack = [], set(), [(value, path, 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, argparse.Namespace):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            found.append((depth, path, value))
+            value = vars(value)
+        if isinstance(value, dict):
+            stack.extend((v, f"{path}.{k}", depth + 1) for k, v in value.items())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+    return [(path, namespace) for _, path, namespace in sorted(found, key=lambda f: -f[0])]
+
+
+def _bound_namespace(namespace: argparse.Namespace, where: str, file: str, plain: bool):
+    """At most ``args``' bounds of values (its strings read as literals included) and
+    characters (see :func:`bound_settings`)."""
+    limit, chars_limit = MAX_SETTINGS_NODES["args"], MAX_SETTINGS_CHARS["args"]
+    nodes, chars = measure(namespace, file, f"its {where}", limit, trust_helps=False, any_leaf=not plain)
+    if chars > chars_limit:
+        raise UntrustedCheckpointError(
+            file, f"its {where} expands to more than {chars_limit} characters when copied (fairseq turns such "
+            "a Namespace into hydra overrides)", trust_helps=False)
+    if nodes + _read_as_literals(namespace) > limit:
+        raise UntrustedCheckpointError(
+            file, f"its {where} {'expand' if where == 'args' else 'expands'} to more than {limit} values once "
+            "fairseq reads their strings as literals "
+            "(fairseq's upgrade of older settings turns a string such as '[0, 0, ...]' into one hydra override, "
+            "parsed in a time that grows with the square of its values)", trust_helps=False)
 
 
 def _read_as_literals(args) -> int:
