@@ -635,6 +635,36 @@ def test_the_build_bound_counts_the_threads_cpu_time_not_its_waits():
     assert errors == []
 
 
+def test_a_build_that_registers_nothing_is_stopped_by_the_timer():
+    """Work a build does before it registers anything (fairseq's conversion of a
+    Namespace of settings into hydra overrides within ``build_model``) is interrupted
+    by a timer of CPU time in the main thread, through an ``except Exception`` of the
+    code it interrupts; afterwards the timer and its handler are as they were."""
+    import signal
+    import threading
+
+    from fairseq_localness.checkpoint import model_size
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the timer runs in the main thread only, and this test runs in another")
+    handler = signal.getsignal(signal.SIGVTALRM)
+    start = time.process_time()
+    with pytest.raises(model_size._TooLarge, match=r"more than 0.2 s to build"):
+        with model_size._bounded(10 ** 9, 10 ** 9, 0.2):
+            while time.process_time() < start + 5:
+                try:
+                    sum(range(1000))
+                except Exception:  # noqa: BLE001 - the build's own handlers do not stop it
+                    pass
+    assert time.process_time() - start < 2
+    assert signal.getitimer(signal.ITIMER_VIRTUAL) == (0.0, 0.0) and signal.getsignal(signal.SIGVTALRM) == handler
+    with model_size._bounded(10 ** 9, 10 ** 9, 0.2):  # a quick build: nothing fires later
+        torch.nn.Linear(2, 2, device="meta")
+    end = time.process_time() + 0.4
+    while time.process_time() < end:
+        pass
+
+
 def test_fairseqs_eval_helpers_parse_literals_and_run_nothing(tmp_path):
     from fairseq import utils
 

@@ -25,6 +25,7 @@ storage under 300 names is one storage), and the number of its storages.
 import contextlib
 import copy
 import functools
+import signal
 import sys
 import threading
 import time
@@ -45,14 +46,19 @@ SLACK_TENSORS = 256
 """Weights and buffers beyond those: buffers that are not stored (a positions'
 ``_float_tensor``)."""
 MAX_BUILD_SECONDS = 30.0
-"""The longest the build on ``meta`` may take, in the CPU time of the building thread
-(``time.thread_time``: a machine under load, or an import the build waits for, does not
-count), a last bound behind the two in elements and tensors: a Transformer-big builds
-in about 0.05 s, a hundred layers in about 0.5 s."""
+"""The longest the build on ``meta`` may take, in CPU time (a machine under load, or an
+import the build waits for, does not count), a last bound behind the two in elements
+and tensors: a Transformer-big builds in about 0.05 s, a hundred layers in about 0.5 s.
+Checked at each registration (the building thread's time, ``time.thread_time``) and,
+in the main thread, by a timer of the process's time in user mode that interrupts the
+build wherever it is (:func:`_cpu_alarm`)."""
 
 
-class _TooLarge(Exception):
-    """The model being built has passed the bound (``what``: which)."""
+class _TooLarge(BaseException):
+    """The model being built has passed the bound (``what``: which). A ``BaseException``,
+    as ``KeyboardInterrupt`` is: raised from within the build (a registration, or the
+    timer at any point of it), it passes the ``except Exception`` of the code it
+    interrupts (hydra's, a model's) instead of becoming another error."""
 
     def __init__(self, what: str):
         super().__init__(what)
@@ -128,10 +134,43 @@ def _bounded(max_numel: int, max_tensors: int, seconds: float):
                nn_module.register_module_buffer_registration_hook(count),
                nn_module.register_module_module_registration_hook(in_time)]
     try:
-        yield
+        with _cpu_alarm(seconds, f"that takes more than {seconds:g} s to build even without allocating it"):
+            yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextlib.contextmanager
+def _cpu_alarm(seconds: float, what: str):
+    """Raise :class:`_TooLarge` (``what``) once the process has spent ``seconds`` of CPU
+    time in user mode within the block (``ITIMER_VIRTUAL``), wherever the block then is:
+    work a build does before it registers anything (fairseq converts a ``Namespace`` of
+    settings into hydra overrides within ``build_model``, which a registration hook
+    never sees). Python runs the handler between two bytecodes, so a long call into C
+    ends first. Only in the main thread (the only one where Python runs signal
+    handlers) and where nothing else uses ``SIGVTALRM`` or its timer; elsewhere the
+    registration hooks of :func:`_bounded` are the bound."""
+    if (threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer")
+            or signal.getsignal(signal.SIGVTALRM) not in (signal.SIG_DFL, None)
+            or signal.getitimer(signal.ITIMER_VIRTUAL)[0] > 0):
+        yield
+        return
+    armed = [True]
+
+    def fire(signum, frame):
+        if armed[0]:
+            armed[0] = False
+            raise _TooLarge(what)
+
+    previous = signal.signal(signal.SIGVTALRM, fire)
+    try:
+        signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+        yield
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.signal(signal.SIGVTALRM, previous)
 
 
 INITIALISERS = ("init_bert_params",)
