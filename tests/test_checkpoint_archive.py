@@ -187,6 +187,14 @@ def test_a_data_directory_outside_the_task_is_unset(tmp_path):
     files.drop_file_settings(settings, "ckpt.pt")
     assert settings["cfg"]["task"]["data"] == "/data/bin" and settings["args"].data == "/data/bin"
     assert settings["cfg"]["model"]["data"] is None and settings["cfg"]["model"]["w2v_args"]["task"]["data"] is None
+    # without a data directory of its own, such a model takes the task's (fairseq's default
+    # II("task.data")), the checkpoint's cfg.task.data: unset too, for the models whose
+    # settings have that default (a checkpoint of wav2vec_ctc with /tmp/evil2 as its task's
+    # data had fairseq-generate read /tmp/evil2/dict.txt); another model's are left as they are
+    for name, unset in (("wav2vec_ctc", True), ("hubert_ctc", True), ("transformer", False)):
+        settings = {"cfg": {"task": {"data": "/tmp/evil2"}, "model": {"_name": name}}}
+        files.drop_file_settings(settings, "ckpt.pt")
+        assert settings["cfg"]["model"] == ({"_name": name, "data": None} if unset else {"_name": name}), name
 
 
 def test_what_a_task_reads_in_a_subfolder_of_the_hubs_folder_is_checked(tmp_path):

@@ -214,6 +214,19 @@ def _containers(settings):
                      if isinstance(child, (dict, list, tuple, argparse.Namespace)))
 
 
+def _data_from_the_task(items) -> bool:
+    """Whether ``items`` are the settings (a dict) of a model whose configuration takes
+    its ``data`` from the task's (``II("task.data")``: wav2vec 2.0's, HuBERT's and
+    data2vec's fine-tuned models, which set up a nested task there) where it has none."""
+    if not isinstance(items, dict) or not isinstance(items.get("_name"), str):
+        return False
+    from fairseq.models import MODEL_DATACLASS_REGISTRY
+
+    dataclass = MODEL_DATACLASS_REGISTRY.get(items["_name"])
+    field = getattr(dataclass, "__dataclass_fields__", {}).get("data")
+    return field is not None and "task.data" in str(field.default)
+
+
 def drop_file_settings(settings, file: str):
     """Unset every setting of :data:`FILE_SETTINGS` in ``settings`` (``{"cfg": ...,
     "args": ...}``, already bounded and walked by
@@ -253,6 +266,10 @@ def drop_file_settings(settings, file: str):
                 container["data"] = None
             else:
                 setattr(container, "data", None)
+        elif path not in DATA_HOLDERS and "data" not in items and _data_from_the_task(items):
+            # the model's settings without one take their default, II("task.data"): the
+            # checkpoint's own task's data directory, which the nested task would read
+            container["data"] = None
         for key in [k for k in items if k in FILE_SETTINGS]:
             value, off = items[key], FILE_SETTINGS[key]
             if value is None or value is False or value is True or value == off:
