@@ -882,6 +882,32 @@ def test_a_string_that_fairseq_reads_as_a_long_list_counts_its_values(real, tmp_
     assert torch_load_checkpoint(short, map_location="cpu")["args"].adam_betas == "(0.9, 0.98)"
 
 
+def test_a_task_that_makes_its_data_from_its_settings_is_refused_wherever_named(real, tmp_path):
+    """fairseq's benchmark tasks make their data when set up (``dummy_mt``: a dictionary
+    of ``dict_size`` symbols in a Python loop; 8,000,000 took 14 s and 1.5 GB through the
+    hub); the hub, the analyses and wav2vec 2.0's nested task set up the task a
+    checkpoint names, so such a task is refused as the checkpoint's, as a nested
+    model's and in legacy args; a nested task must be registered too; a nested
+    translation task loads."""
+    def nested(task):
+        return lambda cfg: setattr(cfg["model"], "w2v_args", {"task": task, "model": {"_name": "wav2vec2"}})
+
+    cases = [
+        (forge.with_settings(real["path"], tmp_path / "own.pt",
+                             lambda cfg: cfg["task"].update(_name="dummy_mt", dict_size=8_000_000)),
+         "its setting cfg.task._name = 'dummy_mt' names one of fairseq's benchmark tasks"),
+        (forge.with_settings(real["path"], tmp_path / "nested.pt", nested({"_name": "dummy_lm"})),
+         "its setting cfg.model.w2v_args.task._name = 'dummy_lm' names one of fairseq's benchmark tasks"),
+        (forge.with_legacy_args(real["path"], tmp_path / "args.pt", lambda a: setattr(a, "task", "dummy_masked_lm")),
+         "its setting args.task = 'dummy_masked_lm' names one of fairseq's benchmark tasks"),
+        (forge.with_settings(real["path"], tmp_path / "unknown.pt", nested({"_name": "no_such_task"})),
+         "its setting cfg.model.w2v_args.task._name = 'no_such_task' names no registered task"),
+    ]
+    for path, fragment in cases:
+        refused(path, UntrustedCheckpointError, fragment)
+    fine = forge.with_settings(real["path"], tmp_path / "fine.pt", nested({"_name": "translation"}))
+    assert torch_load_checkpoint(fine, map_location="cpu")["cfg"]["model"].w2v_args["task"]["_name"] == "translation"
+
 def test_a_namespace_within_cfg_is_bounded_as_args_are(real, tmp_path):
     """fairseq turns a Namespace anywhere in the settings into hydra overrides, not only
     the legacy ``args``: wav2vec 2.0's and HuBERT's fine-tuned models convert their

@@ -218,8 +218,44 @@ def _registered(file: str, setting: str, name, registry, what: str):
             "needs that directory imported first, e.g. --user-dir on the command line)", trust_helps=False)
 
 
+BENCHMARK_TASKS = frozenset({"dummy_lm", "dummy_masked_lm", "dummy_mt"})
+"""fairseq's benchmark tasks (``fairseq/benchmark``), which make their data from their
+settings when they are set up (``dummy_mt``: a dictionary of ``dict_size`` symbols, built
+in a Python loop, and tensors of ``src_len``): refused wherever a checkpoint names a task,
+since the hub, the analyses and a nested task (wav2vec 2.0's ``w2v_args.task``) set up
+the task a checkpoint names (``dict_size = 8,000,000`` took 14 s and 1.5 GB)."""
+
+
+def _task_sections(cfg):
+    """``(dotted path, section)`` of every task section within ``cfg`` but its own
+    ``task`` (a nested model's: ``cfg.model.w2v_args.task``)."""
+    found, stack = [], [(cfg, "cfg")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, argparse.Namespace):
+            value = vars(value)
+        if isinstance(value, dict):
+            for key, child in value.items():
+                child_path = f"{path}.{key}"
+                if key == "task" and child_path != "cfg.task" and isinstance(child, (dict, argparse.Namespace)):
+                    found.append((child_path, child))
+                stack.append((child, child_path))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+    return found
+
+
+def _not_a_benchmark(file: str, setting: str, name):
+    if isinstance(name, str) and name in BENCHMARK_TASKS:
+        raise UntrustedCheckpointError(
+            file, f"its setting {setting} = {name!r} names one of fairseq's benchmark tasks, which make their data "
+            "from their settings when set up (a dictionary of dict_size symbols); a checkpoint's task reads its "
+            "data", trust_helps=False)
+
+
 def check_names(cfg, args, file: str):
-    """The architecture, task and components the settings name are registered ones."""
+    """The architecture, task and components the settings name are registered ones;
+    no task they name, nested ones included, is one of :data:`BENCHMARK_TASKS`."""
     import fairseq_localness  # noqa: F401  (registers this package's models with fairseq)
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
     from fairseq.registry import REGISTRIES
@@ -233,6 +269,10 @@ def check_names(cfg, args, file: str):
         for key in ("_name", "arch"):
             _registered(file, f"cfg.model.{key}", _get(model, key), models, "architecture")
         _registered(file, "cfg.task._name", _get(cfg.get("task"), "_name"), TASK_REGISTRY, "task")
+        _not_a_benchmark(file, "cfg.task._name", _get(cfg.get("task"), "_name"))
+        for path, section in _task_sections(cfg):
+            _registered(file, f"{path}._name", _get(section, "_name"), TASK_REGISTRY, "task")
+            _not_a_benchmark(file, f"{path}._name", _get(section, "_name"))
         for group in REGISTRY_GROUPS:
             _registered(file, f"cfg.{group}._name", _get(cfg.get(group), "_name"),
                         REGISTRIES[group]["registry"], group.replace("_", "-"))
@@ -241,6 +281,7 @@ def check_names(cfg, args, file: str):
             raise MalformedCheckpointError(file, f"its settings (args) are a {_describe(args)}, not a Namespace")
         _registered(file, "args.arch", getattr(args, "arch", None), models, "architecture")
         _registered(file, "args.task", getattr(args, "task", None), TASK_REGISTRY, "task")
+        _not_a_benchmark(file, "args.task", getattr(args, "task", None))
         for group in REGISTRY_GROUPS:
             value = getattr(args, group, None)
             if isinstance(value, str):
