@@ -221,15 +221,90 @@ def test_a_job_is_known_by_the_name_recorded_at_its_submission_however_the_direc
         assert strangers(str(spelling), {}, queue) == [("101", name)]
     other = Queue({"101": ("RUNNING", 0, "None")}, {"101": name + "x"})
     assert job_states(str(real / "slurm"), recorded, other)["train:r:1"].what == "cancelled"
+    # a job of this directory that SLURM gave a recorded job's id (its ids restarted): not
+    # the recorded one, so a stranger (the submission stops instead of running its row twice)
+    assert strangers(str(real / "slurm"), recorded, other) == [("101", name + "x")]
+    assert strangers(str(real / "slurm"), recorded, queue) == []
 
 
-@pytest.mark.parametrize("variable", ["SBATCH_JOB_NAME", "SLURM_CLUSTERS", "SBATCH_CLUSTERS"])
-def test_an_environment_that_would_hide_or_rename_the_runs_jobs_is_refused(variable, monkeypatch):
-    args = argparse.Namespace(signal_delay=30, time=None, slurm_arg=[], partition=None, mem=None, account=None,
-                              qos=None, constraint=None)
+def _check_args(**given):
+    return argparse.Namespace(**dict(dict(signal_delay=30, time=None, slurm_arg=[], partition=None, mem=None,
+                                          account=None, qos=None, constraint=None), **given))
+
+
+@pytest.mark.parametrize("variable", ["SBATCH_JOB_NAME", "SLURM_CLUSTERS", "SBATCH_CLUSTERS", "SBATCH_ARRAY_INX",
+                                      "SBATCH_TIMELIMIT", "SBATCH_NO_REQUEUE", "SBATCH_SIGNAL", "SBATCH_OUTPUT",
+                                      "SBATCH_WAIT", "SBATCH_EXPORT", "SBATCH_GPUS_PER_NODE"])
+def test_an_environment_that_would_hide_rename_or_change_the_runs_jobs_is_refused(variable, monkeypatch):
+    """sbatch's variables override the options of the job's script, where the graph's
+    are (SBATCH_ARRAY_INX=0-1 queued two trainings of one row; SBATCH_TIMELIMIT and
+    SBATCH_NO_REQUEUE left a job queued for ever past its partition's limit)."""
     monkeypatch.setenv(variable, "other")
     with pytest.raises(UsageError, match=rf"^{variable}='other' is set: sbatch would .*; expected it unset"):
-        submit.check(args)
+        submit.check(_check_args())
+
+
+def _fake_commands(tmp_path, **scripts):
+    """A directory first on PATH whose commands run the given ``sh`` scripts."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, script in scripts.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + script + "\n")
+        (bin_dir / name).chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{tool_env()['PATH']}"
+
+
+def test_the_drivers_sbatch_options_and_their_variables_agree_and_sinfo_lists_every_partition(tmp_path, monkeypatch):
+    """SBATCH_ACCOUNT (or _PARTITION, _QOS, _CONSTRAINT, _MEM_PER_NODE) that differs from
+    the driver's option is refused (sbatch would take the variable's); where the option
+    is not given the variable is taken as it, so that --time is checked against the
+    partition SBATCH_PARTITION names. sinfo runs without the SINFO_* variables (with
+    SINFO_PARTITION=gpu it listed nothing, and --time went unchecked)."""
+    seen = tmp_path / "sinfo.env"
+    path = _fake_commands(tmp_path, sinfo=f"env > {seen}; printf 'debug* 1:00:00\\ngpu 2:00:00\\n'",
+                          **{name: "exit 0" for name in ("sbatch", "squeue", "scontrol", "scancel")})
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.setenv("SBATCH_ACCOUNT", "theirs")
+    with pytest.raises(UsageError, match=r"^SBATCH_ACCOUNT='theirs' is set and --account is 'mine': sbatch would "
+                                         r"take the variable's"):
+        submit.check(_check_args(account="mine"))
+    monkeypatch.delenv("SBATCH_ACCOUNT")
+    monkeypatch.setenv("SINFO_PARTITION", "gpu")
+    monkeypatch.setenv("SBATCH_PARTITION", "gpu")
+    args = _check_args(time="1:30:00")
+    submit.check(args)  # (gpu's limit: 2 hours)
+    assert args.partition == "gpu" and args.time_minutes == 90
+    assert "SINFO_" not in seen.read_text()
+    with pytest.raises(UsageError, match=r"--time 180: longer than partition gpu's limit of 120 minutes"):
+        submit.check(_check_args(time="3:00:00"))
+    args = _check_args(partition="gpu", time="1:00:00")  # (the same value: taken)
+    submit.check(args)
+    with pytest.raises(UsageError, match=r"^SBATCH_PARTITION='gpu' is set and --partition is 'debug'"):
+        submit.check(_check_args(partition="debug"))
+
+
+def test_the_slurm_commands_run_without_the_variables_that_change_what_they_list_or_act_on(tmp_path, monkeypatch):
+    """scancel with SCANCEL_STATE=PENDING cancelled nothing of a running job and said it
+    had; SLURM_CLUSTERS would point it at another cluster than the one squeue reads."""
+    seen = tmp_path / "scancel.env"
+    monkeypatch.setenv("PATH", _fake_commands(tmp_path, scancel=f"env > {seen}"))
+    for name, value in (("SCANCEL_STATE", "PENDING"), ("SCANCEL_USER", "x"), ("SLURM_CLUSTERS", "elsewhere"),
+                        ("SQUEUE_STATES", "all"), ("SBATCH_ACCOUNT", "kept")):
+        monkeypatch.setenv(name, value)
+    cluster.ask(["scancel", "101"])
+    env = seen.read_text()
+    assert "SCANCEL_" not in env and "SLURM_CLUSTERS" not in env
+    assert "SQUEUE_STATES=all" in env and "SBATCH_ACCOUNT=kept" in env  # (another command's: left)
+
+
+@pytest.mark.parametrize("value", ["abc", "", "nan", "inf", "-inf", "0", "-5"])
+def test_a_slurm_timeout_that_is_not_a_number_of_seconds_is_one_line(value, monkeypatch):
+    monkeypatch.setattr(cluster, "TIMEOUT", cluster._timeout(value))
+    monkeypatch.setenv(cluster.TIMEOUT_ENV, value)
+    with pytest.raises(UsageError, match=rf"^FAIRSEQ_LOCALNESS_SLURM_TIMEOUT={value!r}: expected a number of "
+                                         r"seconds > 0"):
+        cluster.ask(["squeue"])
+    assert cluster._timeout(None) == 30 and cluster._timeout("2.5") == 2.5
 
 
 def test_the_lock_is_taken_where_its_file_can_only_be_read(tmp_path):
@@ -293,6 +368,45 @@ def _three_jobs(tmp_path, train, evaluation, final, **records):
     for key, fields in records.items():
         registry[key.replace("_", ":")].update(fields)
     return _queue(registry, train, evaluation, final), registry
+
+
+def test_a_live_prepare_job_of_other_rows_is_kept_only_where_it_prepares_what_these_need(tmp_path, monkeypatch):
+    """A dataset's prepare job is shared by the rows of a submission, and prepares their
+    directions: one still live from a submission of other rows (vi-en) is not what en-vi
+    needs, and its rows would wait for it and fail (dc_table2.sh --only en-vi... after
+    --only vi-en...); the submission stops, naming it. Where it prepares all that this
+    submission needs it is kept. Each prepare job's commands are recorded."""
+    state_dir = str(tmp_path / "state")
+    prefix = job_prefix(state_dir)
+    cmds = {"vi-en": "prepare --out data/vi-en", "en-vi": "prepare --out data/en-vi"}
+    registry = {"prepare:d": {"job_id": "100", "name": prefix + "prepare_d", "kind": "prepare", "row": "-",
+                              "seed": "-", "log": "-", "commands": [cmds["vi-en"]]}}
+    queue = Queue({"100": ("RUNNING", 0, "None")}, {"100": prefix + "prepare_d"})
+    args, calls = _submission(tmp_path, monkeypatch, queue, registry)
+    graph_file = tmp_path / "prepare.tsv"
+    args.graph = str(graph_file)
+    for wanted, refused in (([cmds["en-vi"]], True), ([cmds["vi-en"], cmds["en-vi"]], True),
+                            ([cmds["vi-en"]], False)):
+        graph_file.write_text("JOB\tprepare:d\tprepare\t-\t-\t1\t1\t0\t\n"
+                              + "".join(f"CMD\tprepare:d\t{c}\n" for c in wanted)
+                              + "JOB\ttrain:r:1\ttrain\tr\t1\t1\t1\t0\tprepare:d\nCMD\ttrain:r:1\techo train\n")
+        (tmp_path / "state" / "submitted.json").write_text(json.dumps(registry))
+        calls.clear()
+        if refused:
+            with pytest.raises(SlurmError, match=r"^prepare:d \(job 100, running\): live, it prepares this dataset "
+                                                 r"for other rows, without all that these rows need"):
+                submit.submit(args)
+            assert calls == []
+        else:
+            submit.submit(args)
+            assert calls == [("sbatch", "train:r:1", "afterok:100")], calls
+    registry.pop("prepare:d")  # (a first submission: the prepare job recorded with its commands)
+    queue.pop("100")
+    queue.names.pop("100")
+    (tmp_path / "state" / "submitted.json").write_text(json.dumps(registry))
+    submit.submit(args)
+    saved = json.loads((tmp_path / "state" / "submitted.json").read_text())
+    assert saved["prepare:d"]["commands"] == [cmds["vi-en"]] and "commands" not in saved["train:r:1"]
 
 
 def test_a_queued_job_that_waits_for_a_job_submitted_again_is_replaced_after_it(tmp_path, monkeypatch, capsys):

@@ -14,8 +14,28 @@ import sys
 from fairseq_localness.slurm import SlurmError, UsageError
 from fairseq_localness.slurm.graph import safe
 
+TIMEOUT_ENV = "FAIRSEQ_LOCALNESS_SLURM_TIMEOUT"
+
+
+def _timeout(text):
+    """The seconds of :data:`TIMEOUT_ENV` (30 where unset), or None where it is not a
+    number of seconds > 0 (:func:`check_timeout` says so)."""
+    try:
+        seconds = float(text if text is not None else "30")
+    except ValueError:
+        return None
+    return seconds if 0 < seconds < float("inf") else None
+
+
 # How long a SLURM command may take to answer (seconds; FAIRSEQ_LOCALNESS_SLURM_TIMEOUT).
-TIMEOUT = float(os.environ.get("FAIRSEQ_LOCALNESS_SLURM_TIMEOUT", "30"))
+TIMEOUT = _timeout(os.environ.get(TIMEOUT_ENV))
+
+
+def check_timeout():
+    """A UsageError, in one line, where :data:`TIMEOUT_ENV` is not a number of seconds > 0."""
+    if TIMEOUT is None:
+        raise UsageError(f"{TIMEOUT_ENV}={os.environ.get(TIMEOUT_ENV)!r}: expected a number of seconds > 0 (how "
+                         "long a SLURM command may take to answer; 30 where unset)")
 # SLURM's largest time limit: minutes in 32 bits, below INFINITE and NO_VAL (slurm.h).
 MAX_MINUTES = 0xFFFFFFFD
 # The width of the job's name in squeue's listing (the run's names are far shorter).
@@ -140,11 +160,30 @@ def need_slurm():
                          "that submits to a SLURM cluster (or scripts/slurm/local_cluster.sh start for a local one)")
 
 
+def command_environment(command):
+    """This process's environment without what changes what the SLURM ``command`` lists
+    or acts on (its own input variables, ``SQUEUE_*``, ``SINFO_*``, ``SCANCEL_*``,
+    ``SACCT_*``, ``SCONTROL_*``: a partition, account, QOS, names, states, user or format
+    of the user's own; and ``SLURM_CLUSTERS``): squeue lists every job of the run, sinfo
+    every partition, and scancel cancels the jobs it is given, on the cluster whose queue
+    the run reads, whatever the user's shell sets for their own use of them."""
+    own = os.path.basename(command).upper() + "_"
+    return {k: v for k, v in os.environ.items() if not k.startswith(own) and k != "SLURM_CLUSTERS"}
+
+
+def squeue_environment():
+    """:func:`command_environment` of squeue."""
+    return command_environment("squeue")
+
+
 def ask(cmd, env=None):
-    """The standard output of a SLURM command; SlurmError, in one line, when it fails or does
-    not answer within TIMEOUT seconds."""
+    """The standard output of a SLURM command, run in :func:`command_environment` unless
+    ``env`` is given; SlurmError, in one line, when it fails or does not answer within
+    TIMEOUT seconds."""
+    check_timeout()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT,
+                           env=command_environment(cmd[0]) if env is None else env)
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{cmd[0]} did not answer within {TIMEOUT:g} s (is the cluster up? 'scontrol ping'); "
                          "nothing was submitted, cancelled or recorded") from None
@@ -196,13 +235,6 @@ def user():
     return str(os.getuid())
 
 
-def squeue_environment():
-    """This process's environment without what narrows squeue's listing (its SQUEUE_*
-    variables: a partition, account, QOS, names, states or format of the user's own;
-    SLURM_CLUSTERS), so that no job of the run is missing from it."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_") and k != "SLURM_CLUSTERS"}
-
-
 def read_queue(known=None):
     """This user's jobs that SLURM still knows (squeue -t all, over every partition, hidden
     ones too: the queued, the running and those that ended a few minutes ago), as a
@@ -231,13 +263,18 @@ def read_queue(known=None):
 
 def strangers(state_dir, registry, queue):
     """The live jobs in ``queue`` named for ``state_dir`` (:func:`job_prefix`) that the
-    registry does not record, as ``[(job id, name)]``: a submission interrupted after
+    registry does not record (by id and name: a job that SLURM gave a recorded job's id,
+    its ids restarted or wrapped around, is not that job), as ``[(job id, name)]``: a
+    submission interrupted after
     sbatch queued a job and before the registry recorded it (sbatch's answer lost, the
     command killed), or a registry restored from an older copy. Submitting or running
     beside them would run a training twice."""
-    prefixes, ids = job_prefixes(state_dir), {r["job_id"] for r in registry.values()}
+    prefixes, recorded = job_prefixes(state_dir), {}
+    for record in registry.values():
+        recorded.setdefault(record["job_id"], []).append(record)
     return [(job, name) for job, name in getattr(queue, "names", {}).items()
-            if name.startswith(prefixes) and job not in ids and STATES[queue[job][0]][0] in LIVE]
+            if name.startswith(prefixes) and STATES[queue[job][0]][0] in LIVE
+            and not any(_name_is(record, name, state_dir) for record in recorded.get(job, ()))]
 
 
 def read_run(state_dir, registry):

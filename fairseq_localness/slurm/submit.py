@@ -49,17 +49,56 @@ def describe(params, deps):
     return " ".join(words)
 
 
+# sbatch's input variables (sbatch(1), INPUT ENVIRONMENT VARIABLES) override the options
+# of the job's script, where submitit writes the graph's: those of an option the graph
+# sets are refused (SBATCH_ARRAY_INX=0-1 queued two trainings of one row; SBATCH_TIMELIMIT
+# and SBATCH_NO_REQUEUE left a job queued for ever past its partition's limit, unable to
+# requeue), and those of an option of the driver's must agree with it where it is given
+GRAPH_VARIABLES = {
+    "SBATCH_ARRAY_INX": "array", "SBATCH_CLUSTERS": "clusters", "SBATCH_ERROR": "error", "SBATCH_OUTPUT": "output",
+    "SBATCH_OPEN_MODE": "open-mode", "SBATCH_SIGNAL": "signal", "SBATCH_REQUEUE": "requeue",
+    "SBATCH_NO_REQUEUE": "no-requeue", "SBATCH_WAIT": "wait", "SBATCH_JOB_NAME": "job-name", "SBATCH_GPUS": "gpus",
+    "SBATCH_GPUS_PER_NODE": "gpus-per-node", "SBATCH_GPUS_PER_TASK": "gpus-per-task", "SBATCH_GRES": "gres",
+    "SBATCH_MEM_PER_CPU": "mem-per-cpu", "SBATCH_MEM_PER_GPU": "mem-per-gpu", "SBATCH_CPUS_PER_GPU": "cpus-per-gpu",
+    "SBATCH_WCKEY": "wckey", "SBATCH_TIMELIMIT": "time", "SBATCH_EXPORT": "export",
+    "SBATCH_GET_USER_ENV": "get-user-env", "SLURM_CLUSTERS": "clusters",
+}
+OPTION_VARIABLES = {"SBATCH_PARTITION": "partition", "SBATCH_ACCOUNT": "account", "SBATCH_QOS": "qos",
+                    "SBATCH_CONSTRAINT": "constraint", "SBATCH_MEM_PER_NODE": "mem"}
+
+
+def check_sbatch_environment(args):
+    """The environment's sbatch variables (:data:`GRAPH_VARIABLES`, :data:`OPTION_VARIABLES`):
+    none of an option the graph sets (a UsageError naming it); one of the driver's
+    options the same as the option where that is given, and taken as the option where it
+    is not (``SBATCH_PARTITION``: the partition whose time limit --time is checked against)."""
+    for variable, option in GRAPH_VARIABLES.items():
+        if os.environ.get(variable):
+            why = {"job-name": "name the jobs otherwise than the run follows them in the queue",
+                   "clusters": "submit to another cluster than the one whose queue the run reads",
+                   "time": "give the jobs another time limit than --time (or the partition's) that the run checked",
+                   "export": "run the jobs without the environment they are submitted from"}.get(
+                       option, f"replace the job graph's own --{option}")
+            raise UsageError(f"{variable}={os.environ[variable]!r} is set: sbatch would {why} (its variables "
+                             f"override the options of a job's script); expected it unset (env -u {variable} ...)")
+    for variable, option in OPTION_VARIABLES.items():
+        value, given = os.environ.get(variable), getattr(args, option, None)
+        if not value:
+            continue
+        if given is None:
+            setattr(args, option, value)
+        elif str(given) != value:
+            raise UsageError(f"{variable}={value!r} is set and --{option} is {given!r}: sbatch would take the "
+                             f"variable's (its variables override the options of a job's script); expected the same "
+                             f"value, or either one alone")
+
+
 def check(args):
     """The options and the cluster: SLURM's commands, the partition, --time against its limit
     (and SLURM's), every --slurm-arg (check_slurm_arg)."""
     if args.signal_delay < 10:
         raise UsageError(f"--signal-delay: expected a whole number >= 10, got '{args.signal_delay}'")
-    for variable in ("SBATCH_JOB_NAME", "SLURM_CLUSTERS", "SBATCH_CLUSTERS"):
-        if os.environ.get(variable):
-            raise UsageError(f"{variable}={os.environ[variable]!r} is set: sbatch would "
-                             + ("name the jobs otherwise than the run follows them in the queue"
-                                if variable == "SBATCH_JOB_NAME" else "submit to another cluster than the one whose "
-                                "queue the run reads") + f"; expected it unset (env -u {variable} ...)")
+    check_sbatch_environment(args)
     for name in ("partition", "mem", "account", "qos", "constraint"):
         value = getattr(args, name, None)
         if value and CONTROL_CHARACTERS.search(str(value)):
@@ -127,6 +166,14 @@ def _submit(args, rows, jobs, state_dir):
     datasets = {(r[0], r[1]): r[4] for r in rows}
     # the plan: what is live stays; the rest of the graph is submitted, the table last
     live = {k for k in jobs if k != "final" and k in states and states[k].live}
+    short = [k for k in jobs if k in live and jobs[k].kind == "prepare" and "commands" in registry[k]
+             and not set(jobs[k].commands) <= set(registry[k]["commands"])]
+    if short:
+        named = ", ".join(f"{k} (job {registry[k]['job_id']}, {states[k].what})" for k in short)
+        raise SlurmError(
+            f"{named}: live, it prepares this dataset for other rows, without all that these rows need (another "
+            "direction or vocabulary); they would wait for it and find their data missing: submit them once it has "
+            "ended (--status shows it); nothing was submitted, cancelled or recorded")
     replaced = waiting_for_resubmitted(jobs, states, live, registry)
     live -= replaced
     kept = [(k, states[k].what) for k in jobs if k in live]
@@ -199,6 +246,8 @@ def _submit(args, rows, jobs, state_dir):
             registry[key]["commands"] = cmds
         else:
             registry[key]["after"] = after
+        if job.kind == "prepare":  # (what a later submission sharing the job needs of it: the check above)
+            registry[key]["commands"] = list(job.commands)
         write_json(reg_path, registry)
         new.append(key)
         print(f"{args.prog}: submitted {key}: job {ids[key]}" + (f" (after {dep})" if dep else ""), file=sys.stderr)
