@@ -195,6 +195,14 @@ def test_a_data_directory_outside_the_task_is_unset(tmp_path):
         settings = {"cfg": {"task": {"data": "/tmp/evil2"}, "model": {"_name": name}}}
         files.drop_file_settings(settings, "ckpt.pt")
         assert settings["cfg"]["model"] == ({"_name": name, "data": None} if unset else {"_name": name}), name
+    # the model named as fairseq's build_model names it: by arch, and as the one key of a section
+    for model in ({"arch": "wav2vec_ctc"}, {"_name": None, "arch": "hubert_ctc"}):
+        settings = {"cfg": {"task": {"data": "/tmp/evil2"}, "model": dict(model)}}
+        files.drop_file_settings(settings, "ckpt.pt")
+        assert settings["cfg"]["model"] == dict(model, data=None), model
+    settings = {"cfg": {"task": {"data": "/tmp/evil2"}, "model": {"wav2vec_ctc": {"normalize": False}}}}
+    files.drop_file_settings(settings, "ckpt.pt")
+    assert settings["cfg"]["model"]["wav2vec_ctc"] == {"normalize": False, "data": None}
 
 
 def test_what_a_task_reads_in_a_subfolder_of_the_hubs_folder_is_checked(tmp_path):

@@ -663,6 +663,29 @@ def test_a_build_that_registers_nothing_is_stopped_by_the_timer():
     end = time.process_time() + 0.4
     while time.process_time() < end:
         pass
+    assert signal.getitimer(signal.ITIMER_VIRTUAL) == (0.0, 0.0) and signal.getsignal(signal.SIGVTALRM) == handler
+    # code that swallows one (a bare except) is interrupted again (every 0.2 s here)
+    def spin():
+        while time.process_time() < start + 5:
+            sum(range(1000))
+
+    swallowed = []
+    with pytest.raises(model_size._TooLarge):
+        with model_size._cpu_alarm(0.2, "past the bound"):
+            start = time.process_time()
+            try:
+                spin()
+            except BaseException:  # noqa: B036 - what the test looks for
+                swallowed.append(time.process_time() - start)
+            spin()
+    assert len(swallowed) == 1 and 0.15 < swallowed[0] < time.process_time() - start < 2
+    # a handler of someone else's: left alone, no timer (the registration hooks bound the build)
+    monkey = signal.signal(signal.SIGVTALRM, lambda *a: None)
+    try:
+        with model_size._cpu_alarm(0.01, "past the bound"):
+            assert signal.getitimer(signal.ITIMER_VIRTUAL) == (0.0, 0.0)
+    finally:
+        signal.signal(signal.SIGVTALRM, monkey)
 
 
 def test_fairseqs_eval_helpers_parse_literals_and_run_nothing(tmp_path):
@@ -902,11 +925,23 @@ def test_a_task_that_makes_its_data_from_its_settings_is_refused_wherever_named(
          "its setting args.task = 'dummy_masked_lm' names one of fairseq's benchmark tasks"),
         (forge.with_settings(real["path"], tmp_path / "unknown.pt", nested({"_name": "no_such_task"})),
          "its setting cfg.model.w2v_args.task._name = 'no_such_task' names no registered task"),
+        # fairseq's setup_task takes a section's "task" before its "_name", and a Namespace
+        # within cfg becomes settings of its own, its "task" included
+        (forge.with_settings(real["path"], tmp_path / "string.pt",
+                             lambda cfg: cfg["task"].update(task="dummy_mt")),
+         "its setting cfg.task.task = 'dummy_mt' names one of fairseq's benchmark tasks"),
+        (forge.with_settings(real["path"], tmp_path / "namespace.pt",
+                             lambda cfg: setattr(cfg["model"], "w2v_args", argparse.Namespace(task="dummy_mt"))),
+         "its setting cfg.model.w2v_args.task = 'dummy_mt' names one of fairseq's benchmark tasks"),
+        (forge.with_settings(real["path"], tmp_path / "unknown2.pt",
+                             lambda cfg: setattr(cfg["model"], "w2v_args", argparse.Namespace(task="no_such"))),
+         "its setting cfg.model.w2v_args.task = 'no_such' names no registered task"),
     ]
     for path, fragment in cases:
         refused(path, UntrustedCheckpointError, fragment)
     fine = forge.with_settings(real["path"], tmp_path / "fine.pt", nested({"_name": "translation"}))
     assert torch_load_checkpoint(fine, map_location="cpu")["cfg"]["model"].w2v_args["task"]["_name"] == "translation"
+
 
 def test_a_namespace_within_cfg_is_bounded_as_args_are(real, tmp_path):
     """fairseq turns a Namespace anywhere in the settings into hydra overrides, not only

@@ -261,7 +261,8 @@ def test_the_drivers_sbatch_options_and_their_variables_agree_and_sinfo_lists_ev
     partition SBATCH_PARTITION names. sinfo runs without the SINFO_* variables (with
     SINFO_PARTITION=gpu it listed nothing, and --time went unchecked)."""
     seen = tmp_path / "sinfo.env"
-    path = _fake_commands(tmp_path, sinfo=f"env > {seen}; printf 'debug* 1:00:00\\ngpu 2:00:00\\n'",
+    path = _fake_commands(tmp_path, sinfo=f"env > {seen}; echo \"$@\" > {seen}.args; "
+                          "printf 'debug* 1:00:00\\ngpu 2:00:00\\n'",
                           **{name: "exit 0" for name in ("sbatch", "squeue", "scontrol", "scancel")})
     monkeypatch.setenv("PATH", path)
     monkeypatch.setenv("SBATCH_ACCOUNT", "theirs")
@@ -274,13 +275,28 @@ def test_the_drivers_sbatch_options_and_their_variables_agree_and_sinfo_lists_ev
     args = _check_args(time="1:30:00")
     submit.check(args)  # (gpu's limit: 2 hours)
     assert args.partition == "gpu" and args.time_minutes == 90
-    assert "SINFO_" not in seen.read_text()
+    assert "SINFO_" not in seen.read_text() and "-a" in open(f"{seen}.args").read().split()
     with pytest.raises(UsageError, match=r"--time 180: longer than partition gpu's limit of 120 minutes"):
         submit.check(_check_args(time="3:00:00"))
     args = _check_args(partition="gpu", time="1:00:00")  # (the same value: taken)
     submit.check(args)
     with pytest.raises(UsageError, match=r"^SBATCH_PARTITION='gpu' is set and --partition is 'debug'"):
         submit.check(_check_args(partition="debug"))
+    monkeypatch.delenv("SBATCH_PARTITION")
+    # a list, as sbatch takes it: each one known, --time within the largest limit, and a job
+    # without --time gets the smallest; sinfo lists the hidden partitions too (-a)
+    args = _check_args(partition="debug,gpu", time="1:30:00")
+    submit.check(args)
+    assert args.time_minutes == 90
+    args = _check_args(partition="debug,gpu")
+    submit.check(args)
+    assert args.time_minutes == 60
+    with pytest.raises(UsageError, match=r"--time 180: longer than partition debug,gpu's limit of 120 minutes"):
+        submit.check(_check_args(partition="debug,gpu", time="3:00:00"))
+    with pytest.raises(UsageError, match=r"--partition: unknown partition 'nope'; this cluster's: debug gpu"):
+        submit.check(_check_args(partition="gpu,nope"))
+    assert cluster.minutes_of("30:00") == 30 and cluster.minutes_of("2-00:00:00") == 2880  # (sinfo's forms)
+    assert cluster.minutes_of("infinite") is None
 
 
 def test_the_slurm_commands_run_without_the_variables_that_change_what_they_list_or_act_on(tmp_path, monkeypatch):

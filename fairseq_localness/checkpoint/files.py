@@ -214,17 +214,25 @@ def _containers(settings):
                      if isinstance(child, (dict, list, tuple, argparse.Namespace)))
 
 
-def _data_from_the_task(items) -> bool:
-    """Whether ``items`` are the settings (a dict) of a model whose configuration takes
-    its ``data`` from the task's (``II("task.data")``: wav2vec 2.0's, HuBERT's and
-    data2vec's fine-tuned models, which set up a nested task there) where it has none."""
-    if not isinstance(items, dict) or not isinstance(items.get("_name"), str):
-        return False
+def _data_from_the_task(items, path: str) -> bool:
+    """Whether ``items`` (at ``path``) are the settings of a model whose configuration
+    takes its ``data`` from the task's (``II("task.data")``: wav2vec 2.0's, HuBERT's and
+    data2vec's fine-tuned models, which set up a nested task there) where it has none;
+    the model named as ``fairseq.models.build_model`` names it (``_name``, else
+    ``arch``, else the one key of a section named after the model, as
+    ``{"wav2vec_ctc": {...}}``: ``path`` ends in its name)."""
     from fairseq.models import MODEL_DATACLASS_REGISTRY
 
-    dataclass = MODEL_DATACLASS_REGISTRY.get(items["_name"])
+    name = _get_setting(items, "_name") or _get_setting(items, "arch")
+    if not name:
+        name = path.rsplit(".", 1)[-1]
+    dataclass = MODEL_DATACLASS_REGISTRY.get(name) if isinstance(name, str) else None
     field = getattr(dataclass, "__dataclass_fields__", {}).get("data")
     return field is not None and "task.data" in str(field.default)
+
+
+def _get_setting(items, key):
+    return items.get(key) if isinstance(items, dict) else None
 
 
 def drop_file_settings(settings, file: str):
@@ -266,10 +274,13 @@ def drop_file_settings(settings, file: str):
                 container["data"] = None
             else:
                 setattr(container, "data", None)
-        elif path not in DATA_HOLDERS and "data" not in items and _data_from_the_task(items):
+        elif path not in DATA_HOLDERS and "data" not in items and _data_from_the_task(items, path):
             # the model's settings without one take their default, II("task.data"): the
             # checkpoint's own task's data directory, which the nested task would read
-            container["data"] = None
+            if isinstance(container, dict):
+                container["data"] = None
+            else:
+                setattr(container, "data", None)
         for key in [k for k in items if k in FILE_SETTINGS]:
             value, off = items[key], FILE_SETTINGS[key]
             if value is None or value is False or value is True or value == off:

@@ -143,33 +143,38 @@ def _bounded(max_numel: int, max_tensors: int, seconds: float):
 
 @contextlib.contextmanager
 def _cpu_alarm(seconds: float, what: str):
-    """Raise :class:`_TooLarge` (``what``) once the process has spent ``seconds`` of CPU
-    time in user mode within the block (``ITIMER_VIRTUAL``), wherever the block then is:
-    work a build does before it registers anything (fairseq converts a ``Namespace`` of
-    settings into hydra overrides within ``build_model``, which a registration hook
-    never sees). Python runs the handler between two bytecodes, so a long call into C
-    ends first. Only in the main thread (the only one where Python runs signal
-    handlers) and where nothing else uses ``SIGVTALRM`` or its timer; elsewhere the
+    """Raise :class:`_TooLarge` (``what``) once the building thread has spent ``seconds``
+    of CPU time within the block (``time.thread_time``, as the registration hooks count
+    it), wherever the block then is: work a build does before it registers anything
+    (fairseq converts a ``Namespace`` of settings into hydra overrides within
+    ``build_model``, which a registration hook never sees). A timer of the process's CPU
+    time in user mode (``ITIMER_VIRTUAL``) wakes the handler, which raises once the
+    thread's own time is past the bound, and again at intervals (of ``seconds``, at most
+    a second) after that: code that swallows the exception is interrupted again. Python runs the handler between
+    two bytecodes, so a long call into C ends first. Only in the main thread (the only
+    one where Python runs signal handlers) and where nothing else uses ``SIGVTALRM`` or
+    its timer (an enclosing build's timer is the bound of a nested one); elsewhere the
     registration hooks of :func:`_bounded` are the bound."""
     if (threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer")
-            or signal.getsignal(signal.SIGVTALRM) not in (signal.SIG_DFL, None)
+            or signal.getsignal(signal.SIGVTALRM) is not signal.SIG_DFL
             or signal.getitimer(signal.ITIMER_VIRTUAL)[0] > 0):
         yield
         return
-    armed = [True]
+    armed, deadline = [True], time.thread_time() + seconds
 
     def fire(signum, frame):
-        if armed[0]:
-            armed[0] = False
+        if armed[0] and time.thread_time() > deadline:
             raise _TooLarge(what)
 
     previous = signal.signal(signal.SIGVTALRM, fire)
     try:
-        signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
-        yield
+        try:
+            signal.setitimer(signal.ITIMER_VIRTUAL, seconds, min(seconds, 1.0))
+            yield
+        finally:
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
     finally:
-        armed[0] = False
-        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         signal.signal(signal.SIGVTALRM, previous)
 
 
@@ -217,11 +222,15 @@ def guarded_build_model(build_model):
         stored = getattr(_last, "numel", None)
         if (from_checkpoint or loading()) and stored is not None:
             max_numel, max_tensors = stored + stored // 4 + SLACK, _last.storages * TENSORS_PER_STORAGE + SLACK_TENSORS
+            depth = getattr(_last, "building", 0)
+            _last.building = depth + 1
             try:  # (on a copy: building may change the settings, e.g. --encoder-layers-to-keep)
                 with torch.device("meta"), _bounded(max_numel, max_tensors, MAX_BUILD_SECONDS), \
                         _initialisers_skipped():
                     build_model(copy.deepcopy(cfg), task, from_checkpoint)
             except _TooLarge as e:
+                if depth:  # a model built within another's build: the outermost build refuses (an
+                    raise  # error here could be caught by the enclosing model's code)
                 raise UntrustedCheckpointError(
                     _last.file, f"its settings describe a model {e.what}; fairseq would build and allocate it all "
                     "before comparing", trust_helps=False) from None
@@ -238,6 +247,8 @@ def guarded_build_model(build_model):
                         _last.file, f"its model cannot be built on torch's meta device to check its size against "
                         f"the weights it stores ({type(e).__name__}: {' '.join(str(e).split())[:80]}); fairseq "
                         "would build and allocate it all") from None
+            finally:
+                _last.building = depth
         return build_model(cfg, task, from_checkpoint)
 
     guarded._fairseq_localness_guarded = True

@@ -268,11 +268,18 @@ def check_names(cfg, args, file: str):
         model = cfg.get("model")
         for key in ("_name", "arch"):
             _registered(file, f"cfg.model.{key}", _get(model, key), models, "architecture")
-        _registered(file, "cfg.task._name", _get(cfg.get("task"), "_name"), TASK_REGISTRY, "task")
-        _not_a_benchmark(file, "cfg.task._name", _get(cfg.get("task"), "_name"))
-        for path, section in _task_sections(cfg):
-            _registered(file, f"{path}._name", _get(section, "_name"), TASK_REGISTRY, "task")
-            _not_a_benchmark(file, f"{path}._name", _get(section, "_name"))
+        for path, section in [("cfg.task", cfg.get("task"))] + _task_sections(cfg):
+            # (fairseq's setup_task takes a section's "task" where it is a string, else its "_name")
+            for key in ("task", "_name"):
+                name = _get(section, key)
+                if key == "_name" or isinstance(name, str):
+                    _registered(file, f"{path}.{key}", name, TASK_REGISTRY, "task")
+                    _not_a_benchmark(file, f"{path}.{key}", name)
+        for path, namespace in _namespaces(cfg, "cfg"):  # (each becomes settings of its own: its task too)
+            name = getattr(namespace, "task", None)
+            if isinstance(name, str):
+                _registered(file, f"{path}.task", name, TASK_REGISTRY, "task")
+                _not_a_benchmark(file, f"{path}.task", name)
         for group in REGISTRY_GROUPS:
             _registered(file, f"cfg.{group}._name", _get(cfg.get(group), "_name"),
                         REGISTRIES[group]["registry"], group.replace("_", "-"))

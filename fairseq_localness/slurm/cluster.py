@@ -36,6 +36,8 @@ def check_timeout():
     if TIMEOUT is None:
         raise UsageError(f"{TIMEOUT_ENV}={os.environ.get(TIMEOUT_ENV)!r}: expected a number of seconds > 0 (how "
                          "long a SLURM command may take to answer; 30 where unset)")
+
+
 # SLURM's largest time limit: minutes in 32 bits, below INFINITE and NO_VAL (slurm.h).
 MAX_MINUTES = 0xFFFFFFFD
 # The width of the job's name in squeue's listing (the run's names are far shorter).
@@ -199,7 +201,7 @@ def ask(cmd, env=None):
 def partitions():
     """{name: time limit in minutes or None} of the cluster's partitions; the default's name first."""
     parts = {}
-    for line in ask(["sinfo", "-h", "-o", "%P %l"]).split("\n"):
+    for line in ask(["sinfo", "-a", "-h", "-o", "%P %l"]).split("\n"):  # (-a: hidden ones too)
         if line.strip():
             name, limit = line.split()
             parts[name.rstrip("*")] = minutes_of(limit)
@@ -209,7 +211,9 @@ def partitions():
 
 
 def minutes_of(limit):
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d+):(\d+)", limit)
+    """Minutes of sinfo's time limit (``[days-][hours:]minutes:seconds``; sinfo leaves out
+    the leading fields that are 0: ``30:00``), None for ``infinite``."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", limit)
     if not m:
         return None  # infinite
     d, h, mi, s = (int(x or 0) for x in m.groups())

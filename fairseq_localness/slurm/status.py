@@ -152,8 +152,8 @@ def busy(args):
     states, found = read_run(args.state_dir, registry)
     if found:
         raise UsageError(f"{', '.join(f'job {j} ({n})' for j, n in found)}: live on the cluster, named for "
-                         f"{args.state_dir}, and not in its submitted.json (a submission interrupted after sbatch "
-                         "queued them?); one trainer per run directory: scancel them or wait for them, then run")
+                         f"{args.state_dir}, and not recorded in its submitted.json (a submission interrupted after "
+                         "sbatch queued them?); one trainer per run directory: scancel them or wait for them, then run")
     for row, seed, dataset in wanted:
         for key in row_keys(registry, row, seed, dataset):
             s = states[key]

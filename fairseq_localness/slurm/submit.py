@@ -78,7 +78,8 @@ def check_sbatch_environment(args):
                    "clusters": "submit to another cluster than the one whose queue the run reads",
                    "time": "give the jobs another time limit than --time (or the partition's) that the run checked",
                    "export": "run the jobs without the environment they are submitted from"}.get(
-                       option, f"replace the job graph's own --{option}")
+                       option, f"set --{option}, which the job graph sets itself or which contradicts what it "
+                       "sets")
             raise UsageError(f"{variable}={os.environ[variable]!r} is set: sbatch would {why} (its variables "
                              f"override the options of a job's script); expected it unset (env -u {variable} ...)")
     for variable, option in OPTION_VARIABLES.items():
@@ -117,14 +118,20 @@ def check(args):
         check_slurm_arg(a)
     need_slurm()
     parts = partitions()
-    if args.partition and args.partition not in parts:
-        raise UsageError(f"--partition: unknown partition '{args.partition}'; this cluster's: "
+    named = args.partition.split(",") if args.partition else []  # (sbatch takes a list: the first that can)
+    unknown = [p for p in named if p not in parts]
+    if unknown:
+        raise UsageError(f"--partition: unknown partition '{unknown[0]}'; this cluster's: "
                          f"{' '.join(p for p in parts if p != '<default>')}")
-    limit = parts.get(args.partition or "<default>")
+    # (a time within the limit of one of the partitions listed runs there; without --time a job
+    # gets the smallest limit, which each of them takes)
+    limits = [parts[p] for p in named] if named else [parts.get("<default>")]
+    limit = None if None in limits else max(limits)
     if args.time and limit and args.time > limit:
-        raise UsageError(f"--time {args.time}: longer than partition {args.partition or '(default)'}'s limit of "
+        which = args.partition if named else "(default)"
+        raise UsageError(f"--time {args.time}: longer than partition {which}'s limit of "
                          f"{limit} minutes; expected at most {limit}")
-    args.time_minutes = args.time or limit or 7 * 24 * 60
+    args.time_minutes = args.time or min((x for x in limits if x), default=None) or 7 * 24 * 60
 
 
 def write_json(path, value):
@@ -160,8 +167,8 @@ def _submit(args, rows, jobs, state_dir):
     states, found = read_run(state_dir, registry)  # (a failing squeue stops here: nothing submitted)
     if found:
         raise SlurmError(f"{', '.join(f'job {j} ({n})' for j, n in found)}: queued or running, named for {state_dir}, "
-                         f"and not in {reg_path} (a submission interrupted after sbatch queued them?); submitting "
-                         f"now could run a training twice: 'scancel {' '.join(j for j, _ in found)}' if they are "
+                         f"and not recorded in {reg_path} (a submission interrupted after sbatch queued them?); "
+                         f"submitting now could run a training twice: 'scancel {' '.join(j for j, _ in found)}' if they are "
                          "this run's, or wait for them to end; nothing was submitted, cancelled or recorded")
     datasets = {(r[0], r[1]): r[4] for r in rows}
     # the plan: what is live stays; the rest of the graph is submitted, the table last
@@ -171,7 +178,8 @@ def _submit(args, rows, jobs, state_dir):
     if short:
         named = ", ".join(f"{k} (job {registry[k]['job_id']}, {states[k].what})" for k in short)
         raise SlurmError(
-            f"{named}: live, it prepares this dataset for other rows, without all that these rows need (another "
+            f"{named}: live, {'it prepares' if len(short) == 1 else 'they prepare'} this dataset for other rows, "
+            "without all that these rows need (another "
             "direction or vocabulary); they would wait for it and find their data missing: submit them once it has "
             "ended (--status shows it); nothing was submitted, cancelled or recorded")
     replaced = waiting_for_resubmitted(jobs, states, live, registry)
