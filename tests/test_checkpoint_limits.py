@@ -688,6 +688,33 @@ def test_a_build_that_registers_nothing_is_stopped_by_the_timer():
         signal.signal(signal.SIGVTALRM, monkey)
 
 
+def test_a_model_built_within_anothers_build_leaves_the_refusal_to_the_outermost(monkeypatch):
+    """wav2vec 2.0's CTC model builds its pre-training model within its own build: a
+    nested build past the bound lets the bound's exception through (an error there could
+    be swallowed by the enclosing model's ``except Exception``), and the outermost build
+    refuses the checkpoint in one line."""
+    from fairseq_localness.checkpoint import TRUST_ENV, model_size
+    from fairseq_localness.checkpoint.model_size import guarded_build_model, remember_weights
+
+    def inner_build(cfg, task, from_checkpoint=False):
+        return torch.nn.Linear(64, 64)  # (past the bound: the checkpoint stores 16 values)
+
+    inner = guarded_build_model(inner_build)
+
+    def outer_build(cfg, task, from_checkpoint=False):
+        try:
+            return inner(cfg, task, from_checkpoint=True)
+        except Exception:  # noqa: BLE001 - the enclosing model's own handler, which must not stop it
+            return torch.nn.Linear(1, 1)
+
+    monkeypatch.setattr(model_size, "SLACK", 0)
+    remember_weights({"model": {"w": torch.zeros(16)}}, "/runs/ckpt.pt")
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    with pytest.raises(UntrustedCheckpointError, match=r"^refusing to load checkpoint '/runs/ckpt.pt': its "
+                                                       r"settings describe a model of more than 20 weight"):
+        guarded_build_model(outer_build)({}, None, from_checkpoint=True)
+    assert getattr(model_size._last, "building", 0) == 0
+
 def test_fairseqs_eval_helpers_parse_literals_and_run_nothing(tmp_path):
     from fairseq import utils
 
