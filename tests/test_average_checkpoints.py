@@ -65,6 +65,25 @@ def test_low_precision_is_accumulated_in_float64_and_cast_back(tmp_path, capsys,
     assert torch.equal(avg["w"], exact.to(dtype))  # one rounding, at the end
 
 
+def test_integer_weights_beyond_a_models_counters_are_refused_unless_forced(tmp_path, capsys, monkeypatch):
+    """Integer and boolean weights are summed in 64 bits: a 100 MB checkpoint of one
+    boolean tensor took 2.1 GB to average. More of them than a fairseq model's counters
+    (MAX_INTEGER_VALUES) are refused before any sum, naming the file; --force averages
+    them (the floor of the mean, in their own dtype)."""
+    monkeypatch.setattr(A, "MAX_INTEGER_VALUES", 100)
+    files = [make_ckpt(str(tmp_path / f"c{i}.pt"), dict(params(i), mask=torch.ones(101, dtype=torch.bool)))
+             for i in range(2)]
+    code, _, err = run(["--inputs", *files, "--output", tmp_path / "avg.pt"], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"fairseq-localness-average: error: '{files[0]}' holds 102 integer or boolean weight values, more than "
+        "the 100 of a fairseq model's counters; their sums take 64 bits each (8 times a boolean's size). Expected a "
+        "checkpoint of a trained model (pass --force to average anyway)"], err
+    assert not (tmp_path / "avg.pt").exists()
+    code, _, err = run(["--inputs", *files, "--output", tmp_path / "avg.pt", "--force"], capsys)
+    assert code == 0, err
+    avg = torch_load_checkpoint(str(tmp_path / "avg.pt"))["model"]
+    assert avg["mask"].dtype == torch.bool and bool(avg["mask"].all())
+
 def test_last_n_by_update_and_epoch(tmp_path, capsys):
     for upd in (10, 20, 30, 40):
         make_ckpt(str(tmp_path / f"checkpoint_1_{upd}.pt"), params(upd))

@@ -384,4 +384,11 @@ def test_an_analysis_tool_reads_no_fifo_in_the_data_directory_a_checkpoint_recor
     assert time.monotonic() - start < 10 and "\n" not in str(e.value)
     assert "the dictionary 'dict.src.txt' in the data directory it records" in str(e.value), str(e.value)
     assert "is not a regular file" in str(e.value)
+    # the split's data too (memory-mapped by fairseq: any size, but a regular file)
+    os.remove(data / "dict.src.txt")
+    shutil.copy(os.path.join(real["data"].data_bin, "dict.src.txt"), data)
+    _fifo(data / "valid.src-tgt.src.idx")
+    with pytest.raises(UntrustedCheckpointError, match=r"the data file 'valid.src-tgt.src.idx' in the data directory "
+                                                       r"it records .* is not a regular file"):
+        load_checkpoint(path, cpu=True)
 

@@ -970,6 +970,44 @@ def test_a_task_that_makes_its_data_from_its_settings_is_refused_wherever_named(
     assert torch_load_checkpoint(fine, map_location="cpu")["cfg"]["model"].w2v_args["task"]["_name"] == "translation"
 
 
+def test_the_meters_a_resumed_run_logs_with_are_fairseqs_and_bounded(real, tmp_path):
+    """A resumed run logs with the meters its checkpoint holds: a rounding of -30,000,000
+    made each log line compute 10**30000000 (35 s a line), a TimeMeter of 15,000-value
+    tensors broadcast into 2.5 GB, and 40,000 meters in one aggregator took a minute to
+    load. Each meter's state is fairseq's (its entries, numbers, a small rounding) and an
+    aggregator holds at most MAX_METERS; the real checkpoint's meters load."""
+    state = torch_load_checkpoint(real["path"], map_location="cpu")
+    metrics = state["extra_state"]["metrics"]
+    name, meters = next((n, m) for n, m in metrics.items() if any(x[2] == "AverageMeter" for x in m))
+    index = next(i for i, x in enumerate(meters) if x[2] == "AverageMeter")
+    key = meters[index][1]
+
+    def meter(change):
+        def mutate(st):
+            priority, k, kind, values = st["extra_state"]["metrics"][name][index]
+            st["extra_state"]["metrics"][name][index] = change(priority, k, kind, dict(values))
+        return mutate
+
+    cases = [
+        (meter(lambda p, k, c, v: (p, k, c, dict(v, round=-30_000_000))),
+         f"its extra_state's metrics {name}/{key} round is -30000000, not an integer from 0 to 20 or None"),
+        (meter(lambda p, k, c, v: (p, k, "TimeMeter", {"init": torch.ones(100, 1), "n": torch.ones(100)})),
+         f"its extra_state's metrics {name}/{key} holds arrays of the shapes [(100,), (100, 1)]"),
+        (meter(lambda p, k, c, v: (p, k, c, dict(v, sum="0"))),
+         f"its extra_state's metrics {name}/{key} sum is a str, not a number"),
+        (meter(lambda p, k, c, v: (p, k, c, dict(v, extra=1))), f"not a AverageMeter's (count, round, sum, val)"),
+        (meter(lambda p, k, c, v: (p, k, c, {"val": None})), "not a AverageMeter's"),
+        (lambda st: st["extra_state"]["metrics"].update(zz=[(0, f"m{i}", "SumMeter", {"sum": 0, "round": None})
+                                                            for i in range(settings.MAX_METERS + 1)]),
+         "its extra_state's metrics 'zz' hold 1,001 meters, more than the 1,000 a resumed run logs"),
+    ]
+    for i, (change, fragment) in enumerate(cases):
+        refused(forge.with_state(real["path"], tmp_path / f"m{i}.pt", change), MalformedCheckpointError, fragment)
+    kinds = {x[2] for m in metrics.values() for x in m}
+    arrays = [x for m in metrics.values() for x in m if isinstance(x[3].get("sum"), np.ndarray)]
+    # (the real one's, of several kinds, --eval-bleu's arrays among them, loaded above)
+    assert "AverageMeter" in kinds and len(kinds) > 1 and arrays
+
 def test_a_namespace_within_cfg_is_bounded_as_args_are(real, tmp_path):
     """fairseq turns a Namespace anywhere in the settings into hydra overrides, not only
     the legacy ``args``: wav2vec 2.0's and HuBERT's fine-tuned models convert their

@@ -38,12 +38,15 @@ def load_checkpoint(path: str, data: Optional[str] = None, cpu: bool = False, wh
                 "pass the binarized data directory (DATA) as the first argument"
             )
         del state
-        from fairseq_localness.checkpoint.files import check_named_file, is_dictionary
+        from fairseq_localness.checkpoint.files import check_named_file, is_dictionary, regular_file
 
         for name in sorted(os.listdir(folder)):  # a FIFO there would hang the task's setup, a large file fill memory
             if is_dictionary(name):
                 check_named_file(os.path.join(folder, name), path,
                                  f"the dictionary {name!r} in the data directory it records ({folder!r})", folder)
+            elif name.endswith((".idx", ".bin")):  # (a split's data, memory-mapped: any size, but a file)
+                regular_file(os.path.join(folder, name), path,
+                             f"the data file {name!r} in the data directory it records ({folder!r})")
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
     model = models[0]
     model.eval()

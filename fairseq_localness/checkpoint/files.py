@@ -345,6 +345,12 @@ def _regular_file(path: str, file: str, what: str, expected: str) -> os.stat_res
     return info
 
 
+def regular_file(path: str, file: str, what: str) -> os.stat_result:
+    """``os.stat(path)`` of a regular file, of any size (a dataset's split, which fairseq
+    maps into memory); else the refusal of ``file`` in one line (``what`` names the path)."""
+    return _regular_file(path, file, what, "only regular files are read")
+
+
 def check_named_file(path: str, file: str, what: str, folder: Optional[str] = None) -> int:
     """The file at ``path`` (``what`` names it in the refusal of ``file``) is a regular
     file of at most :data:`MAX_FILE_BYTES`, and, with ``folder``, inside it once every

@@ -474,6 +474,55 @@ def _number(value, file, where, none=True, finite=False):
             raise MalformedCheckpointError(file, f"its {where} is {short_repr(number)}, not a finite number")
 
 
+MAX_METERS = 1_000
+"""The most meters one aggregator of a checkpoint's metrics may hold (fairseq-train's hold
+about 13; fairseq's ``MetersDict`` adds each in a time that grows with their number:
+40,000 took a minute to load)."""
+
+FAIRSEQ_METERS = {
+    # meter: (the entries of its state, those it may leave out, those that are numbers)
+    "AverageMeter": ({"val", "sum", "count", "round"}, {"round"}),
+    "SumMeter": ({"sum", "round"}, {"round"}),
+    "TimeMeter": ({"init", "n", "round", "start"}, {"n", "round", "start"}),
+    "StopwatchMeter": ({"sum", "n", "round"}, {"round"}),
+    "ConcatTensorMeter": ({"tensor"}, set()),
+}
+"""What fairseq's own meters keep (``fairseq.logging.meters``: their ``state_dict``)."""
+
+
+def _check_meter(meter: str, state: dict, file: str, where: str):
+    """A state of one of fairseq's meters (:data:`FAIRSEQ_METERS`): its entries, each a
+    number (``val`` may be None) or a real array (``--eval-bleu``'s counts: numpy arrays),
+    the arrays of one meter of one shape, or the concatenated tensor; its rounding a
+    small integer or None. fairseq computes with them when it logs: ``round(value,
+    -10**8)`` took minutes a line, and a ``TimeMeter`` of a 15,000 x 1 and a 15,000-value
+    tensor broadcast into 15,000 x 15,000 (2.5 GB)."""
+    entries, optional = FAIRSEQ_METERS[meter]
+    shapes = set()
+    if set(state) - entries or not entries - optional <= set(state):
+        raise MalformedCheckpointError(file, f"its {where} has the entries {sorted(state)}, not a {meter}'s "
+                                       f"({', '.join(sorted(entries))})")
+    for entry, value in state.items():
+        if entry == "round":
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
+                                          and 0 <= value <= 20):
+                raise MalformedCheckpointError(file, f"its {where} round is {short_repr(value, 40)}, not an "
+                                               "integer from 0 to 20 or None")
+        elif entry == "tensor":
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise MalformedCheckpointError(file, f"its {where} tensor is a {_describe(value)}, not a tensor")
+        elif not (value is None and entry == "val"):
+            if isinstance(value, torch.Tensor) and not value.is_complex() and value.device.type != "meta" \
+                    or isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+                if (value.size if isinstance(value, np.ndarray) else value.numel()) > 1:
+                    shapes.add(tuple(value.shape))
+            else:
+                _number(value, file, f"{where} {entry}", none=False)
+    if len(shapes) > 1:  # (arrays of one shape add and divide as they are; others broadcast)
+        raise MalformedCheckpointError(file, f"its {where} holds arrays of the shapes {sorted(shapes)}, where "
+                                       f"fairseq's {meter} computes with arrays of one shape")
+
+
 def _check_locality_meter(state: dict, file: str, where: str):
     """A :class:`~fairseq_localness.modules.observe.LocalityMetricMeter`'s state: its
     weighted sum and weight (numbers) and its rounding (a small integer or None)."""
@@ -558,9 +607,16 @@ def check_structure(state, file: str):
             raise MalformedCheckpointError(file, "its extra_state's metrics are not fairseq's (priority, name, "
                                            f"meter, state) with its own meters ({', '.join(sorted(METERS))})")
         for name, meters in metrics.items():
+            if len(meters) > MAX_METERS:
+                raise MalformedCheckpointError(
+                    file, f"its extra_state's metrics {name!r} hold {len(meters):,} meters, more than the "
+                    f"{MAX_METERS:,} a resumed run logs (fairseq adds each in a time that grows with their number)")
             for _, key, meter, meter_state in meters:
+                where = f"extra_state's metrics {name}/{key}"
                 if meter == "LocalityMetricMeter":
-                    _check_locality_meter(meter_state, file, f"extra_state's metrics {name}/{key}")
+                    _check_locality_meter(meter_state, file, where)
+                else:
+                    _check_meter(meter, meter_state, file, where)
     check_history(state, file)
 
 

@@ -30,7 +30,8 @@ It differs where fairseq's script is unsafe or unclear:
   value of every option the architecture's model class defines (``add_args``),
   dropout rates aside, so a transformer and a hybrid ``local_pattern`` model, whose
   parameters have the same names and shapes, are not averaged into a model of
-  neither; ``--force`` averages them anyway;
+  neither; ``--force`` averages them anyway (and checkpoints whose weights hold more than
+  :data:`MAX_INTEGER_VALUES` integer or boolean values, which a fairseq model's do not);
 - the result is written to a temporary file in the output's directory, flushed to
   disk, then renamed over ``--output`` in one step: an interrupted run leaves any
   previous ``--output`` intact and never a truncated file.
@@ -189,6 +190,12 @@ def _tie(params: Dict[str, torch.Tensor], names: List[str]) -> List[List[str]]:
     return list(parts.values())
 
 
+MAX_INTEGER_VALUES = 1 << 20
+"""The most integer and boolean values a checkpoint to average may hold in its weights: a
+fairseq model's are a few counters (``version`` buffers); each is summed in 64 bits (a
+100 MB checkpoint of one boolean tensor took 2.1 GB to average)."""
+
+
 def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
     """Load ``inputs`` and return the first one's state with averaged parameters.
 
@@ -210,6 +217,12 @@ def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
             keys = list(params.keys())
             new_state = state
             groups.update((names[0], names) for names in _tie(params, keys))
+            integers = sum(params[k].numel() for k in groups if not params[k].is_floating_point())
+            if integers > MAX_INTEGER_VALUES and not force:
+                raise AverageError(
+                    f"'{path}' holds {integers:,} integer or boolean weight values, more than the "
+                    f"{MAX_INTEGER_VALUES:,} of a fairseq model's counters; their sums take 64 bits each (8 times "
+                    "a boolean's size). Expected a checkpoint of a trained model (pass --force to average anyway)")
         elif not force and (diff := config_differences(new_state, state)):
             raise AverageError(
                 f"'{path}' is not the same model as '{inputs[0]}' ({'; '.join(diff[:5])}"
@@ -240,11 +253,12 @@ def average_checkpoints(inputs: List[str], force: bool = False) -> dict:
         del state, params
     n = len(inputs)
     averaged_groups = {}
-    for k, total in sums.items():
+    for k, total in sums.items():  # (divided in place: no second copy of the sums)
         if total.is_floating_point():
-            averaged_groups[k] = (total / n).to(dtypes[k])
+            averaged_groups[k] = total.div_(n).to(dtypes[k])
         else:
-            averaged_groups[k] = torch.div(total, n, rounding_mode="floor").to(dtypes[k])
+            averaged_groups[k] = total.div_(n, rounding_mode="floor").to(dtypes[k])
+        sums[k] = None  # (the sum in 64 bits freed as soon as its average exists, where it is a copy)
     owner = {name: first for first, names in groups.items() for name in names}
     new_state["model"] = collections.OrderedDict((k, averaged_groups[owner[k]]) for k in keys)
     return new_state
@@ -327,7 +341,8 @@ def get_parser() -> argparse.ArgumentParser:
                      help="average the last N checkpoint_<epoch>_<update>.pt files of the --inputs directory")
     p.add_argument("--force", action="store_true",
                    help="average checkpoints whose model configurations differ (architecture or model "
-                   "options), as long as their parameters have the same names and shapes")
+                   "options), as long as their parameters have the same names and shapes, or whose weights "
+                   "hold more than 2**20 integer or boolean values")
     p.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
                    help="with --num-*-checkpoints: only use checkpoints numbered <= K "
                    "(epochs or updates), e.g. N=10, K=50 averages epochs 41-50")
