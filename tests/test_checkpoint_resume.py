@@ -179,3 +179,16 @@ def test_fairseq_train_refuses_a_forged_resume_in_one_line(real, tmp_path, row, 
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fairseq-train: error: ")]
     assert len(errors) == 1 and f"refusing to load checkpoint '{save_dir}/checkpoint_last.pt': " in errors[0], errors
     assert fragment in errors[0], errors
+
+
+def test_a_resume_that_fairseq_cannot_do_is_one_line_that_says_so():
+    """A failure within fairseq's resume (a scheduler's state of another kind: KeyError
+    'best') is one line naming the file and the resume, not the model's build."""
+    import fairseq_localness  # noqa: F401  (installs the one-line failures)
+    from fairseq import trainer
+
+    from fairseq_localness.checkpoint import MalformedCheckpointError
+
+    with pytest.raises(MalformedCheckpointError, match=r"^refusing to load checkpoint 'x\.pt': fairseq cannot resume "
+                                                       r"training from it \(AttributeError: "):
+        trainer.Trainer.load_checkpoint(object(), "x.pt")

@@ -83,10 +83,11 @@ def _building_for_checkpoint(function):
     return wrapper
 
 
-def _one_line_failures(function, files_of):
-    """``function`` (which builds a model from a checkpoint) with every failure that
-    is not about the environment (a missing file is) raised as one
-    :class:`~fairseq_localness.checkpoint.CheckpointError` naming the checkpoint."""
+def _one_line_failures(function, files_of, doing="build the model it describes"):
+    """``function`` (which reads a checkpoint, builds its model or resumes from it:
+    ``doing`` says which) with every failure that is not about the environment (a
+    missing file is) raised as one :class:`~fairseq_localness.checkpoint.CheckpointError`
+    naming the checkpoint."""
     from fairseq_localness.checkpoint import CheckpointError, MalformedCheckpointError
 
     if getattr(function, _MARK, False):
@@ -102,7 +103,7 @@ def _one_line_failures(function, files_of):
             cause = e.__context__ if str(e).startswith("Cannot load model parameters from checkpoint") else e
             raise MalformedCheckpointError(
                 files_of(*args, **kwargs),
-                f"fairseq cannot build the model it describes ({short_error(cause or e, 240, whole=True, kind=True)})"
+                f"fairseq cannot {doing} ({short_error(cause or e, 240, whole=True, kind=True)})"
             ) from e
 
     setattr(wrapper, _MARK, True)
@@ -264,12 +265,12 @@ def patch_checkpoint_loading():
     file_io.open = checkpoint_open  # (PathManager.open: only checkpoints are read through it in binary, the EMA's)
     guard_trainer(trainer.Trainer, iterators.EpochBatchIterator)
     checkpoint_utils.load_checkpoint_to_cpu = _one_line_failures(
-        checkpoint_utils.load_checkpoint_to_cpu, lambda path, *a, **k: str(path))
+        checkpoint_utils.load_checkpoint_to_cpu, lambda path, *a, **k: str(path), "read it")
     checkpoint_utils.load_model_ensemble_and_task = _one_line_failures(
         _building_for_checkpoint(checkpoint_utils.load_model_ensemble_and_task),
         lambda filenames, *a, **k: ", ".join(map(str, filenames)))
-    trainer.Trainer.load_checkpoint = _one_line_failures(
-        trainer.Trainer.load_checkpoint, lambda self, filename, *a, **k: str(filename))
+    trainer.Trainer.load_checkpoint = _one_line_failures(  # (a scheduler's state of another kind: KeyError 'best')
+        trainer.Trainer.load_checkpoint, lambda self, filename, *a, **k: str(filename), "resume training from it")
     file_utils.load_archive_file = _checked_folder(file_utils.load_archive_file)
     from fairseq.data.audio import data_cfg
 
