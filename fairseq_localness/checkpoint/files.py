@@ -223,16 +223,10 @@ def _data_from_the_task(items, path: str) -> bool:
     ``{"wav2vec_ctc": {...}}``: ``path`` ends in its name)."""
     from fairseq.models import MODEL_DATACLASS_REGISTRY
 
-    name = _get_setting(items, "_name") or _get_setting(items, "arch")
-    if not name:
-        name = path.rsplit(".", 1)[-1]
+    name = items.get("_name") or items.get("arch") or path.rsplit(".", 1)[-1]
     dataclass = MODEL_DATACLASS_REGISTRY.get(name) if isinstance(name, str) else None
     field = getattr(dataclass, "__dataclass_fields__", {}).get("data")
     return field is not None and "task.data" in str(field.default)
-
-
-def _get_setting(items, key):
-    return items.get(key) if isinstance(items, dict) else None
 
 
 def drop_file_settings(settings, file: str):
@@ -265,18 +259,14 @@ def drop_file_settings(settings, file: str):
                     file, f"its setting {path}.{key} = {short_repr(value, 80)} holds a path separator, and fairseq "
                     f"reads it as part of a file name (dict.{{name}}.txt); a name there is a plain word",
                     trust_helps=False)
-        if path not in DATA_HOLDERS and items.get("data") not in (None, ""):
+        if path not in DATA_HOLDERS and (items.get("data") not in (None, "")
+                                         or "data" not in items and _data_from_the_task(items, path)):
             # a data directory anywhere else is one a nested task reads (wav2vec 2.0's CTC
             # model sets up its pretraining task from cfg.model.data, and reads its
             # dictionaries there): not the command line's, so not read (not logged: every
-            # checkpoint of fairseq-train holds its training data's path in cfg.model)
-            if isinstance(container, dict):
-                container["data"] = None
-            else:
-                setattr(container, "data", None)
-        elif path not in DATA_HOLDERS and "data" not in items and _data_from_the_task(items, path):
-            # the model's settings without one take their default, II("task.data"): the
-            # checkpoint's own task's data directory, which the nested task would read
+            # checkpoint of fairseq-train holds its training data's path in cfg.model); a
+            # model's settings without one take their default, II("task.data"): the
+            # checkpoint's own task's, which the nested task would read as well
             if isinstance(container, dict):
                 container["data"] = None
             else:

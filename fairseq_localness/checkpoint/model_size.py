@@ -150,8 +150,8 @@ def _cpu_alarm(seconds: float, what: str):
     ``build_model``, which a registration hook never sees). A timer of the process's CPU
     time in user mode (``ITIMER_VIRTUAL``) wakes the handler, which raises once the
     thread's own time is past the bound, and again at intervals (of ``seconds``, at most
-    a second) after that: code that swallows the exception is interrupted again. Python runs the handler between
-    two bytecodes, so a long call into C ends first. Only in the main thread (the only
+    a second) after that: code that swallows the exception is interrupted again. Python
+    runs the handler between two bytecodes, so a long call into C ends first. Only in the main thread (the only
     one where Python runs signal handlers) and where nothing else uses ``SIGVTALRM`` or
     its timer (an enclosing build's timer is the bound of a nested one); elsewhere the
     registration hooks of :func:`_bounded` are the bound."""

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from fairseq_localness.checkpoint.errors import MalformedCheckpointError, UntrustedCheckpointError, short_repr
-from fairseq_localness.checkpoint.files import command_line_generation, drop_file_settings
+from fairseq_localness.checkpoint.files import _containers, command_line_generation, drop_file_settings
 from fairseq_localness.checkpoint.literals import NotALiteral, literal, remember_settings
 from fairseq_localness.checkpoint.values import check_finite, check_sizes
 from fairseq_localness.checkpoint.resume import check_history
@@ -226,25 +226,6 @@ since the hub, the analyses and a nested task (wav2vec 2.0's ``w2v_args.task``) 
 the task a checkpoint names (``dict_size = 8,000,000`` took 14 s and 1.5 GB)."""
 
 
-def _task_sections(cfg):
-    """``(dotted path, section)`` of every task section within ``cfg`` but its own
-    ``task`` (a nested model's: ``cfg.model.w2v_args.task``)."""
-    found, stack = [], [(cfg, "cfg")]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, argparse.Namespace):
-            value = vars(value)
-        if isinstance(value, dict):
-            for key, child in value.items():
-                child_path = f"{path}.{key}"
-                if key == "task" and child_path != "cfg.task" and isinstance(child, (dict, argparse.Namespace)):
-                    found.append((child_path, child))
-                stack.append((child, child_path))
-        elif isinstance(value, (list, tuple)):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
-    return found
-
-
 def _not_a_benchmark(file: str, setting: str, name):
     if isinstance(name, str) and name in BENCHMARK_TASKS:
         raise UntrustedCheckpointError(
@@ -268,18 +249,21 @@ def check_names(cfg, args, file: str):
         model = cfg.get("model")
         for key in ("_name", "arch"):
             _registered(file, f"cfg.model.{key}", _get(model, key), models, "architecture")
-        for path, section in [("cfg.task", cfg.get("task"))] + _task_sections(cfg):
-            # (fairseq's setup_task takes a section's "task" where it is a string, else its "_name")
-            for key in ("task", "_name"):
-                name = _get(section, key)
+        # every task section (cfg.task, a nested model's: cfg.model.w2v_args.task), whose
+        # "task" fairseq's setup_task takes where it is a string, else its "_name"; and every
+        # Namespace, which becomes settings of its own, its "task" included
+        for path, container, items in _containers({"cfg": cfg}):
+            if path.endswith(".task"):
+                keys = ("task", "_name")
+            elif isinstance(container, argparse.Namespace):
+                keys = ("task",)
+            else:
+                continue
+            for key in keys:
+                name = items.get(key)
                 if key == "_name" or isinstance(name, str):
                     _registered(file, f"{path}.{key}", name, TASK_REGISTRY, "task")
                     _not_a_benchmark(file, f"{path}.{key}", name)
-        for path, namespace in _namespaces(cfg, "cfg"):  # (each becomes settings of its own: its task too)
-            name = getattr(namespace, "task", None)
-            if isinstance(name, str):
-                _registered(file, f"{path}.task", name, TASK_REGISTRY, "task")
-                _not_a_benchmark(file, f"{path}.task", name)
         for group in REGISTRY_GROUPS:
             _registered(file, f"cfg.{group}._name", _get(cfg.get(group), "_name"),
                         REGISTRIES[group]["registry"], group.replace("_", "-"))
@@ -480,7 +464,7 @@ about 13; fairseq's ``MetersDict`` adds each in a time that grows with their num
 40,000 took a minute to load)."""
 
 FAIRSEQ_METERS = {
-    # meter: (the entries of its state, those it may leave out, those that are numbers)
+    # meter: (the entries of its state, those it may leave out)
     "AverageMeter": ({"val", "sum", "count", "round"}, {"round"}),
     "SumMeter": ({"sum", "round"}, {"round"}),
     "TimeMeter": ({"init", "n", "round", "start"}, {"n", "round", "start"}),
@@ -504,10 +488,7 @@ def _check_meter(meter: str, state: dict, file: str, where: str):
                                        f"({', '.join(sorted(entries))})")
     for entry, value in state.items():
         if entry == "round":
-            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
-                                          and 0 <= value <= 20):
-                raise MalformedCheckpointError(file, f"its {where} round is {short_repr(value, 40)}, not an "
-                                               "integer from 0 to 20 or None")
+            _check_rounding(value, file, where)
         elif entry == "tensor":
             if value is not None and not isinstance(value, torch.Tensor):
                 raise MalformedCheckpointError(file, f"its {where} tensor is a {_describe(value)}, not a tensor")
@@ -542,11 +523,14 @@ def _check_locality_meter(state: dict, file: str, where: str):
         # (a sum may be NaN or infinite, as fairseq's AverageMeter keeps one after an overflow step)
         if entry == "weight" and not (math.isfinite(number) and number >= 0):
             raise MalformedCheckpointError(file, f"its {where} weight is not a finite number >= 0")
-    rounding = state.get("round")
-    if rounding is not None and not (isinstance(rounding, int) and not isinstance(rounding, bool)
-                                     and 0 <= rounding <= 20):
-        raise MalformedCheckpointError(file, f"its {where} round is {_describe(rounding)}, not an integer "
-                                       "from 0 to 20 or None")
+    _check_rounding(state.get("round"), file, where)
+
+
+def _check_rounding(value, file: str, where: str):
+    """A meter's rounding (the digits fairseq's ``safe_round`` keeps): a small integer or None."""
+    if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 20):
+        raise MalformedCheckpointError(file, f"its {where} round is {short_repr(value, 40)}, not an integer from 0 "
+                                       "to 20 or None")
 
 
 def check_structure(state, file: str):

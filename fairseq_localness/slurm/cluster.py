@@ -173,19 +173,12 @@ def command_environment(command):
     return {k: v for k, v in os.environ.items() if not k.startswith(own) and k != "SLURM_CLUSTERS"}
 
 
-def squeue_environment():
-    """:func:`command_environment` of squeue."""
-    return command_environment("squeue")
-
-
-def ask(cmd, env=None):
-    """The standard output of a SLURM command, run in :func:`command_environment` unless
-    ``env`` is given; SlurmError, in one line, when it fails or does not answer within
-    TIMEOUT seconds."""
+def ask(cmd):
+    """The standard output of a SLURM command, run in :func:`command_environment`;
+    SlurmError, in one line, when it fails or does not answer within TIMEOUT seconds."""
     check_timeout()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT,
-                           env=command_environment(cmd[0]) if env is None else env)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=command_environment(cmd[0]))
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{cmd[0]} did not answer within {TIMEOUT:g} s (is the cluster up? 'scontrol ping'); "
                          "nothing was submitted, cancelled or recorded") from None
@@ -247,7 +240,7 @@ def read_queue(known=None):
     the user's that the line does not describe (a heterogeneous job's ``200+0`` parses)
     is left out."""
     out = ask(["squeue", "-h", "-a", "-t", "all", "-u", user(), "-O",
-               f"JobID:30,State:24,RestartCnt:8,Name:{NAME_WIDTH},Reason:80"], env=squeue_environment())
+               f"JobID:30,State:24,RestartCnt:8,Name:{NAME_WIDTH},Reason:80"])
     queue = Queue()
     for line in out.splitlines():
         if not line.strip():

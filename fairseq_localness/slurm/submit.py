@@ -168,8 +168,8 @@ def _submit(args, rows, jobs, state_dir):
     if found:
         raise SlurmError(f"{', '.join(f'job {j} ({n})' for j, n in found)}: queued or running, named for {state_dir}, "
                          f"and not recorded in {reg_path} (a submission interrupted after sbatch queued them?); "
-                         f"submitting now could run a training twice: 'scancel {' '.join(j for j, _ in found)}' if they are "
-                         "this run's, or wait for them to end; nothing was submitted, cancelled or recorded")
+                         f"submitting now could run a training twice: 'scancel {' '.join(j for j, _ in found)}' if "
+                         "they are this run's, or wait for them to end; nothing was submitted, cancelled or recorded")
     datasets = {(r[0], r[1]): r[4] for r in rows}
     # the plan: what is live stays; the rest of the graph is submitted, the table last
     live = {k for k in jobs if k != "final" and k in states and states[k].live}
@@ -179,9 +179,9 @@ def _submit(args, rows, jobs, state_dir):
         named = ", ".join(f"{k} (job {registry[k]['job_id']}, {states[k].what})" for k in short)
         raise SlurmError(
             f"{named}: live, {'it prepares' if len(short) == 1 else 'they prepare'} this dataset for other rows, "
-            "without all that these rows need (another "
-            "direction or vocabulary); they would wait for it and find their data missing: submit them once it has "
-            "ended (--status shows it); nothing was submitted, cancelled or recorded")
+            "without all that these rows need (another direction or vocabulary); they would wait for it and find "
+            "their data missing: submit them once it has ended (--status shows it); nothing was submitted, "
+            "cancelled or recorded")
     replaced = waiting_for_resubmitted(jobs, states, live, registry)
     live -= replaced
     kept = [(k, states[k].what) for k in jobs if k in live]
@@ -263,8 +263,8 @@ def _submit(args, rows, jobs, state_dir):
     left_line = (f"{len(left)} queued job(s) of rows not in this submission wait, directly or through "
                  f"one another, for a job that {'would be' if args.dry_run else 'is'} submitted again now (they would "
                  f"not wait for the new one) or that failed or was cancelled (SLURM cancels them): {', '.join(left)}; "
-                 "submit their rows again "
-                 "(the driver without --only and --seeds, or with theirs) to replace them") if left else ""
+                 "submit their rows again (the driver without --only and --seeds, or with theirs) to replace them"
+                 ) if left else ""
     if args.dry_run:
         for key, st in kept:
             print(f"job {key}: {st}, not submitted again")
